@@ -1,0 +1,1 @@
+//! The kubelet device plugin. Filled by issue 6.

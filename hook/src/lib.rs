@@ -1,0 +1,1 @@
+//! `libtessera.so`, the LD_PRELOAD shim. Filled by issue 3.

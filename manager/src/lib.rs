@@ -1,0 +1,1 @@
+//! The node manager. Filled by issues 4 and 5.

@@ -1,0 +1,1 @@
+//! The simulated `libcuda.so.1`. Filled by issue 2.

@@ -1,0 +1,1 @@
+//! The mutating admission webhook. Filled by issue 7.
