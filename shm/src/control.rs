@@ -1,0 +1,479 @@
+//! The control file: an allocation's limits, written by the manager and
+//! mounted read-only into the container.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use crate::layout::*;
+use crate::map::Mapping;
+use crate::{ShmError, crc32};
+
+/// Default device memory charged per CUDA context. A real driver keeps a few
+/// hundred MiB per context (more on large GPUs); 0 would let a process that
+/// creates many contexts exceed its limit through the driver's own use.
+pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 0;
+/// Default wait for a silent arbiter before a gate runs free.
+pub const DEFAULT_GATE_TIMEOUT_NS: u64 = 2_000_000_000;
+
+/// Compute policy of one device of an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// The share is a hard cap, even on an idle GPU.
+    Guaranteed,
+    /// The share is a floor; idle time goes to whoever has work.
+    Burst,
+}
+
+impl Policy {
+    pub fn to_raw(self) -> u32 {
+        match self {
+            Policy::Guaranteed => POLICY_GUARANTEED,
+            Policy::Burst => POLICY_BURST,
+        }
+    }
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            POLICY_GUARANTEED => Some(Policy::Guaranteed),
+            POLICY_BURST => Some(Policy::Burst),
+            _ => None,
+        }
+    }
+}
+
+/// One GPU of an allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub uuid: String,
+    pub memory_limit_bytes: u64,
+    /// Parts per million of the GPU's time; 1_000_000 = the whole GPU.
+    pub compute_share_ppm: u32,
+    pub policy: Policy,
+}
+
+/// Everything the control file says about an allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlSpec {
+    pub alloc_id: String,
+    pub devices: Vec<DeviceSpec>,
+    pub context_overhead_bytes: u64,
+    pub gate_timeout_ns: u64,
+}
+
+impl ControlSpec {
+    /// A spec with default overhead and gate timeout.
+    pub fn new(alloc_id: impl Into<String>, devices: Vec<DeviceSpec>) -> Self {
+        ControlSpec {
+            alloc_id: alloc_id.into(),
+            devices,
+            context_overhead_bytes: DEFAULT_CONTEXT_OVERHEAD,
+            gate_timeout_ns: DEFAULT_GATE_TIMEOUT_NS,
+        }
+    }
+
+    /// Checks what a reader would otherwise refuse.
+    pub fn validate(&self) -> Result<(), ShmError> {
+        let bad = |reason: String| Err(ShmError::BadSpec(reason));
+        if self.alloc_id.is_empty() || self.alloc_id.len() >= ID_LEN {
+            return bad(format!(
+                "allocation id must be 1..{} bytes, got {:?}",
+                ID_LEN - 1,
+                self.alloc_id
+            ));
+        }
+        if self.devices.is_empty() || self.devices.len() > MAX_DEVICES {
+            return bad(format!(
+                "an allocation spans 1..={MAX_DEVICES} devices, got {}",
+                self.devices.len()
+            ));
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            if d.uuid.is_empty() || d.uuid.len() >= UUID_LEN || !d.uuid.is_ascii() {
+                return bad(format!("device {i}: bad UUID {:?}", d.uuid));
+            }
+            if self.devices[..i].iter().any(|o| o.uuid == d.uuid) {
+                return bad(format!("device {i}: UUID {} listed twice", d.uuid));
+            }
+            if d.memory_limit_bytes > MAX_BYTES {
+                return bad(format!(
+                    "device {i}: memory limit {} exceeds {MAX_BYTES}",
+                    d.memory_limit_bytes
+                ));
+            }
+            if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
+                return bad(format!(
+                    "device {i}: compute share {} ppm is not in 1..=1000000",
+                    d.compute_share_ppm
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn put_str(dst: &mut [u8], s: &str) {
+    dst.fill(0);
+    dst[..s.len()].copy_from_slice(s.as_bytes());
+}
+
+fn get_str(src: &[u8]) -> Option<&str> {
+    let end = src.iter().position(|&b| b == 0)?;
+    let s = std::str::from_utf8(&src[..end]).ok()?;
+    // Nothing but NULs may follow the string: anything else is corruption.
+    src[end..].iter().all(|&b| b == 0).then_some(s)
+}
+
+fn identity_crc(n_devices: u32, alloc_id: &[u8; ID_LEN], uuids: &[[u8; UUID_LEN]]) -> u32 {
+    let mut buf = Vec::with_capacity(4 + ID_LEN + uuids.len() * UUID_LEN);
+    buf.extend_from_slice(&n_devices.to_le_bytes());
+    buf.extend_from_slice(alloc_id);
+    for u in uuids {
+        buf.extend_from_slice(u);
+    }
+    crc32(&buf)
+}
+
+/// Builds the bytes of a control file for `spec` (grants closed, no arbiter).
+fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
+    let mut bytes = vec![0u8; std::mem::size_of::<ControlFile>()];
+    let mut alloc_id = [0u8; ID_LEN];
+    put_str(&mut alloc_id, &spec.alloc_id);
+    let mut uuids = Vec::new();
+    for d in &spec.devices {
+        let mut u = [0u8; UUID_LEN];
+        put_str(&mut u, &d.uuid);
+        uuids.push(u);
+    }
+    let n = spec.devices.len() as u32;
+    let crc = identity_crc(n, &alloc_id, &uuids);
+
+    let off = |f: usize| f;
+    let w64 = |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let w32 = |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    w64(
+        &mut bytes,
+        off(std::mem::offset_of!(ControlHeader, magic)),
+        CONTROL_MAGIC,
+    );
+    w32(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, abi_version),
+        ABI_VERSION,
+    );
+    w32(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, size),
+        std::mem::size_of::<ControlFile>() as u32,
+    );
+    w32(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, identity_crc),
+        crc,
+    );
+    w32(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, n_devices),
+        n,
+    );
+    let id_at = std::mem::offset_of!(ControlHeader, alloc_id);
+    bytes[id_at..id_at + ID_LEN].copy_from_slice(&alloc_id);
+    w64(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, context_overhead_bytes),
+        spec.context_overhead_bytes,
+    );
+    w64(
+        &mut bytes,
+        std::mem::offset_of!(ControlHeader, gate_timeout_ns),
+        spec.gate_timeout_ns,
+    );
+    let dev0 = std::mem::offset_of!(ControlFile, devices);
+    for (i, d) in spec.devices.iter().enumerate() {
+        let base = dev0 + i * std::mem::size_of::<DeviceControl>();
+        bytes[base..base + UUID_LEN].copy_from_slice(&uuids[i]);
+        w64(
+            &mut bytes,
+            base + std::mem::offset_of!(DeviceControl, memory_limit_bytes),
+            d.memory_limit_bytes,
+        );
+        w32(
+            &mut bytes,
+            base + std::mem::offset_of!(DeviceControl, compute_share_ppm),
+            d.compute_share_ppm,
+        );
+        w32(
+            &mut bytes,
+            base + std::mem::offset_of!(DeviceControl, policy),
+            d.policy.to_raw(),
+        );
+        // A whole GPU needs no arbitration; anything less waits for the
+        // arbiter's first grant (or the gate timeout when there is none).
+        let grant = if d.compute_share_ppm >= 1_000_000 {
+            grant::OPEN
+        } else {
+            0
+        };
+        w32(
+            &mut bytes,
+            base + std::mem::offset_of!(DeviceControl, grant),
+            grant,
+        );
+    }
+    bytes
+}
+
+/// Writes `bytes` to `path` so that readers see either the old file or the
+/// whole new one: write a sibling temp file, fsync, rename over.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ShmError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ShmError::io(path, e));
+    }
+    Ok(())
+}
+
+/// Creates (or replaces) a control file for `spec`.
+pub fn create_control_file(path: &Path, spec: &ControlSpec) -> Result<(), ShmError> {
+    spec.validate()?;
+    write_atomically(path, &control_bytes(spec), 0o644)
+}
+
+/// An open control file. Opened read-only by the hook; read-write by the
+/// manager and the arbiter, which change limits and grants in place.
+#[derive(Debug)]
+pub struct Control {
+    map: Mapping<ControlFile>,
+    path: PathBuf,
+}
+
+impl Control {
+    /// Opens and validates a control file for reading.
+    pub fn open(path: &Path) -> Result<Self, ShmError> {
+        Self::open_inner(path, false)
+    }
+
+    /// Opens and validates a control file for reading and writing.
+    pub fn open_rw(path: &Path) -> Result<Self, ShmError> {
+        Self::open_inner(path, true)
+    }
+
+    fn open_inner(path: &Path, writable: bool) -> Result<Self, ShmError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| ShmError::io(path, e))?;
+        check_exact_size::<ControlFile>(&file, path)?;
+        let map = Mapping::<ControlFile>::new(&file, path, writable)?;
+        let c = Control {
+            map,
+            path: path.to_owned(),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), ShmError> {
+        let h = &self.map.header;
+        let path = &self.path;
+        if h.magic != CONTROL_MAGIC {
+            return Err(ShmError::BadMagic {
+                path: path.clone(),
+                found: h.magic,
+            });
+        }
+        if h.abi_version != ABI_VERSION {
+            return Err(ShmError::AbiMismatch {
+                path: path.clone(),
+                found: h.abi_version,
+                expected: ABI_VERSION,
+            });
+        }
+        if h.size as usize != std::mem::size_of::<ControlFile>() {
+            return Err(ShmError::corrupt(
+                path,
+                format!("header says {} bytes", h.size),
+            ));
+        }
+        let n = h.n_devices as usize;
+        if n == 0 || n > MAX_DEVICES {
+            return Err(ShmError::corrupt(path, format!("{n} devices")));
+        }
+        let uuids: Vec<[u8; UUID_LEN]> = self.map.devices[..n].iter().map(|d| d.uuid).collect();
+        if identity_crc(h.n_devices, &h.alloc_id, &uuids) != h.identity_crc {
+            return Err(ShmError::corrupt(path, "identity checksum mismatch".into()));
+        }
+        if get_str(&h.alloc_id).is_none_or(str::is_empty) {
+            return Err(ShmError::corrupt(path, "allocation id unreadable".into()));
+        }
+        for (i, d) in self.map.devices[..n].iter().enumerate() {
+            if get_str(&d.uuid).is_none_or(str::is_empty) {
+                return Err(ShmError::corrupt(
+                    path,
+                    format!("device {i} UUID unreadable"),
+                ));
+            }
+            if Policy::from_raw(d.policy.load(Ordering::Relaxed)).is_none() {
+                return Err(ShmError::corrupt(
+                    path,
+                    format!("device {i} policy unknown"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw mapped file, for the gate and arbiter which work on its atomics.
+    pub fn raw(&self) -> &ControlFile {
+        &self.map
+    }
+
+    pub fn alloc_id(&self) -> &str {
+        get_str(&self.map.header.alloc_id).unwrap_or_default()
+    }
+
+    pub fn n_devices(&self) -> usize {
+        self.map.header.n_devices as usize
+    }
+
+    pub fn device(&self, i: usize) -> &DeviceControl {
+        &self.map.devices[i]
+    }
+
+    pub fn uuid(&self, i: usize) -> &str {
+        get_str(&self.map.devices[i].uuid).unwrap_or_default()
+    }
+
+    /// Index of the device with this UUID.
+    pub fn find_uuid(&self, uuid: &str) -> Option<usize> {
+        (0..self.n_devices()).find(|&i| self.uuid(i) == uuid)
+    }
+
+    pub fn memory_limit(&self, i: usize) -> u64 {
+        self.map.devices[i]
+            .memory_limit_bytes
+            .load(Ordering::Acquire)
+    }
+
+    pub fn compute_share_ppm(&self, i: usize) -> u32 {
+        self.map.devices[i]
+            .compute_share_ppm
+            .load(Ordering::Acquire)
+    }
+
+    pub fn policy(&self, i: usize) -> Policy {
+        // Validated at open and only ever stored through set_policy.
+        Policy::from_raw(self.map.devices[i].policy.load(Ordering::Acquire))
+            .unwrap_or(Policy::Guaranteed)
+    }
+
+    pub fn context_overhead(&self) -> u64 {
+        self.map
+            .header
+            .context_overhead_bytes
+            .load(Ordering::Acquire)
+    }
+
+    /// A snapshot of what the file says, as a spec.
+    pub fn spec(&self) -> ControlSpec {
+        ControlSpec {
+            alloc_id: self.alloc_id().to_owned(),
+            devices: (0..self.n_devices())
+                .map(|i| DeviceSpec {
+                    uuid: self.uuid(i).to_owned(),
+                    memory_limit_bytes: self.memory_limit(i),
+                    compute_share_ppm: self.compute_share_ppm(i),
+                    policy: self.policy(i),
+                })
+                .collect(),
+            context_overhead_bytes: self.context_overhead(),
+            gate_timeout_ns: self.map.header.gate_timeout_ns.load(Ordering::Acquire),
+        }
+    }
+
+    fn require_writable(&self) -> Result<(), ShmError> {
+        if self.map.writable() {
+            Ok(())
+        } else {
+            Err(ShmError::ReadOnly(self.path.clone()))
+        }
+    }
+
+    /// Changes a device's memory limit in place. Lowering it below what is
+    /// reserved refuses new allocations until usage falls; nothing is revoked.
+    pub fn set_memory_limit(&self, i: usize, bytes: u64) -> Result<(), ShmError> {
+        self.require_writable()?;
+        if bytes > MAX_BYTES {
+            return Err(ShmError::BadSpec(format!("memory limit {bytes} too large")));
+        }
+        self.map.devices[i]
+            .memory_limit_bytes
+            .store(bytes, Ordering::Release);
+        Ok(())
+    }
+
+    /// Changes a device's compute share in place (the arbiter picks it up).
+    pub fn set_compute_share(&self, i: usize, ppm: u32) -> Result<(), ShmError> {
+        self.require_writable()?;
+        if ppm == 0 || ppm > 1_000_000 {
+            return Err(ShmError::BadSpec(format!("compute share {ppm} ppm")));
+        }
+        self.map.devices[i]
+            .compute_share_ppm
+            .store(ppm, Ordering::Release);
+        Ok(())
+    }
+
+    /// Changes a device's compute policy in place.
+    pub fn set_policy(&self, i: usize, policy: Policy) -> Result<(), ShmError> {
+        self.require_writable()?;
+        self.map.devices[i]
+            .policy
+            .store(policy.to_raw(), Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Refuses a file whose length is not exactly `size_of::<T>()`: a short one
+/// is truncated, a long one is not ours.
+pub(crate) fn check_exact_size<T>(file: &File, path: &Path) -> Result<(), ShmError> {
+    let need = std::mem::size_of::<T>() as u64;
+    let len = file.metadata().map_err(|e| ShmError::io(path, e))?.len();
+    if len < need {
+        return Err(ShmError::Truncated {
+            path: path.to_owned(),
+            len,
+            need,
+        });
+    }
+    if len > need {
+        return Err(ShmError::corrupt(
+            path,
+            format!("{len} bytes, expected {need}"),
+        ));
+    }
+    Ok(())
+}

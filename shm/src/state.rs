@@ -1,0 +1,572 @@
+//! The state file: what an allocation's processes hold, updated lock-free.
+//!
+//! # Reservations
+//!
+//! Each device has one packed word, [`DeviceState::reserved`]: the bytes all
+//! processes hold, plus at most one *pending* operation (slot, sequence).
+//! Each slot has, per device, its own usage (bytes, sequence) and an intent
+//! (signed change, sequence). An operation by slot `s` on device `d`:
+//!
+//! 1. finishes any pending operation first (helping, below);
+//! 2. checks the limit against the reserved bytes;
+//! 3. writes its intent `(delta, seq+1)` into its slot;
+//! 4. compare-and-swaps the reserved word from what it read to
+//!    `(bytes + delta, pending = (s, seq+1))` — this is the admission;
+//! 5. helps its own operation to completion.
+//!
+//! *Helping* an operation `(s, k)`: if slot `s`'s usage still carries
+//! sequence `k-1`, compare-and-swap it to `(usage + delta, k)`; then
+//! compare-and-swap the reserved word's pending mark away. Every step is an
+//! idempotent CAS, so any number of helpers may race, and a process killed
+//! anywhere leaves either nothing (before step 4) or an operation the next
+//! process finishes for it. No lock exists, so none is ever left held.
+//!
+//! # Slots and reclaim
+//!
+//! A process joins by CAS-ing a free slot to `Alive(pid)`. A dead process's
+//! slot is reclaimed by whoever first CAS-es it to `Reclaiming` (a joining
+//! process that sees it dead, or the manager): the claimant then runs
+//! ordinary operations that bring the slot's usage to zero, and frees it.
+//! A claimant that dies mid-way is itself detected dead, and its claim is
+//! taken over.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use crate::ShmError;
+use crate::control::{check_exact_size, write_atomically};
+use crate::layout::*;
+use crate::map::Mapping;
+use crate::process::{Liveness, ProcIdentity};
+
+/// A process's membership: its slot and the slot generation it joined at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub slot: usize,
+    pub generation: u32,
+}
+
+/// Why a reservation was not made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{requested} bytes would exceed the limit: {reserved} of {limit} reserved")]
+    OverLimit {
+        requested: u64,
+        reserved: u64,
+        limit: u64,
+    },
+    #[error("release of {requested} bytes, but the process holds {held}")]
+    NotHeld { requested: u64, held: u64 },
+    #[error("device index {0} out of range")]
+    NoDevice(usize),
+    #[error("size {0} out of range")]
+    TooLarge(u64),
+}
+
+/// A process that holds (or held) part of the allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub slot: usize,
+    pub identity: ProcIdentity,
+    pub host_pid: u32,
+    /// Bytes held per device, in the control file's device order.
+    pub usage: Vec<u64>,
+}
+
+/// What reclaiming one dead process returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub slot: usize,
+    pub identity: ProcIdentity,
+    /// Bytes returned per device.
+    pub freed: Vec<u64>,
+}
+
+/// An open state file.
+#[derive(Debug)]
+pub struct State {
+    map: Mapping<StateFile>,
+    path: PathBuf,
+}
+
+/// Creates (or replaces) an empty state file for allocation `alloc_id`.
+/// Mode 0666: the container's processes, whatever their uid, must write it;
+/// only that container mounts it.
+pub fn create_state_file(path: &Path, alloc_id: &str) -> Result<(), ShmError> {
+    if alloc_id.is_empty() || alloc_id.len() >= ID_LEN {
+        return Err(ShmError::BadSpec(format!("bad allocation id {alloc_id:?}")));
+    }
+    let mut bytes = vec![0u8; std::mem::size_of::<StateFile>()];
+    bytes[..8].copy_from_slice(&STATE_MAGIC.to_le_bytes());
+    let abi = std::mem::offset_of!(StateHeader, abi_version);
+    bytes[abi..abi + 4].copy_from_slice(&ABI_VERSION.to_le_bytes());
+    let size = std::mem::offset_of!(StateHeader, size);
+    bytes[size..size + 4].copy_from_slice(&(std::mem::size_of::<StateFile>() as u32).to_le_bytes());
+    let id = std::mem::offset_of!(StateHeader, alloc_id);
+    bytes[id..id + alloc_id.len()].copy_from_slice(alloc_id.as_bytes());
+    write_atomically(path, &bytes, 0o666)?;
+    // The umask may have narrowed the mode; processes of any uid must write.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| ShmError::io(path, e))
+}
+
+impl State {
+    /// Opens a state file read-write and checks it belongs to `alloc_id`.
+    pub fn open(path: &Path, alloc_id: &str) -> Result<Self, ShmError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| ShmError::io(path, e))?;
+        check_exact_size::<StateFile>(&file, path)?;
+        let map = Mapping::<StateFile>::new(&file, path, true)?;
+        let h = &map.header;
+        if h.magic != STATE_MAGIC {
+            return Err(ShmError::BadMagic {
+                path: path.to_owned(),
+                found: h.magic,
+            });
+        }
+        if h.abi_version != ABI_VERSION {
+            return Err(ShmError::AbiMismatch {
+                path: path.to_owned(),
+                found: h.abi_version,
+                expected: ABI_VERSION,
+            });
+        }
+        if h.size as usize != std::mem::size_of::<StateFile>() {
+            return Err(ShmError::corrupt(
+                path,
+                format!("header says {} bytes", h.size),
+            ));
+        }
+        let mut want = [0u8; ID_LEN];
+        want[..alloc_id.len().min(ID_LEN - 1)]
+            .copy_from_slice(&alloc_id.as_bytes()[..alloc_id.len().min(ID_LEN - 1)]);
+        if h.alloc_id != want {
+            return Err(ShmError::corrupt(
+                path,
+                format!("belongs to another allocation, not {alloc_id:?}"),
+            ));
+        }
+        Ok(State {
+            map,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The raw mapped file, for the gate and the arbiter.
+    pub fn raw(&self) -> &StateFile {
+        &self.map
+    }
+
+    pub fn device(&self, dev: usize) -> &DeviceState {
+        &self.map.devices[dev]
+    }
+
+    pub fn slot(&self, slot: usize) -> &Slot {
+        &self.map.slots[slot]
+    }
+
+    /// Bytes reserved on a device by all processes (a pending operation's
+    /// change included: it is already admitted).
+    pub fn reserved(&self, dev: usize) -> u64 {
+        Reserved::unpack(self.map.devices[dev].reserved.load(Ordering::Acquire)).bytes
+    }
+
+    /// Bytes held by one slot on one device.
+    pub fn slot_usage(&self, slot: usize, dev: usize) -> u64 {
+        Usage::unpack(
+            self.map.slots[slot].devices[dev]
+                .usage
+                .load(Ordering::Acquire),
+        )
+        .bytes
+    }
+
+    /// Allocations refused on a device for lack of quota.
+    pub fn oom_refused(&self, dev: usize) -> u64 {
+        self.map.devices[dev].oom_refused.load(Ordering::Relaxed)
+    }
+
+    fn identity(&self, slot: usize) -> ProcIdentity {
+        let s = &self.map.slots[slot];
+        // start_time is written last with Release: reading it first with
+        // Acquire makes a non-zero value imply pidns is set too.
+        let start_time = s.start_time.load(Ordering::Acquire);
+        ProcIdentity {
+            pid: s.pid.load(Ordering::Acquire),
+            pidns: s.pidns.load(Ordering::Acquire),
+            start_time,
+        }
+    }
+
+    /// Joins the calling process: reclaims slots of dead processes that
+    /// `live` can judge, then claims a free slot.
+    pub fn join(&self, me: &ProcIdentity, live: &dyn Liveness) -> Result<Member, ShmError> {
+        let h = &self.map.header;
+        let start = h.join_cursor.fetch_add(1, Ordering::Relaxed) as usize;
+        for k in 0..MAX_SLOTS {
+            let i = (start + k) % MAX_SLOTS;
+            let owner = &self.map.slots[i].owner;
+            let word = owner.load(Ordering::Acquire);
+            let Owner::Free { generation } = Owner::unpack(word) else {
+                continue;
+            };
+            let alive = Owner::Alive {
+                generation,
+                pid: me.pid,
+            }
+            .pack();
+            if owner
+                .compare_exchange(word, alive, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let s = &self.map.slots[i];
+                s.pid.store(me.pid, Ordering::Release);
+                s.pidns.store(me.pidns, Ordering::Release);
+                s.start_time.store(me.start_time, Ordering::Release);
+                let m = Member {
+                    slot: i,
+                    generation,
+                };
+                // Reclaiming at join means a new process finds the quota its
+                // dead predecessors held already returned. It runs with our
+                // own slot as the claimant, so should we die mid-way the
+                // next joiner can take the claim over.
+                self.reclaim_dead(live, Some(m));
+                return Ok(m);
+            }
+        }
+        Err(ShmError::Full(self.path.clone()))
+    }
+
+    /// Reserves `bytes` on `dev` for `m`, refusing anything over `limit`.
+    pub fn reserve(&self, m: Member, dev: usize, bytes: u64, limit: u64) -> Result<(), Refused> {
+        let delta = i64::try_from(bytes).map_err(|_| Refused::TooLarge(bytes))?;
+        let r = self.apply(m.slot, dev, delta, Some(limit));
+        if matches!(r, Err(Refused::OverLimit { .. })) {
+            self.map.devices[dev]
+                .oom_refused
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Returns `bytes` on `dev` that `m` reserved earlier.
+    pub fn release(&self, m: Member, dev: usize, bytes: u64) -> Result<(), Refused> {
+        let delta = i64::try_from(bytes).map_err(|_| Refused::TooLarge(bytes))?;
+        self.apply(m.slot, dev, -delta, None)
+    }
+
+    /// One operation, as described in the module docs.
+    fn apply(
+        &self,
+        slot: usize,
+        dev: usize,
+        delta: i64,
+        limit: Option<u64>,
+    ) -> Result<(), Refused> {
+        if dev >= MAX_DEVICES {
+            return Err(Refused::NoDevice(dev));
+        }
+        if delta.unsigned_abs() > MAX_BYTES {
+            return Err(Refused::TooLarge(delta.unsigned_abs()));
+        }
+        if delta == 0 {
+            return Ok(());
+        }
+        let ds = &self.map.devices[dev];
+        let sd = &self.map.slots[slot].devices[dev];
+        loop {
+            let word = ds.reserved.load(Ordering::Acquire);
+            let r = Reserved::unpack(word);
+            if r.pending.is_some() {
+                self.help(dev, r);
+                continue;
+            }
+            let usage = Usage::unpack(sd.usage.load(Ordering::Acquire));
+            let bytes = if delta > 0 {
+                let want = r.bytes + delta as u64;
+                if let Some(limit) = limit
+                    && want > limit
+                {
+                    return Err(Refused::OverLimit {
+                        requested: delta as u64,
+                        reserved: r.bytes,
+                        limit,
+                    });
+                }
+                if want > MAX_BYTES {
+                    return Err(Refused::TooLarge(want));
+                }
+                want
+            } else {
+                let give = delta.unsigned_abs();
+                if usage.bytes < give {
+                    return Err(Refused::NotHeld {
+                        requested: give,
+                        held: usage.bytes,
+                    });
+                }
+                // The total is at least every slot's usage; saturate rather
+                // than wrap should a hand-edited file break that.
+                r.bytes.saturating_sub(give)
+            };
+            let seq = next_seq(usage.seq);
+            sd.intent
+                .store(Intent { delta, seq }.pack(), Ordering::Release);
+            let next = Reserved {
+                bytes,
+                pending: Some((slot, seq)),
+            };
+            if ds
+                .reserved
+                .compare_exchange(word, next.pack(), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.help(dev, next);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Finishes the pending operation recorded in `r` (see module docs).
+    fn help(&self, dev: usize, r: Reserved) {
+        let Some((slot, seq_low)) = r.pending else {
+            return;
+        };
+        if slot < MAX_SLOTS {
+            let sd = &self.map.slots[slot].devices[dev];
+            let intent = Intent::unpack(sd.intent.load(Ordering::Acquire));
+            if Reserved::pending_matches(seq_low, intent.seq) {
+                let word = sd.usage.load(Ordering::Acquire);
+                let usage = Usage::unpack(word);
+                if next_seq(usage.seq) == intent.seq {
+                    let bytes = (usage.bytes as i64 + intent.delta).max(0) as u64;
+                    let done = Usage {
+                        bytes,
+                        seq: intent.seq,
+                    };
+                    // Losing this race means another helper applied it.
+                    let _ = sd.usage.compare_exchange(
+                        word,
+                        done.pack(),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
+            }
+        }
+        let cleared = Reserved {
+            bytes: r.bytes,
+            pending: None,
+        };
+        let _ = self.map.devices[dev].reserved.compare_exchange(
+            r.pack(),
+            cleared.pack(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Leaves the allocation: returns everything `m` holds and frees its slot.
+    pub fn leave(&self, m: Member) {
+        let owner = &self.map.slots[m.slot].owner;
+        let word = owner.load(Ordering::Acquire);
+        if !matches!(Owner::unpack(word), Owner::Alive { generation, .. } if generation == m.generation)
+        {
+            return; // already reclaimed by someone who thought us dead
+        }
+        let claim = Owner::Reclaiming {
+            generation: m.generation,
+            by: m.slot as u32,
+            by_gen: gen_low(m.generation),
+        };
+        if owner
+            .compare_exchange(word, claim.pack(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.empty_and_free(m.slot, m.generation);
+        }
+    }
+
+    /// Reclaims every slot whose process `live` says is dead, and every
+    /// abandoned reclaim. `by` is the caller's own membership (a hook), or
+    /// `None` for the manager. Returns what was reclaimed.
+    pub fn reclaim_dead(&self, live: &dyn Liveness, by: Option<Member>) -> Vec<Reclaimed> {
+        let (by_slot, by_gen) = match by {
+            Some(m) => (m.slot as u32, gen_low(m.generation)),
+            None => (MANAGER_RECLAIMER, 0),
+        };
+        let mut out = Vec::new();
+        for i in 0..MAX_SLOTS {
+            let owner = &self.map.slots[i].owner;
+            let word = owner.load(Ordering::Acquire);
+            let (generation, identity) = match Owner::unpack(word) {
+                Owner::Free { .. } => continue,
+                Owner::Alive { generation, .. } => {
+                    let id = self.identity(i);
+                    if live.check(&id) != Some(false) {
+                        continue;
+                    }
+                    (generation, id)
+                }
+                Owner::Reclaiming {
+                    generation,
+                    by,
+                    by_gen,
+                } => {
+                    if !self.reclaimer_gone(i, by, by_gen, live, by_slot) {
+                        continue;
+                    }
+                    (generation, self.identity(i))
+                }
+            };
+            let claim = Owner::Reclaiming {
+                generation,
+                by: by_slot,
+                by_gen,
+            };
+            if owner
+                .compare_exchange(word, claim.pack(), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let freed = self.empty_and_free(i, generation);
+                out.push(Reclaimed {
+                    slot: i,
+                    identity,
+                    freed,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether a reclaim claimed by `by` was abandoned by a dead claimant.
+    fn reclaimer_gone(
+        &self,
+        slot: usize,
+        by: u32,
+        by_gen: u32,
+        live: &dyn Liveness,
+        me: u32,
+    ) -> bool {
+        if by as usize == slot {
+            // A process leaving empties its own slot: the claim is abandoned
+            // only if that process died.
+            return live.check(&self.identity(slot)) == Some(false);
+        }
+        if by == MANAGER_RECLAIMER {
+            // One manager per node: a manager seeing a manager's claim is
+            // its own restarted successor; a hook never takes it over.
+            return me == MANAGER_RECLAIMER;
+        }
+        let Some(slot) = self.map.slots.get(by as usize) else {
+            return true;
+        };
+        match Owner::unpack(slot.owner.load(Ordering::Acquire)) {
+            Owner::Alive { generation, .. } if gen_low(generation) == by_gen => {
+                live.check(&self.identity(by as usize)) == Some(false)
+            }
+            // The claimant's own slot moved on: it left or was reclaimed, so
+            // it is no longer working on this one.
+            _ => true,
+        }
+    }
+
+    /// Brings a claimed slot's usage to zero and frees it.
+    fn empty_and_free(&self, slot: usize, generation: u32) -> Vec<u64> {
+        let mut freed = vec![0; MAX_DEVICES];
+        for (dev, f) in freed.iter_mut().enumerate() {
+            loop {
+                // Finish whatever this slot (or anyone) left pending first,
+                // so the usage read below is final.
+                let r = Reserved::unpack(self.map.devices[dev].reserved.load(Ordering::Acquire));
+                if r.pending.is_some() {
+                    self.help(dev, r);
+                    continue;
+                }
+                let held = self.slot_usage(slot, dev);
+                if held == 0 {
+                    break;
+                }
+                if self.apply(slot, dev, -(held as i64), None).is_ok() {
+                    *f += held;
+                }
+            }
+            let sd = &self.map.slots[slot].devices[dev];
+            sd.launch_epoch.store(0, Ordering::Relaxed);
+            sd.drained_epoch.store(0, Ordering::Relaxed);
+            sd.launches.store(0, Ordering::Relaxed);
+        }
+        let s = &self.map.slots[slot];
+        s.start_time.store(0, Ordering::Release);
+        s.pidns.store(0, Ordering::Release);
+        s.host_pid.store(0, Ordering::Release);
+        s.pid.store(0, Ordering::Release);
+        // The usage sequence numbers stay: they keep counting across
+        // occupants, so a helper delayed from a previous occupant's
+        // operation cannot mistake a new one for it.
+        s.owner.store(
+            Owner::Free {
+                generation: next_gen(generation),
+            }
+            .pack(),
+            Ordering::Release,
+        );
+        freed
+    }
+
+    /// Every joined process and what it holds on the first `n_devices`.
+    pub fn processes(&self, n_devices: usize) -> Vec<ProcessInfo> {
+        let n = n_devices.min(MAX_DEVICES);
+        (0..MAX_SLOTS)
+            .filter_map(|i| {
+                let s = &self.map.slots[i];
+                let Owner::Alive { .. } = Owner::unpack(s.owner.load(Ordering::Acquire)) else {
+                    return None;
+                };
+                Some(ProcessInfo {
+                    slot: i,
+                    identity: self.identity(i),
+                    host_pid: s.host_pid.load(Ordering::Relaxed),
+                    usage: (0..n).map(|d| self.slot_usage(i, d)).collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Records a slot's host pid (the manager resolves it from `/proc`).
+    pub fn set_host_pid(&self, slot: usize, host_pid: u32) {
+        self.map.slots[slot]
+            .host_pid
+            .store(host_pid, Ordering::Relaxed);
+    }
+
+    /// Checks the file's invariants: every device's total equals the sum of
+    /// its slots' usage and nothing is pending. Holds only when no process is
+    /// mid-operation, so it is for tests and the manager's audits.
+    pub fn audit(&self) -> Result<(), String> {
+        for dev in 0..MAX_DEVICES {
+            let r = Reserved::unpack(self.map.devices[dev].reserved.load(Ordering::Acquire));
+            if r.pending.is_some() {
+                return Err(format!("device {dev}: operation pending"));
+            }
+            let sum: u64 = (0..MAX_SLOTS).map(|s| self.slot_usage(s, dev)).sum();
+            if sum != r.bytes {
+                return Err(format!(
+                    "device {dev}: reserved {} but slots hold {sum}",
+                    r.bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+}
