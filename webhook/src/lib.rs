@@ -1,1 +1,11 @@
-//! The mutating admission webhook. Filled by issue 7.
+//! Tessera's mutating admission webhook: the decision, its certificates, the HTTPS server
+//! around it, and the deployment manifests it ships with.
+
+pub mod admission;
+pub mod certs;
+pub mod cluster;
+pub mod rotate;
+pub mod run;
+pub mod server;
+
+pub use admission::{mutate, review};

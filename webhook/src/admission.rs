@@ -1,0 +1,679 @@
+//! The admission decision: a pure function from an AdmissionReview request to its response.
+//!
+//! Nothing here does I/O. Reads go through the typed `Pod` (so a malformed pod is refused
+//! with serde's message); edits go to the raw JSON the API server sent, and the JSON patch
+//! is the difference between the two. Editing the raw JSON rather than re-serialising the
+//! typed `Pod` matters: fields newer than our k8s-openapi version would otherwise show up
+//! as removals in the patch.
+//!
+//! The webhook writes nothing under `tessera.dev/`: every decision is re-derived from the
+//! pod spec, so a second pass (reinvocation, or a pod that was already injected) finds
+//! nothing to change and produces an empty patch.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde_json::{Map, Value, json};
+
+/// The extended resource a container requests: a count of slices.
+pub const RESOURCE: &str = "tessera.dev/vgpu";
+/// Where the device plugin mounts the shim inside every container that holds slices.
+pub const HOOK_PATH: &str = "/usr/local/lib/tessera/libtessera.so";
+/// Pod annotation: the GPU class the pod must run on.
+pub const ANNOTATION_GPU_CLASS: &str = "tessera.dev/gpu-class";
+/// Pod annotation: the compute policy the pod asks for.
+pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
+/// Node label the device plugin publishes with the node's GPU class.
+pub const LABEL_GPU_CLASS: &str = "tessera.dev/gpu-class";
+/// The environment variable that carries the requested compute policy to the node.
+pub const ENV_COMPUTE_POLICY: &str = "TESSERA_COMPUTE_POLICY";
+/// What the NVIDIA container runtime reads to decide which GPUs a container sees.
+pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The value of `NVIDIA_VISIBLE_DEVICES` that means "no GPU, but keep the runtime hooks off".
+pub const NO_GPUS: &str = "void";
+/// Compute policies a pod may ask for.
+pub const COMPUTE_POLICIES: [&str; 2] = ["guaranteed", "burst"];
+
+/// Variables the device plugin's `Allocate` sets. A pod that sets them itself would
+/// override the device plugin (pod env comes after device env, and the last one wins), and
+/// could point the shim at a control file of its own making or see every GPU.
+const DEVICE_PLUGIN_ENV: [&str; 4] = [
+    "TESSERA_CONTROL",
+    "TESSERA_STATE",
+    "TESSERA_ALLOCATION",
+    ENV_VISIBLE_DEVICES,
+];
+
+/// Pod annotations a user may set under `tessera.dev/`.
+const USER_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_CLASS, ANNOTATION_COMPUTE_POLICY];
+
+/// Why a pod is refused. Each message names the container (or annotation) and says what
+/// to change, because it is what `kubectl apply` prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the object is not a valid Pod: {reason}")]
+    NotAPod { reason: String },
+    #[error(
+        "annotation {key:?} is in Tessera's namespace and only Tessera may set it; users may set only {}",
+        USER_ANNOTATIONS.join(" and ")
+    )]
+    ForgedAnnotation { key: String },
+    #[error(
+        "annotation {ANNOTATION_COMPUTE_POLICY}={value:?} is not a compute policy; use \"guaranteed\" or \"burst\""
+    )]
+    BadComputePolicy { value: String },
+    #[error(
+        "annotation {ANNOTATION_GPU_CLASS}={value:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+    )]
+    BadGpuClass { value: String },
+    #[error(
+        "annotation {ANNOTATION_GPU_CLASS}={class:?} contradicts nodeSelector {LABEL_GPU_CLASS}={selector:?}; the pod could never be scheduled"
+    )]
+    GpuClassConflict { class: String, selector: String },
+    #[error(
+        "container {container:?}: {RESOURCE} must be a whole number of slices of at least 1, like \"2\"; got {value:?}"
+    )]
+    BadSliceCount { container: String, value: String },
+    #[error(
+        "container {container:?}: {RESOURCE} is set in requests ({requests:?}) but not in limits; set it in limits (requests may be left out)"
+    )]
+    RequestsWithoutLimits { container: String, requests: String },
+    #[error(
+        "container {container:?}: {RESOURCE} requests ({requests:?}) and limits ({limits:?}) disagree; slices cannot be overcommitted, set them equal or leave requests out"
+    )]
+    RequestsLimitsDiffer {
+        container: String,
+        requests: String,
+        limits: String,
+    },
+    #[error(
+        "container {container:?} is privileged and requests {RESOURCE}; a privileged container sees every GPU on the node and bypasses its slice limits"
+    )]
+    Privileged { container: String },
+    #[error(
+        "container {container:?} requests both {RESOURCE} and {other}; a container gets either whole GPUs or Tessera slices, not both"
+    )]
+    MixedGpuResources { container: String, other: String },
+    #[error(
+        "container {container:?} sets {name}, which Tessera's device plugin sets for containers with slices; remove it from the pod spec"
+    )]
+    ReservedEnv { container: String, name: String },
+    #[error(
+        "container {container:?} sets LD_PRELOAD from a ConfigMap or Secret; Tessera must put its shim first in LD_PRELOAD, so give LD_PRELOAD as a plain value"
+    )]
+    LdPreloadFromSource { container: String },
+    #[error(
+        "container {container:?} sets {ENV_COMPUTE_POLICY}; ask for a compute policy with the pod annotation {ANNOTATION_COMPUTE_POLICY} instead"
+    )]
+    ComputePolicyEnv { container: String },
+    #[error(
+        "container {container:?} requests no {RESOURCE} but sets {ENV_VISIBLE_DEVICES}={value:?}; in a pod with slices, containers without slices see no GPU. Request slices for it instead"
+    )]
+    GpuWithoutSlices { container: String, value: String },
+}
+
+/// All the reasons a pod was refused; shown to the user together so one `kubectl apply`
+/// tells them everything to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusals(pub Vec<Refusal>);
+
+impl fmt::Display for Refusals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tessera refused this pod: ")?;
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A request body that is not an AdmissionReview we can answer. The server turns these into
+/// HTTP 400 with the message; the API server then reports the webhook call as failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("request body is not an AdmissionReview: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error(
+        "expected apiVersion \"admission.k8s.io/v1\" kind \"AdmissionReview\", got apiVersion {api_version:?} kind {kind:?}"
+    )]
+    WrongType { api_version: String, kind: String },
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    #[error("cannot serialise the response: {0}")]
+    Serialise(#[source] serde_json::Error),
+}
+
+/// Answers one AdmissionReview body: parse, decide, serialise. Pure.
+pub fn review(body: &[u8]) -> Result<Vec<u8>, ReviewError> {
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
+        return Err(ReviewError::WrongType {
+            api_version: review.types.api_version,
+            kind: review.types.kind,
+        });
+    }
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| ReviewError::NoRequest)?;
+    let response = mutate(&request);
+    serde_json::to_vec(&response.into_review()).map_err(ReviewError::Serialise)
+}
+
+/// The webhook's decision for one request.
+pub fn mutate(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    let kind = &request.kind;
+    if !kind.group.is_empty() || kind.version != "v1" || kind.kind != "Pod" {
+        let group = if kind.group.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", kind.group)
+        };
+        return response.deny(format!(
+            "Tessera's webhook only handles v1 Pods, got {group}{}/{}; check the rules of the MutatingWebhookConfiguration",
+            kind.version, kind.kind
+        ));
+    }
+    // Only CREATE can add environment or affinity: a running pod's containers are fixed.
+    if request.operation != Operation::Create || request.sub_resource.is_some() {
+        return response;
+    }
+    let Some(object) = &request.object else {
+        return response.deny("AdmissionReview for a pod CREATE carries no object");
+    };
+    let raw = match serde_json::to_value(object) {
+        Ok(v) => v,
+        Err(e) => return response.deny(format!("cannot read the pod: {e}")),
+    };
+    match mutate_pod(&raw) {
+        Ok(patched) => {
+            let patch = json_patch::diff(&raw, &patched);
+            if patch.0.is_empty() {
+                return response;
+            }
+            match response.clone().with_patch(patch) {
+                Ok(r) => r,
+                Err(e) => response.deny(format!("cannot serialise the patch: {e}")),
+            }
+        }
+        Err(refusals) => response.deny(refusals.to_string()),
+    }
+}
+
+/// Which of the pod's container lists a container is in; also its JSON field name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum List {
+    Init,
+    App,
+}
+
+impl List {
+    fn field(self) -> &'static str {
+        match self {
+            List::Init => "initContainers",
+            List::App => "containers",
+        }
+    }
+}
+
+/// Returns the pod (raw JSON) as it should be admitted, or every reason to refuse it.
+pub fn mutate_pod(raw: &Value) -> Result<Value, Refusals> {
+    let pod: Pod = serde_json::from_value(raw.clone()).map_err(|e| {
+        Refusals(vec![Refusal::NotAPod {
+            reason: e.to_string(),
+        }])
+    })?;
+    let mut refusals = Vec::new();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let (class, policy) = check_annotations(&annotations, &mut refusals);
+
+    let spec = pod.spec.clone().unwrap_or_default();
+    if let (Some(class), Some(selector)) = (
+        &class,
+        spec.node_selector
+            .as_ref()
+            .and_then(|s| s.get(LABEL_GPU_CLASS)),
+    ) && class != selector
+    {
+        refusals.push(Refusal::GpuClassConflict {
+            class: class.clone(),
+            selector: selector.clone(),
+        });
+    }
+
+    let lists = [
+        (List::Init, spec.init_containers.clone().unwrap_or_default()),
+        (List::App, spec.containers.clone()),
+    ];
+    let mut plans = Vec::new();
+    let mut any_slices = false;
+    for (list, containers) in &lists {
+        for (index, c) in containers.iter().enumerate() {
+            let plan = plan_container(c, policy.as_deref(), &mut refusals);
+            any_slices |= matches!(plan, Plan::Inject { .. });
+            plans.push((*list, index, plan));
+        }
+    }
+    if !refusals.is_empty() {
+        return Err(Refusals(refusals));
+    }
+    let mut out = raw.clone();
+    // A pod without slices is left exactly as it came: it only reached us for its
+    // annotations, and those passed.
+    if !any_slices {
+        return Ok(out);
+    }
+    for (list, index, plan) in plans {
+        let env = env_list(&mut out, list, index);
+        match plan {
+            Plan::Inject { ld_preload } => {
+                match ld_preload {
+                    LdPreload::Absent => env.push(env_var("LD_PRELOAD", HOOK_PATH)),
+                    LdPreload::Rewrite { position, value } => {
+                        env[position] = env_var("LD_PRELOAD", &value);
+                    }
+                    LdPreload::AlreadyFirst => {}
+                }
+                if let Some(policy) = &policy
+                    && !env.iter().any(|e| is_env(e, ENV_COMPUTE_POLICY))
+                {
+                    env.push(env_var(ENV_COMPUTE_POLICY, policy));
+                }
+            }
+            Plan::HideGpus => env.push(env_var(ENV_VISIBLE_DEVICES, NO_GPUS)),
+            Plan::Leave => {}
+        }
+        drop_empty_env(&mut out, list, index);
+    }
+    if let Some(class) = class {
+        require_gpu_class(&mut out, &class);
+    }
+    Ok(out)
+}
+
+/// Validates the pod's `tessera.dev/` annotations; returns the class and policy asked for.
+fn check_annotations(
+    annotations: &BTreeMap<String, String>,
+    refusals: &mut Vec<Refusal>,
+) -> (Option<String>, Option<String>) {
+    for key in annotations.keys() {
+        if in_tessera_namespace(key) && !USER_ANNOTATIONS.contains(&key.as_str()) {
+            refusals.push(Refusal::ForgedAnnotation { key: key.clone() });
+        }
+    }
+    let class = annotations.get(ANNOTATION_GPU_CLASS).cloned();
+    if let Some(c) = &class
+        && !is_label_value(c)
+    {
+        refusals.push(Refusal::BadGpuClass { value: c.clone() });
+    }
+    let policy = annotations.get(ANNOTATION_COMPUTE_POLICY).cloned();
+    if let Some(p) = &policy
+        && !COMPUTE_POLICIES.contains(&p.as_str())
+    {
+        refusals.push(Refusal::BadComputePolicy { value: p.clone() });
+    }
+    (class, policy)
+}
+
+/// `tessera.dev/x` and `anything.tessera.dev/x` are Tessera's; `tessera.dev.example/x` is not.
+fn in_tessera_namespace(key: &str) -> bool {
+    match key.split_once('/') {
+        Some((prefix, _)) => prefix == "tessera.dev" || prefix.ends_with(".tessera.dev"),
+        None => false,
+    }
+}
+
+/// A Kubernetes label value, non-empty (an empty class would match unlabelled nodes).
+fn is_label_value(v: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    !v.is_empty()
+        && v.len() <= 63
+        && v.chars().all(ok_char)
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// What to do with one container.
+#[derive(Debug)]
+enum Plan {
+    /// It holds slices: put the shim in front.
+    Inject { ld_preload: LdPreload },
+    /// It holds no slices and no other GPU resource: it must not see the node's GPUs.
+    HideGpus,
+    /// Nothing to change.
+    Leave,
+}
+
+#[derive(Debug)]
+enum LdPreload {
+    Absent,
+    AlreadyFirst,
+    Rewrite { position: usize, value: String },
+}
+
+fn plan_container(c: &Container, policy: Option<&str>, refusals: &mut Vec<Refusal>) -> Plan {
+    let before = refusals.len();
+    let slices = slice_count(c, refusals);
+    let env = c.env.clone().unwrap_or_default();
+    let wants_slices = slices.is_some() || refusals.len() > before;
+    if !wants_slices {
+        return plan_without_slices(c, &env, refusals);
+    }
+    let name = &c.name;
+    if c.security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false)
+    {
+        refusals.push(Refusal::Privileged {
+            container: name.clone(),
+        });
+    }
+    if let Some(other) = gpu_resources(c).into_iter().find(|r| r != RESOURCE) {
+        refusals.push(Refusal::MixedGpuResources {
+            container: name.clone(),
+            other,
+        });
+    }
+    for reserved in DEVICE_PLUGIN_ENV {
+        if env.iter().any(|e| e.name == reserved) {
+            refusals.push(Refusal::ReservedEnv {
+                container: name.clone(),
+                name: reserved.to_string(),
+            });
+        }
+    }
+    // The env entry is ours when it carries exactly the annotation's value (a previous pass
+    // of this webhook); anything else would let the pod bypass the annotation's validation.
+    for e in env.iter().filter(|e| e.name == ENV_COMPUTE_POLICY) {
+        if e.value_from.is_some() || policy.is_none() || e.value.as_deref() != policy {
+            refusals.push(Refusal::ComputePolicyEnv {
+                container: name.clone(),
+            });
+            break;
+        }
+    }
+    // Kubernetes keeps the last of duplicate names, so that is the one that counts.
+    let ld_preload = match env.iter().rposition(|e| e.name == "LD_PRELOAD") {
+        None => LdPreload::Absent,
+        Some(position) => {
+            let var = &env[position];
+            if var.value_from.is_some() {
+                refusals.push(Refusal::LdPreloadFromSource {
+                    container: name.clone(),
+                });
+                LdPreload::AlreadyFirst
+            } else {
+                preload_with_hook(var.value.as_deref().unwrap_or("")).map_or(
+                    LdPreload::AlreadyFirst,
+                    |value| LdPreload::Rewrite { position, value },
+                )
+            }
+        }
+    };
+    Plan::Inject { ld_preload }
+}
+
+fn plan_without_slices(c: &Container, env: &[EnvVar], refusals: &mut Vec<Refusal>) -> Plan {
+    // A container that gets whole GPUs from another device plugin keeps them: the NVIDIA
+    // runtime needs the variable that plugin sets.
+    if !gpu_resources(c).is_empty() {
+        return Plan::Leave;
+    }
+    match env.iter().rfind(|e| e.name == ENV_VISIBLE_DEVICES) {
+        None => Plan::HideGpus,
+        Some(e) if e.value_from.is_none() && e.value.as_deref() == Some(NO_GPUS) => Plan::Leave,
+        Some(e) => {
+            let value = match (&e.value, &e.value_from) {
+                (_, Some(_)) => "(from a ConfigMap or Secret)".to_string(),
+                (Some(v), None) => v.clone(),
+                (None, None) => String::new(),
+            };
+            refusals.push(Refusal::GpuWithoutSlices {
+                container: c.name.clone(),
+                value,
+            });
+            Plan::Leave
+        }
+    }
+}
+
+/// The container's slice count, or `None` when it asks for none. Problems go to `refusals`.
+fn slice_count(c: &Container, refusals: &mut Vec<Refusal>) -> Option<u32> {
+    let res = c.resources.as_ref();
+    let limit = res
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(RESOURCE))
+        .map(|q| q.0.clone());
+    let request = res
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|l| l.get(RESOURCE))
+        .map(|q| q.0.clone());
+    let container = c.name.clone();
+    match (limit, request) {
+        (None, None) => None,
+        (None, Some(requests)) => {
+            refusals.push(Refusal::RequestsWithoutLimits {
+                container,
+                requests,
+            });
+            None
+        }
+        (Some(limits), requests) => {
+            let count = match parse_slices(&limits) {
+                Some(n) => n,
+                None => {
+                    refusals.push(Refusal::BadSliceCount {
+                        container,
+                        value: limits,
+                    });
+                    return None;
+                }
+            };
+            if let Some(requests) = requests
+                && parse_slices(&requests) != Some(count)
+            {
+                refusals.push(Refusal::RequestsLimitsDiffer {
+                    container,
+                    requests,
+                    limits,
+                });
+                return None;
+            }
+            Some(count)
+        }
+    }
+}
+
+/// A slice count is a plain positive decimal integer. The API server hands quantities over
+/// in canonical form, so `2000m` arrives as `2`, while `500m` or `1.5` stay fractional.
+pub fn parse_slices(q: &str) -> Option<u32> {
+    let q = q.trim();
+    if q.is_empty() || !q.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    q.parse::<u32>().ok().filter(|&n| n > 0)
+}
+
+/// GPU-like extended resources the container requests (`tessera.dev/vgpu`, `nvidia.com/*`).
+fn gpu_resources(c: &Container) -> Vec<String> {
+    let mut names = Vec::new();
+    if let Some(r) = &c.resources {
+        for map in [&r.limits, &r.requests].into_iter().flatten() {
+            for name in map.keys() {
+                let gpu = name == RESOURCE || name.starts_with("nvidia.com/");
+                if gpu && !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The new LD_PRELOAD value with the shim first, or `None` when it already is first.
+/// ld.so separates entries by colons or spaces.
+fn preload_with_hook(current: &str) -> Option<String> {
+    let entries: Vec<&str> = current
+        .split([':', ' '])
+        .filter(|s| !s.is_empty())
+        .collect();
+    if entries.first() == Some(&HOOK_PATH) {
+        return None;
+    }
+    let mut out = String::from(HOOK_PATH);
+    for e in entries.into_iter().filter(|e| *e != HOOK_PATH) {
+        out.push(':');
+        out.push_str(e);
+    }
+    Some(out)
+}
+
+fn env_var(name: &str, value: &str) -> Value {
+    json!({ "name": name, "value": value })
+}
+
+fn is_env(v: &Value, name: &str) -> bool {
+    v.get("name").and_then(Value::as_str) == Some(name)
+}
+
+/// The container's `env` array in the raw pod, created if absent. The indexes come from
+/// parsing this same JSON, so they are in range.
+fn env_list(pod: &mut Value, list: List, index: usize) -> &mut Vec<Value> {
+    let env = &mut pod["spec"][list.field()][index]["env"];
+    if !env.is_array() {
+        *env = Value::Array(Vec::new());
+    }
+    match env {
+        Value::Array(a) => a,
+        _ => unreachable!("env was just made an array"),
+    }
+}
+
+/// Undoes `env_list`'s creation of an empty `env` when nothing was added, so an untouched
+/// container does not show up in the patch.
+fn drop_empty_env(pod: &mut Value, list: List, index: usize) {
+    if let Some(c) = pod["spec"][list.field()][index].as_object_mut()
+        && c.get("env")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+    {
+        c.remove("env");
+    }
+}
+
+/// Adds `tessera.dev/gpu-class In [class]` to every required node selector term (terms are
+/// ORed, so each one must carry it), or one term with it when there are none.
+fn require_gpu_class(pod: &mut Value, class: &str) {
+    let requirement = json!({ "key": LABEL_GPU_CLASS, "operator": "In", "values": [class] });
+    let required = object_at(pod, &["spec", "affinity", "nodeAffinity"])
+        .entry("requiredDuringSchedulingIgnoredDuringExecution")
+        .or_insert_with(|| json!({}));
+    if !required.is_object() {
+        *required = json!({});
+    }
+    let terms = &mut required["nodeSelectorTerms"];
+    let has_terms = terms.as_array().is_some_and(|t| !t.is_empty());
+    if !has_terms {
+        *terms = json!([{ "matchExpressions": [requirement] }]);
+        return;
+    }
+    if let Value::Array(terms) = terms {
+        for term in terms {
+            if !term.is_object() {
+                *term = json!({});
+            }
+            let exprs = &mut term["matchExpressions"];
+            if !exprs.is_array() {
+                *exprs = json!([]);
+            }
+            if let Value::Array(exprs) = exprs
+                && !exprs.contains(&requirement)
+            {
+                exprs.push(requirement.clone());
+            }
+        }
+    }
+}
+
+/// The object at `path` under `root`, creating empty objects on the way.
+fn object_at<'a>(root: &'a mut Value, path: &[&str]) -> &'a mut Map<String, Value> {
+    let mut cur = root;
+    for key in path {
+        if !cur.get(*key).is_some_and(Value::is_object) {
+            cur[*key] = json!({});
+        }
+        cur = &mut cur[*key];
+    }
+    if !cur.is_object() {
+        *cur = json!({});
+    }
+    match cur {
+        Value::Object(m) => m,
+        _ => unreachable!("just assigned an object"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_counts() {
+        assert_eq!(parse_slices("2"), Some(2));
+        assert_eq!(parse_slices("16"), Some(16));
+        for bad in [
+            "0",
+            "",
+            "500m",
+            "1.5",
+            "-1",
+            "+2",
+            "1k",
+            "1e3",
+            "99999999999",
+        ] {
+            assert_eq!(parse_slices(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ld_preload_merge() {
+        assert_eq!(preload_with_hook(HOOK_PATH), None);
+        assert_eq!(preload_with_hook(&format!("{HOOK_PATH}:/x.so")), None);
+        assert_eq!(
+            preload_with_hook("/a.so /b.so").as_deref(),
+            Some(format!("{HOOK_PATH}:/a.so:/b.so").as_str())
+        );
+        assert_eq!(
+            preload_with_hook(&format!("/a.so:{HOOK_PATH}")).as_deref(),
+            Some(format!("{HOOK_PATH}:/a.so").as_str())
+        );
+        assert_eq!(preload_with_hook("").as_deref(), Some(HOOK_PATH));
+    }
+
+    #[test]
+    fn tessera_namespace() {
+        assert!(in_tessera_namespace("tessera.dev/allocation"));
+        assert!(in_tessera_namespace("alloc.tessera.dev/id"));
+        assert!(!in_tessera_namespace("tessera.dev.example.com/x"));
+        assert!(!in_tessera_namespace("example.com/tessera.dev"));
+        assert!(!in_tessera_namespace("tessera.dev"));
+    }
+
+    #[test]
+    fn label_values() {
+        assert!(is_label_value("high-performance"));
+        assert!(is_label_value("a.b_c"));
+        for bad in ["", "-a", "a-", "a b", "x".repeat(64).as_str(), "ä"] {
+            assert!(!is_label_value(bad), "{bad}");
+        }
+    }
+}
