@@ -162,7 +162,15 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, ReviewError> {
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| ReviewError::NoRequest)?;
     let response = mutate(&request);
-    serde_json::to_vec(&response.into_review()).map_err(ReviewError::Serialise)
+    let mut out = serde_json::to_value(response.into_review()).map_err(ReviewError::Serialise)?;
+    // The API defines `patch` as base64 text (Go's []byte); kube-core writes a number array.
+    if let Some(patch) = out.pointer_mut("/response/patch")
+        && let Ok(bytes) = serde_json::from_value::<Vec<u8>>(patch.clone())
+    {
+        use base64::Engine as _;
+        *patch = Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    serde_json::to_vec(&out).map_err(ReviewError::Serialise)
 }
 
 /// The webhook's decision for one request.

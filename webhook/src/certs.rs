@@ -69,10 +69,14 @@ impl Authority {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
-        dn.push(
-            DnType::CommonName,
-            format!("tessera-webhook-ca-{}", now.unix_timestamp()),
-        );
+        // Named after its key, so two CAs made in the same second are told apart by name.
+        let id: String = key
+            .public_key_raw()
+            .iter()
+            .take(6)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        dn.push(DnType::CommonName, format!("tessera-webhook-ca-{id}"));
         dn.push(DnType::OrganizationName, "Tessera");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -183,6 +187,11 @@ impl ServingCert {
         };
         cert.certified_key()?;
         Ok(cert)
+    }
+
+    /// The private key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     /// The form rustls serves; checks that the key belongs to the certificate.
@@ -323,21 +332,8 @@ pub fn merge_bundle(live: &str, ours: &[String], now: OffsetDateTime) -> String 
 
 /// PEM text of one DER certificate.
 pub fn der_to_pem(der: &CertificateDer<'_>) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
-    for chunk in der.chunks(3) {
-        let n = chunk.len();
-        let v = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= n {
-                b64.push(ALPHABET[((v >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                b64.push('=');
-            }
-        }
-    }
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
     let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
     for line in b64.as_bytes().chunks(64) {
         out.push_str(&String::from_utf8_lossy(line));

@@ -44,6 +44,19 @@ pub trait CaStore: Send + Sync {
     fn publish_bundle(&self, cas: &[String]) -> impl Future<Output = Result<(), CertError>> + Send;
 }
 
+/// Replicas in one process (and tests) share a store through an `Arc`.
+impl<S: CaStore> CaStore for Arc<S> {
+    fn load(&self) -> impl Future<Output = Result<Option<StoredCa>, CertError>> + Send {
+        (**self).load()
+    }
+    fn save(&self, ca: &StoredCa) -> impl Future<Output = Result<Saved, CertError>> + Send {
+        (**self).save(ca)
+    }
+    fn publish_bundle(&self, cas: &[String]) -> impl Future<Output = Result<(), CertError>> + Send {
+        (**self).publish_bundle(cas)
+    }
+}
+
 /// Lifetimes and timing of self-managed certificates.
 #[derive(Debug, Clone)]
 pub struct Lifetimes {
