@@ -4,8 +4,10 @@
 pub mod admission;
 pub mod certs;
 pub mod cluster;
+pub mod manifests;
 pub mod rotate;
 pub mod run;
 pub mod server;
+pub mod template;
 
 pub use admission::{mutate, review};

@@ -55,6 +55,133 @@ pub enum RunError {
     Kube(#[source] kube::Error),
 }
 
+/// Flags of `tessera webhook`; each can also come from the environment variable named.
+/// Certificates come from files when `--cert-file` is given, else they are self-managed.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WebhookArgs {
+    /// Address to serve HTTPS on.
+    #[arg(long, env = "TESSERA_WEBHOOK_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Serving certificate chain (PEM), e.g. cert-manager's tls.crt; re-read when it changes.
+    #[arg(long, env = "TESSERA_WEBHOOK_CERT_FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "TESSERA_WEBHOOK_KEY_FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// Namespace of the webhook's Service and CA Secret (self-managed certificates).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "tessera-system")]
+    pub namespace: String,
+    /// Name of the webhook's Service; the certificate is issued for its DNS names.
+    #[arg(
+        long,
+        env = "TESSERA_WEBHOOK_SERVICE",
+        default_value = "tessera-webhook"
+    )]
+    pub service: String,
+    /// Secret that holds the CA the replicas share.
+    #[arg(
+        long,
+        env = "TESSERA_WEBHOOK_CA_SECRET",
+        default_value = "tessera-webhook-ca"
+    )]
+    pub ca_secret: String,
+    /// MutatingWebhookConfiguration whose caBundle the webhook keeps current.
+    #[arg(
+        long,
+        env = "TESSERA_WEBHOOK_CONFIG",
+        default_value = "tessera-webhook"
+    )]
+    pub webhook_config: String,
+    /// Lifetime of the self-managed CA, in days.
+    #[arg(long, default_value_t = 1825, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ca_validity_days: u64,
+    /// Lifetime of a serving certificate, in days; renewed at two thirds of it.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub serving_validity_days: u64,
+    /// Seconds between certificate checks (and certificate file re-reads).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub check_interval_secs: u64,
+}
+
+impl WebhookArgs {
+    pub fn options(&self) -> Options {
+        const DAY: u64 = 86_400;
+        let certs = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => CertSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => CertSource::SelfManaged {
+                namespace: self.namespace.clone(),
+                service: self.service.clone(),
+                secret: self.ca_secret.clone(),
+                config_name: self.webhook_config.clone(),
+                lifetimes: Lifetimes {
+                    ca: Duration::from_secs(self.ca_validity_days * DAY),
+                    serving: Duration::from_secs(self.serving_validity_days * DAY),
+                    ..Lifetimes::default()
+                },
+            },
+        };
+        Options {
+            listen: self.listen,
+            certs,
+            check_interval: Duration::from_secs(self.check_interval_secs),
+        }
+    }
+}
+
+/// Flags of `tessera manifests`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ManifestsArgs {
+    /// Namespace to install into (created by the output).
+    #[arg(long, short = 'n', default_value = "tessera-system")]
+    pub namespace: String,
+    /// Prefix of every object's name, like a Helm release name.
+    #[arg(long, default_value = "tessera")]
+    pub release: String,
+    /// Values file(s) overriding the chart's values.yaml, like `helm -f`.
+    #[arg(long = "values", short = 'f')]
+    pub values: Vec<PathBuf>,
+    /// KEY=VALUE overrides with dotted keys, like `helm --set`.
+    #[arg(long)]
+    pub set: Vec<String>,
+}
+
+/// Why `tessera manifests` could not print.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestsCmdError {
+    #[error("cannot read values file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Render(#[from] crate::manifests::ManifestError),
+}
+
+impl ManifestsArgs {
+    /// The manifests as `tessera manifests` prints them.
+    pub fn render(&self) -> Result<String, ManifestsCmdError> {
+        let mut values_files = Vec::new();
+        for p in &self.values {
+            let text = std::fs::read_to_string(p).map_err(|source| ManifestsCmdError::Read {
+                path: p.display().to_string(),
+                source,
+            })?;
+            values_files.push((p.display().to_string(), text));
+        }
+        let opts = crate::manifests::RenderOptions {
+            release_name: self.release.clone(),
+            namespace: self.namespace.clone(),
+            values_files,
+            set: self.set.clone(),
+        };
+        Ok(crate::manifests::render_standalone(&opts)?)
+    }
+}
+
 /// The DNS names a Service is reached by from the API server.
 pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     vec![

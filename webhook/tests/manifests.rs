@@ -1,0 +1,409 @@
+//! `tessera manifests` output: every document parses as its Kubernetes type with no field
+//! lost or misspelt (typed round trip), the objects agree with each other and with the
+//! webhook's own flags, and the chart directory matches what the binary renders.
+
+use std::collections::BTreeSet;
+
+use clap::Parser;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tessera_webhook::manifests::{self, RenderOptions};
+use tessera_webhook::run::{CertSource, ManifestsArgs, WebhookArgs};
+
+fn docs(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| {
+            let v: Value = serde::Deserialize::deserialize(d).expect("valid YAML document");
+            v
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Parses `doc` as `T` and checks that serialising it back gives the same JSON: an unknown
+/// or misspelt field, or a wrong type, would be dropped or refused.
+fn typed<T: DeserializeOwned + serde::Serialize>(doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} does not parse: {e}\n{doc:#}", doc["kind"]));
+    let back = serde_json::to_value(&t).expect("serialise");
+    assert_eq!(
+        &back, doc,
+        "{} lost or changed fields in a round trip",
+        doc["kind"]
+    );
+    t
+}
+
+/// Checks every document by kind; returns (kind, name) of each.
+fn check_all(yaml: &str) -> Vec<(String, String)> {
+    let mut seen = Vec::new();
+    for doc in docs(yaml) {
+        let kind = doc["kind"].as_str().expect("kind").to_string();
+        let name = doc["metadata"]["name"].as_str().expect("name").to_string();
+        match kind.as_str() {
+            "Namespace" => drop(typed::<Namespace>(&doc)),
+            "ConfigMap" => drop(typed::<ConfigMap>(&doc)),
+            "ServiceAccount" => drop(typed::<ServiceAccount>(&doc)),
+            "ClusterRole" => drop(typed::<ClusterRole>(&doc)),
+            "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&doc)),
+            "Role" => drop(typed::<Role>(&doc)),
+            "RoleBinding" => drop(typed::<RoleBinding>(&doc)),
+            "DaemonSet" => drop(typed::<DaemonSet>(&doc)),
+            "Deployment" => drop(typed::<Deployment>(&doc)),
+            "Service" => drop(typed::<Service>(&doc)),
+            "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(&doc)),
+            "MutatingWebhookConfiguration" => drop(typed::<MutatingWebhookConfiguration>(&doc)),
+            // Custom resources (cert-manager, Prometheus operator): no k8s-openapi type.
+            "Issuer" | "Certificate" => assert_eq!(doc["apiVersion"], "cert-manager.io/v1"),
+            "ServiceMonitor" => assert_eq!(doc["apiVersion"], "monitoring.coreos.com/v1"),
+            other => panic!("unexpected kind {other}"),
+        }
+        seen.push((kind, name));
+    }
+    seen
+}
+
+fn find<T: DeserializeOwned>(yaml: &str, kind: &str, name: &str) -> T {
+    let doc = docs(yaml)
+        .into_iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"));
+    serde_json::from_value(doc).expect("typed")
+}
+
+fn standalone() -> String {
+    manifests_args(&["manifests"]).render().expect("render")
+}
+
+#[derive(Parser)]
+struct ManifestsCli {
+    #[command(flatten)]
+    args: ManifestsArgs,
+}
+
+fn manifests_args(argv: &[&str]) -> ManifestsArgs {
+    ManifestsCli::try_parse_from(argv).expect("args").args
+}
+
+#[derive(Parser)]
+struct WebhookCli {
+    #[command(flatten)]
+    args: WebhookArgs,
+}
+
+#[test]
+fn default_manifests_parse_as_kubernetes_objects() {
+    let out = standalone();
+    let kinds: BTreeSet<String> = check_all(&out).into_iter().map(|(k, _)| k).collect();
+    let expected = [
+        "Namespace",
+        "ConfigMap",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "DaemonSet",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+        "MutatingWebhookConfiguration",
+    ];
+    assert_eq!(kinds, expected.iter().map(|s| s.to_string()).collect());
+    // The namespace comes first so `kubectl apply -f -` can create what lives in it.
+    assert_eq!(docs(&out)[0]["kind"], "Namespace");
+}
+
+#[test]
+fn every_option_on_still_parses() {
+    let opts = RenderOptions {
+        set: vec![
+            "webhook.certManager.enabled=true".into(),
+            "serviceMonitor.enabled=true".into(),
+            "serviceMonitor.labels.release=prometheus".into(),
+            "node.runtimeClassName=nvidia".into(),
+        ],
+        ..RenderOptions::default()
+    };
+    let out = manifests::render(&opts).expect("render");
+    let kinds: BTreeSet<String> = check_all(&out).into_iter().map(|(k, _)| k).collect();
+    for k in ["Issuer", "Certificate", "ServiceMonitor"] {
+        assert!(kinds.contains(k), "{k} missing");
+    }
+    assert!(
+        !kinds.contains("Namespace"),
+        "helm creates the namespace, not the chart"
+    );
+    // cert-manager mode: no permission to Secrets or webhook configurations at all.
+    let webhook_rbac = docs(&out).into_iter().filter(|d| {
+        matches!(d["kind"].as_str(), Some("Role" | "ClusterRole"))
+            && d["metadata"]["name"] == "tessera-webhook"
+    });
+    assert_eq!(webhook_rbac.count(), 0);
+    let mwc: MutatingWebhookConfiguration =
+        find(&out, "MutatingWebhookConfiguration", "tessera-webhook");
+    let ann = mwc.metadata.annotations.expect("annotations");
+    assert_eq!(
+        ann["cert-manager.io/inject-ca-from"],
+        "tessera-system/tessera-webhook"
+    );
+    let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
+    let args = webhook_args(&dep);
+    assert!(matches!(args.options().certs, CertSource::Files { .. }));
+    let ds: DaemonSet = find(&out, "DaemonSet", "tessera-node");
+    let spec = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+    let sm = docs(&out)
+        .into_iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("sm");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
+}
+
+fn webhook_args(dep: &Deployment) -> WebhookArgs {
+    let c = &dep
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("spec")
+        .containers[0];
+    let mut argv = vec!["tessera".to_string()];
+    argv.extend(c.args.clone().expect("args").into_iter().skip(1)); // skip the subcommand
+    WebhookCli::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("the chart's webhook args do not parse: {e}"))
+        .args
+}
+
+#[test]
+fn webhook_objects_agree_with_each_other() {
+    let out = standalone();
+    let mwc: MutatingWebhookConfiguration =
+        find(&out, "MutatingWebhookConfiguration", "tessera-webhook");
+    let hooks = mwc.webhooks.expect("webhooks");
+    assert_eq!(hooks.len(), 1);
+    let h = &hooks[0];
+    assert_eq!(h.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(h.side_effects, "None");
+    assert_eq!(h.admission_review_versions, vec!["v1"]);
+    assert_eq!(h.reinvocation_policy.as_deref(), Some("IfNeeded"));
+    let rule = &h.rules.as_ref().expect("rules")[0];
+    assert_eq!(
+        rule.operations.as_deref(),
+        Some(&["CREATE".to_string()][..])
+    );
+    assert_eq!(rule.resources.as_deref(), Some(&["pods".to_string()][..]));
+    let cond = &h.match_conditions.as_ref().expect("matchConditions")[0].expression;
+    assert!(
+        cond.contains("'tessera.dev/vgpu' in c.resources.limits"),
+        "{cond}"
+    );
+    assert!(cond.contains("initContainers"), "{cond}");
+    let ns_sel = h.namespace_selector.as_ref().expect("namespaceSelector");
+    let exprs = ns_sel.match_expressions.as_ref().expect("expressions");
+    assert!(exprs.iter().any(|e| e.key == "tessera.dev/injection"
+        && e.operator == "NotIn"
+        && e.values.as_deref() == Some(&["disabled".to_string()][..])));
+
+    // The webhook's Service is where the configuration points, on the port it serves.
+    let svc_ref = h.client_config.service.as_ref().expect("service");
+    assert_eq!(svc_ref.path.as_deref(), Some("/mutate"));
+    let svc: Service = find(&out, "Service", &svc_ref.name);
+    assert_eq!(
+        svc.metadata.namespace.as_deref(),
+        Some(svc_ref.namespace.as_str())
+    );
+
+    // The Deployment's flags parse with the real CLI and name the same objects that RBAC
+    // lets it touch.
+    let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
+    assert_eq!(dep.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    let args = webhook_args(&dep);
+    assert_eq!(args.listen.port(), 8443);
+    assert_eq!(args.service, svc_ref.name);
+    assert_eq!(args.namespace, svc_ref.namespace);
+    assert_eq!(
+        args.webhook_config,
+        mwc.metadata.name.clone().expect("name")
+    );
+    let role: Role = find(&out, "Role", "tessera-webhook");
+    let names: Vec<String> = role
+        .rules
+        .expect("rules")
+        .iter()
+        .flat_map(|r| r.resource_names.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(names, vec![args.ca_secret.clone()]);
+    let cr: ClusterRole = find(&out, "ClusterRole", "tessera-webhook");
+    let rule = &cr.rules.expect("rules")[0];
+    assert_eq!(
+        rule.resource_names.as_deref(),
+        Some(&[args.webhook_config.clone()][..])
+    );
+    assert_eq!(rule.verbs, vec!["get", "update"]);
+
+    // The namespace opts itself out of the webhook.
+    let ns: Namespace = find(&out, "Namespace", "tessera-system");
+    assert_eq!(
+        ns.metadata.labels.expect("labels")["tessera.dev/injection"],
+        "disabled"
+    );
+}
+
+#[test]
+fn node_objects_carry_the_agreed_paths_and_config() {
+    let out = standalone();
+    let ds: DaemonSet = find(&out, "DaemonSet", "tessera-node");
+    let spec = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert_eq!(spec.host_pid, Some(true));
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["manager", "device-plugin"]);
+    let init = &spec.init_containers.as_ref().expect("init")[0];
+    let script = init.args.as_ref().expect("args").join(" ");
+    assert!(
+        script.contains("/usr/local/lib/tessera/libtessera.so"),
+        "{script}"
+    );
+    assert!(
+        script.contains("mv -f /host-state/lib/.libtessera.so.new /host-state/lib/libtessera.so"),
+        "{script}"
+    );
+    let host_paths: BTreeSet<String> = spec
+        .volumes
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect();
+    for p in [
+        "/var/lib/tessera",
+        "/run/tessera",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+    ] {
+        assert!(host_paths.contains(p), "{p} not mounted: {host_paths:?}");
+    }
+    let manager = &spec.containers[0];
+    let env: Vec<(String, String)> = manager
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| e.value.map(|v| (e.name, v)))
+        .collect();
+    assert!(env.contains(&("TESSERA_SOCKET".into(), "/run/tessera/manager.sock".into())));
+    assert!(env.contains(&(
+        "TESSERA_HOOK_LIBRARY".into(),
+        "/var/lib/tessera/lib/libtessera.so".into()
+    )));
+    assert!(env.contains(&("TESSERA_METRICS_ADDR".into(), "0.0.0.0:9400".into())));
+    assert!(
+        !manager
+            .security_context
+            .as_ref()
+            .and_then(|s| s.privileged)
+            .unwrap_or(false)
+    );
+
+    // The ConfigMap holds exactly the chart's nodeConfig, as YAML.
+    let cm: ConfigMap = find(&out, "ConfigMap", "tessera-node-config");
+    let text = &cm.data.expect("data")["config.yaml"];
+    let in_cm: serde_yaml::Value = serde_yaml::from_str(text).expect("config.yaml is YAML");
+    let values = manifests::values(&RenderOptions::default()).expect("values");
+    assert_eq!(in_cm, values["nodeConfig"]);
+}
+
+#[test]
+fn namespace_and_release_flags_rename_everything() {
+    let args = manifests_args(&[
+        "manifests",
+        "-n",
+        "gpu",
+        "--release",
+        "ts",
+        "--set",
+        "webhook.replicas=3",
+    ]);
+    let out = args.render().expect("render");
+    for doc in docs(&out) {
+        let name = doc["metadata"]["name"].as_str().expect("name");
+        assert!(name.starts_with("ts-") || name == "gpu", "{name}");
+        if let Some(ns) = doc["metadata"]["namespace"].as_str() {
+            assert_eq!(ns, "gpu");
+        }
+    }
+    let dep: Deployment = find(&out, "Deployment", "ts-webhook");
+    assert_eq!(dep.spec.and_then(|s| s.replicas), Some(3));
+}
+
+#[test]
+fn missing_values_file_is_a_clear_error() {
+    let args = manifests_args(&["manifests", "-f", "/nonexistent/values.yaml"]);
+    let e = args.render().unwrap_err().to_string();
+    assert!(
+        e.contains("cannot read values file /nonexistent/values.yaml"),
+        "{e}"
+    );
+    let args = manifests_args(&["manifests", "--set", "oops"]);
+    let e = args.render().unwrap_err().to_string();
+    assert!(e.contains("expected KEY=VALUE"), "{e}");
+}
+
+#[test]
+fn the_binary_renders_every_template_in_the_chart() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(manifests::CHART_DIR)
+        .join("templates");
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .expect("chart templates")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| !manifests::NOT_MANIFESTS.contains(&n.as_str()))
+        .collect();
+    let compiled: BTreeSet<String> = manifests::TEMPLATES
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(
+        on_disk, compiled,
+        "add new chart templates to manifests::TEMPLATES"
+    );
+}
+
+#[test]
+fn webhook_flags_choose_the_certificate_source() {
+    let a = WebhookCli::try_parse_from(["t"]).expect("defaults").args;
+    match a.options().certs {
+        CertSource::SelfManaged {
+            namespace,
+            service,
+            secret,
+            config_name,
+            lifetimes,
+        } => {
+            assert_eq!(
+                (namespace.as_str(), service.as_str()),
+                ("tessera-system", "tessera-webhook")
+            );
+            assert_eq!(
+                (secret.as_str(), config_name.as_str()),
+                ("tessera-webhook-ca", "tessera-webhook")
+            );
+            assert_eq!(lifetimes.serving.as_secs(), 30 * 86_400);
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = WebhookCli::try_parse_from(["t", "--cert-file", "/x"])
+        .err()
+        .expect("needs key")
+        .to_string();
+    assert!(e.contains("--key-file"), "{e}");
+    let e = WebhookCli::try_parse_from(["t", "--serving-validity-days", "0"])
+        .err()
+        .expect("0 days")
+        .to_string();
+    assert!(e.contains("serving-validity-days"), "{e}");
+}
