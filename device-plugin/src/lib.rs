@@ -1,1 +1,26 @@
-//! The kubelet device plugin. Filled by issue 6.
+//! The Kubernetes device plugin: advertises GPU slices as `tessera.dev/vgpu`
+//! devices (`<gpu-uuid>::<n>`), places requests on GPUs, and turns each
+//! Allocate into a manager allocation. See `docs/device-plugin.md`.
+//!
+//! Pure logic (config, placement, allocation plans, PodResources decisions)
+//! lives in modules with no I/O; tonic and kube stay at the edges (`service`,
+//! `registration`, `manager`, `node_labels`, `plugin`).
+
+pub mod allocate;
+pub mod config;
+pub mod device_id;
+pub mod grpc;
+pub mod inventory;
+mod manager;
+pub mod node_labels;
+pub mod placement;
+pub mod plugin;
+pub mod pod_resources;
+pub mod registration;
+pub mod selector;
+mod service;
+pub mod state;
+pub mod testing;
+
+pub use plugin::{Error, Options, RESOURCE_NAME, SOCKET_NAME, run};
+pub use service::plugin_options;

@@ -1,0 +1,612 @@
+//! Allocate: device IDs → per-GPU slice counts → a manager allocation →
+//! the env and mounts a container needs to run under it.
+//!
+//! The allocation id is derived from the sorted device IDs, so a kubelet
+//! retry of the same Allocate finds the allocation it already made.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_proto::manager::v1 as mgr;
+use tonic::{Code, Status};
+
+use crate::config::{ComputePolicy, FULL_COMPUTE_PPM};
+use crate::device_id::{DeviceId, DeviceIdError};
+use crate::manager::ManagerApi;
+use crate::state::Snapshot;
+
+/// Container path of the control file (read-only mount).
+pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
+/// Container path of the state file (read-write mount).
+pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
+/// Container path of the hook library (read-only mount).
+pub const CONTAINER_HOOK: &str = "/usr/local/lib/tessera/libtessera.so";
+/// Container path of the preload list (read-only mount, when enabled).
+pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
+/// Label the plugin puts on its allocations; only those are garbage-collected.
+pub const SOURCE_LABEL: &str = "source";
+/// Value of [`SOURCE_LABEL`] on the plugin's allocations.
+pub const SOURCE_DEVICE_PLUGIN: &str = "device-plugin";
+/// Annotation naming the allocation, for the container runtime and humans.
+pub const ALLOCATION_ANNOTATION: &str = "tessera.dev/allocation";
+
+/// Why an Allocate request cannot be served.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AllocateError {
+    #[error("no device ids in the request")]
+    Empty,
+    #[error(transparent)]
+    BadId(#[from] DeviceIdError),
+    #[error("device id {0:?} appears twice in the request")]
+    Duplicate(String),
+    #[error("device id {id:?} names GPU {gpu:?}, which this node does not have")]
+    UnknownGpu { id: String, gpu: String },
+    #[error("device id {id:?}: GPU {gpu} has only {slices} slices under the config in force")]
+    UnknownSlice {
+        id: String,
+        gpu: String,
+        slices: u32,
+    },
+    #[error("device id {id:?}: GPU {gpu} is unhealthy{reason}")]
+    Unhealthy {
+        id: String,
+        gpu: String,
+        reason: String,
+    },
+}
+
+impl From<AllocateError> for Status {
+    fn from(e: AllocateError) -> Self {
+        let code = match e {
+            AllocateError::Empty | AllocateError::BadId(_) | AllocateError::Duplicate(_) => {
+                Code::InvalidArgument
+            }
+            AllocateError::UnknownGpu { .. } | AllocateError::UnknownSlice { .. } => Code::NotFound,
+            AllocateError::Unhealthy { .. } => Code::FailedPrecondition,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+/// What one container gets: checked against the snapshot, not yet created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub id: String,
+    /// Per GPU, in GPU index order.
+    pub devices: Vec<mgr::DeviceRequest>,
+    /// Sorted.
+    pub device_ids: Vec<String>,
+    pub policy: ComputePolicy,
+}
+
+impl Plan {
+    /// The manager request for this plan.
+    pub fn request(&self) -> mgr::CreateAllocationRequest {
+        mgr::CreateAllocationRequest {
+            id: self.id.clone(),
+            devices: self.devices.clone(),
+            policy: policy_to_proto(self.policy) as i32,
+            device_ids: self.device_ids.clone(),
+            labels: [(SOURCE_LABEL.to_owned(), SOURCE_DEVICE_PLUGIN.to_owned())].into(),
+        }
+    }
+}
+
+/// The proto value of a compute policy.
+pub fn policy_to_proto(p: ComputePolicy) -> mgr::ComputePolicy {
+    match p {
+        ComputePolicy::Guaranteed => mgr::ComputePolicy::Guaranteed,
+        ComputePolicy::Burst => mgr::ComputePolicy::Burst,
+    }
+}
+
+/// Allocation id for a set of device IDs: `dp-` and 16 hex digits of a
+/// 64-bit FNV-1a hash of the sorted IDs joined by `,` (stable across runs
+/// and builds, unlike `std`'s hasher).
+pub fn allocation_id(sorted_ids: &[String]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, id) in sorted_ids.iter().enumerate() {
+        if i > 0 {
+            h = fnv_step(h, b',');
+        }
+        for &b in id.as_bytes() {
+            h = fnv_step(h, b);
+        }
+    }
+    format!("dp-{h:016x}")
+}
+
+fn fnv_step(h: u64, b: u8) -> u64 {
+    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+}
+
+/// Checks the IDs against the snapshot and works out the limits: on each
+/// GPU, slices × slice memory and slices × slice compute share.
+pub fn plan(ids: &[String], snap: &Snapshot) -> Result<Plan, AllocateError> {
+    if ids.is_empty() {
+        return Err(AllocateError::Empty);
+    }
+    let mut seen = BTreeSet::new();
+    let mut per_gpu: BTreeMap<String, u32> = BTreeMap::new();
+    for id in ids {
+        let d = DeviceId::parse(id)?;
+        if !seen.insert(id.clone()) {
+            return Err(AllocateError::Duplicate(id.clone()));
+        }
+        let Some(g) = snap.gpu(&d.gpu_uuid) else {
+            return Err(AllocateError::UnknownGpu {
+                id: id.clone(),
+                gpu: d.gpu_uuid,
+            });
+        };
+        if d.slice >= g.layout.slices {
+            return Err(AllocateError::UnknownSlice {
+                id: id.clone(),
+                gpu: d.gpu_uuid,
+                slices: g.layout.slices,
+            });
+        }
+        if !g.healthy {
+            let reason = if !snap.manager_up {
+                " (the manager is unreachable)".to_owned()
+            } else if g.gpu.unhealthy_reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", g.gpu.unhealthy_reason)
+            };
+            return Err(AllocateError::Unhealthy {
+                id: id.clone(),
+                gpu: d.gpu_uuid,
+                reason,
+            });
+        }
+        *per_gpu.entry(d.gpu_uuid).or_default() += 1;
+    }
+    let mut devices = Vec::with_capacity(per_gpu.len());
+    for g in &snap.gpus {
+        if let Some(&k) = per_gpu.get(&g.gpu.uuid) {
+            let memory = (u64::from(k) * g.layout.memory_bytes).min(g.gpu.memory_total_bytes);
+            let compute =
+                (u64::from(k) * u64::from(g.layout.compute_ppm)).min(u64::from(FULL_COMPUTE_PPM));
+            devices.push(mgr::DeviceRequest {
+                gpu_uuid: g.gpu.uuid.clone(),
+                memory_limit_bytes: memory,
+                compute_share_ppm: u32::try_from(compute).unwrap_or(FULL_COMPUTE_PPM),
+                slices: k,
+            });
+        }
+    }
+    let device_ids: Vec<String> = seen.into_iter().collect();
+    Ok(Plan {
+        id: allocation_id(&device_ids),
+        devices,
+        device_ids,
+        policy: snap.node.compute_policy,
+    })
+}
+
+/// Creates the plan's allocation, or finds the one a retry already made.
+///
+/// The kubelet never gives the same slices to two live containers, so an
+/// existing allocation with this id and other limits is a leftover of an
+/// earlier container on the same slices (made under an older config): it is
+/// replaced.
+pub(crate) async fn create<M: ManagerApi>(
+    manager: &M,
+    plan: &Plan,
+) -> Result<mgr::Allocation, Status> {
+    match manager.create_allocation(plan.request()).await {
+        Ok(a) => Ok(a),
+        Err(s) if s.code() == Code::AlreadyExists => {
+            let existing = manager
+                .list_allocations()
+                .await?
+                .into_iter()
+                .find(|a| a.id == plan.id);
+            match existing {
+                Some(a) if same_limits(&a, plan) => Ok(a),
+                _ => {
+                    tracing::info!(id = %plan.id, "replacing a leftover allocation on the same slices");
+                    match manager.delete_allocation(plan.id.clone()).await {
+                        Ok(()) => {}
+                        Err(s) if s.code() == Code::NotFound => {}
+                        Err(s) => return Err(s),
+                    }
+                    manager.create_allocation(plan.request()).await
+                }
+            }
+        }
+        Err(s) => Err(s),
+    }
+}
+
+fn same_limits(a: &mgr::Allocation, plan: &Plan) -> bool {
+    let key = |d: &mgr::DeviceRequest| {
+        (
+            d.gpu_uuid.clone(),
+            d.memory_limit_bytes,
+            d.compute_share_ppm,
+        )
+    };
+    let mut have: Vec<_> = a.devices.iter().map(key).collect();
+    let mut want: Vec<_> = plan.devices.iter().map(key).collect();
+    have.sort();
+    want.sort();
+    have == want && a.policy == policy_to_proto(plan.policy) as i32
+}
+
+/// Host paths of the files every container mounts besides its allocation's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// The hook library on the host.
+    pub hook_library: PathBuf,
+    /// The `ld.so.preload` file on the host (mounted when the node config
+    /// enables `ldSoPreload`).
+    pub preload_file: PathBuf,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        Self {
+            hook_library: PathBuf::from("/var/lib/tessera/lib/libtessera.so"),
+            preload_file: PathBuf::from("/var/lib/tessera/ld.so.preload"),
+        }
+    }
+}
+
+/// The container's env, mounts and annotations for an allocation.
+///
+/// Env: `TESSERA_CONTROL`, `TESSERA_STATE` (container paths),
+/// `TESSERA_ALLOCATION`, `NVIDIA_VISIBLE_DEVICES` (UUIDs in GPU index
+/// order). Never `LD_PRELOAD`: the webhook sets that, prepending the hook
+/// to the user's own value.
+pub fn container_response(
+    alloc: &mgr::Allocation,
+    plan: &Plan,
+    host: &HostPaths,
+    ld_so_preload: bool,
+) -> dp::ContainerAllocateResponse {
+    let uuids: Vec<&str> = plan.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
+    let envs = [
+        ("TESSERA_CONTROL", CONTAINER_CONTROL.to_owned()),
+        ("TESSERA_STATE", CONTAINER_STATE.to_owned()),
+        ("TESSERA_ALLOCATION", alloc.id.clone()),
+        ("NVIDIA_VISIBLE_DEVICES", uuids.join(",")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mount = |host: String, container: &str, read_only: bool| dp::Mount {
+        container_path: container.to_owned(),
+        host_path: host,
+        read_only,
+    };
+    let mut mounts = vec![
+        mount(alloc.control_path.clone(), CONTAINER_CONTROL, true),
+        mount(alloc.state_path.clone(), CONTAINER_STATE, false),
+        mount(
+            host.hook_library.display().to_string(),
+            CONTAINER_HOOK,
+            true,
+        ),
+    ];
+    if ld_so_preload {
+        mounts.push(mount(
+            host.preload_file.display().to_string(),
+            CONTAINER_PRELOAD,
+            true,
+        ));
+    }
+    dp::ContainerAllocateResponse {
+        envs,
+        mounts,
+        devices: Vec::new(),
+        annotations: [(ALLOCATION_ANNOTATION.to_owned(), alloc.id.clone())].into(),
+        cdi_devices: Vec::new(),
+    }
+}
+
+/// The env a process on the host would need to see what the container sees:
+/// every env value that is a mounted container path becomes its host path.
+/// For tests and tools that run a workload without a container runtime.
+pub fn host_env(resp: &dp::ContainerAllocateResponse) -> BTreeMap<String, String> {
+    resp.envs
+        .iter()
+        .map(|(k, v)| {
+            let v = resp
+                .mounts
+                .iter()
+                .find(|m| &m.container_path == v)
+                .map_or_else(|| v.clone(), |m| m.host_path.clone());
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// The text of the `ld.so.preload` file: the hook's container path.
+pub fn preload_contents() -> String {
+    format!("{CONTAINER_HOOK}\n")
+}
+
+/// Makes sure the host's preload file exists with the right text; written
+/// through a temporary file and a rename so no container sees half of it.
+pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
+    let want = preload_contents();
+    if std::fs::read_to_string(path).is_ok_and(|have| have == want) {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, want)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::state::PluginState;
+    use std::sync::Mutex;
+    use std::time::Instant;
+    use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
+
+    const GI: u64 = 1 << 30;
+
+    fn snapshot(cfg: &str) -> std::sync::Arc<Snapshot> {
+        let st = PluginState::new("n", Config::parse(cfg).expect("cfg"), BTreeMap::new());
+        st.update_status(
+            &NodeStatus {
+                gpus: vec![
+                    GpuStatus {
+                        index: 0,
+                        uuid: "GPU-a".into(),
+                        memory_total_bytes: 80 * GI,
+                        healthy: true,
+                        ..Default::default()
+                    },
+                    GpuStatus {
+                        index: 1,
+                        uuid: "GPU-b".into(),
+                        memory_total_bytes: 40 * GI,
+                        healthy: true,
+                        ..Default::default()
+                    },
+                    GpuStatus {
+                        index: 2,
+                        uuid: "GPU-sick".into(),
+                        memory_total_bytes: 40 * GI,
+                        healthy: false,
+                        unhealthy_reason: "XID 79".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            },
+            Instant::now(),
+        );
+        st.snapshot()
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn limits_are_slices_times_slice_size() {
+        let snap = snapshot("default:\n  slice: {memory: 10Gi}\n  computePolicy: guaranteed\n");
+        // GPU-a: 8 slices of 10Gi, 12.5% each; GPU-b: 4 slices of 10Gi, 25%.
+        let p = plan(
+            &ids(&["GPU-b::3", "GPU-a::0", "GPU-a::5", "GPU-a::2"]),
+            &snap,
+        )
+        .expect("plan");
+        assert_eq!(
+            p.devices,
+            vec![
+                mgr::DeviceRequest {
+                    gpu_uuid: "GPU-a".into(),
+                    memory_limit_bytes: 30 * GI,
+                    compute_share_ppm: 375_000,
+                    slices: 3,
+                },
+                mgr::DeviceRequest {
+                    gpu_uuid: "GPU-b".into(),
+                    memory_limit_bytes: 10 * GI,
+                    compute_share_ppm: 250_000,
+                    slices: 1,
+                },
+            ]
+        );
+        assert_eq!(
+            p.device_ids,
+            ids(&["GPU-a::0", "GPU-a::2", "GPU-a::5", "GPU-b::3"])
+        );
+        assert_eq!(p.policy, ComputePolicy::Guaranteed);
+        let req = p.request();
+        assert_eq!(req.policy, mgr::ComputePolicy::Guaranteed as i32);
+        assert_eq!(
+            req.labels.get("source").map(String::as_str),
+            Some("device-plugin")
+        );
+    }
+
+    #[test]
+    fn id_is_deterministic_and_order_free() {
+        let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
+        let a = plan(&ids(&["GPU-a::1", "GPU-a::0"]), &snap).expect("plan");
+        let b = plan(&ids(&["GPU-a::0", "GPU-a::1"]), &snap).expect("plan");
+        let c = plan(&ids(&["GPU-a::0", "GPU-a::2"]), &snap).expect("plan");
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert!(a.id.starts_with("dp-") && a.id.len() == 19);
+        // Fixed value: the hash must not change between builds.
+        assert_eq!(
+            allocation_id(&ids(&["x::0"])),
+            allocation_id(&ids(&["x::0"]))
+        );
+        assert_eq!(allocation_id(&[]), "dp-cbf29ce484222325");
+    }
+
+    #[test]
+    fn bad_ids_are_clear_errors() {
+        let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
+        let e = |v: &[&str]| plan(&ids(v), &snap).expect_err("error");
+        assert_eq!(e(&[]), AllocateError::Empty);
+        assert!(matches!(e(&["nonsense"]), AllocateError::BadId(_)));
+        assert_eq!(
+            e(&["GPU-a::1", "GPU-a::1"]),
+            AllocateError::Duplicate("GPU-a::1".into())
+        );
+        assert_eq!(
+            e(&["GPU-zz::0"]),
+            AllocateError::UnknownGpu {
+                id: "GPU-zz::0".into(),
+                gpu: "GPU-zz".into()
+            }
+        );
+        assert_eq!(
+            e(&["GPU-a::4"]).to_string(),
+            "device id \"GPU-a::4\": GPU GPU-a has only 4 slices under the config in force"
+        );
+        assert_eq!(
+            e(&["GPU-sick::0"]).to_string(),
+            "device id \"GPU-sick::0\": GPU GPU-sick is unhealthy: XID 79"
+        );
+        assert_eq!(Status::from(e(&["x"])).code(), Code::InvalidArgument);
+        assert_eq!(Status::from(e(&["GPU-zz::0"])).code(), Code::NotFound);
+        assert_eq!(
+            Status::from(e(&["GPU-sick::0"])).code(),
+            Code::FailedPrecondition
+        );
+    }
+
+    #[test]
+    fn response_has_env_and_mounts_but_no_ld_preload() {
+        let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
+        let p = plan(&ids(&["GPU-b::0", "GPU-a::0"]), &snap).expect("plan");
+        let alloc = mgr::Allocation {
+            id: p.id.clone(),
+            control_path: "/var/lib/tessera/allocations/x/control".into(),
+            state_path: "/var/lib/tessera/allocations/x/state".into(),
+            ..Default::default()
+        };
+        let host = HostPaths::default();
+        let r = container_response(&alloc, &p, &host, false);
+        assert_eq!(
+            r.envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
+            Some("GPU-a,GPU-b")
+        );
+        assert_eq!(r.envs.get("TESSERA_ALLOCATION"), Some(&p.id));
+        assert_eq!(
+            r.envs.get("TESSERA_CONTROL").map(String::as_str),
+            Some(CONTAINER_CONTROL)
+        );
+        assert_eq!(
+            r.envs.get("TESSERA_STATE").map(String::as_str),
+            Some(CONTAINER_STATE)
+        );
+        assert!(!r.envs.contains_key("LD_PRELOAD"));
+        assert_eq!(r.mounts.len(), 3);
+        assert!(r.mounts[0].read_only && !r.mounts[1].read_only && r.mounts[2].read_only);
+        assert_eq!(r.mounts[2].host_path, "/var/lib/tessera/lib/libtessera.so");
+        let with = container_response(&alloc, &p, &host, true);
+        assert_eq!(with.mounts.len(), 4);
+        assert_eq!(with.mounts[3].container_path, "/etc/ld.so.preload");
+        assert!(with.mounts[3].read_only);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let preload = dir.path().join("sub/ld.so.preload");
+        ensure_preload_file(&preload).expect("write");
+        assert_eq!(
+            std::fs::read_to_string(&preload).expect("read"),
+            "/usr/local/lib/tessera/libtessera.so\n"
+        );
+        std::fs::write(&preload, "junk").expect("write");
+        ensure_preload_file(&preload).expect("rewrite");
+        assert_eq!(
+            std::fs::read_to_string(&preload).expect("read"),
+            preload_contents()
+        );
+
+        let env = host_env(&r);
+        assert_eq!(
+            env["TESSERA_CONTROL"],
+            "/var/lib/tessera/allocations/x/control"
+        );
+        assert_eq!(env["TESSERA_STATE"], "/var/lib/tessera/allocations/x/state");
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    }
+
+    /// A manager that refuses duplicate ids, as a strict one would.
+    #[derive(Default)]
+    struct StrictManager {
+        allocs: Mutex<Vec<mgr::Allocation>>,
+        creates: Mutex<u32>,
+    }
+
+    impl ManagerApi for StrictManager {
+        async fn create_allocation(
+            &self,
+            req: mgr::CreateAllocationRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            *self.creates.lock().expect("lock") += 1;
+            let mut a = self.allocs.lock().expect("lock");
+            if a.iter().any(|x| x.id == req.id) {
+                return Err(Status::already_exists("exists"));
+            }
+            let alloc = mgr::Allocation {
+                id: req.id,
+                devices: req.devices,
+                policy: req.policy,
+                device_ids: req.device_ids,
+                ..Default::default()
+            };
+            a.push(alloc.clone());
+            Ok(alloc)
+        }
+        async fn list_allocations(&self) -> Result<Vec<mgr::Allocation>, Status> {
+            Ok(self.allocs.lock().expect("lock").clone())
+        }
+        async fn delete_allocation(&self, id: String) -> Result<(), Status> {
+            self.allocs.lock().expect("lock").retain(|a| a.id != id);
+            Ok(())
+        }
+        async fn set_allocation_owner(
+            &self,
+            _req: mgr::SetAllocationOwnerRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+        async fn watch_node_status(
+            &self,
+            _interval_ms: u32,
+        ) -> Result<crate::manager::StatusStream, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+    }
+
+    #[tokio::test]
+    async fn retry_reuses_and_stale_allocation_is_replaced() {
+        let m = StrictManager::default();
+        let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
+        let p = plan(&ids(&["GPU-a::0"]), &snap).expect("plan");
+        let first = create(&m, &p).await.expect("create");
+        let again = create(&m, &p).await.expect("retry");
+        assert_eq!(first, again);
+        assert_eq!(m.allocs.lock().expect("lock").len(), 1);
+
+        // Same slices under a new slice size: the leftover is replaced.
+        let snap2 = snapshot("default:\n  slice: {slicesPerGpu: 2}\n");
+        let p2 = plan(&ids(&["GPU-a::0"]), &snap2).expect("plan");
+        assert_eq!(p2.id, p.id);
+        let replaced = create(&m, &p2).await.expect("replace");
+        assert_eq!(replaced.devices[0].memory_limit_bytes, 40 * GI);
+        let all = m.allocs.lock().expect("lock").clone();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].devices[0].memory_limit_bytes, 40 * GI);
+        assert_eq!(*m.creates.lock().expect("lock"), 4);
+    }
+}

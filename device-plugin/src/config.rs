@@ -1,0 +1,1200 @@
+//! The slice configuration file: parsing, validation (errors name the field),
+//! per-node resolution (defaults plus overrides), and slice layout per GPU.
+//!
+//! Parsing is two steps: serde reads a loose `Raw*` shape (so that unknown
+//! fields and wrong types are caught with their path), then `validate` turns
+//! it into the typed [`Config`], naming the offending field on every error.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::selector::{LabelSelector, SelectorError};
+
+/// Slices per GPU are capped so the device list stays small (the kubelet
+/// keeps every device ID in memory and in one gRPC message).
+pub const MAX_SLICES_PER_GPU: u32 = 128;
+/// A smaller memory slice would only produce absurd device counts.
+pub const MIN_SLICE_MEMORY: u64 = 64 << 20;
+/// A compute slice below 1% cannot be honoured by a time-slice arbiter.
+pub const MIN_COMPUTE_PPM: u32 = 10_000;
+/// One GPU's whole time, in parts per million.
+pub const FULL_COMPUTE_PPM: u32 = 1_000_000;
+/// Slices per GPU when the file (or its default section) says nothing.
+pub const DEFAULT_SLICES_PER_GPU: u32 = 4;
+/// Default `sharedThreshold`.
+pub const DEFAULT_SHARED_THRESHOLD: f64 = 0.2;
+
+/// A configuration error. `Invalid` names the field by its path in the file
+/// (`overrides[1].slice.memory`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file is empty (or only comments)")]
+    Empty,
+    /// YAML syntax, an unknown field or a wrong type. serde_yaml's message
+    /// names the field path and the line.
+    #[error("config is not valid: {0}")]
+    Syntax(#[from] serde_yaml::Error),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// How the arbiter treats an allocation's compute share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputePolicy {
+    /// The share is a hard cap, even on an idle GPU.
+    Guaranteed,
+    /// The share is a floor; idle time goes to whoever has work.
+    Burst,
+}
+
+impl ComputePolicy {
+    fn parse(field: &str, s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "guaranteed" => Ok(Self::Guaranteed),
+            "burst" => Ok(Self::Burst),
+            other => Err(invalid(
+                field,
+                format!("unknown compute policy {other:?}; expected \"guaranteed\" or \"burst\""),
+            )),
+        }
+    }
+
+    /// The name used in the config file and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Guaranteed => "guaranteed",
+            Self::Burst => "burst",
+        }
+    }
+}
+
+/// How GetPreferredAllocation chooses among GPUs that can hold a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The GPU with the fewest free slices that still fit: keeps whole GPUs free.
+    Binpack,
+    /// The GPU with the lowest measured utilization: balances load.
+    Spread,
+}
+
+impl Placement {
+    fn parse(field: &str, s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "binpack" => Ok(Self::Binpack),
+            "spread" => Ok(Self::Spread),
+            other => Err(invalid(
+                field,
+                format!("unknown placement {other:?}; expected \"binpack\" or \"spread\""),
+            )),
+        }
+    }
+
+    /// The name used in the config file and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+        }
+    }
+}
+
+/// A slice size: any of memory, compute and count; the tightest wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SliceSpec {
+    pub memory_bytes: Option<u64>,
+    pub compute_ppm: Option<u32>,
+    pub slices_per_gpu: Option<u32>,
+}
+
+/// What a slice of one particular GPU is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceLayout {
+    /// Devices advertised for this GPU.
+    pub slices: u32,
+    /// Memory limit one slice grants.
+    pub memory_bytes: u64,
+    /// Compute share one slice grants, ppm of the GPU's time.
+    pub compute_ppm: u32,
+    /// True when the memory-derived count exceeded [`MAX_SLICES_PER_GPU`].
+    pub capped: bool,
+}
+
+impl SliceSpec {
+    /// Lays slices out on a GPU with `gpu_memory` bytes.
+    ///
+    /// Count: the smallest of `gpu_memory / memory`, `100% / compute` and
+    /// `slicesPerGpu` among those given, capped at [`MAX_SLICES_PER_GPU`].
+    /// Size: the given memory and compute, or, where one is not given, an
+    /// equal share of the GPU (`gpu_memory / count`, `100% / count`).
+    pub fn layout(&self, gpu_memory: u64) -> SliceLayout {
+        let limits = [
+            self.memory_bytes.map(|m| gpu_memory / m.max(1)),
+            self.compute_ppm
+                .map(|c| u64::from(FULL_COMPUTE_PPM / c.max(1))),
+            self.slices_per_gpu.map(u64::from),
+        ];
+        let tightest = limits
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(u64::from(DEFAULT_SLICES_PER_GPU));
+        // Only a memory size can exceed the cap: the count and the compute
+        // share are validated to stay below it.
+        let capped = tightest > u64::from(MAX_SLICES_PER_GPU);
+        let count = tightest.min(u64::from(MAX_SLICES_PER_GPU));
+        // count <= MAX_SLICES_PER_GPU, so it fits in u32.
+        let slices = u32::try_from(count).unwrap_or(MAX_SLICES_PER_GPU);
+        let memory_bytes = match (self.memory_bytes, slices) {
+            (Some(m), _) => m,
+            (None, 0) => 0,
+            (None, n) => gpu_memory / u64::from(n),
+        };
+        let compute_ppm = match (self.compute_ppm, slices) {
+            (Some(c), _) => c,
+            (None, 0) => 0,
+            (None, n) => FULL_COMPUTE_PPM / n,
+        };
+        SliceLayout {
+            slices,
+            memory_bytes,
+            compute_ppm,
+            capped,
+        }
+    }
+}
+
+/// The settings in force on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    pub slice: SliceSpec,
+    pub compute_policy: ComputePolicy,
+    pub placement: Placement,
+    pub shared_threshold: f64,
+    /// Mount a `/etc/ld.so.preload` naming the hook into every container.
+    pub ld_so_preload: bool,
+    /// Indexes of the overrides that matched, in order (for logs).
+    pub matched_overrides: Vec<usize>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            slice: SliceSpec {
+                slices_per_gpu: Some(DEFAULT_SLICES_PER_GPU),
+                ..SliceSpec::default()
+            },
+            compute_policy: ComputePolicy::Burst,
+            placement: Placement::Binpack,
+            shared_threshold: DEFAULT_SHARED_THRESHOLD,
+            ld_so_preload: false,
+            matched_overrides: Vec::new(),
+        }
+    }
+}
+
+/// Settings of the default section or of one override; `None` = not set.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Settings {
+    pub slice: Option<SliceSpec>,
+    pub compute_policy: Option<ComputePolicy>,
+    pub placement: Option<Placement>,
+    pub shared_threshold: Option<f64>,
+    pub ld_so_preload: Option<bool>,
+}
+
+impl Settings {
+    fn apply_to(&self, node: &mut NodeConfig) {
+        if let Some(s) = self.slice {
+            // A slice block replaces the whole slice: mixing a default memory
+            // size with an override's count would surprise.
+            node.slice = s;
+        }
+        if let Some(p) = self.compute_policy {
+            node.compute_policy = p;
+        }
+        if let Some(p) = self.placement {
+            node.placement = p;
+        }
+        if let Some(t) = self.shared_threshold {
+            node.shared_threshold = t;
+        }
+        if let Some(b) = self.ld_so_preload {
+            node.ld_so_preload = b;
+        }
+    }
+}
+
+/// Settings for the nodes an override selects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// Matches these node names (empty: any name).
+    pub node_names: Vec<String>,
+    /// Matches nodes whose labels satisfy this (None: any labels).
+    pub node_selector: Option<LabelSelector>,
+    pub settings: Settings,
+}
+
+impl Override {
+    /// An override applies when every criterion it gives matches.
+    pub fn matches(&self, node_name: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.node_names.is_empty() || self.node_names.iter().any(|n| n == node_name))
+            && self
+                .node_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(labels))
+    }
+}
+
+/// Maps GPU product names to a class (`high-performance`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuClass {
+    pub name: String,
+    /// Glob patterns (`*`, `?`), matched case-insensitively.
+    pub products: Vec<String>,
+}
+
+/// A validated configuration file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    pub default: Settings,
+    pub overrides: Vec<Override>,
+    pub gpu_classes: Vec<GpuClass>,
+}
+
+impl Config {
+    /// Parses and validates the YAML text of a config file.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        // Comments only is empty too: most likely everything was commented
+        // out by mistake, and defaults would silently replace the config.
+        if serde_yaml::from_str::<serde_yaml::Value>(text)?.is_null() {
+            return Err(ConfigError::Empty);
+        }
+        let raw: RawConfig = serde_yaml::from_str(text)?;
+        raw.validate()
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// The settings for one node: built-in defaults, then the default
+    /// section, then every matching override in file order (later wins).
+    pub fn resolve(&self, node_name: &str, labels: &BTreeMap<String, String>) -> NodeConfig {
+        let mut node = NodeConfig::default();
+        self.default.apply_to(&mut node);
+        for (i, o) in self.overrides.iter().enumerate() {
+            if o.matches(node_name, labels) {
+                o.settings.apply_to(&mut node);
+                node.matched_overrides.push(i);
+            }
+        }
+        node
+    }
+
+    /// The class of a GPU product: the first class with a matching pattern.
+    pub fn classify(&self, product: &str) -> Option<&str> {
+        self.gpu_classes
+            .iter()
+            .find(|c| c.products.iter().any(|p| glob_match(p, product)))
+            .map(|c| c.name.as_str())
+    }
+}
+
+/// Case-insensitive glob with `*` (any run) and `?` (one character).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.to_lowercase().chars().collect();
+    let t: Vec<char> = text.to_lowercase().chars().collect();
+    // Iterative matcher with backtracking to the last `*`: linear in practice.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Parses a memory quantity: bytes, or a number with a Kubernetes suffix
+/// (`Ki Mi Gi Ti` binary, `k M G T` decimal). Fractions are allowed
+/// (`1.5Gi`) and rounded down to a byte.
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let mult: u128 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}; use bytes or Ki, Mi, Gi, Ti, k, M, G, T"
+            ));
+        }
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') || frac.len() > 9 {
+        return Err(format!("{s:?} is not a quantity like 4Gi or 512Mi"));
+    }
+    let digits = format!("{int}{frac}");
+    let value: u128 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a quantity like 4Gi or 512Mi"))?;
+    let scale = 10u128.pow(u32::try_from(frac.len()).unwrap_or(0));
+    u64::try_from(value.saturating_mul(mult) / scale).map_err(|_| format!("{s:?} is too large"))
+}
+
+/// Parses a compute share `"10%"` or `"12.5%"` into ppm.
+pub fn parse_percent(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    let Some(num) = s.strip_suffix('%') else {
+        return Err(format!("{s:?} is not a percentage like 10%"));
+    };
+    let num = num.trim();
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty()
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 4
+    {
+        return Err(format!("{s:?} is not a percentage like 10%"));
+    }
+    let int: u64 = int
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage like 10%"))?;
+    let frac_ppm: u64 = if frac.is_empty() {
+        0
+    } else {
+        let padded = format!("{frac:0<4}");
+        padded
+            .parse()
+            .map_err(|_| format!("{s:?} is not a percentage like 10%"))?
+    };
+    let ppm = int.saturating_mul(10_000).saturating_add(frac_ppm);
+    u32::try_from(ppm).map_err(|_| format!("{s:?} is more than 100%"))
+}
+
+/// True for a valid Kubernetes label value (what classes become).
+pub fn is_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() <= 63
+        && (b.is_empty()
+            || (b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))))
+}
+
+// ---- the loose shape serde reads ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    version: Option<u32>,
+    #[serde(default)]
+    default: Option<RawSettings>,
+    #[serde(default)]
+    overrides: Vec<RawOverride>,
+    #[serde(default)]
+    gpu_classes: Vec<RawGpuClass>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSettings {
+    slice: Option<RawSlice>,
+    compute_policy: Option<String>,
+    placement: Option<String>,
+    shared_threshold: Option<f64>,
+    ld_so_preload: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSlice {
+    memory: Option<NumOrString>,
+    compute: Option<String>,
+    slices_per_gpu: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NumOrString {
+    Num(i64),
+    Str(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawOverride {
+    node_names: Option<Vec<String>>,
+    node_selector: Option<crate::selector::RawSelector>,
+    #[serde(flatten)]
+    settings: RawOverrideSettings,
+}
+
+// `flatten` and `deny_unknown_fields` do not combine in serde, so the
+// settings of an override are listed here again, with the same names.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RawOverrideSettings {
+    slice: Option<RawSlice>,
+    compute_policy: Option<String>,
+    placement: Option<String>,
+    shared_threshold: Option<f64>,
+    ld_so_preload: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGpuClass {
+    name: String,
+    products: Vec<String>,
+}
+
+impl RawConfig {
+    fn validate(self) -> Result<Config, ConfigError> {
+        if let Some(v) = self.version
+            && v != 1
+        {
+            return Err(invalid(
+                "version",
+                format!("unsupported version {v}; this plugin reads version 1"),
+            ));
+        }
+        let default = match self.default {
+            Some(d) => d.validate("default")?,
+            None => Settings::default(),
+        };
+        let mut overrides = Vec::with_capacity(self.overrides.len());
+        for (i, o) in self.overrides.into_iter().enumerate() {
+            overrides.push(o.validate(&format!("overrides[{i}]"))?);
+        }
+        let mut gpu_classes: Vec<GpuClass> = Vec::with_capacity(self.gpu_classes.len());
+        for (i, c) in self.gpu_classes.into_iter().enumerate() {
+            let field = format!("gpuClasses[{i}]");
+            if c.name.is_empty() {
+                return Err(invalid(format!("{field}.name"), "must not be empty"));
+            }
+            if !is_label_value(&c.name) {
+                return Err(invalid(
+                    format!("{field}.name"),
+                    format!(
+                        "{:?} is not a valid label value (letters, digits, '-', '_', '.'; at most 63; alphanumeric at both ends)",
+                        c.name
+                    ),
+                ));
+            }
+            if gpu_classes.iter().any(|g| g.name == c.name) {
+                return Err(invalid(
+                    format!("{field}.name"),
+                    format!("class {:?} is defined twice", c.name),
+                ));
+            }
+            if c.products.is_empty() {
+                return Err(invalid(
+                    format!("{field}.products"),
+                    "must list at least one product pattern",
+                ));
+            }
+            if let Some(j) = c.products.iter().position(|p| p.trim().is_empty()) {
+                return Err(invalid(
+                    format!("{field}.products[{j}]"),
+                    "must not be empty",
+                ));
+            }
+            gpu_classes.push(GpuClass {
+                name: c.name,
+                products: c.products,
+            });
+        }
+        Ok(Config {
+            default,
+            overrides,
+            gpu_classes,
+        })
+    }
+}
+
+impl RawSettings {
+    fn validate(self, field: &str) -> Result<Settings, ConfigError> {
+        validate_settings(
+            field,
+            self.slice,
+            self.compute_policy,
+            self.placement,
+            self.shared_threshold,
+            self.ld_so_preload,
+        )
+    }
+}
+
+fn validate_settings(
+    field: &str,
+    slice: Option<RawSlice>,
+    compute_policy: Option<String>,
+    placement: Option<String>,
+    shared_threshold: Option<f64>,
+    ld_so_preload: Option<bool>,
+) -> Result<Settings, ConfigError> {
+    let slice = slice
+        .map(|s| s.validate(&format!("{field}.slice")))
+        .transpose()?;
+    let compute_policy = compute_policy
+        .map(|p| ComputePolicy::parse(&format!("{field}.computePolicy"), &p))
+        .transpose()?;
+    let placement = placement
+        .map(|p| Placement::parse(&format!("{field}.placement"), &p))
+        .transpose()?;
+    if let Some(t) = shared_threshold
+        && !(0.0..=1.0).contains(&t)
+    {
+        return Err(invalid(
+            format!("{field}.sharedThreshold"),
+            format!("{t} is not a fraction between 0 and 1"),
+        ));
+    }
+    Ok(Settings {
+        slice,
+        compute_policy,
+        placement,
+        shared_threshold,
+        ld_so_preload,
+    })
+}
+
+impl RawSlice {
+    fn validate(self, field: &str) -> Result<SliceSpec, ConfigError> {
+        if self.memory.is_none() && self.compute.is_none() && self.slices_per_gpu.is_none() {
+            return Err(invalid(
+                field,
+                "give at least one of memory (e.g. 4Gi), compute (e.g. 10%) or slicesPerGpu",
+            ));
+        }
+        let memory_bytes = match self.memory {
+            None => None,
+            Some(m) => {
+                let f = format!("{field}.memory");
+                let bytes = match m {
+                    NumOrString::Num(n) => {
+                        u64::try_from(n).map_err(|_| invalid(&f, format!("{n} is negative")))?
+                    }
+                    NumOrString::Str(s) => parse_memory(&s).map_err(|e| invalid(&f, e))?,
+                };
+                if bytes < MIN_SLICE_MEMORY {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "{bytes} bytes is below the smallest slice, {}Mi",
+                            MIN_SLICE_MEMORY >> 20
+                        ),
+                    ));
+                }
+                Some(bytes)
+            }
+        };
+        let compute_ppm = match self.compute {
+            None => None,
+            Some(c) => {
+                let f = format!("{field}.compute");
+                let ppm = parse_percent(&c).map_err(|e| invalid(&f, e))?;
+                if !(MIN_COMPUTE_PPM..=FULL_COMPUTE_PPM).contains(&ppm) {
+                    return Err(invalid(f, format!("{c:?} is not between 1% and 100%")));
+                }
+                Some(ppm)
+            }
+        };
+        let slices_per_gpu = match self.slices_per_gpu {
+            None => None,
+            Some(n) => {
+                if !(1..=i64::from(MAX_SLICES_PER_GPU)).contains(&n) {
+                    return Err(invalid(
+                        format!("{field}.slicesPerGpu"),
+                        format!("{n} is not between 1 and {MAX_SLICES_PER_GPU}"),
+                    ));
+                }
+                u32::try_from(n).ok()
+            }
+        };
+        Ok(SliceSpec {
+            memory_bytes,
+            compute_ppm,
+            slices_per_gpu,
+        })
+    }
+}
+
+impl RawOverride {
+    fn validate(self, field: &str) -> Result<Override, ConfigError> {
+        let node_names = match self.node_names {
+            None => Vec::new(),
+            Some(names) => {
+                if names.is_empty() {
+                    return Err(invalid(
+                        format!("{field}.nodeNames"),
+                        "is empty; list node names or leave it out",
+                    ));
+                }
+                if let Some(j) = names.iter().position(|n| n.trim().is_empty()) {
+                    return Err(invalid(
+                        format!("{field}.nodeNames[{j}]"),
+                        "must not be empty",
+                    ));
+                }
+                names
+            }
+        };
+        let node_selector = self
+            .node_selector
+            .map(|s| {
+                s.validate().map_err(|e: SelectorError| {
+                    invalid(format!("{field}.nodeSelector{}", e.field), e.reason)
+                })
+            })
+            .transpose()?;
+        if node_names.is_empty() && node_selector.is_none() {
+            return Err(invalid(
+                field,
+                "selects no node: give nodeNames, nodeSelector, or both",
+            ));
+        }
+        let s = self.settings;
+        let settings = validate_settings(
+            field,
+            s.slice,
+            s.compute_policy,
+            s.placement,
+            s.shared_threshold,
+            s.ld_so_preload,
+        )?;
+        if settings == Settings::default() {
+            return Err(invalid(
+                field,
+                "sets nothing: give slice, computePolicy, placement, sharedThreshold or ldSoPreload",
+            ));
+        }
+        Ok(Override {
+            node_names,
+            node_selector,
+            settings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn err(text: &str) -> String {
+        match Config::parse(text) {
+            Ok(c) => panic!("expected an error, got {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    const FULL: &str = r#"
+version: 1
+default:
+  slice:
+    memory: 4Gi
+  computePolicy: burst
+  placement: binpack
+  sharedThreshold: 0.3
+overrides:
+  - nodeNames: [node-a]
+    slice:
+      slicesPerGpu: 2
+    computePolicy: guaranteed
+  - nodeSelector:
+      matchLabels:
+        pool: inference
+      matchExpressions:
+        - key: zone
+          operator: In
+          values: [z1, z2]
+    placement: spread
+    ldSoPreload: true
+gpuClasses:
+  - name: high-performance
+    products: ["*A100*", "NVIDIA H100*"]
+  - name: general-purpose
+    products: ["*"]
+"#;
+
+    #[test]
+    fn full_example_parses_and_resolves_per_node() {
+        let c = Config::parse(FULL).expect("valid");
+        let plain = c.resolve("node-z", &labels(&[]));
+        assert_eq!(plain.slice.memory_bytes, Some(4 * GI));
+        assert_eq!(plain.slice.slices_per_gpu, None);
+        assert_eq!(plain.placement, Placement::Binpack);
+        assert_eq!(plain.shared_threshold, 0.3);
+        assert!(!plain.ld_so_preload);
+        assert!(plain.matched_overrides.is_empty());
+
+        let a = c.resolve("node-a", &labels(&[]));
+        assert_eq!(
+            a.slice,
+            SliceSpec {
+                slices_per_gpu: Some(2),
+                ..SliceSpec::default()
+            },
+            "an override's slice replaces the default slice as a whole"
+        );
+        assert_eq!(a.compute_policy, ComputePolicy::Guaranteed);
+        assert_eq!(a.placement, Placement::Binpack);
+
+        let inf = c.resolve("node-a", &labels(&[("pool", "inference"), ("zone", "z2")]));
+        assert_eq!(inf.matched_overrides, vec![0, 1]);
+        assert_eq!(inf.placement, Placement::Spread);
+        assert_eq!(inf.compute_policy, ComputePolicy::Guaranteed);
+        assert!(inf.ld_so_preload);
+        let wrong_zone = c.resolve("node-b", &labels(&[("pool", "inference"), ("zone", "z3")]));
+        assert!(wrong_zone.matched_overrides.is_empty());
+    }
+
+    #[test]
+    fn minimal_file_gets_builtin_defaults() {
+        let c = Config::parse("version: 1\n").expect("valid");
+        let n = c.resolve("x", &labels(&[]));
+        assert_eq!(n, NodeConfig::default());
+        assert_eq!(n.slice.slices_per_gpu, Some(DEFAULT_SLICES_PER_GPU));
+        assert_eq!(n.shared_threshold, 0.2);
+        assert_eq!(n.compute_policy, ComputePolicy::Burst);
+    }
+
+    #[test]
+    fn later_override_wins() {
+        let c = Config::parse(
+            r#"
+overrides:
+  - nodeNames: [n]
+    sharedThreshold: 0.5
+  - nodeNames: [n]
+    sharedThreshold: 0.7
+"#,
+        )
+        .expect("valid");
+        assert_eq!(c.resolve("n", &labels(&[])).shared_threshold, 0.7);
+    }
+
+    #[test]
+    fn override_with_names_and_selector_needs_both() {
+        let c = Config::parse(
+            r#"
+overrides:
+  - nodeNames: [n]
+    nodeSelector: {matchLabels: {a: b}}
+    placement: spread
+"#,
+        )
+        .expect("valid");
+        assert_eq!(c.resolve("n", &labels(&[])).placement, Placement::Binpack);
+        assert_eq!(
+            c.resolve("m", &labels(&[("a", "b")])).placement,
+            Placement::Binpack
+        );
+        assert_eq!(
+            c.resolve("n", &labels(&[("a", "b")])).placement,
+            Placement::Spread
+        );
+    }
+
+    #[test]
+    fn layout_takes_the_tightest_of_the_three() {
+        let gpu = 80 * GI;
+        let mem = SliceSpec {
+            memory_bytes: Some(4 * GI),
+            ..Default::default()
+        };
+        let l = mem.layout(gpu);
+        assert_eq!(
+            (l.slices, l.memory_bytes, l.compute_ppm),
+            (20, 4 * GI, 50_000)
+        );
+
+        let both = SliceSpec {
+            memory_bytes: Some(4 * GI),
+            compute_ppm: Some(250_000),
+            slices_per_gpu: None,
+        };
+        let l = both.layout(gpu);
+        assert_eq!(
+            (l.slices, l.memory_bytes, l.compute_ppm),
+            (4, 4 * GI, 250_000)
+        );
+
+        let all = SliceSpec {
+            memory_bytes: Some(4 * GI),
+            compute_ppm: Some(100_000),
+            slices_per_gpu: Some(8),
+        };
+        let l = all.layout(gpu);
+        assert_eq!(
+            (l.slices, l.memory_bytes, l.compute_ppm),
+            (8, 4 * GI, 100_000)
+        );
+
+        let count = SliceSpec {
+            slices_per_gpu: Some(3),
+            ..Default::default()
+        };
+        let l = count.layout(gpu);
+        assert_eq!(l.slices, 3);
+        assert_eq!(l.memory_bytes, gpu / 3);
+        assert_eq!(l.compute_ppm, 333_333);
+        assert!(!l.capped);
+    }
+
+    #[test]
+    fn layout_caps_tiny_memory_slices_and_handles_small_gpus() {
+        let l = SliceSpec {
+            memory_bytes: Some(MIN_SLICE_MEMORY),
+            ..Default::default()
+        }
+        .layout(80 * GI);
+        assert_eq!(l.slices, MAX_SLICES_PER_GPU);
+        assert!(l.capped);
+        assert_eq!(l.memory_bytes, MIN_SLICE_MEMORY);
+
+        let l = SliceSpec {
+            memory_bytes: Some(MIN_SLICE_MEMORY),
+            compute_ppm: None,
+            slices_per_gpu: Some(8),
+        }
+        .layout(80 * GI);
+        assert_eq!(l.slices, 8);
+        assert!(!l.capped, "an explicit count below the cap is not capping");
+
+        let l = SliceSpec {
+            memory_bytes: Some(16 * GI),
+            ..Default::default()
+        }
+        .layout(8 * GI);
+        assert_eq!(l.slices, 0, "a GPU smaller than one slice gets no devices");
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_memory("4Gi"), Ok(4 * GI));
+        assert_eq!(parse_memory("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_memory("1.5Gi"), Ok(3 * GI / 2));
+        assert_eq!(parse_memory("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_memory("1048576"), Ok(1 << 20));
+        assert!(parse_memory("4GB").is_err());
+        assert!(parse_memory("Gi").is_err());
+        assert!(parse_memory("1.2.3Gi").is_err());
+        assert!(parse_memory("-4Gi").is_err());
+        assert!(parse_memory("99999999999999Ti").is_err());
+        assert_eq!(parse_percent("10%"), Ok(100_000));
+        assert_eq!(parse_percent("12.5%"), Ok(125_000));
+        assert_eq!(parse_percent("100%"), Ok(1_000_000));
+        assert!(parse_percent("10").is_err());
+        assert!(parse_percent("%").is_err());
+        assert!(parse_percent("-5%").is_err());
+        assert!(parse_percent("ten%").is_err());
+    }
+
+    #[test]
+    fn globs_and_classes() {
+        assert!(glob_match("*A100*", "NVIDIA A100-SXM4-80GB"));
+        assert!(glob_match("nvidia h100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("T?", "t4"));
+        assert!(!glob_match("*A100", "NVIDIA A100-SXM4"));
+        assert!(glob_match("*", ""));
+        let c = Config::parse(FULL).expect("valid");
+        assert_eq!(
+            c.classify("NVIDIA A100-SXM4-80GB"),
+            Some("high-performance")
+        );
+        assert_eq!(c.classify("Tesla T4"), Some("general-purpose"));
+        let none = Config::parse("gpuClasses: [{name: hp, products: ['*H100*']}]").expect("ok");
+        assert_eq!(none.classify("Tesla T4"), None);
+    }
+
+    // ---- every error case, each naming its field ----
+
+    #[test]
+    fn empty_file_is_an_error() {
+        assert_eq!(err(""), "config file is empty (or only comments)");
+        assert_eq!(
+            err("  \n# only a comment\n"),
+            "config file is empty (or only comments)"
+        );
+        assert_eq!(err("~\n"), "config file is empty (or only comments)");
+    }
+
+    #[test]
+    fn yaml_syntax_error() {
+        let e = err("default: [unclosed\n");
+        assert!(e.starts_with("config is not valid:"), "{e}");
+        assert!(e.contains("line"), "names the line: {e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = err("default:\n  slice:\n    slicesPerGPU: 8\n");
+        assert!(e.contains("default.slice"), "{e}");
+        assert!(e.contains("slicesPerGPU"), "{e}");
+        let e = err("defaults: {}\n");
+        assert!(e.contains("defaults"), "{e}");
+        let e = err("overrides:\n  - nodeNames: [a]\n    placment: spread\n");
+        assert!(e.contains("placment"), "{e}");
+        let e = err("gpuClasses:\n  - name: a\n    product: ['*']\n");
+        assert!(e.contains("product"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        let e = err("default:\n  slice:\n    slicesPerGpu: eight\n");
+        assert!(e.contains("default.slice.slicesPerGpu"), "{e}");
+        let e = err("default:\n  sharedThreshold: high\n");
+        assert!(e.contains("default.sharedThreshold"), "{e}");
+        let e = err("default:\n  ldSoPreload: maybe\n");
+        assert!(e.contains("default.ldSoPreload"), "{e}");
+        let e = err("overrides: {a: b}\n");
+        assert!(e.contains("overrides"), "{e}");
+    }
+
+    #[test]
+    fn bad_version() {
+        assert_eq!(
+            err("version: 2\n"),
+            "version: unsupported version 2; this plugin reads version 1"
+        );
+    }
+
+    #[test]
+    fn slice_needs_a_size() {
+        assert_eq!(
+            err("default:\n  slice: {}\n"),
+            "default.slice: give at least one of memory (e.g. 4Gi), compute (e.g. 10%) or slicesPerGpu"
+        );
+    }
+
+    #[test]
+    fn bad_memory() {
+        let e = err("default:\n  slice: {memory: 4 gigs}\n");
+        assert!(e.starts_with("default.slice.memory: unknown unit"), "{e}");
+        let e = err("default:\n  slice: {memory: -5}\n");
+        assert_eq!(e, "default.slice.memory: -5 is negative");
+        let e = err("default:\n  slice: {memory: 1Mi}\n");
+        assert_eq!(
+            e,
+            "default.slice.memory: 1048576 bytes is below the smallest slice, 64Mi"
+        );
+        let e = err("default:\n  slice: {memory: 0}\n");
+        assert!(e.starts_with("default.slice.memory: 0 bytes"), "{e}");
+        let e = err("overrides:\n  - nodeNames: [a]\n    slice: {memory: 'x.yGi'}\n");
+        assert!(e.starts_with("overrides[0].slice.memory:"), "{e}");
+    }
+
+    #[test]
+    fn bad_compute() {
+        assert_eq!(
+            err("default:\n  slice: {compute: '10'}\n"),
+            "default.slice.compute: \"10\" is not a percentage like 10%"
+        );
+        assert_eq!(
+            err("default:\n  slice: {compute: 0%}\n"),
+            "default.slice.compute: \"0%\" is not between 1% and 100%"
+        );
+        assert_eq!(
+            err("default:\n  slice: {compute: 150%}\n"),
+            "default.slice.compute: \"150%\" is not between 1% and 100%"
+        );
+        assert_eq!(
+            err("default:\n  slice: {compute: 0.5%}\n"),
+            "default.slice.compute: \"0.5%\" is not between 1% and 100%"
+        );
+    }
+
+    #[test]
+    fn bad_slice_count() {
+        assert_eq!(
+            err("default:\n  slice: {slicesPerGpu: 0}\n"),
+            "default.slice.slicesPerGpu: 0 is not between 1 and 128"
+        );
+        assert_eq!(
+            err("default:\n  slice: {slicesPerGpu: 129}\n"),
+            "default.slice.slicesPerGpu: 129 is not between 1 and 128"
+        );
+        assert_eq!(
+            err("default:\n  slice: {slicesPerGpu: -1}\n"),
+            "default.slice.slicesPerGpu: -1 is not between 1 and 128"
+        );
+    }
+
+    #[test]
+    fn bad_policy_and_placement() {
+        assert_eq!(
+            err("default:\n  computePolicy: fair\n"),
+            "default.computePolicy: unknown compute policy \"fair\"; expected \"guaranteed\" or \"burst\""
+        );
+        assert_eq!(
+            err("overrides:\n  - nodeNames: [a]\n    placement: random\n"),
+            "overrides[0].placement: unknown placement \"random\"; expected \"binpack\" or \"spread\""
+        );
+    }
+
+    #[test]
+    fn bad_threshold() {
+        assert_eq!(
+            err("default:\n  sharedThreshold: 1.5\n"),
+            "default.sharedThreshold: 1.5 is not a fraction between 0 and 1"
+        );
+        assert_eq!(
+            err("default:\n  sharedThreshold: -0.1\n"),
+            "default.sharedThreshold: -0.1 is not a fraction between 0 and 1"
+        );
+        assert_eq!(
+            err("default:\n  sharedThreshold: .nan\n"),
+            "default.sharedThreshold: NaN is not a fraction between 0 and 1"
+        );
+    }
+
+    #[test]
+    fn bad_overrides() {
+        assert_eq!(
+            err("overrides:\n  - placement: spread\n"),
+            "overrides[0]: selects no node: give nodeNames, nodeSelector, or both"
+        );
+        assert_eq!(
+            err("overrides:\n  - nodeNames: []\n    placement: spread\n"),
+            "overrides[0].nodeNames: is empty; list node names or leave it out"
+        );
+        assert_eq!(
+            err("overrides:\n  - nodeNames: [a, '']\n    placement: spread\n"),
+            "overrides[0].nodeNames[1]: must not be empty"
+        );
+        assert_eq!(
+            err("overrides:\n  - nodeNames: [a]\n"),
+            "overrides[0]: sets nothing: give slice, computePolicy, placement, sharedThreshold or ldSoPreload"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeNames: [a]\n    placement: spread\n  - nodeNames: [b]\n    slice: {}\n"
+            ),
+            "overrides[1].slice: give at least one of memory (e.g. 4Gi), compute (e.g. 10%) or slicesPerGpu"
+        );
+    }
+
+    #[test]
+    fn bad_selectors() {
+        assert_eq!(
+            err("overrides:\n  - nodeSelector: {}\n    placement: spread\n"),
+            "overrides[0].nodeSelector: selects nothing: give matchLabels or matchExpressions"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeSelector:\n      matchExpressions: [{key: a, operator: Near, values: [b]}]\n    placement: spread\n"
+            ),
+            "overrides[0].nodeSelector.matchExpressions[0].operator: unknown operator \"Near\"; expected In, NotIn, Exists or DoesNotExist"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeSelector:\n      matchExpressions: [{key: a, operator: In}]\n    placement: spread\n"
+            ),
+            "overrides[0].nodeSelector.matchExpressions[0].values: In needs at least one value"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeSelector:\n      matchExpressions: [{key: a, operator: Exists, values: [x]}]\n    placement: spread\n"
+            ),
+            "overrides[0].nodeSelector.matchExpressions[0].values: Exists takes no values"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeSelector:\n      matchExpressions: [{key: '', operator: Exists}]\n    placement: spread\n"
+            ),
+            "overrides[0].nodeSelector.matchExpressions[0].key: must not be empty"
+        );
+        assert_eq!(
+            err(
+                "overrides:\n  - nodeSelector:\n      matchLabels: {'': x}\n    placement: spread\n"
+            ),
+            "overrides[0].nodeSelector.matchLabels: a label key must not be empty"
+        );
+    }
+
+    #[test]
+    fn bad_gpu_classes() {
+        assert_eq!(
+            err("gpuClasses: [{name: '', products: ['*']}]"),
+            "gpuClasses[0].name: must not be empty"
+        );
+        assert!(
+            err("gpuClasses: [{name: 'high performance', products: ['*']}]")
+                .starts_with("gpuClasses[0].name: \"high performance\" is not a valid label value")
+        );
+        assert_eq!(
+            err("gpuClasses: [{name: a, products: ['*']}, {name: a, products: ['*']}]"),
+            "gpuClasses[1].name: class \"a\" is defined twice"
+        );
+        assert_eq!(
+            err("gpuClasses: [{name: a, products: []}]"),
+            "gpuClasses[0].products: must list at least one product pattern"
+        );
+        assert_eq!(
+            err("gpuClasses: [{name: a, products: ['*', ' ']}]"),
+            "gpuClasses[0].products[1]: must not be empty"
+        );
+        let e = err("gpuClasses: [{products: ['*']}]");
+        assert!(e.contains("gpuClasses[0]") && e.contains("name"), "{e}");
+    }
+
+    #[test]
+    fn label_values() {
+        assert!(is_label_value("high-performance"));
+        assert!(is_label_value("NVIDIA-A100-SXM4-80GB"));
+        assert!(!is_label_value("-x"));
+        assert!(!is_label_value("a b"));
+        assert!(!is_label_value(&"a".repeat(64)));
+    }
+}

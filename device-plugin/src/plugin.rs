@@ -1,0 +1,399 @@
+//! Running the plugin: the background loops (inventory from the manager,
+//! config reload, node labels, PodResources) and the serve-then-register
+//! cycle that starts over whenever the kubelet restarts.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::allocate::HostPaths;
+use crate::config::{Config, ConfigError};
+use crate::manager::{GrpcManager, ManagerApi};
+use crate::node_labels::{KubeNodeApi, NodeApiError};
+use crate::pod_resources::{GrpcPodResources, OrphanTracker, PodResourcesApi};
+use crate::registration::{file_id, register};
+use crate::service::{PluginService, plugin_options};
+use crate::state::PluginState;
+
+/// The extended resource the plugin advertises.
+pub const RESOURCE_NAME: &str = "tessera.dev/vgpu";
+/// The plugin's socket file name in the kubelet's device-plugins dir.
+pub const SOCKET_NAME: &str = "tessera.sock";
+
+/// Why the plugin stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC endpoint: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Kube(#[from] NodeApiError),
+}
+
+/// Everything the plugin is configured with (paths are config, not constants).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name (Kubernetes node name).
+    pub node_name: String,
+    pub resource_name: String,
+    /// The kubelet's device-plugins dir: `kubelet.sock` is there, and the
+    /// plugin's own socket goes there.
+    pub kubelet_dir: PathBuf,
+    pub socket_name: String,
+    pub manager_socket: PathBuf,
+    /// The kubelet's PodResources socket; None turns ownership tracking off.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// The slice config file; None uses built-in defaults.
+    pub config_path: Option<PathBuf>,
+    pub config_poll: Duration,
+    /// How often the kubelet socket is checked for a kubelet restart.
+    pub kubelet_poll: Duration,
+    pub host: HostPaths,
+    /// Read node labels and write GPU labels through the Kubernetes API.
+    pub use_kube: bool,
+    /// Node labels to assume when the Kubernetes API is not used.
+    pub static_labels: BTreeMap<String, String>,
+    pub label_refresh: Duration,
+    pub pod_resources_interval: Duration,
+    /// An allocation without a pod for this long is deleted.
+    pub orphan_grace: Duration,
+    /// After losing the manager this long, every slice turns Unhealthy.
+    pub manager_grace: Duration,
+    /// `interval_ms` asked of WatchNodeStatus.
+    pub status_interval: Duration,
+}
+
+impl Options {
+    /// Production defaults for a node.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            resource_name: RESOURCE_NAME.to_owned(),
+            kubelet_dir: PathBuf::from(dp::DEVICE_PLUGIN_PATH),
+            socket_name: SOCKET_NAME.to_owned(),
+            manager_socket: PathBuf::from(tessera_proto::manager::v1::DEFAULT_SOCKET),
+            pod_resources_socket: Some(PathBuf::from(
+                tessera_proto::podresources::v1::KUBELET_SOCKET,
+            )),
+            config_path: None,
+            config_poll: Duration::from_secs(2),
+            kubelet_poll: Duration::from_secs(1),
+            host: HostPaths::default(),
+            use_kube: false,
+            static_labels: BTreeMap::new(),
+            label_refresh: Duration::from_secs(60),
+            pod_resources_interval: Duration::from_secs(10),
+            orphan_grace: Duration::from_secs(60),
+            manager_grace: Duration::from_secs(30),
+            status_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Reads the config file at start: a bad file here is fatal (there is no
+/// older config to keep).
+fn initial_config(path: Option<&Path>) -> Result<(Config, Option<Vec<u8>>), Error> {
+    let Some(path) = path else {
+        return Ok((Config::default(), None));
+    };
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let config = Config::parse(&String::from_utf8_lossy(&bytes))?;
+    Ok((config, Some(bytes)))
+}
+
+/// Runs the plugin until `shutdown` completes.
+pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let (config, config_bytes) = initial_config(opts.config_path.as_deref())?;
+    let manager = Arc::new(GrpcManager::new(&opts.manager_socket)?);
+    let mut tasks = JoinSet::new();
+    let state = Arc::new(PluginState::new(
+        opts.node_name.clone(),
+        config,
+        opts.static_labels.clone(),
+    ));
+
+    if opts.use_kube {
+        let api = Arc::new(KubeNodeApi::new().await?);
+        tasks.spawn(crate::node_labels::sync_loop(
+            api,
+            state.clone(),
+            opts.node_name.clone(),
+            opts.label_refresh,
+        ));
+    }
+    tasks.spawn(inventory_loop(
+        manager.clone(),
+        state.clone(),
+        opts.status_interval,
+        opts.manager_grace,
+    ));
+    if let Some(path) = opts.config_path.clone() {
+        tasks.spawn(config_loop(
+            path,
+            config_bytes,
+            state.clone(),
+            opts.config_poll,
+        ));
+    }
+    if let Some(sock) = &opts.pod_resources_socket {
+        let pods = GrpcPodResources::new(sock)?;
+        tasks.spawn(pod_resources_loop(
+            manager.clone(),
+            pods,
+            opts.resource_name.clone(),
+            opts.pod_resources_interval,
+            opts.orphan_grace,
+        ));
+    }
+
+    let service = Arc::new(PluginService {
+        state,
+        manager,
+        host: opts.host.clone(),
+    });
+    let result = serve_and_register(&opts, service, shutdown).await;
+    tasks.shutdown().await;
+    let _ = std::fs::remove_file(opts.kubelet_dir.join(&opts.socket_name));
+    result
+}
+
+/// Serves on the plugin socket, registers, and starts over when the kubelet
+/// socket is recreated or the plugin socket removed (a kubelet restart).
+async fn serve_and_register<M: ManagerApi>(
+    opts: &Options,
+    service: Arc<PluginService<M>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let plugin_socket = opts.kubelet_dir.join(&opts.socket_name);
+    let kubelet_socket = opts.kubelet_dir.join(dp::KUBELET_SOCKET);
+    tokio::pin!(shutdown);
+    loop {
+        let listener = crate::grpc::bind_unix(&plugin_socket).map_err(|source| Error::Io {
+            what: "cannot listen on",
+            path: plugin_socket.display().to_string(),
+            source,
+        })?;
+        let plugin_id = file_id(&plugin_socket);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::from_arc(service.clone()))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        tracing::info!(socket = %plugin_socket.display(), "serving the device plugin API");
+
+        // Register, retrying until the kubelet takes it.
+        let mut warned = false;
+        let kubelet_id = loop {
+            if let Some(id) = file_id(&kubelet_socket) {
+                match register(
+                    &kubelet_socket,
+                    &opts.socket_name,
+                    &opts.resource_name,
+                    plugin_options(),
+                )
+                .await
+                {
+                    Ok(()) => {
+                        tracing::info!(resource = %opts.resource_name, "registered with the kubelet");
+                        break id;
+                    }
+                    Err(e) if !warned => {
+                        tracing::warn!(error = %e, "registration failed; retrying");
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => {
+                    stop_server(stop_tx, server).await;
+                    return Ok(());
+                }
+                () = tokio::time::sleep(opts.kubelet_poll) => {}
+            }
+        };
+
+        // Watch for a kubelet restart.
+        loop {
+            tokio::select! {
+                () = &mut shutdown => {
+                    stop_server(stop_tx, server).await;
+                    return Ok(());
+                }
+                res = &mut server => {
+                    tracing::error!(result = ?res, "device plugin server stopped; starting again");
+                    break;
+                }
+                () = tokio::time::sleep(opts.kubelet_poll) => {
+                    if file_id(&kubelet_socket) != Some(kubelet_id) {
+                        tracing::info!("kubelet socket recreated: the kubelet restarted; registering again");
+                        break;
+                    }
+                    if file_id(&plugin_socket) != plugin_id {
+                        tracing::info!("plugin socket removed; serving and registering again");
+                        break;
+                    }
+                }
+            }
+        }
+        stop_server(stop_tx, server).await;
+    }
+}
+
+async fn stop_server<T>(
+    stop: tokio::sync::oneshot::Sender<()>,
+    mut server: tokio::task::JoinHandle<T>,
+) {
+    let _ = stop.send(());
+    // Graceful shutdown waits for open ListAndWatch streams, which only the
+    // kubelet ends; give it a moment, then cut them.
+    if tokio::time::timeout(Duration::from_secs(1), &mut server)
+        .await
+        .is_err()
+    {
+        server.abort();
+    }
+}
+
+/// Follows the manager's node status; marks every slice Unhealthy when the
+/// manager has been unreachable for longer than `grace`.
+async fn inventory_loop<M: ManagerApi>(
+    manager: Arc<M>,
+    state: Arc<PluginState>,
+    interval: Duration,
+    grace: Duration,
+) {
+    let interval_ms = u32::try_from(interval.as_millis()).unwrap_or(u32::MAX);
+    // The manager sends at least every interval; silence for much longer
+    // means the stream is dead even if the socket is not.
+    let silence = interval * 3 + Duration::from_secs(1);
+    let retry = (grace / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut lost_at: Option<Instant> = None;
+    loop {
+        match manager.watch_node_status(interval_ms).await {
+            Ok(mut stream) => loop {
+                match tokio::time::timeout(silence, stream.next()).await {
+                    Ok(Some(Ok(status))) => {
+                        if lost_at.take().is_some() {
+                            tracing::info!("manager reachable again");
+                        }
+                        state.update_status(&status, Instant::now());
+                    }
+                    Ok(Some(Err(e))) => {
+                        tracing::warn!(error = %e.message(), "node status stream failed");
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        tracing::warn!("no node status from the manager for {silence:?}");
+                        break;
+                    }
+                }
+            },
+            Err(e) => {
+                if lost_at.is_none() {
+                    tracing::warn!(error = %e.message(), "cannot watch the manager's node status");
+                }
+            }
+        }
+        let since = *lost_at.get_or_insert_with(Instant::now);
+        if since.elapsed() >= grace {
+            state.set_manager_lost();
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+/// Polls the config file; a valid new file is put in force at once, an
+/// invalid one is logged and the config in force stays.
+async fn config_loop(
+    path: PathBuf,
+    mut last: Option<Vec<u8>>,
+    state: Arc<PluginState>,
+    poll: Duration,
+) {
+    let mut read_failed = false;
+    loop {
+        tokio::time::sleep(poll).await;
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                read_failed = false;
+                if last.as_ref() == Some(&bytes) {
+                    continue;
+                }
+                match Config::parse(&String::from_utf8_lossy(&bytes)) {
+                    Ok(cfg) => {
+                        tracing::info!(path = %path.display(), "config reloaded");
+                        state.set_config(cfg);
+                    }
+                    Err(e) => tracing::error!(
+                        path = %path.display(),
+                        error = %e,
+                        "new config is invalid; the previous config stays in force"
+                    ),
+                }
+                last = Some(bytes);
+            }
+            Err(e) => {
+                if !read_failed {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read config file; the previous config stays in force");
+                    read_failed = true;
+                }
+            }
+        }
+    }
+}
+
+async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi>(
+    manager: Arc<M>,
+    pods: P,
+    resource: String,
+    interval: Duration,
+    grace: Duration,
+) {
+    let mut tracker = OrphanTracker::new(grace);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        match crate::pod_resources::sync_once(manager.as_ref(), &pods, &resource, &mut tracker)
+            .await
+        {
+            Ok(r) => {
+                failing = false;
+                if r != Default::default() {
+                    tracing::debug!(report = ?r, "pod resources pass");
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e.message(), "pod resources pass failed; nothing deleted");
+                    failing = true;
+                }
+            }
+        }
+    }
+}

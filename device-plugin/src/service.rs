@@ -1,0 +1,167 @@
+//! The kubelet-facing DevicePlugin gRPC service: thin glue from tonic to
+//! the snapshot, the placement function and the allocate module.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::allocate::{self, HostPaths};
+use crate::manager::ManagerApi;
+use crate::placement::{self, GpuLoad, Policy};
+use crate::state::{PluginState, Snapshot};
+
+/// Serves one node's slices to the kubelet.
+pub(crate) struct PluginService<M> {
+    pub(crate) state: Arc<PluginState>,
+    pub(crate) manager: Arc<M>,
+    pub(crate) host: HostPaths,
+}
+
+/// The options this plugin registers with.
+pub fn plugin_options() -> dp::DevicePluginOptions {
+    dp::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+fn loads(snap: &Snapshot) -> Vec<GpuLoad> {
+    snap.gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| GpuLoad {
+            uuid: g.gpu.uuid.clone(),
+            index: g.gpu.index,
+            utilization: g.utilization,
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl<M: ManagerApi> DevicePlugin for PluginService<M> {
+    async fn get_device_plugin_options(
+        &self,
+        _req: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(plugin_options()))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(
+        &self,
+        _req: Request<dp::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut rx = self.state.subscribe();
+        let (tx, out) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut last: Option<Vec<dp::Device>> = None;
+            loop {
+                let devices = rx.borrow_and_update().devices.clone();
+                if last.as_ref() != Some(&devices) {
+                    let msg = dp::ListAndWatchResponse {
+                        devices: devices.clone(),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                    tracing::debug!(devices = devices.len(), "sent device list");
+                    last = Some(devices);
+                }
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() { return },
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        let snap = self.state.snapshot();
+        let gpus = loads(&snap);
+        let policy = Policy {
+            placement: snap.node.placement,
+            shared_threshold: snap.node.shared_threshold,
+        };
+        let mut container_responses = Vec::new();
+        for c in &req.get_ref().container_requests {
+            let size = usize::try_from(c.allocation_size).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "allocation_size {} is negative",
+                    c.allocation_size
+                ))
+            })?;
+            let ids = placement::preferred(
+                &placement::Request {
+                    available: &c.available_device_i_ds,
+                    must_include: &c.must_include_device_i_ds,
+                    size,
+                },
+                &gpus,
+                policy,
+            );
+            tracing::debug!(size, chosen = ?ids, "preferred allocation");
+            container_responses.push(dp::ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(dp::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let snap = self.state.snapshot();
+        if snap.node.ld_so_preload {
+            let path = &self.host.preload_file;
+            allocate::ensure_preload_file(path)
+                .map_err(|e| Status::internal(format!("cannot write {}: {e}", path.display())))?;
+        }
+        let mut container_responses = Vec::new();
+        for c in &req.get_ref().container_requests {
+            let plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
+                tracing::warn!(devices = ?c.devices_ids, error = %e, "allocate refused");
+            })?;
+            let alloc = allocate::create(self.manager.as_ref(), &plan)
+                .await
+                .map_err(|s| {
+                    tracing::warn!(id = %plan.id, error = %s.message(), "manager refused the allocation");
+                    Status::new(
+                        s.code(),
+                        format!("manager could not create allocation {}: {}", plan.id, s.message()),
+                    )
+                })?;
+            tracing::info!(id = %alloc.id, devices = ?plan.device_ids, "allocated");
+            container_responses.push(allocate::container_response(
+                &alloc,
+                &plan,
+                &self.host,
+                snap.node.ld_so_preload,
+            ));
+        }
+        Ok(Response::new(dp::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _req: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        // Not requested in the options; answer anyway, there is nothing to do.
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
