@@ -1,0 +1,383 @@
+//! The one list of functions the shim governs. It generates the exported
+//! wrappers, the table of the real libraries' entry points, and what the
+//! `dlsym` and `cuGetProcAddress` routes look up, so the three routes in can
+//! never disagree about what is governed.
+//!
+//! Each governed entry names the exported symbol, its C signature, the base
+//! name and CUDA version under which `cuGetProcAddress` hands it out (with
+//! `ptsz` for the per-thread-default-stream flavour), and NVIDIA's `PFN_*`
+//! typedef, which a compile-time check holds the signature to. The wrapper
+//! body is the function of the same name in `crate::cuda` or `crate::nvml`.
+//!
+//! The `used` entries are driver functions the hook calls for itself
+//! (device UUIDs, the current context) without governing them.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+
+use tessera_ffi::cuda::*;
+use tessera_ffi::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlReturn_t};
+
+/// Which real library a symbol lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lib {
+    Cuda,
+    Nvml,
+}
+
+impl Lib {
+    /// The soname the hook opens.
+    pub fn soname(self) -> &'static CStr {
+        match self {
+            Lib::Cuda => c"libcuda.so.1",
+            Lib::Nvml => c"libnvidia-ml.so.1",
+        }
+    }
+}
+
+macro_rules! lib_of {
+    (cuda) => {
+        Lib::Cuda
+    };
+    (nvml) => {
+        Lib::Nvml
+    };
+}
+
+macro_rules! per_thread {
+    () => {
+        false
+    };
+    (ptsz) => {
+        true
+    };
+}
+
+/// Holds an export to NVIDIA's own typedef: a mismatch fails to compile.
+macro_rules! abi_check {
+    ($name:ident) => {};
+    ($name:ident, $pfn:ident) => {
+        const _: $pfn = Some(exports::$name);
+    };
+}
+
+macro_rules! symbols {
+    (
+        governed {
+            $(
+                $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
+                    [$base:literal @ $ver:literal $($pt:ident)?] $(: $pfn:ident)? ;
+            )*
+        }
+        used {
+            $(
+                $ulib:ident fn $uname:ident ( $($uarg:ident : $uty:ty),* $(,)? ) -> $uret:ty ;
+            )*
+        }
+    ) => {
+        /// Every symbol the hook resolves in the real libraries.
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Sym {
+            $($name,)*
+            $($uname,)*
+        }
+
+        impl Sym {
+            /// All symbols, governed ones first, in declaration order.
+            pub const ALL: &'static [Sym] = &[$(Sym::$name,)* $(Sym::$uname,)*];
+
+            /// Position in [`Sym::ALL`] and in the table of real entry points.
+            pub const fn index(self) -> usize {
+                self as usize
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Sym::$name => stringify!($name),)*
+                    $(Sym::$uname => stringify!($uname),)*
+                }
+            }
+
+            pub fn c_name(self) -> &'static CStr {
+                let with_nul: &'static str = match self {
+                    $(Sym::$name => concat!(stringify!($name), "\0"),)*
+                    $(Sym::$uname => concat!(stringify!($uname), "\0"),)*
+                };
+                // Every literal above ends in its only NUL.
+                CStr::from_bytes_with_nul(with_nul.as_bytes()).unwrap_or(c"")
+            }
+
+            pub fn lib(self) -> Lib {
+                match self {
+                    $(Sym::$name => lib_of!($lib),)*
+                    $(Sym::$uname => lib_of!($ulib),)*
+                }
+            }
+
+            /// Whether the shim exports a wrapper for this symbol.
+            pub fn governed(self) -> bool {
+                match self {
+                    $(Sym::$name => true,)*
+                    $(Sym::$uname => false,)*
+                }
+            }
+
+            /// The name `cuGetProcAddress` is asked for (`cuMemAlloc` for
+            /// `cuMemAlloc_v2`).
+            pub fn base(self) -> &'static str {
+                match self {
+                    $(Sym::$name => $base,)*
+                    $(Sym::$uname => stringify!($uname),)*
+                }
+            }
+
+            /// The CUDA version that introduced this ABI of [`Sym::base`].
+            pub fn version(self) -> u32 {
+                match self {
+                    $(Sym::$name => $ver,)*
+                    $(Sym::$uname => 0,)*
+                }
+            }
+
+            /// Whether this is the per-thread-default-stream flavour.
+            pub fn per_thread(self) -> bool {
+                match self {
+                    $(Sym::$name => per_thread!($($pt)?),)*
+                    $(Sym::$uname => false,)*
+                }
+            }
+
+            /// The shim's exported wrapper; null for symbols it only uses.
+            pub fn wrapper(self) -> *mut c_void {
+                match self {
+                    $(Sym::$name => exports::$name as *mut c_void,)*
+                    $(Sym::$uname => std::ptr::null_mut(),)*
+                }
+            }
+
+            /// The governed symbol with exactly this exported name.
+            pub fn governed_by_name(name: &[u8]) -> Option<Sym> {
+                let name = std::str::from_utf8(name).ok()?;
+                match name {
+                    $(stringify!($name) => Some(Sym::$name),)*
+                    _ => None,
+                }
+            }
+        }
+
+        /// Typed access to the real entry points: `None` when the real
+        /// library lacks the symbol or cannot be loaded.
+        #[allow(non_snake_case, clippy::missing_transmute_annotations)]
+        pub mod real {
+            use super::*;
+            $(
+                #[inline(always)]
+                pub fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
+                    let p = crate::driver::entry(Sym::$name);
+                    // SAFETY: `p` is null or what the real library's dlsym
+                    // returned for exactly this name, whose C signature is
+                    // the one declared here (held to NVIDIA's typedef by
+                    // `abi_check!` where one exists); a null pointer is None.
+                    unsafe { std::mem::transmute::<*mut c_void, Option<unsafe extern "C" fn($($ty),*) -> $ret>>(p) }
+                }
+            )*
+            $(
+                #[inline(always)]
+                pub fn $uname() -> Option<unsafe extern "C" fn($($uty),*) -> $uret> {
+                    let p = crate::driver::entry(Sym::$uname);
+                    // SAFETY: as above.
+                    unsafe { std::mem::transmute::<*mut c_void, Option<unsafe extern "C" fn($($uty),*) -> $uret>>(p) }
+                }
+            )*
+        }
+
+        /// The exported wrappers. Each runs its body inside `catch_unwind`.
+        #[allow(non_snake_case)]
+        pub mod exports {
+            use super::*;
+            $(
+                /// Governed by Tessera; see `docs/hook.md`.
+                ///
+                /// # Safety
+                ///
+                /// As for the driver function of the same name.
+                #[unsafe(no_mangle)]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                    crate::guard(move || {
+                        // SAFETY: the caller upholds the driver's contract
+                        // for this function; the body passes it on.
+                        unsafe { crate::$lib::$name($($arg),*) }
+                    })
+                }
+                abi_check!($name $(, $pfn)?);
+            )*
+        }
+    };
+}
+
+symbols! {
+    governed {
+        // Initialisation and the cuGetProcAddress route.
+        cuda fn cuInit(flags: c_uint) -> CUresult ["cuInit" @ 2000]: PFN_cuInit_v2000;
+        cuda fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t) -> CUresult
+            ["cuGetProcAddress" @ 11030]: PFN_cuGetProcAddress_v11030;
+        cuda fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t, status: *mut CUdriverProcAddressQueryResult) -> CUresult
+            ["cuGetProcAddress" @ 12000]: PFN_cuGetProcAddress_v12000;
+
+        // The container's view of memory.
+        cuda fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult ["cuDeviceTotalMem" @ 2000]: PFN_cuDeviceTotalMem_v2000;
+        cuda fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult ["cuDeviceTotalMem" @ 3020]: PFN_cuDeviceTotalMem_v3020;
+        cuda fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult ["cuMemGetInfo" @ 2000]: PFN_cuMemGetInfo_v2000;
+        cuda fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult ["cuMemGetInfo" @ 3020]: PFN_cuMemGetInfo_v3020;
+
+        // Contexts, each charged the control file's context overhead.
+        cuda fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult ["cuCtxCreate" @ 2000]: PFN_cuCtxCreate_v2000;
+        cuda fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult ["cuCtxCreate" @ 3020]: PFN_cuCtxCreate_v3020;
+        cuda fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, num_params: c_int, flags: c_uint, dev: CUdevice) -> CUresult
+            ["cuCtxCreate" @ 11040]: PFN_cuCtxCreate_v11040;
+        cuda fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult
+            ["cuCtxCreate" @ 12050]: PFN_cuCtxCreate_v12050;
+        cuda fn cuCtxDestroy(ctx: CUcontext) -> CUresult ["cuCtxDestroy" @ 2000]: PFN_cuCtxDestroy_v2000;
+        cuda fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult ["cuCtxDestroy" @ 4000]: PFN_cuCtxDestroy_v4000;
+        cuda fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult ["cuDevicePrimaryCtxRetain" @ 7000]: PFN_cuDevicePrimaryCtxRetain_v7000;
+        cuda fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult ["cuDevicePrimaryCtxRelease" @ 7000]: PFN_cuDevicePrimaryCtxRelease_v7000;
+        cuda fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult ["cuDevicePrimaryCtxRelease" @ 11000]: PFN_cuDevicePrimaryCtxRelease_v11000;
+        cuda fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult ["cuDevicePrimaryCtxReset" @ 7000]: PFN_cuDevicePrimaryCtxReset_v7000;
+        cuda fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult ["cuDevicePrimaryCtxReset" @ 11000]: PFN_cuDevicePrimaryCtxReset_v11000;
+
+        // Linear device memory.
+        cuda fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult ["cuMemAlloc" @ 2000]: PFN_cuMemAlloc_v2000;
+        cuda fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult ["cuMemAlloc" @ 3020]: PFN_cuMemAlloc_v3020;
+        cuda fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) -> CUresult
+            ["cuMemAllocPitch" @ 2000]: PFN_cuMemAllocPitch_v2000;
+        cuda fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult
+            ["cuMemAllocPitch" @ 3020]: PFN_cuMemAllocPitch_v3020;
+        cuda fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult ["cuMemAllocManaged" @ 6000]: PFN_cuMemAllocManaged_v6000;
+        cuda fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult ["cuMemFree" @ 2000]: PFN_cuMemFree_v2000;
+        cuda fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult ["cuMemFree" @ 3020]: PFN_cuMemFree_v3020;
+
+        // Stream-ordered (pool) memory.
+        cuda fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult ["cuMemAllocAsync" @ 11020]: PFN_cuMemAllocAsync_v11020;
+        cuda fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+            ["cuMemAllocAsync" @ 11020 ptsz]: PFN_cuMemAllocAsync_v11020_ptsz;
+        cuda fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult
+            ["cuMemAllocFromPoolAsync" @ 11020]: PFN_cuMemAllocFromPoolAsync_v11020;
+        cuda fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult
+            ["cuMemAllocFromPoolAsync" @ 11020 ptsz]: PFN_cuMemAllocFromPoolAsync_v11020_ptsz;
+        cuda fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult ["cuMemFreeAsync" @ 11020]: PFN_cuMemFreeAsync_v11020;
+        cuda fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult ["cuMemFreeAsync" @ 11020 ptsz]: PFN_cuMemFreeAsync_v11020_ptsz;
+        cuda fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult ["cuMemPoolCreate" @ 11020]: PFN_cuMemPoolCreate_v11020;
+        cuda fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult ["cuMemPoolDestroy" @ 11020]: PFN_cuMemPoolDestroy_v11020;
+        cuda fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult
+            ["cuDeviceGetDefaultMemPool" @ 11020]: PFN_cuDeviceGetDefaultMemPool_v11020;
+        cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult ["cuDeviceGetMemPool" @ 11020]: PFN_cuDeviceGetMemPool_v11020;
+
+        // Virtual memory management: physical allocations.
+        cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) -> CUresult
+            ["cuMemCreate" @ 10020]: PFN_cuMemCreate_v10020;
+        cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult ["cuMemRelease" @ 10020]: PFN_cuMemRelease_v10020;
+
+        // Arrays, sized from their descriptors.
+        cuda fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult ["cuArrayCreate" @ 2000]: PFN_cuArrayCreate_v2000;
+        cuda fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult ["cuArrayCreate" @ 3020]: PFN_cuArrayCreate_v3020;
+        cuda fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult ["cuArray3DCreate" @ 2000]: PFN_cuArray3DCreate_v2000;
+        cuda fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult ["cuArray3DCreate" @ 3020]: PFN_cuArray3DCreate_v3020;
+        cuda fn cuArrayDestroy(handle: CUarray) -> CUresult ["cuArrayDestroy" @ 2000]: PFN_cuArrayDestroy_v2000;
+        cuda fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult
+            ["cuMipmappedArrayCreate" @ 5000]: PFN_cuMipmappedArrayCreate_v5000;
+        cuda fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult ["cuMipmappedArrayDestroy" @ 5000]: PFN_cuMipmappedArrayDestroy_v5000;
+
+        // Work submission: each passes the compute gate first.
+        cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+            ["cuLaunchKernel" @ 4000]: PFN_cuLaunchKernel_v4000;
+        cuda fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+            ["cuLaunchKernel" @ 7000 ptsz]: PFN_cuLaunchKernel_v7000_ptsz;
+        cuda fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+            ["cuLaunchKernelEx" @ 11060]: PFN_cuLaunchKernelEx_v11060;
+        cuda fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
+            ["cuLaunchKernelEx" @ 11060 ptsz]: PFN_cuLaunchKernelEx_v11060_ptsz;
+        cuda fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+            ["cuLaunchCooperativeKernel" @ 9000]: PFN_cuLaunchCooperativeKernel_v9000;
+        cuda fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void) -> CUresult
+            ["cuLaunchCooperativeKernel" @ 9000 ptsz]: PFN_cuLaunchCooperativeKernel_v9000_ptsz;
+        cuda fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, num_devices: c_uint, flags: c_uint) -> CUresult
+            ["cuLaunchCooperativeKernelMultiDevice" @ 9000]: PFN_cuLaunchCooperativeKernelMultiDevice_v9000;
+        cuda fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult ["cuGraphLaunch" @ 10000]: PFN_cuGraphLaunch_v10000;
+        cuda fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult ["cuGraphLaunch" @ 10000 ptsz]: PFN_cuGraphLaunch_v10000_ptsz;
+        cuda fn cuLaunch(f: CUfunction) -> CUresult ["cuLaunch" @ 2000]: PFN_cuLaunch_v2000;
+        cuda fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult ["cuLaunchGrid" @ 2000]: PFN_cuLaunchGrid_v2000;
+        cuda fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult ["cuLaunchGridAsync" @ 2000]: PFN_cuLaunchGridAsync_v2000;
+
+        // NVML: initialisation (fails closed) and the memory view.
+        nvml fn nvmlInit() -> nvmlReturn_t ["nvmlInit" @ 0];
+        nvml fn nvmlInit_v2() -> nvmlReturn_t ["nvmlInit" @ 0];
+        nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t ["nvmlInitWithFlags" @ 0];
+        nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t ["nvmlDeviceGetMemoryInfo" @ 0];
+        nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t ["nvmlDeviceGetMemoryInfo" @ 0];
+    }
+    used {
+        cuda fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+        cuda fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult;
+        cuda fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+        cuda fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+        cuda fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
+        cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult;
+        cuda fn cuDeviceGetAttribute(value: *mut c_int, attr: CUdevice_attribute, dev: CUdevice) -> CUresult;
+        nvml fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
+    }
+}
+
+/// Number of symbols in the table.
+pub const COUNT: usize = Sym::ALL.len();
+
+/// `call_real!(name(args))` calls the real entry point `name` with `args`, or returns the "missing"
+/// code of its return type when the real library lacks it.
+macro_rules! call_real {
+    ($name:ident($($a:expr),* $(,)?)) => {
+        match $crate::table::real::$name() {
+            // SAFETY: the arguments are the caller's own, passed on with
+            // the C signature the real function was declared with.
+            Some(f) => unsafe { f($($a),*) },
+            None => $crate::missing(),
+        }
+    };
+}
+pub(crate) use call_real;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_only_governed_ones_are_found() {
+        for &s in Sym::ALL {
+            assert_eq!(s.c_name().to_str().unwrap(), s.name());
+            assert_eq!(Sym::ALL[s.index()], s);
+            let found = Sym::governed_by_name(s.name().as_bytes());
+            if s.governed() {
+                assert_eq!(found, Some(s));
+                assert!(!s.wrapper().is_null());
+            } else {
+                assert_eq!(found, None, "{} is only used, never handed out", s.name());
+                assert!(s.wrapper().is_null());
+            }
+        }
+        assert_eq!(Sym::governed_by_name(b"cuMemcpy"), None);
+        assert_eq!(Sym::governed_by_name(b"\xff"), None);
+    }
+
+    #[test]
+    fn variants_carry_their_base_name_version_and_flavour() {
+        assert_eq!(Sym::cuMemAlloc_v2.base(), "cuMemAlloc");
+        assert_eq!(Sym::cuMemAlloc_v2.version(), 3020);
+        assert_eq!(Sym::cuMemAlloc.version(), 2000);
+        assert!(Sym::cuLaunchKernel_ptsz.per_thread());
+        assert!(!Sym::cuLaunchKernel.per_thread());
+        assert_eq!(Sym::nvmlInit_v2.lib(), Lib::Nvml);
+        // Exported names are distinct: one wrapper per symbol.
+        let mut names: Vec<_> = Sym::ALL.iter().map(|s| s.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), COUNT);
+    }
+}
