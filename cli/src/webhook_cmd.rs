@@ -1,0 +1,34 @@
+//! `tessera webhook`: runs the admission webhook; everything it does is in `tessera_webhook`.
+
+use tessera_webhook::run::{WebhookArgs, run};
+
+pub fn main(args: WebhookArgs) -> anyhow::Result<()> {
+    // Logs go to stderr, filtered by RUST_LOG (the chart sets it); a subscriber that
+    // main already installed wins.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(args.options(), terminated()))?;
+    Ok(())
+}
+
+/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
