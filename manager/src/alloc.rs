@@ -1,0 +1,668 @@
+//! Allocations: requests checked into records ([`normalize`],
+//! [`check_capacity`]), and the records on disk ([`Store`]) so that a
+//! restarted manager picks every allocation up again.
+//!
+//! On disk, `allocations/<id>/` holds `control`, `state` and
+//! `allocation.json`. A directory is built under a temporary name and
+//! renamed into place, so one named after an id is always complete.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessera_proto::manager::v1 as pb;
+use tessera_shm::{ControlSpec, DeviceSpec, Policy};
+
+use crate::gpu::GpuInfo;
+
+/// Longest allocation id (a DNS label, like Kubernetes names).
+pub const MAX_ID_LEN: usize = 63;
+/// The record's file name inside an allocation's directory.
+pub const RECORD_FILE: &str = "allocation.json";
+
+/// Why an allocation request or operation failed; each maps onto a gRPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Shm(#[from] tessera_shm::ShmError),
+}
+
+impl From<AllocError> for tonic::Status {
+    fn from(e: AllocError) -> Self {
+        let msg = e.to_string();
+        match e {
+            AllocError::Invalid(_) => tonic::Status::invalid_argument(msg),
+            AllocError::Conflict(_) => tonic::Status::already_exists(msg),
+            AllocError::NotFound(_) => tonic::Status::not_found(msg),
+            AllocError::Exhausted(_) => tonic::Status::resource_exhausted(msg),
+            AllocError::Precondition(_) => tonic::Status::failed_precondition(msg),
+            AllocError::Io { .. } | AllocError::Shm(_) => tonic::Status::internal(msg),
+        }
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> AllocError + '_ {
+    move |source| AllocError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+mod policy_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tessera_shm::Policy;
+
+    pub fn serialize<S: Serializer>(p: &Policy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(crate::config::policy_name(*p))
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+        let s = String::deserialize(d)?;
+        crate::config::parse_policy(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown policy {s:?}")))
+    }
+}
+
+/// One GPU of an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    pub gpu_uuid: String,
+    pub memory_limit_bytes: u64,
+    pub compute_share_ppm: u32,
+    /// Slices behind it (device plugin), 0 when not given in slices.
+    #[serde(default)]
+    pub slices: u32,
+}
+
+/// Everything the manager keeps about an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    pub id: String,
+    pub devices: Vec<DeviceRecord>,
+    #[serde(with = "policy_serde")]
+    pub policy: Policy,
+    #[serde(default)]
+    pub device_ids: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub pod: String,
+    #[serde(default)]
+    pub container: String,
+    pub created_unix_ms: i64,
+}
+
+impl AllocationRecord {
+    /// Whether `other` asks for the same allocation (owner and creation
+    /// time aside): a repeated create is then answered with this one.
+    pub fn same_request(&self, other: &AllocationRecord) -> bool {
+        self.id == other.id
+            && self.devices == other.devices
+            && self.policy == other.policy
+            && self.device_ids == other.device_ids
+            && self.labels == other.labels
+    }
+
+    /// The control file's content for this allocation.
+    pub fn control_spec(&self, context_overhead_bytes: u64) -> ControlSpec {
+        let mut spec = ControlSpec::new(
+            self.id.clone(),
+            self.devices
+                .iter()
+                .map(|d| DeviceSpec {
+                    uuid: d.gpu_uuid.clone(),
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    compute_share_ppm: d.compute_share_ppm,
+                    policy: self.policy,
+                })
+                .collect(),
+        );
+        spec.context_overhead_bytes = context_overhead_bytes;
+        spec
+    }
+}
+
+/// The wire form of a policy.
+pub fn policy_to_pb(p: Policy) -> pb::ComputePolicy {
+    match p {
+        Policy::Guaranteed => pb::ComputePolicy::Guaranteed,
+        Policy::Burst => pb::ComputePolicy::Burst,
+    }
+}
+
+/// A policy from the wire: `Ok(None)` for UNSPECIFIED.
+pub fn policy_from_pb(raw: i32) -> Result<Option<Policy>, AllocError> {
+    match pb::ComputePolicy::try_from(raw) {
+        Ok(pb::ComputePolicy::Unspecified) => Ok(None),
+        Ok(pb::ComputePolicy::Guaranteed) => Ok(Some(Policy::Guaranteed)),
+        Ok(pb::ComputePolicy::Burst) => Ok(Some(Policy::Burst)),
+        Err(_) => Err(AllocError::Invalid(format!(
+            "unknown compute policy {raw}: use GUARANTEED (1) or BURST (2)"
+        ))),
+    }
+}
+
+/// How strict a policy is: a guaranteed share is also a cap.
+fn strictness(p: Policy) -> u8 {
+    match p {
+        Policy::Burst => 0,
+        Policy::Guaranteed => 1,
+    }
+}
+
+/// Whether moving from `from` to `to` only tightens the policy.
+pub fn is_stricter_or_same(from: Policy, to: Policy) -> bool {
+    strictness(to) >= strictness(from)
+}
+
+/// Checks an allocation id: a DNS label of lower-case letters, digits and `-`.
+pub fn check_id(id: &str) -> Result<(), AllocError> {
+    let ok_chars = id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || !ok_chars
+        || id.starts_with('-')
+        || id.ends_with('-')
+    {
+        return Err(AllocError::Invalid(format!(
+            "allocation id {id:?} is invalid: use 1-{MAX_ID_LEN} characters of a-z, 0-9 and '-', \
+             starting and ending with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh id for a request that named none.
+pub fn generate_id() -> String {
+    format!("alloc-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// Turns a request into a record, checking everything that needs no
+/// knowledge of other allocations. `id` replaces an empty request id.
+pub fn normalize(
+    req: &pb::CreateAllocationRequest,
+    id: String,
+    gpus: &[GpuInfo],
+    default_policy: Policy,
+    now_unix_ms: i64,
+) -> Result<AllocationRecord, AllocError> {
+    let bad = |m: String| Err(AllocError::Invalid(m));
+    check_id(&id)?;
+    if req.devices.is_empty() {
+        return bad("an allocation needs at least one device".into());
+    }
+    if req.devices.len() > tessera_shm::layout::MAX_DEVICES {
+        return bad(format!(
+            "an allocation spans at most {} devices, got {}",
+            tessera_shm::layout::MAX_DEVICES,
+            req.devices.len()
+        ));
+    }
+    let mut devices = Vec::with_capacity(req.devices.len());
+    for (i, d) in req.devices.iter().enumerate() {
+        let Some(gpu) = gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
+            let known: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+            return bad(format!(
+                "device {i}: no GPU {:?} on this node (GPUs here: {})",
+                d.gpu_uuid,
+                known.join(", ")
+            ));
+        };
+        if req.devices[..i].iter().any(|o| o.gpu_uuid == d.gpu_uuid) {
+            return bad(format!("device {i}: GPU {} listed twice", d.gpu_uuid));
+        }
+        if d.memory_limit_bytes == 0 {
+            return bad(format!("device {i}: memory_limit_bytes must be above 0"));
+        }
+        if d.memory_limit_bytes > gpu.memory_total_bytes {
+            return bad(format!(
+                "device {i}: memory limit {} exceeds GPU {}'s {} bytes",
+                d.memory_limit_bytes, gpu.uuid, gpu.memory_total_bytes
+            ));
+        }
+        if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
+            return bad(format!(
+                "device {i}: compute_share_ppm {} is not in 1..=1000000 (300000 = 30%)",
+                d.compute_share_ppm
+            ));
+        }
+        devices.push(DeviceRecord {
+            gpu_uuid: d.gpu_uuid.clone(),
+            memory_limit_bytes: d.memory_limit_bytes,
+            compute_share_ppm: d.compute_share_ppm,
+            slices: d.slices,
+        });
+    }
+    for dev_id in &req.device_ids {
+        let ok = dev_id.rsplit_once("::").is_some_and(|(uuid, n)| {
+            n.parse::<u32>().is_ok() && devices.iter().any(|d| d.gpu_uuid == uuid)
+        });
+        if !ok {
+            return bad(format!(
+                "device id {dev_id:?} is not <gpu-uuid>::<n> for a GPU of this allocation"
+            ));
+        }
+    }
+    if req.labels.len() > 64 {
+        return bad(format!("{} labels; at most 64", req.labels.len()));
+    }
+    for (k, v) in &req.labels {
+        if k.is_empty() || k.len() > 253 || v.len() > 1024 {
+            return bad(format!(
+                "label {k:?}: keys are 1-253 bytes, values at most 1024"
+            ));
+        }
+    }
+    Ok(AllocationRecord {
+        id,
+        devices,
+        policy: policy_from_pb(req.policy)?.unwrap_or(default_policy),
+        device_ids: req.device_ids.clone(),
+        labels: req.labels.clone().into_iter().collect(),
+        namespace: String::new(),
+        pod: String::new(),
+        container: String::new(),
+        created_unix_ms: now_unix_ms,
+    })
+}
+
+/// Refuses a record that does not fit beside `existing` on its GPUs:
+/// neither memory limits nor compute shares are over-committed.
+pub fn check_capacity<'a>(
+    rec: &AllocationRecord,
+    gpus: &[GpuInfo],
+    existing: impl Iterator<Item = &'a AllocationRecord> + Clone,
+) -> Result<(), AllocError> {
+    for d in &rec.devices {
+        let Some(gpu) = gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
+            continue; // normalize() already refused unknown GPUs
+        };
+        let on_gpu = existing
+            .clone()
+            .flat_map(|a| a.devices.iter())
+            .filter(|o| o.gpu_uuid == d.gpu_uuid);
+        let (mem, ppm) = on_gpu.fold((0u64, 0u64), |(m, p), o| {
+            (m + o.memory_limit_bytes, p + u64::from(o.compute_share_ppm))
+        });
+        let free_mem = gpu.memory_total_bytes.saturating_sub(mem);
+        if d.memory_limit_bytes > free_mem {
+            return Err(AllocError::Exhausted(format!(
+                "GPU {} (index {}) has {} of {} bytes of memory unallocated; {} requested",
+                gpu.uuid, gpu.index, free_mem, gpu.memory_total_bytes, d.memory_limit_bytes
+            )));
+        }
+        let free_ppm = 1_000_000u64.saturating_sub(ppm);
+        if u64::from(d.compute_share_ppm) > free_ppm {
+            return Err(AllocError::Exhausted(format!(
+                "GPU {} (index {}) has {} of its compute time unallocated; {} requested",
+                gpu.uuid,
+                gpu.index,
+                crate::units::format_ppm(free_ppm as u32),
+                crate::units::format_ppm(d.compute_share_ppm)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The allocation directories under the state directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// A directory that could not be loaded, moved aside so nothing is lost.
+#[derive(Debug, Clone)]
+pub struct Quarantined {
+    pub from: PathBuf,
+    pub to: PathBuf,
+    pub reason: String,
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), AllocError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io(path))
+}
+
+fn sync_dir(dir: &Path) {
+    // Makes a rename durable; a failure here loses nothing but durability.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+impl Store {
+    /// Opens (creating) the allocations directory.
+    pub fn open(dir: &Path) -> Result<Self, AllocError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        Ok(Store {
+            dir: dir.to_owned(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn alloc_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    /// Writes an allocation's files and record and publishes them at once.
+    /// Returns the control and state paths.
+    pub fn create(
+        &self,
+        rec: &AllocationRecord,
+        spec: &ControlSpec,
+    ) -> Result<(PathBuf, PathBuf), AllocError> {
+        let final_dir = self.alloc_dir(&rec.id);
+        if final_dir.exists() {
+            return Err(AllocError::Conflict(format!(
+                "{} already exists on disk",
+                final_dir.display()
+            )));
+        }
+        let tmp = self
+            .dir
+            .join(format!(".new-{}-{}", rec.id, std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let result = (|| {
+            tessera_shm::create_allocation_files(&tmp, spec)?;
+            let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
+                path: tmp.join(RECORD_FILE),
+                source: std::io::Error::other(e),
+            })?;
+            write_atomically(&tmp.join(RECORD_FILE), &json)?;
+            // The files must be readable by containers of any uid.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+                .map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        sync_dir(&self.dir);
+        Ok((final_dir.join("control"), final_dir.join("state")))
+    }
+
+    /// Rewrites an existing allocation's record.
+    pub fn save(&self, rec: &AllocationRecord) -> Result<(), AllocError> {
+        let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
+            path: self.alloc_dir(&rec.id).join(RECORD_FILE),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomically(&self.alloc_dir(&rec.id).join(RECORD_FILE), &json)
+    }
+
+    /// Removes an allocation's directory.
+    pub fn remove(&self, id: &str) -> Result<(), AllocError> {
+        let dir = self.alloc_dir(id);
+        // Renamed away first, so a crash half-way leaves no directory that
+        // looks like a live allocation.
+        let doomed = self
+            .dir
+            .join(format!(".deleted-{id}-{}", std::process::id()));
+        std::fs::rename(&dir, &doomed).map_err(io(&dir))?;
+        sync_dir(&self.dir);
+        std::fs::remove_dir_all(&doomed).map_err(io(&doomed))
+    }
+
+    /// Reads one allocation directory's record.
+    pub fn read(&self, dir: &Path) -> Result<AllocationRecord, String> {
+        let path = dir.join(RECORD_FILE);
+        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rec: AllocationRecord =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if rec.id != name {
+            return Err(format!(
+                "{}: record is for {:?}, directory is {name:?}",
+                path.display(),
+                rec.id
+            ));
+        }
+        check_id(&rec.id).map_err(|e| e.to_string())?;
+        Ok(rec)
+    }
+
+    /// Every allocation directory's record. Unfinished creations and
+    /// deletions are cleaned up; a directory that cannot be read is moved
+    /// to `.broken-<name>-<time>` and reported, never deleted.
+    pub fn load_all(&self) -> Result<(Vec<AllocationRecord>, Vec<Quarantined>), AllocError> {
+        let mut records = Vec::new();
+        let mut broken = Vec::new();
+        let entries = std::fs::read_dir(&self.dir).map_err(io(&self.dir))?;
+        let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        names.sort();
+        for path in names {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned)
+            else {
+                continue;
+            };
+            if name.starts_with(".new-") || name.starts_with(".deleted-") {
+                // Never handed out (new) or already gone (deleted).
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            }
+            if name.starts_with('.') || !path.is_dir() {
+                continue;
+            }
+            match self.read(&path) {
+                Ok(rec) => records.push(rec),
+                Err(reason) => {
+                    let stamp = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    let to = self.dir.join(format!(".broken-{name}-{stamp}"));
+                    std::fs::rename(&path, &to).map_err(io(&path))?;
+                    broken.push(Quarantined {
+                        from: path,
+                        to,
+                        reason,
+                    });
+                }
+            }
+        }
+        Ok((records, broken))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::test_gpu;
+
+    const GI: u64 = 1 << 30;
+
+    fn gpus() -> Vec<GpuInfo> {
+        vec![test_gpu(0, 16 * GI), test_gpu(1, 16 * GI)]
+    }
+
+    fn req(uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
+        pb::CreateAllocationRequest {
+            id: "a1".into(),
+            devices: vec![pb::DeviceRequest {
+                gpu_uuid: uuid.into(),
+                memory_limit_bytes: mem,
+                compute_share_ppm: ppm,
+                slices: 0,
+            }],
+            policy: 0,
+            device_ids: vec![],
+            labels: Default::default(),
+        }
+    }
+
+    fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
+        normalize(r, r.id.clone(), &gpus(), Policy::Burst, 1)
+    }
+
+    #[test]
+    fn a_good_request_becomes_a_record_with_the_default_policy() {
+        let g = gpus();
+        let rec = norm(&req(&g[0].uuid, 4 * GI, 300_000)).unwrap();
+        assert_eq!(rec.policy, Policy::Burst);
+        assert_eq!(rec.devices[0].memory_limit_bytes, 4 * GI);
+        let spec = rec.control_spec(0);
+        assert_eq!(spec.devices[0].compute_share_ppm, 300_000);
+        assert_eq!(spec.devices[0].policy, Policy::Burst);
+        spec.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let g = gpus();
+        let u = g[0].uuid.clone();
+        let cases: Vec<(pb::CreateAllocationRequest, &str)> = vec![
+            (req("GPU-nope", GI, 1), "no GPU \"GPU-nope\""),
+            (req(&u, 0, 1), "memory_limit_bytes must be above 0"),
+            (req(&u, 17 * GI, 1), "exceeds GPU"),
+            (req(&u, GI, 0), "compute_share_ppm 0"),
+            (req(&u, GI, 1_000_001), "compute_share_ppm 1000001"),
+            (
+                pb::CreateAllocationRequest {
+                    id: "Bad_ID".into(),
+                    ..req(&u, GI, 1)
+                },
+                "allocation id \"Bad_ID\" is invalid",
+            ),
+            (
+                pb::CreateAllocationRequest {
+                    devices: vec![],
+                    ..req(&u, GI, 1)
+                },
+                "at least one device",
+            ),
+            (
+                pb::CreateAllocationRequest {
+                    policy: 7,
+                    ..req(&u, GI, 1)
+                },
+                "unknown compute policy 7",
+            ),
+            (
+                pb::CreateAllocationRequest {
+                    device_ids: vec!["GPU-other::0".into()],
+                    ..req(&u, GI, 1)
+                },
+                "device id \"GPU-other::0\"",
+            ),
+        ];
+        for (r, want) in cases {
+            let e = norm(&r).expect_err(want);
+            assert!(matches!(e, AllocError::Invalid(_)), "{e}");
+            assert!(e.to_string().contains(want), "{e} lacks {want}");
+        }
+        let mut twice = req(&u, GI, 1);
+        twice.devices.push(twice.devices[0].clone());
+        assert!(norm(&twice).unwrap_err().to_string().contains("listed twice"));
+    }
+
+    #[test]
+    fn ids() {
+        for ok in ["a", "a-1", "run-123-abc", &"x".repeat(63)] {
+            check_id(ok).unwrap();
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"x".repeat(64), "a/b"] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+        let g = generate_id();
+        check_id(&g).unwrap();
+        assert_ne!(g, generate_id());
+    }
+
+    #[test]
+    fn capacity_is_never_overcommitted() {
+        let g = gpus();
+        let mut a = norm(&req(&g[0].uuid, 10 * GI, 600_000)).unwrap();
+        a.id = "a".into();
+        let existing = [a];
+        let fits = norm(&req(&g[0].uuid, 6 * GI, 400_000)).unwrap();
+        check_capacity(&fits, &g, existing.iter()).unwrap();
+        let too_big = norm(&req(&g[0].uuid, 6 * GI + 1, 100_000)).unwrap();
+        let e = check_capacity(&too_big, &g, existing.iter()).unwrap_err();
+        assert!(matches!(e, AllocError::Exhausted(_)));
+        assert!(e.to_string().contains("memory unallocated"), "{e}");
+        let too_much = norm(&req(&g[0].uuid, GI, 400_001)).unwrap();
+        let e = check_capacity(&too_much, &g, existing.iter()).unwrap_err();
+        assert!(e.to_string().contains("40% of its compute time"), "{e}");
+        // Another GPU is not affected.
+        let other = norm(&req(&g[1].uuid, 16 * GI, 1_000_000)).unwrap();
+        check_capacity(&other, &g, existing.iter()).unwrap();
+    }
+
+    #[test]
+    fn policies_only_tighten() {
+        assert!(is_stricter_or_same(Policy::Burst, Policy::Guaranteed));
+        assert!(is_stricter_or_same(Policy::Burst, Policy::Burst));
+        assert!(!is_stricter_or_same(Policy::Guaranteed, Policy::Burst));
+    }
+
+    #[test]
+    fn store_round_trip_and_quarantine() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        let g = gpus();
+        let rec = norm(&req(&g[0].uuid, 4 * GI, 300_000)).unwrap();
+        let (control, state) = store.create(&rec, &rec.control_spec(0)).unwrap();
+        assert!(control.ends_with("a1/control") && state.ends_with("a1/state"));
+        tessera_shm::Control::open(&control).unwrap();
+        tessera_shm::State::open(&state, "a1").unwrap();
+        assert!(matches!(
+            store.create(&rec, &rec.control_spec(0)),
+            Err(AllocError::Conflict(_))
+        ));
+
+        let mut owned = rec.clone();
+        owned.pod = "p".into();
+        store.save(&owned).unwrap();
+
+        // Leftovers of a crash, and a broken record.
+        std::fs::create_dir_all(store.dir().join(".new-x-1")).unwrap();
+        std::fs::create_dir_all(store.dir().join("b2")).unwrap();
+        std::fs::write(store.dir().join("b2").join(RECORD_FILE), "{not json").unwrap();
+
+        let (recs, broken) = store.load_all().unwrap();
+        assert_eq!(recs, vec![owned]);
+        assert_eq!(broken.len(), 1);
+        assert!(broken[0].reason.contains(RECORD_FILE), "{}", broken[0].reason);
+        assert!(broken[0].to.exists(), "a broken directory is kept");
+        assert!(!store.dir().join(".new-x-1").exists());
+
+        store.remove("a1").unwrap();
+        assert!(!store.alloc_dir("a1").exists());
+        assert_eq!(store.load_all().unwrap().0, vec![]);
+    }
+}

@@ -1,0 +1,54 @@
+//! The client side of the manager: `tessera status`, `tessera top` and
+//! `tessera run`. Each command is a function the `tessera` binary calls
+//! with its parsed arguments; rendering is pure and tested on its own.
+
+pub mod run;
+pub mod status;
+pub mod top;
+
+use std::path::PathBuf;
+
+use crate::client::ClientError;
+use crate::units::UnitError;
+
+/// What a client command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(s: tonic::Status) -> Self {
+        CliError::Client(ClientError::Rpc(s))
+    }
+}
+
+/// The socket option every client command shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SocketArg {
+    /// The manager's socket.
+    #[arg(long, env = "TESSERA_SOCKET", default_value = tessera_proto::manager::v1::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+/// A runtime for one client command.
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| CliError::Io {
+            what: "cannot start the async runtime".into(),
+            source,
+        })
+}

@@ -1,0 +1,128 @@
+//! Connecting to the manager over its unix socket, with errors that say
+//! what is wrong and what to do.
+
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use tessera_proto::manager::v1::manager_client::ManagerClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// Why the manager could not be reached or refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "the Tessera manager is not running (no socket at {0}): start it with `tessera manager` \
+         (or pass --socket if it listens elsewhere)"
+    )]
+    NotRunning(PathBuf),
+    #[error(
+        "nothing is listening on {0}: the manager has stopped; start it with `tessera manager`"
+    )]
+    Refused(PathBuf),
+    #[error(
+        "permission denied on {0}: run as root, or have the manager started with \
+         --socket-group set to a group you belong to"
+    )]
+    Permission(PathBuf),
+    #[error("cannot connect to the manager at {path}: {message}")]
+    Connect { path: PathBuf, message: String },
+    #[error("{}", describe(.0))]
+    Rpc(#[from] tonic::Status),
+}
+
+fn describe(s: &tonic::Status) -> String {
+    use tonic::Code;
+    let what = match s.code() {
+        Code::InvalidArgument => "invalid request",
+        Code::NotFound => "not found",
+        Code::AlreadyExists => "already exists",
+        Code::ResourceExhausted => "not enough room",
+        Code::FailedPrecondition => "refused",
+        Code::Unavailable => "manager unavailable",
+        _ => "manager error",
+    };
+    format!("{what}: {}", s.message())
+}
+
+impl ClientError {
+    fn from_io(path: &Path, e: &std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        match e.kind() {
+            ErrorKind::NotFound => ClientError::NotRunning(path.to_owned()),
+            ErrorKind::ConnectionRefused => ClientError::Refused(path.to_owned()),
+            ErrorKind::PermissionDenied => ClientError::Permission(path.to_owned()),
+            _ => ClientError::Connect {
+                path: path.to_owned(),
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Connects to the manager's socket.
+pub async fn connect(socket: &Path) -> Result<ManagerClient<Channel>, ClientError> {
+    // A plain connect first: its error says exactly what is wrong, where
+    // the gRPC transport would only say "transport error".
+    match tokio::net::UnixStream::connect(socket).await {
+        Ok(s) => drop(s),
+        Err(e) => return Err(ClientError::from_io(socket, &e)),
+    }
+    let path = socket.to_owned();
+    // The URI is required by the transport but unused: the connector below
+    // always dials the socket.
+    let endpoint = Endpoint::from_static("http://tessera.manager");
+    let channel = endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(s))
+            }
+        }))
+        .await
+        .map_err(|e| ClientError::Connect {
+            path: socket.to_owned(),
+            message: e.to_string(),
+        })?;
+    Ok(ManagerClient::new(channel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_socket_says_start_the_manager() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = connect(&dir.path().join("m.sock")).await.unwrap_err();
+        assert!(matches!(e, ClientError::NotRunning(_)));
+        assert!(e.to_string().contains("start it with `tessera manager`"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_says_the_manager_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let e = connect(&path).await.unwrap_err();
+        assert!(matches!(e, ClientError::Refused(_)), "{e}");
+        assert!(e.to_string().contains("tessera manager"));
+    }
+
+    #[test]
+    fn permission_errors_name_the_fix() {
+        let e = ClientError::from_io(
+            Path::new("/run/tessera/manager.sock"),
+            &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        let msg = e.to_string();
+        assert!(msg.contains("permission denied on /run/tessera/manager.sock"), "{msg}");
+        assert!(msg.contains("--socket-group"), "{msg}");
+    }
+
+    #[test]
+    fn rpc_errors_keep_the_managers_words() {
+        let e = ClientError::from(tonic::Status::resource_exhausted("GPU x has 1 byte"));
+        assert_eq!(e.to_string(), "not enough room: GPU x has 1 byte");
+    }
+}

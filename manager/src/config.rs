@@ -1,0 +1,485 @@
+//! The manager's configuration: flags, then environment variables (both
+//! through clap), then an optional YAML file, then defaults — the first that
+//! says something wins. Parsed once at start-up into a [`Config`].
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tessera_shm::Policy;
+
+use crate::units::{UnitError, parse_duration};
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/tessera";
+/// Default host path of the hook library handed to containers.
+pub const DEFAULT_HOOK_LIBRARY: &str = "/var/lib/tessera/lib/libtessera.so";
+/// Where containers see the hook library.
+pub const CONTAINER_HOOK_LIBRARY: &str = "/usr/local/lib/tessera/libtessera.so";
+/// Where containers see their allocation's control file.
+pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
+/// Where containers see their allocation's state file.
+pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
+/// Default listen address of the metrics endpoint (dcgm-exporter's port).
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9400";
+/// XIDs caused by the application, not the GPU: the same list NVIDIA's own
+/// device plugin skips. 13 graphics engine exception, 31 GPU memory page
+/// fault, 43 GPU stopped processing, 45 preemptive cleanup after earlier
+/// errors, 68 video processor exception.
+pub const DEFAULT_IGNORED_XIDS: [u64; 5] = [13, 31, 43, 45, 68];
+
+/// Command-line flags of `tessera manager`; each can also come from the
+/// environment variable named beside it.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ManagerArgs {
+    /// YAML configuration file; flags and environment variables override it.
+    #[arg(long, env = "TESSERA_MANAGER_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Unix socket of the manager API [default: /run/tessera/manager.sock].
+    #[arg(long, env = "TESSERA_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Group that may use the socket (besides root).
+    #[arg(long, env = "TESSERA_SOCKET_GROUP", value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// State directory: allocation files and records [default: /var/lib/tessera].
+    #[arg(long, env = "TESSERA_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Host path of the hook library handed out to allocations
+    /// [default: /var/lib/tessera/lib/libtessera.so].
+    #[arg(long, env = "TESSERA_HOOK_LIBRARY", value_name = "PATH")]
+    pub hook_library: Option<PathBuf>,
+    /// Metrics listen address, or `off` [default: 0.0.0.0:9400].
+    #[arg(long, env = "TESSERA_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// NVML library to load [default: libnvidia-ml.so.1 from the loader path].
+    #[arg(long, env = "TESSERA_NVML_LIBRARY", value_name = "PATH")]
+    pub nvml_library: Option<PathBuf>,
+    /// Node name for metrics and status [default: the kernel's hostname].
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub hostname: Option<String>,
+    /// Slices each GPU is cut into, for slice metrics [default: 10].
+    #[arg(long, env = "TESSERA_SLICES_PER_GPU", value_name = "N")]
+    pub slices_per_gpu: Option<u32>,
+    /// Compute policy of allocations that do not name one [default: burst].
+    #[arg(long, env = "TESSERA_DEFAULT_POLICY", value_name = "guaranteed|burst")]
+    pub default_policy: Option<String>,
+    /// XIDs that are the application's fault and leave a GPU healthy,
+    /// comma-separated [default: 13,31,43,45,68].
+    #[arg(long, env = "TESSERA_IGNORED_XIDS", value_name = "LIST", value_delimiter = ',')]
+    pub ignored_xids: Option<Vec<u64>>,
+    /// How long a GPU stays unhealthy after a critical XID [default: 5m].
+    #[arg(long, env = "TESSERA_XID_RECOVERY", value_name = "DURATION")]
+    pub xid_recovery: Option<String>,
+    /// Kill processes that use a GPU without the shim or beyond their
+    /// allocation [default: false: report only].
+    #[arg(long, env = "TESSERA_BACKSTOP_KILL", value_name = "BOOL")]
+    pub backstop_kill: Option<bool>,
+    /// Bytes a process may use beyond its allocation in NVML's view before
+    /// the backstop reports it (the driver's own per-context memory) [default: 0].
+    #[arg(long, env = "TESSERA_BACKSTOP_SLACK", value_name = "SIZE")]
+    pub backstop_slack: Option<String>,
+    /// Device memory charged per CUDA context, an estimate of what the
+    /// driver keeps for itself (a few hundred MiB on real GPUs) [default: 0].
+    #[arg(long, env = "TESSERA_CONTEXT_OVERHEAD", value_name = "SIZE")]
+    pub context_overhead: Option<String>,
+    /// How often GPUs are sampled (metrics, health, backstop) [default: 1s].
+    #[arg(long, env = "TESSERA_SAMPLE_INTERVAL", value_name = "DURATION")]
+    pub sample_interval: Option<String>,
+    /// How often dead processes are looked for [default: 100ms].
+    #[arg(long, env = "TESSERA_REAP_INTERVAL", value_name = "DURATION")]
+    pub reap_interval: Option<String>,
+}
+
+/// The YAML file: the same settings, camelCase, every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    pub socket: Option<PathBuf>,
+    pub socket_group: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub hook_library: Option<PathBuf>,
+    pub metrics_addr: Option<String>,
+    pub nvml_library: Option<PathBuf>,
+    pub hostname: Option<String>,
+    pub slices_per_gpu: Option<u32>,
+    pub default_policy: Option<String>,
+    pub ignored_xids: Option<Vec<u64>>,
+    pub xid_recovery: Option<String>,
+    pub backstop_kill: Option<bool>,
+    pub backstop_slack: Option<String>,
+    pub context_overhead: Option<String>,
+    pub sample_interval: Option<String>,
+    pub reap_interval: Option<String>,
+}
+
+/// A configuration that cannot be used, naming the setting and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{setting}: {message}")]
+    Invalid {
+        setting: &'static str,
+        message: String,
+    },
+}
+
+/// The configuration in force.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub socket_group: Option<String>,
+    pub state_dir: PathBuf,
+    pub hook_library: PathBuf,
+    /// `None`: metrics off.
+    pub metrics_addr: Option<SocketAddr>,
+    pub nvml_library: Option<PathBuf>,
+    pub hostname: String,
+    pub slices_per_gpu: u32,
+    pub default_policy: Policy,
+    pub ignored_xids: BTreeSet<u64>,
+    pub xid_recovery: Duration,
+    pub backstop_kill: bool,
+    pub backstop_slack_bytes: u64,
+    pub context_overhead_bytes: u64,
+    pub sample_interval: Duration,
+    pub reap_interval: Duration,
+}
+
+impl Config {
+    /// Defaults for everything, rooted at `state_dir`, with the socket
+    /// inside it and metrics off: what tests and embedders start from.
+    pub fn for_state_dir(state_dir: &Path) -> Self {
+        Config {
+            socket: state_dir.join("manager.sock"),
+            socket_group: None,
+            state_dir: state_dir.to_owned(),
+            hook_library: PathBuf::from(DEFAULT_HOOK_LIBRARY),
+            metrics_addr: None,
+            nvml_library: None,
+            hostname: local_hostname(),
+            slices_per_gpu: 10,
+            default_policy: Policy::Burst,
+            ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
+            xid_recovery: Duration::from_secs(300),
+            backstop_kill: false,
+            backstop_slack_bytes: 0,
+            context_overhead_bytes: 0,
+            sample_interval: Duration::from_secs(1),
+            reap_interval: Duration::from_millis(100),
+        }
+    }
+
+    /// Resolves flags and environment (already in `args`) over the file
+    /// named by `args.config`, over the defaults.
+    pub fn load(args: &ManagerArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Self::resolve(args, file)
+    }
+
+    /// Merges `args` over `file` over the defaults and checks the result.
+    pub fn resolve(args: &ManagerArgs, file: FileConfig) -> Result<Self, ConfigError> {
+        let state_dir = pick(args.state_dir.clone(), file.state_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let mut c = Config::for_state_dir(&state_dir);
+        c.socket = pick(args.socket.clone(), file.socket)
+            .unwrap_or_else(|| PathBuf::from(tessera_proto::manager::v1::DEFAULT_SOCKET));
+        c.socket_group = pick(args.socket_group.clone(), file.socket_group);
+        c.hook_library = pick(args.hook_library.clone(), file.hook_library)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_HOOK_LIBRARY));
+        let metrics = pick(args.metrics_addr.clone(), file.metrics_addr)
+            .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned());
+        c.metrics_addr = parse_metrics_addr(&metrics)?;
+        c.nvml_library = pick(args.nvml_library.clone(), file.nvml_library);
+        if let Some(h) = pick(args.hostname.clone(), file.hostname) {
+            if h.is_empty() {
+                return Err(invalid("hostname", "must not be empty".into()));
+            }
+            c.hostname = h;
+        }
+        if let Some(n) = pick(args.slices_per_gpu, file.slices_per_gpu) {
+            if n == 0 || n > 1000 {
+                return Err(invalid(
+                    "slicesPerGpu",
+                    format!("{n} is not in 1..=1000"),
+                ));
+            }
+            c.slices_per_gpu = n;
+        }
+        if let Some(p) = pick(args.default_policy.clone(), file.default_policy) {
+            c.default_policy = parse_policy(&p)
+                .ok_or_else(|| invalid("defaultPolicy", format!("{p:?}: use guaranteed or burst")))?;
+        }
+        if let Some(x) = pick(args.ignored_xids.clone(), file.ignored_xids) {
+            c.ignored_xids = x.into_iter().collect();
+        }
+        let dur = |setting: &'static str, v: Option<String>, min: Duration| {
+            v.map(|s| {
+                let d = parse_duration(&s).map_err(|e| invalid(setting, e.to_string()))?;
+                if d < min {
+                    return Err(invalid(
+                        setting,
+                        format!("{s} is below the minimum of {min:?}"),
+                    ));
+                }
+                Ok(d)
+            })
+            .transpose()
+        };
+        if let Some(d) = dur(
+            "xidRecovery",
+            pick(args.xid_recovery.clone(), file.xid_recovery),
+            Duration::from_millis(100),
+        )? {
+            c.xid_recovery = d;
+        }
+        if let Some(d) = dur(
+            "sampleInterval",
+            pick(args.sample_interval.clone(), file.sample_interval),
+            Duration::from_millis(50),
+        )? {
+            c.sample_interval = d;
+        }
+        if let Some(d) = dur(
+            "reapInterval",
+            pick(args.reap_interval.clone(), file.reap_interval),
+            Duration::from_millis(10),
+        )? {
+            // Dead processes' memory must come back within a second.
+            if d > Duration::from_millis(500) {
+                return Err(invalid(
+                    "reapInterval",
+                    "at most 500ms, so that dead processes' memory returns within a second".into(),
+                ));
+            }
+            c.reap_interval = d;
+        }
+        if let Some(k) = pick(args.backstop_kill, file.backstop_kill) {
+            c.backstop_kill = k;
+        }
+        if let Some(s) = pick(args.backstop_slack.clone(), file.backstop_slack) {
+            c.backstop_slack_bytes = crate::units::parse_size(&s)
+                .map_err(|e: UnitError| invalid("backstopSlack", e.to_string()))?;
+        }
+        if let Some(s) = pick(args.context_overhead.clone(), file.context_overhead) {
+            c.context_overhead_bytes = crate::units::parse_size(&s)
+                .map_err(|e: UnitError| invalid("contextOverhead", e.to_string()))?;
+        }
+        if c.socket.as_os_str().is_empty() {
+            return Err(invalid("socket", "must not be empty".into()));
+        }
+        if c.state_dir.as_os_str().is_empty() {
+            return Err(invalid("stateDir", "must not be empty".into()));
+        }
+        Ok(c)
+    }
+
+    /// Where allocation directories live.
+    pub fn allocations_dir(&self) -> PathBuf {
+        self.state_dir.join("allocations")
+    }
+}
+
+fn pick<T>(flag_or_env: Option<T>, file: Option<T>) -> Option<T> {
+    flag_or_env.or(file)
+}
+
+fn invalid(setting: &'static str, message: String) -> ConfigError {
+    ConfigError::Invalid { setting, message }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_yaml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    if s == "off" {
+        return Ok(None);
+    }
+    // A bare port means every interface.
+    let full = if s.parse::<u16>().is_ok() {
+        format!("0.0.0.0:{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse().map(Some).map_err(|_| {
+        invalid(
+            "metricsAddr",
+            format!("{s:?}: use HOST:PORT (e.g. 0.0.0.0:9400), a port, or off"),
+        )
+    })
+}
+
+/// `guaranteed` or `burst`.
+pub fn parse_policy(s: &str) -> Option<Policy> {
+    match s.to_ascii_lowercase().as_str() {
+        "guaranteed" => Some(Policy::Guaranteed),
+        "burst" => Some(Policy::Burst),
+        _ => None,
+    }
+}
+
+/// The lower-case name of a policy, as configs and the CLI spell it.
+pub fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::Guaranteed => "guaranteed",
+        Policy::Burst => "burst",
+    }
+}
+
+/// The kernel's hostname, or `localhost` if it cannot be read.
+pub fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ManagerArgs,
+    }
+
+    fn yaml(s: &str) -> FileConfig {
+        serde_yaml::from_str(s).expect("test YAML parses")
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::resolve(&ManagerArgs::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/tessera/manager.sock"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/tessera"));
+        assert_eq!(c.hook_library, PathBuf::from(DEFAULT_HOOK_LIBRARY));
+        assert_eq!(c.metrics_addr, Some("0.0.0.0:9400".parse().unwrap()));
+        assert_eq!(
+            c.ignored_xids,
+            [13, 31, 43, 45, 68].into_iter().collect::<BTreeSet<u64>>()
+        );
+        assert_eq!(c.default_policy, Policy::Burst);
+        assert!(!c.backstop_kill);
+        assert_eq!(c.allocations_dir(), PathBuf::from("/var/lib/tessera/allocations"));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let cli = Cli::parse_from([
+            "x",
+            "--state-dir",
+            "/tmp/a",
+            "--metrics-addr",
+            "127.0.0.1:9999",
+            "--ignored-xids",
+            "13,31",
+            "--backstop-kill",
+            "true",
+        ]);
+        let file = yaml(
+            "stateDir: /tmp/b\nsocket: /tmp/b/s.sock\nmetricsAddr: 'off'\n\
+             slicesPerGpu: 4\nxidRecovery: 2s\ndefaultPolicy: guaranteed\n",
+        );
+        let c = Config::resolve(&cli.args, file).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/a"));
+        assert_eq!(c.socket, PathBuf::from("/tmp/b/s.sock"));
+        assert_eq!(c.metrics_addr, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(c.slices_per_gpu, 4);
+        assert_eq!(c.xid_recovery, Duration::from_secs(2));
+        assert_eq!(c.default_policy, Policy::Guaranteed);
+        assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
+        assert!(c.backstop_kill);
+    }
+
+    #[test]
+    fn metrics_off_and_bare_port() {
+        let off = yaml("metricsAddr: 'off'");
+        assert_eq!(
+            Config::resolve(&ManagerArgs::default(), off).unwrap().metrics_addr,
+            None
+        );
+        let port = yaml("metricsAddr: '9500'");
+        assert_eq!(
+            Config::resolve(&ManagerArgs::default(), port).unwrap().metrics_addr,
+            Some("0.0.0.0:9500".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let cases = [
+            ("metricsAddr: nowhere", "metricsAddr"),
+            ("slicesPerGpu: 0", "slicesPerGpu"),
+            ("defaultPolicy: fast", "defaultPolicy"),
+            ("xidRecovery: soon", "xidRecovery"),
+            ("sampleInterval: 1ms", "sampleInterval"),
+            ("reapInterval: 2s", "reapInterval"),
+            ("backstopSlack: 4Gx", "backstopSlack"),
+        ];
+        for (text, setting) in cases {
+            let e = Config::resolve(&ManagerArgs::default(), yaml(text)).unwrap_err();
+            assert!(e.to_string().starts_with(setting), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_yaml_are_refused_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.yaml");
+        std::fs::write(&path, "stateDirr: /x\n").unwrap();
+        let args = ManagerArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let e = Config::load(&args).unwrap_err().to_string();
+        assert!(e.contains("m.yaml") && e.contains("stateDirr"), "{e}");
+
+        std::fs::write(&path, "slicesPerGpu: [1\n").unwrap();
+        let e = Config::load(&args).unwrap_err().to_string();
+        assert!(e.contains("m.yaml"), "{e}");
+
+        let missing = ManagerArgs {
+            config: Some(dir.path().join("nope.yaml")),
+            ..Default::default()
+        };
+        let e = Config::load(&missing).unwrap_err().to_string();
+        assert!(e.contains("cannot read config file") && e.contains("nope.yaml"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_file_means_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.yaml");
+        std::fs::write(&path, "\n").unwrap();
+        let args = ManagerArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        assert_eq!(Config::load(&args).unwrap().slices_per_gpu, 10);
+    }
+}
