@@ -414,7 +414,7 @@ impl Control {
         }
     }
 
-    fn require_writable(&self) -> Result<(), ShmError> {
+    pub(crate) fn require_writable(&self) -> Result<(), ShmError> {
         if self.map.writable() {
             Ok(())
         } else {

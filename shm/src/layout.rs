@@ -126,7 +126,12 @@ pub struct DeviceState {
     pub _pad: u32,
     /// Total nanoseconds processes spent blocked at the gate.
     pub wait_ns: AtomicU64,
-    pub reserved2: [u64; 4],
+    /// Doorbell the arbiter waits on (futex) while the holder drains:
+    /// bumped by a process after it stores a `drained_epoch`. Only a hint;
+    /// the arbiter checks the slots themselves.
+    pub drain_signal: AtomicU32,
+    pub _pad2: u32,
+    pub reserved2: [u64; 3],
 }
 
 /// One process's use of one device.
@@ -161,7 +166,11 @@ pub struct Slot {
     /// The process's pid in its own namespace (also in `owner` while alive;
     /// kept here so a slot being reclaimed still names its process).
     pub pid: AtomicU32,
-    pub reserved: [u64; 4],
+    /// Bit `d` set: some thread of this process is blocked at device `d`'s
+    /// gate. Each set bit is counted once in [`DeviceState::waiters`].
+    pub gate_waiting: AtomicU32,
+    pub _pad: u32,
+    pub reserved: [u64; 3],
     pub devices: [SlotDevice; MAX_DEVICES],
 }
 

@@ -15,6 +15,7 @@
 //! are killed at any instruction.
 
 pub mod control;
+pub mod gate;
 pub mod layout;
 mod map;
 pub mod process;

@@ -506,6 +506,8 @@ impl State {
             sd.drained_epoch.store(0, Ordering::Relaxed);
             sd.launches.store(0, Ordering::Relaxed);
         }
+        // A dead process blocked at a gate must not look like demand.
+        crate::gate::forget_waiting(&self.map, slot);
         let s = &self.map.slots[slot];
         s.start_time.store(0, Ordering::Release);
         s.pidns.store(0, Ordering::Release);

@@ -48,6 +48,13 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(StateFile, devices), 128);
     assert_eq!(offset_of!(StateFile, slots), 128 + 16 * 64);
     assert_eq!(offset_of!(Slot, devices), 64);
+    assert_eq!(offset_of!(Slot, gate_waiting), 32);
+    assert_eq!(offset_of!(DeviceState, waiters), 16);
+    assert_eq!(offset_of!(DeviceState, wait_ns), 24);
+    assert_eq!(offset_of!(DeviceState, drain_signal), 32);
+    assert_eq!(offset_of!(SlotDevice, launch_epoch), 16);
+    assert_eq!(offset_of!(SlotDevice, drained_epoch), 20);
+    assert_eq!(offset_of!(SlotDevice, launches), 24);
     assert_eq!(size_of::<ControlFile>(), 2240);
     assert_eq!(size_of::<StateFile>(), 590_976);
     // Hot words sit on their own cache lines so processes on different
