@@ -238,9 +238,10 @@ impl Reserved {
         };
         Reserved { bytes, pending }
     }
-    /// Whether a full sequence number matches the truncated pending one.
-    pub fn pending_matches(seq_low: u64, full_seq: u64) -> bool {
-        seq_low == full_seq & PSEQ_MASK
+    /// Whether a full sequence number matches a pending one, which may be
+    /// truncated (unpacked from the word) or not (built by the caller).
+    pub fn pending_matches(pending_seq: u64, full_seq: u64) -> bool {
+        pending_seq & PSEQ_MASK == full_seq & PSEQ_MASK
     }
 }
 

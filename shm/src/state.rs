@@ -348,7 +348,14 @@ impl State {
             if Reserved::pending_matches(seq_low, intent.seq) {
                 let word = sd.usage.load(Ordering::Acquire);
                 let usage = Usage::unpack(word);
-                if next_seq(usage.seq) == intent.seq {
+                // The reserved word keeps only the low bits of the pending
+                // sequence: a helper that was descheduled while the slot ran
+                // through 2^11 operations could otherwise match a later,
+                // not-yet-admitted intent. Re-reading the whole word (bytes
+                // included) proves the operation is still the pending one.
+                let still_pending =
+                    self.map.devices[dev].reserved.load(Ordering::Acquire) == r.pack();
+                if still_pending && next_seq(usage.seq) == intent.seq {
                     let bytes = (usage.bytes as i64 + intent.delta).max(0) as u64;
                     let done = Usage {
                         bytes,
@@ -485,7 +492,10 @@ impl State {
     fn empty_and_free(&self, slot: usize, generation: u32) -> Vec<u64> {
         let mut freed = vec![0; MAX_DEVICES];
         for (dev, f) in freed.iter_mut().enumerate() {
-            loop {
+            // Each pass either finishes someone's pending operation or
+            // applies ours; the bound only guards against a file broken by
+            // hand, where no pass could ever succeed: never spin forever.
+            for _ in 0..1_000_000 {
                 // Finish whatever this slot (or anyone) left pending first,
                 // so the usage read below is final.
                 let r = Reserved::unpack(self.map.devices[dev].reserved.load(Ordering::Acquire));
