@@ -265,7 +265,7 @@ fn racing_reservations_never_exceed_the_limit() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 3 != 0 || held.is_empty() {
+                    if !x.is_multiple_of(3) || held.is_empty() {
                         let size = 1 + x % (LIMIT / 4);
                         if st.reserve(m, 0, size, LIMIT).is_ok() {
                             held.push(size);
