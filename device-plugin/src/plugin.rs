@@ -54,7 +54,7 @@ pub struct Options {
     pub resource_name: String,
     /// The kubelet's device-plugins dir: `kubelet.sock` is there, and the
     /// plugin's own socket goes there.
-    pub kubelet_dir: PathBuf,
+    pub device_plugin_dir: PathBuf,
     pub socket_name: String,
     pub manager_socket: PathBuf,
     /// The kubelet's PodResources socket; None turns ownership tracking off.
@@ -85,7 +85,7 @@ impl Options {
         Self {
             node_name: node_name.into(),
             resource_name: RESOURCE_NAME.to_owned(),
-            kubelet_dir: PathBuf::from(dp::DEVICE_PLUGIN_PATH),
+            device_plugin_dir: PathBuf::from(dp::DEVICE_PLUGIN_PATH),
             socket_name: SOCKET_NAME.to_owned(),
             manager_socket: PathBuf::from(tessera_proto::manager::v1::DEFAULT_SOCKET),
             pod_resources_socket: Some(PathBuf::from(
@@ -165,6 +165,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         ));
     }
 
+    tasks.spawn(preload_loop(state.clone(), opts.host.preload_file.clone()));
+
     let service = Arc::new(PluginService {
         state,
         manager,
@@ -172,7 +174,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     });
     let result = serve_and_register(&opts, service, shutdown).await;
     tasks.shutdown().await;
-    let _ = std::fs::remove_file(opts.kubelet_dir.join(&opts.socket_name));
+    let _ = std::fs::remove_file(opts.device_plugin_dir.join(&opts.socket_name));
     result
 }
 
@@ -183,8 +185,8 @@ async fn serve_and_register<M: ManagerApi>(
     service: Arc<PluginService<M>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let plugin_socket = opts.kubelet_dir.join(&opts.socket_name);
-    let kubelet_socket = opts.kubelet_dir.join(dp::KUBELET_SOCKET);
+    let plugin_socket = opts.device_plugin_dir.join(&opts.socket_name);
+    let kubelet_socket = opts.device_plugin_dir.join(dp::KUBELET_SOCKET);
     tokio::pin!(shutdown);
     loop {
         let listener = crate::grpc::bind_unix(&plugin_socket).map_err(|source| Error::Io {
@@ -274,6 +276,30 @@ async fn stop_server<T>(
         .is_err()
     {
         server.abort();
+    }
+}
+
+/// Keeps the host's `ld.so.preload` file in place while the node config
+/// asks for it: containers restarted by the kubelet reuse their old Allocate
+/// answer and mount the file without asking the plugin again.
+async fn preload_loop(state: Arc<PluginState>, path: PathBuf) {
+    let mut rx = state.subscribe();
+    let mut failed = false;
+    loop {
+        let wanted = rx.borrow_and_update().node.ld_so_preload;
+        if wanted {
+            match crate::allocate::ensure_preload_file(&path) {
+                Ok(()) => failed = false,
+                Err(e) if !failed => {
+                    tracing::error!(path = %path.display(), error = %e, "cannot write the preload file");
+                    failed = true;
+                }
+                Err(_) => {}
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
     }
 }
 

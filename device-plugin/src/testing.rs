@@ -21,7 +21,7 @@ use tessera_proto::podresources::v1::pod_resources_lister_server::{
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
@@ -56,6 +56,14 @@ impl UnixServer {
     }
 }
 
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        for f in lock(&self.shared.followers).drain(..) {
+            f.abort();
+        }
+    }
+}
+
 impl Drop for UnixServer {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
@@ -71,8 +79,11 @@ impl Drop for UnixServer {
 #[derive(Default)]
 struct KubeletShared {
     registrations: Mutex<Vec<dp::RegisterRequest>>,
-    /// The latest device list from the plugin, per registration generation.
+    /// The latest device list from the plugin.
     devices: Mutex<Option<watch::Sender<Vec<dp::Device>>>>,
+    /// Tasks following a plugin's ListAndWatch; a restart ends them, as a
+    /// real kubelet restart closes its connections.
+    followers: Mutex<Vec<JoinHandle<()>>>,
     dir: PathBuf,
 }
 
@@ -105,7 +116,7 @@ impl Registration for KubeletRegistration {
         // Like the kubelet: dial the plugin's endpoint and follow its list.
         let endpoint = self.shared.dir.join(&r.endpoint);
         let shared = self.shared.clone();
-        tokio::spawn(async move {
+        let follower = tokio::spawn(async move {
             let Ok(channel) = crate::grpc::unix_channel(&endpoint).await else {
                 return;
             };
@@ -120,6 +131,7 @@ impl Registration for KubeletRegistration {
                 }
             }
         });
+        lock(&self.shared.followers).push(follower);
         Ok(Response::new(dp::Empty {}))
     }
 }
@@ -140,6 +152,7 @@ impl FakeKubelet {
         let shared = Arc::new(KubeletShared {
             registrations: Mutex::new(Vec::new()),
             devices: Mutex::new(Some(tx)),
+            followers: Mutex::new(Vec::new()),
             dir: dir.to_owned(),
         });
         let server = UnixServer::start(
@@ -160,6 +173,9 @@ impl FakeKubelet {
     /// (the plugin's too), and serve again on a new `kubelet.sock`.
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.server = None;
+        for f in lock(&self.shared.followers).drain(..) {
+            f.abort();
+        }
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             if entry.file_type()?.is_socket() {
@@ -329,6 +345,19 @@ struct ManagerService {
     allocations: Arc<Mutex<BTreeMap<String, mgr::Allocation>>>,
     create_calls: Arc<Mutex<u32>>,
     state_dir: PathBuf,
+    /// Set by `stop`: calls fail and status streams end, even on
+    /// connections made before (the server only stops accepting new ones).
+    down: Arc<watch::Sender<bool>>,
+}
+
+impl ManagerService {
+    fn check_up(&self) -> Result<(), Status> {
+        if *self.down.borrow() {
+            Err(Status::unavailable("manager stopped"))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 fn valid_id(id: &str) -> bool {
@@ -345,6 +374,7 @@ impl Manager for ManagerService {
         &self,
         req: Request<mgr::CreateAllocationRequest>,
     ) -> Result<Response<mgr::Allocation>, Status> {
+        self.check_up()?;
         *lock(&self.create_calls) += 1;
         let r = req.into_inner();
         if !valid_id(&r.id) {
@@ -392,6 +422,7 @@ impl Manager for ManagerService {
         &self,
         req: Request<mgr::DeleteAllocationRequest>,
     ) -> Result<Response<mgr::DeleteAllocationResponse>, Status> {
+        self.check_up()?;
         let id = req.into_inner().id;
         match lock(&self.allocations).remove(&id) {
             Some(_) => {
@@ -406,6 +437,7 @@ impl Manager for ManagerService {
         &self,
         _req: Request<mgr::ListAllocationsRequest>,
     ) -> Result<Response<mgr::ListAllocationsResponse>, Status> {
+        self.check_up()?;
         Ok(Response::new(mgr::ListAllocationsResponse {
             allocations: lock(&self.allocations).values().cloned().collect(),
         }))
@@ -415,6 +447,7 @@ impl Manager for ManagerService {
         &self,
         req: Request<mgr::SetAllocationOwnerRequest>,
     ) -> Result<Response<mgr::Allocation>, Status> {
+        self.check_up()?;
         let r = req.into_inner();
         let mut allocs = lock(&self.allocations);
         let a = allocs
@@ -430,6 +463,7 @@ impl Manager for ManagerService {
         &self,
         _req: Request<mgr::NodeStatusRequest>,
     ) -> Result<Response<mgr::NodeStatus>, Status> {
+        self.check_up()?;
         Ok(Response::new(self.status.borrow().clone()))
     }
 
@@ -438,11 +472,30 @@ impl Manager for ManagerService {
 
     async fn watch_node_status(
         &self,
-        _req: Request<mgr::WatchNodeStatusRequest>,
+        req: Request<mgr::WatchNodeStatusRequest>,
     ) -> Result<Response<Self::WatchNodeStatusStream>, Status> {
-        // The current status at once, then on every change.
-        let stream = WatchStream::new(self.status.subscribe()).map(Ok);
-        Ok(Response::new(Box::pin(stream)))
+        self.check_up()?;
+        // As the real one: the current status at once, then on every change
+        // and at least every interval.
+        let interval = Duration::from_millis(u64::from(req.get_ref().interval_ms.max(10)));
+        let mut status = self.status.subscribe();
+        let mut down = self.down.subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let s = status.borrow_and_update().clone();
+                if tx.send(Ok(s)).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    r = status.changed() => if r.is_err() { return },
+                    () = tokio::time::sleep(interval) => {}
+                    _ = down.wait_for(|d| *d) => return,
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
@@ -466,6 +519,7 @@ impl FakeManager {
             allocations: Arc::default(),
             create_calls: Arc::default(),
             state_dir: state_dir.to_owned(),
+            down: Arc::new(watch::channel(false).0),
         };
         let server = UnixServer::start(
             socket,
@@ -504,8 +558,15 @@ impl FakeManager {
 
     /// Stops serving (its socket disappears), keeping its allocations.
     pub fn stop(&mut self) {
+        self.svc.down.send_replace(true);
         self.server = None;
         let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Drop for FakeManager {
+    fn drop(&mut self) {
+        self.svc.down.send_replace(true);
     }
 }
 

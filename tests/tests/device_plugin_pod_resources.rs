@@ -1,0 +1,131 @@
+//! Which pod is which: the plugin reads a fake kubelet PodResources server
+//! over a real unix socket, records owners in the (fake) manager and deletes
+//! allocations whose pods are gone, never touching allocations made
+//! outside Kubernetes.
+
+mod device_plugin_support;
+
+use std::time::{Duration, Instant};
+
+use device_plugin_support::*;
+use tessera_device_plugin::testing::FakePodResources;
+use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_proto::manager::v1 as mgr;
+use tessera_proto::manager::v1::manager_client::ManagerClient;
+
+const RES: &str = "tessera.dev/vgpu";
+
+async fn allocate(node: &Node, ids: &[&str]) -> String {
+    let resp = node
+        .client()
+        .await
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: strings(ids),
+            }],
+        })
+        .await
+        .expect("allocate")
+        .into_inner();
+    resp.container_responses[0].envs["TESSERA_ALLOCATION"].clone()
+}
+
+fn find(node: &Node, id: &str) -> Option<mgr::Allocation> {
+    node.manager.allocations().into_iter().find(|a| a.id == id)
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
+    let mut node = Node::start_with(
+        status(&[("GPU-a", 80 * GI, 0, 0)]),
+        "default:\n  slice: {slicesPerGpu: 8}\n",
+        |o| {
+            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
+            o.pod_resources_interval = Duration::from_millis(50);
+            o.orphan_grace = Duration::from_millis(600);
+        },
+    );
+    node.wait_devices("8 slices", |d| d.len() == 8).await;
+    let a = allocate(&node, &["GPU-a::0", "GPU-a::1"]).await;
+    let b = allocate(&node, &["GPU-a::2"]).await;
+    // An allocation made by the CLI, outside Kubernetes.
+    let mut m = ManagerClient::new(
+        tessera_device_plugin::grpc::unix_channel(&node.path("manager.sock"))
+            .await
+            .expect("dial manager"),
+    );
+    m.create_allocation(mgr::CreateAllocationRequest {
+        id: "cli-job".into(),
+        devices: vec![mgr::DeviceRequest {
+            gpu_uuid: "GPU-a".into(),
+            memory_limit_bytes: GI,
+            compute_share_ppm: 100_000,
+            slices: 0,
+        }],
+        labels: [("source".to_owned(), "cli".to_owned())].into(),
+        ..Default::default()
+    })
+    .await
+    .expect("cli allocation");
+
+    // No PodResources server yet: listing fails, so nothing may be deleted.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        node.manager.allocations().len(),
+        3,
+        "nothing deleted while the kubelet is unreachable"
+    );
+
+    let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
+    pods.set_pods(&[
+        (
+            "team-a",
+            "trainer",
+            "main",
+            RES,
+            strings(&["GPU-a::1", "GPU-a::0"]),
+        ),
+        (
+            "team-b",
+            "other",
+            "main",
+            "nvidia.com/gpu",
+            strings(&["GPU-a::2"]),
+        ),
+    ]);
+    wait_for("owner of a recorded", || {
+        find(&node, &a).is_some_and(|x| x.pod == "trainer")
+    })
+    .await;
+    let x = find(&node, &a).expect("a");
+    assert_eq!(
+        (x.namespace.as_str(), x.container.as_str()),
+        ("team-a", "main")
+    );
+    // b's slice is listed for another resource only: its pod is gone.
+    wait_for("b deleted", || find(&node, &b).is_none()).await;
+    assert!(find(&node, &a).is_some(), "a's pod is alive");
+    assert!(
+        find(&node, "cli-job").is_some(),
+        "the CLI's allocation is not ours to delete"
+    );
+
+    // The trainer pod ends: its allocation goes too, after the grace period.
+    let gone_at = Instant::now();
+    pods.set_pods(&[]);
+    wait_for("a deleted", || find(&node, &a).is_none()).await;
+    assert!(
+        gone_at.elapsed() >= Duration::from_millis(600),
+        "deleted before the grace period"
+    );
+    assert!(find(&node, "cli-job").is_some());
+    node.stop().await;
+}

@@ -1,0 +1,166 @@
+//! A simulated node for the device plugin tests: a fake manager and a fake
+//! kubelet on real unix sockets in a temp dir, and the real plugin (`run`)
+//! between them.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tessera_device_plugin::testing::{FakeKubelet, FakeManager, gpu_status};
+use tessera_device_plugin::{Options, run};
+use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_proto::manager::v1 as mgr;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const GI: u64 = 1 << 30;
+/// Generous: the CI box is small and shared.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub manager: FakeManager,
+    pub kubelet: FakeKubelet,
+    pub opts: Options,
+    stop: Option<oneshot::Sender<()>>,
+    pub plugin: Option<JoinHandle<Result<(), tessera_device_plugin::Error>>>,
+}
+
+/// GPUs: (uuid, memory, NUMA node, utilization %).
+pub fn status(gpus: &[(&str, u64, i32, u32)]) -> mgr::NodeStatus {
+    mgr::NodeStatus {
+        hostname: "node-1".into(),
+        gpus: gpus
+            .iter()
+            .enumerate()
+            .map(|(i, &(uuid, mem, numa, util))| {
+                let mut g = gpu_status(
+                    u32::try_from(i).expect("few GPUs"),
+                    uuid,
+                    "NVIDIA A100-SXM4-80GB",
+                    mem,
+                    numa,
+                );
+                g.utilization_percent = util;
+                g
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+impl Node {
+    /// Starts manager, kubelet and plugin; `config` is the slice config text.
+    pub fn start(status: mgr::NodeStatus, config: &str) -> Self {
+        Self::start_with(status, config, |_| {})
+    }
+
+    pub fn start_with(
+        status: mgr::NodeStatus,
+        config: &str,
+        tweak: impl FnOnce(&mut Options),
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dp_dir = dir.path().join("dp");
+        std::fs::create_dir_all(&dp_dir).expect("mkdir");
+        let manager = FakeManager::start(
+            &dir.path().join("manager.sock"),
+            &dir.path().join("state"),
+            status,
+        )
+        .expect("manager");
+        let kubelet = FakeKubelet::start(&dp_dir).expect("kubelet");
+        let config_path = dir.path().join("config.yaml");
+        std::fs::write(&config_path, config).expect("config");
+        let mut opts = Options::new("node-1");
+        opts.device_plugin_dir = dp_dir;
+        opts.manager_socket = dir.path().join("manager.sock");
+        opts.pod_resources_socket = None;
+        opts.config_path = Some(config_path);
+        opts.config_poll = Duration::from_millis(50);
+        opts.kubelet_poll = Duration::from_millis(50);
+        opts.status_interval = Duration::from_millis(200);
+        opts.host.hook_library = dir.path().join("lib/libtessera.so");
+        opts.host.preload_file = dir.path().join("ld.so.preload");
+        tweak(&mut opts);
+        let mut node = Self {
+            dir,
+            manager,
+            kubelet,
+            opts,
+            stop: None,
+            plugin: None,
+        };
+        node.start_plugin();
+        node
+    }
+
+    pub fn start_plugin(&mut self) {
+        let (tx, rx) = oneshot::channel::<()>();
+        self.stop = Some(tx);
+        self.plugin = Some(tokio::spawn(run(self.opts.clone(), async {
+            let _ = rx.await;
+        })));
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn write_config(&self, text: &str) {
+        let path = self.opts.config_path.clone().expect("config path");
+        // Through a rename, as a ConfigMap update is: never a half-written file.
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+
+    /// Waits until the kubelet holds a device list that satisfies `pred`.
+    pub async fn wait_devices(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&[dp::Device]) -> bool,
+    ) -> Vec<dp::Device> {
+        match self.kubelet.wait_devices(WAIT, pred).await {
+            Some(d) => d,
+            None => panic!("{what}: device list is {:?}", ids(&self.kubelet.devices())),
+        }
+    }
+
+    pub async fn client(
+        &self,
+    ) -> tessera_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient<
+        tonic::transport::Channel,
+    > {
+        self.kubelet
+            .plugin("tessera.sock")
+            .await
+            .expect("dial plugin")
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(p) = self.plugin.take() {
+            let res = tokio::time::timeout(WAIT, p).await.expect("plugin stops");
+            res.expect("join").expect("plugin ran cleanly");
+        }
+    }
+}
+
+pub fn ids(devices: &[dp::Device]) -> Vec<String> {
+    devices.iter().map(|d| d.id.clone()).collect()
+}
+
+pub fn healthy(devices: &[dp::Device]) -> usize {
+    devices.iter().filter(|d| d.health == dp::HEALTHY).count()
+}
+
+pub fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+pub fn exists(p: &str) -> bool {
+    Path::new(p).exists()
+}
