@@ -193,3 +193,66 @@ impl CaStore for KubeCaStore {
         Err(CertError::Api(format!("{what}: kept conflicting")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, WebhookClientConfig};
+
+    use super::*;
+    use crate::certs::Authority;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn secret_round_trip_keeps_both_cas_and_the_version() {
+        let now = OffsetDateTime::now_utc();
+        let a = Authority::generate(DAY, now).expect("a");
+        let b = Authority::generate(DAY, now).expect("b");
+        let ca = StoredCa {
+            current: a.material().clone(),
+            previous: Some(b.material().clone()),
+            version: Some("42".into()),
+        };
+        let secret = secret_from_ca("tessera-webhook-ca", &ca);
+        assert_eq!(ca_from_secret(&secret).expect("parse"), ca);
+    }
+
+    #[test]
+    fn secret_without_the_ca_is_an_error_that_says_what_to_do() {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some("tessera-webhook-ca".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = ca_from_secret(&secret).unwrap_err().to_string();
+        assert!(e.contains("lacks ca.crt or ca.key; delete it"), "{e}");
+    }
+
+    #[test]
+    fn bundle_goes_into_every_webhook_and_only_changes_when_needed() {
+        let now = OffsetDateTime::now_utc();
+        let a = Authority::generate(DAY, now).expect("a");
+        let hook = |name: &str| MutatingWebhook {
+            name: name.into(),
+            client_config: WebhookClientConfig::default(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            ..Default::default()
+        };
+        let mut config = MutatingWebhookConfiguration {
+            webhooks: Some(vec![hook("one"), hook("two")]),
+            ..Default::default()
+        };
+        let cas = vec![a.material().cert_pem.clone()];
+        assert!(apply_bundle(&mut config, &cas, now));
+        for h in config.webhooks.as_ref().expect("hooks") {
+            let b = h.client_config.ca_bundle.as_ref().expect("bundle");
+            assert_eq!(String::from_utf8_lossy(&b.0), a.material().cert_pem);
+        }
+        assert!(!apply_bundle(&mut config, &cas, now), "second apply is a no-op");
+    }
+}
