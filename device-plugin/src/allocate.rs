@@ -250,7 +250,7 @@ impl Default for HostPaths {
     fn default() -> Self {
         Self {
             hook_library: PathBuf::from("/var/lib/tessera/lib/libtessera.so"),
-            preload_file: PathBuf::from("/var/lib/tessera/ld.so.preload"),
+            preload_file: PathBuf::from("/run/tessera/ld.so.preload"),
         }
     }
 }

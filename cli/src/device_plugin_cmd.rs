@@ -1,0 +1,242 @@
+//! `tessera device-plugin`: the kubelet device plugin; everything it does is
+//! in `tessera_device_plugin`. This file only turns flags into `Options`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use tessera_device_plugin::{Options, run};
+
+/// Whether to use the Kubernetes API (node labels).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeMode {
+    /// When running in a pod (KUBERNETES_SERVICE_HOST is set).
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DevicePluginArgs {
+    /// This node's name [default: the kernel's hostname].
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Slice config file (a ConfigMap in a cluster); reloaded when it changes
+    /// [default: built-in defaults, 4 slices per GPU].
+    #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The manager's socket.
+    #[arg(
+        long,
+        env = "TESSERA_SOCKET",
+        value_name = "PATH",
+        default_value = "/run/tessera/manager.sock"
+    )]
+    pub manager_socket: PathBuf,
+    /// The kubelet's root dir.
+    #[arg(
+        long,
+        env = "TESSERA_KUBELET_DIR",
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet"
+    )]
+    pub kubelet_dir: PathBuf,
+    /// Where kubelet.sock is and the plugin's socket goes [default:
+    /// <kubelet-dir>/device-plugins].
+    #[arg(long, env = "TESSERA_DEVICE_PLUGIN_DIR", value_name = "DIR")]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// The kubelet's PodResources socket [default:
+    /// <kubelet-dir>/pod-resources/kubelet.sock].
+    #[arg(long, env = "TESSERA_POD_RESOURCES_SOCKET", value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
+    /// Do not track pods (no owners recorded, no orphaned allocations deleted).
+    #[arg(long)]
+    pub no_pod_resources: bool,
+    /// The hook library on the host (mounted into containers).
+    #[arg(
+        long,
+        env = "TESSERA_HOOK_LIBRARY",
+        value_name = "PATH",
+        default_value = "/var/lib/tessera/lib/libtessera.so"
+    )]
+    pub hook_library: PathBuf,
+    /// The host file mounted as /etc/ld.so.preload when the config sets ldSoPreload.
+    #[arg(
+        long,
+        env = "TESSERA_PRELOAD_FILE",
+        value_name = "PATH",
+        default_value = "/run/tessera/ld.so.preload"
+    )]
+    pub preload_file: PathBuf,
+    /// Read node labels and publish GPU labels through the Kubernetes API.
+    #[arg(long, env = "TESSERA_KUBE", value_enum, default_value = "auto")]
+    pub kube: KubeMode,
+    /// A node label to assume when the Kubernetes API is off (repeatable).
+    #[arg(long = "node-label", value_name = "KEY=VALUE")]
+    pub node_labels: Vec<String>,
+    /// How often the config file is checked for changes.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub config_poll: Duration,
+    /// How often PodResources is read.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub pod_resources_interval: Duration,
+    /// An allocation whose pod is gone for this long is deleted.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub orphan_grace: Duration,
+    /// Without the manager for this long, every slice turns Unhealthy.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub manager_grace: Duration,
+}
+
+/// `500ms`, `2s`, `5m`, `1h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}: use e.g. 500ms, 2s, 5m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        _ => Err(format!("bad duration {s:?}: use e.g. 500ms, 2s, 5m")),
+    }
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("no --node-name and cannot read the hostname")?;
+    Ok(h.trim().to_owned())
+}
+
+impl DevicePluginArgs {
+    pub fn options(&self) -> anyhow::Result<Options> {
+        let node = match &self.node_name {
+            Some(n) => n.clone(),
+            None => hostname()?,
+        };
+        let mut labels = BTreeMap::new();
+        for l in &self.node_labels {
+            let (k, v) = l
+                .split_once('=')
+                .with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
+            labels.insert(k.to_owned(), v.to_owned());
+        }
+        let mut o = Options::new(node);
+        o.config_path = self.config.clone();
+        o.manager_socket = self.manager_socket.clone();
+        o.device_plugin_dir = self
+            .device_plugin_dir
+            .clone()
+            .unwrap_or_else(|| self.kubelet_dir.join("device-plugins"));
+        o.pod_resources_socket = if self.no_pod_resources {
+            None
+        } else {
+            Some(
+                self.pod_resources_socket
+                    .clone()
+                    .unwrap_or_else(|| self.kubelet_dir.join("pod-resources/kubelet.sock")),
+            )
+        };
+        o.host.hook_library = self.hook_library.clone();
+        o.host.preload_file = self.preload_file.clone();
+        o.use_kube = match self.kube {
+            KubeMode::On => true,
+            KubeMode::Off => false,
+            KubeMode::Auto => std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        };
+        o.static_labels = labels;
+        o.config_poll = self.config_poll;
+        o.pod_resources_interval = self.pod_resources_interval;
+        o.orphan_grace = self.orphan_grace;
+        o.manager_grace = self.manager_grace;
+        Ok(o)
+    }
+}
+
+pub fn main(args: DevicePluginArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let opts = args.options()?;
+    tracing::info!(node = %opts.node_name, dir = %opts.device_plugin_dir.display(), "starting the device plugin");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(opts, terminated()))?;
+    Ok(())
+}
+
+/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DevicePluginArgs,
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+    }
+
+    #[test]
+    fn paths_derive_from_the_kubelet_dir() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--node-name",
+            "n1",
+            "--kubelet-dir",
+            "/k",
+            "--node-label",
+            "pool=big",
+            "--kube",
+            "off",
+        ])
+        .expect("parse");
+        let o = cli.args.options().expect("options");
+        assert_eq!(o.node_name, "n1");
+        assert_eq!(o.device_plugin_dir, PathBuf::from("/k/device-plugins"));
+        assert_eq!(
+            o.pod_resources_socket,
+            Some(PathBuf::from("/k/pod-resources/kubelet.sock"))
+        );
+        assert_eq!(o.static_labels.get("pool").map(String::as_str), Some("big"));
+        assert!(!o.use_kube);
+        let bad = Cli::try_parse_from(["x", "--node-name", "n", "--node-label", "nokey"])
+            .expect("parse");
+        assert!(bad.args.options().is_err());
+    }
+}
