@@ -235,8 +235,8 @@ mod tests {
         );
         assert_eq!(o.static_labels.get("pool").map(String::as_str), Some("big"));
         assert!(!o.use_kube);
-        let bad = Cli::try_parse_from(["x", "--node-name", "n", "--node-label", "nokey"])
-            .expect("parse");
+        let bad =
+            Cli::try_parse_from(["x", "--node-name", "n", "--node-label", "nokey"]).expect("parse");
         assert!(bad.args.options().is_err());
     }
 }
