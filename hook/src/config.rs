@@ -54,12 +54,9 @@ impl Config {
             }
         };
         let alloc = control.map(|control| {
-            let state = nonempty(ENV_STATE).map(PathBuf::from).unwrap_or_else(|| {
-                control
-                    .parent()
-                    .unwrap_or(Path::new("."))
-                    .join("state")
-            });
+            let state = nonempty(ENV_STATE)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| control.parent().unwrap_or(Path::new(".")).join("state"));
             AllocFiles { control, state }
         });
         let raw_level = var(ENV_LOG).map(|v| v.to_string_lossy().into_owned());

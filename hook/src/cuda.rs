@@ -148,7 +148,13 @@ pub unsafe fn cuGetProcAddress_v2(
     flags: cuuint64_t,
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
-    let r = call_real!(cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status));
+    let r = call_real!(cuGetProcAddress_v2(
+        symbol,
+        pfn,
+        cuda_version,
+        flags,
+        status
+    ));
     if r == OK && !symbol.is_null() && !pfn.is_null() {
         // SAFETY: the driver succeeded: both point where the caller said.
         unsafe { *pfn = procaddr::substitute(CStr::from_ptr(symbol), *pfn, cuda_version, flags) };
@@ -226,7 +232,12 @@ pub unsafe fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
 // ---------------------------------------------------------------------------
 // Contexts.
 
-fn ctx_create(g: &Governed, pctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+fn ctx_create(
+    g: &Governed,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let index = g.index_of(dev);
     let overhead = g.files.control.context_overhead();
     if let Err(e) = g.reserve(index, overhead) {
@@ -250,7 +261,9 @@ pub unsafe fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) ->
 
 pub unsafe fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     let g = governed_or!(call_real!(cuCtxCreate_v2(pctx, flags, dev)));
-    ctx_create(g, pctx, dev, || call_real!(cuCtxCreate_v2(pctx, flags, dev)))
+    ctx_create(g, pctx, dev, || {
+        call_real!(cuCtxCreate_v2(pctx, flags, dev))
+    })
 }
 
 pub unsafe fn cuCtxCreate_v3(
@@ -260,7 +273,9 @@ pub unsafe fn cuCtxCreate_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let g = governed_or!(call_real!(cuCtxCreate_v3(pctx, params, num_params, flags, dev)));
+    let g = governed_or!(call_real!(cuCtxCreate_v3(
+        pctx, params, num_params, flags, dev
+    )));
     ctx_create(g, pctx, dev, || {
         call_real!(cuCtxCreate_v3(pctx, params, num_params, flags, dev))
     })
@@ -273,7 +288,9 @@ pub unsafe fn cuCtxCreate_v4(
     dev: CUdevice,
 ) -> CUresult {
     let g = governed_or!(call_real!(cuCtxCreate_v4(pctx, params, flags, dev)));
-    ctx_create(g, pctx, dev, || call_real!(cuCtxCreate_v4(pctx, params, flags, dev)))
+    ctx_create(g, pctx, dev, || {
+        call_real!(cuCtxCreate_v4(pctx, params, flags, dev))
+    })
 }
 
 fn ctx_destroy(g: &Governed, ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -405,7 +422,11 @@ pub unsafe fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresul
     )
 }
 
-pub unsafe fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+pub unsafe fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
     let g = governed_or!(call_real!(cuMemAllocManaged(dptr, bytesize, flags)));
     // Managed memory may migrate, but it counts against the device of the
     // context that allocated it: the limit must hold if it all lands there.
@@ -471,7 +492,9 @@ pub unsafe fn cuMemAllocPitch_v2(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    let g = governed_or!(call_real!(cuMemAllocPitch_v2(dptr, pitch, width, height, elem)));
+    let g = governed_or!(call_real!(cuMemAllocPitch_v2(
+        dptr, pitch, width, height, elem
+    )));
     alloc_pitch(
         g,
         width as u64,
@@ -490,7 +513,9 @@ pub unsafe fn cuMemAllocPitch(
     height: c_uint,
     elem: c_uint,
 ) -> CUresult {
-    let g = governed_or!(call_real!(cuMemAllocPitch(dptr, pitch, width, height, elem)));
+    let g = governed_or!(call_real!(cuMemAllocPitch(
+        dptr, pitch, width, height, elem
+    )));
     alloc_pitch(
         g,
         u64::from(width),
@@ -536,7 +561,11 @@ fn alloc_async(
     admit(g, index, 0, bytes, call, key)
 }
 
-pub unsafe fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+pub unsafe fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
     let g = governed_or!(call_real!(cuMemAllocAsync(dptr, bytesize, stream)));
     alloc_async(
         g,
@@ -580,7 +609,9 @@ pub unsafe fn cuMemAllocFromPoolAsync(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    let g = governed_or!(call_real!(cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream)));
+    let g = governed_or!(call_real!(cuMemAllocFromPoolAsync(
+        dptr, bytesize, pool, stream
+    )));
     let Ok(dev) = pool_device(g, pool) else {
         return call_real!(cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream));
     };
@@ -600,7 +631,9 @@ pub unsafe fn cuMemAllocFromPoolAsync_ptsz(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    let g = governed_or!(call_real!(cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream)));
+    let g = governed_or!(call_real!(cuMemAllocFromPoolAsync_ptsz(
+        dptr, bytesize, pool, stream
+    )));
     let Ok(dev) = pool_device(g, pool) else {
         return call_real!(cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream));
     };
@@ -616,12 +649,16 @@ pub unsafe fn cuMemAllocFromPoolAsync_ptsz(
 
 pub unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuMemFreeAsync(dptr, stream)));
-    free(g, Key::Ptr(dptr), || call_real!(cuMemFreeAsync(dptr, stream)))
+    free(g, Key::Ptr(dptr), || {
+        call_real!(cuMemFreeAsync(dptr, stream))
+    })
 }
 
 pub unsafe fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuMemFreeAsync_ptsz(dptr, stream)));
-    free(g, Key::Ptr(dptr), || call_real!(cuMemFreeAsync_ptsz(dptr, stream)))
+    free(g, Key::Ptr(dptr), || {
+        call_real!(cuMemFreeAsync_ptsz(dptr, stream))
+    })
 }
 
 pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
@@ -650,7 +687,9 @@ pub unsafe fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) 
     let r = call_real!(cuDeviceGetDefaultMemPool(pool, dev));
     if r == OK {
         // SAFETY: the driver succeeded and wrote it.
-        g.pools.lock().insert(unsafe { out(pool) } as usize, Some(dev));
+        g.pools
+            .lock()
+            .insert(unsafe { out(pool) } as usize, Some(dev));
     }
     r
 }
@@ -660,7 +699,9 @@ pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUre
     let r = call_real!(cuDeviceGetMemPool(pool, dev));
     if r == OK {
         // SAFETY: the driver succeeded and wrote it.
-        g.pools.lock().insert(unsafe { out(pool) } as usize, Some(dev));
+        g.pools
+            .lock()
+            .insert(unsafe { out(pool) } as usize, Some(dev));
     }
     r
 }
@@ -709,7 +750,10 @@ fn unbacked(flags: c_uint) -> bool {
     flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0
 }
 
-pub unsafe fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+pub unsafe fn cuArrayCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
     let g = governed_or!(call_real!(cuArrayCreate_v2(handle, desc)));
     if desc.is_null() {
         return call_real!(cuArrayCreate_v2(handle, desc));
@@ -726,7 +770,10 @@ pub unsafe fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DES
     )
 }
 
-pub unsafe fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult {
+pub unsafe fn cuArrayCreate(
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
+) -> CUresult {
     let g = governed_or!(call_real!(cuArrayCreate(handle, desc)));
     if desc.is_null() {
         return call_real!(cuArrayCreate(handle, desc));
@@ -743,7 +790,10 @@ pub unsafe fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRI
     )
 }
 
-pub unsafe fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+pub unsafe fn cuArray3DCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
     let g = governed_or!(call_real!(cuArray3DCreate_v2(handle, desc)));
     if desc.is_null() {
         return call_real!(cuArray3DCreate_v2(handle, desc));
@@ -770,7 +820,10 @@ pub unsafe fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D
     )
 }
 
-pub unsafe fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult {
+pub unsafe fn cuArray3DCreate(
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
+) -> CUresult {
     let g = governed_or!(call_real!(cuArray3DCreate(handle, desc)));
     if desc.is_null() {
         return call_real!(cuArray3DCreate(handle, desc));
@@ -799,7 +852,9 @@ pub unsafe fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DE
 
 pub unsafe fn cuArrayDestroy(handle: CUarray) -> CUresult {
     let g = governed_or!(call_real!(cuArrayDestroy(handle)));
-    free(g, Key::Array(handle as usize), || call_real!(cuArrayDestroy(handle)))
+    free(g, Key::Array(handle as usize), || {
+        call_real!(cuArrayDestroy(handle))
+    })
 }
 
 pub unsafe fn cuMipmappedArrayCreate(
@@ -872,7 +927,9 @@ pub unsafe fn cuLaunchKernel(
     if let Err(e) = submit(stream) {
         return e;
     }
-    call_real!(cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra))
+    call_real!(cuLaunchKernel(
+        f, gx, gy, gz, bx, by, bz, shared, stream, params, extra
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -892,7 +949,9 @@ pub unsafe fn cuLaunchKernel_ptsz(
     if let Err(e) = submit(stream) {
         return e;
     }
-    call_real!(cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra))
+    call_real!(cuLaunchKernel_ptsz(
+        f, gx, gy, gz, bx, by, bz, shared, stream, params, extra
+    ))
 }
 
 /// The stream of a `cuLaunchKernelEx` configuration.
@@ -951,7 +1010,9 @@ pub unsafe fn cuLaunchCooperativeKernel(
     if let Err(e) = submit(stream) {
         return e;
     }
-    call_real!(cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params))
+    call_real!(cuLaunchCooperativeKernel(
+        f, gx, gy, gz, bx, by, bz, shared, stream, params
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -970,7 +1031,9 @@ pub unsafe fn cuLaunchCooperativeKernel_ptsz(
     if let Err(e) = submit(stream) {
         return e;
     }
-    call_real!(cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params))
+    call_real!(cuLaunchCooperativeKernel_ptsz(
+        f, gx, gy, gz, bx, by, bz, shared, stream, params
+    ))
 }
 
 pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
@@ -989,7 +1052,11 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
     } else if let Err(e) = submit(std::ptr::null_mut()) {
         return e;
     }
-    call_real!(cuLaunchCooperativeKernelMultiDevice(list, num_devices, flags))
+    call_real!(cuLaunchCooperativeKernelMultiDevice(
+        list,
+        num_devices,
+        flags
+    ))
 }
 
 pub unsafe fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
@@ -1020,7 +1087,12 @@ pub unsafe fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresu
     call_real!(cuLaunchGrid(f, width, height))
 }
 
-pub unsafe fn cuLaunchGridAsync(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CUresult {
+pub unsafe fn cuLaunchGridAsync(
+    f: CUfunction,
+    width: c_int,
+    height: c_int,
+    stream: CUstream,
+) -> CUresult {
     if let Err(e) = submit(stream) {
         return e;
     }
@@ -1077,7 +1149,19 @@ mod tests {
         use std::ptr::null_mut as null;
         // SAFETY: the fake reads nothing through its pointers.
         let r = unsafe {
-            exports::cuLaunchKernel_ptsz(null(), 5, 1, 1, 1, 1, 1, 0, 0x100 as CUstream, null(), null())
+            exports::cuLaunchKernel_ptsz(
+                null(),
+                5,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                0x100 as CUstream,
+                null(),
+                null(),
+            )
         };
         assert_eq!(r, OK);
         assert_eq!(LAUNCHES.load(Ordering::SeqCst), 0x105);

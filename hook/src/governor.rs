@@ -49,6 +49,8 @@ pub fn config() -> &'static Config {
         }
         if c.alloc.is_none() {
             STATUS.store(PASS, Ordering::Release);
+        } else {
+            install_process_hooks();
         }
         c
     })
@@ -106,7 +108,17 @@ fn report(reason: &str) {
 /// they are missing or bad (the process fails closed).
 pub fn files() -> Option<Result<&'static Files, ()>> {
     let alloc = config().alloc.as_ref()?;
-    match FILES.get_or_init(|| Files::open(alloc).map_err(|e| e.to_string())) {
+    let files = match FILES.get() {
+        Some(f) => f,
+        None => {
+            // Initialised under ESTABLISH, which fork_prepare holds: a child
+            // never inherits a half-finished initialisation it would wait
+            // on forever.
+            let _once = ESTABLISH.lock();
+            FILES.get_or_init(|| Files::open(alloc).map_err(|e| e.to_string()))
+        }
+    };
+    match files {
         Ok(f) => Some(Ok(f)),
         Err(reason) => {
             STATUS.store(REFUSED, Ordering::Release);
@@ -230,7 +242,6 @@ fn establish(files: &'static Files) -> Result<&'static Governed, CUresult> {
     }
     let g = GOVERNED.get_or_init(|| Governed::new(files, devices));
     STATUS.store(GOVERNED_OK, Ordering::Release);
-    install_process_hooks();
     g.ensure_member()
 }
 
@@ -367,7 +378,10 @@ impl Governed {
                     Ok(()) => Ok(()),
                     Err(e) => {
                         // One refused allocation counts once, not per try.
-                        state.device(dev).oom_refused.fetch_sub(1, Ordering::Relaxed);
+                        state
+                            .device(dev)
+                            .oom_refused
+                            .fetch_sub(1, Ordering::Relaxed);
                         crate::log!(Level::Info, "device {dev}: refused: {e}");
                         Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
                     }
@@ -497,6 +511,7 @@ extern "C" fn at_exit() {
 
 extern "C" fn fork_prepare() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        std::mem::forget(ESTABLISH.lock());
         let Some(g) = GOVERNED.get() else { return };
         std::mem::forget(g.join_lock.lock());
         std::mem::forget(g.contexts.lock());
@@ -534,9 +549,13 @@ unsafe fn unlock_all(g: &Governed) {
 
 extern "C" fn fork_parent() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some(g) = GOVERNED.get() {
-            // SAFETY: fork_prepare ran in this process just before.
-            unsafe { unlock_all(g) };
+        // SAFETY: fork_prepare ran in this process just before and took
+        // ESTABLISH, and every lock of the governor if there is one.
+        unsafe {
+            if let Some(g) = GOVERNED.get() {
+                unlock_all(g);
+            }
+            ESTABLISH.force_unlock(Default::default());
         }
     }));
 }
@@ -546,7 +565,12 @@ extern "C" fn fork_parent() {
 /// of its own, at its next governed call.
 extern "C" fn fork_child() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        let Some(g) = GOVERNED.get() else { return };
+        let Some(g) = GOVERNED.get() else {
+            // SAFETY: fork_prepare took ESTABLISH in the parent; this thread
+            // is its continuation in the child.
+            unsafe { ESTABLISH.force_unlock(Default::default()) };
+            return;
+        };
         g.member.store(0, Ordering::Release);
         // SAFETY: this thread holds every lock (taken in fork_prepare and
         // inherited); the child has no other thread to race with.
@@ -557,6 +581,7 @@ extern "C" fn fork_child() {
             *g.contexts.data_ptr() = Contexts::default();
             (*g.pools.data_ptr()).clear();
             unlock_all(g);
+            ESTABLISH.force_unlock(Default::default());
         }
     }));
 }
@@ -616,7 +641,10 @@ pub(crate) mod tests {
         assert_eq!(g.files.state.reserved(0), 1000);
         g.release(Some(0), 400);
         assert_eq!(g.files.state.reserved(0), 600);
-        assert_eq!(g.reserve(Some(1), 11), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(
+            g.reserve(Some(1), 11),
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
         assert_eq!(g.files.state.oom_refused(1), 1);
         // A device outside the allocation has no quota, but zero bytes
         // cost nothing anywhere.

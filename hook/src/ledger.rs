@@ -148,7 +148,11 @@ mod tests {
         assert_eq!(l.insert(Key::Vmm(0x1000), r(1, 20)), None);
         assert_eq!(l.held(0), (10, 1));
         assert_eq!(l.remove(Key::Ptr(0x1000)), Some(r(0, 10)));
-        assert_eq!(l.remove(Key::Ptr(0x1000)), None, "a double free finds nothing");
+        assert_eq!(
+            l.remove(Key::Ptr(0x1000)),
+            None,
+            "a double free finds nothing"
+        );
         assert_eq!(l.remove(Key::Vmm(0x1000)), Some(r(1, 20)));
         assert_eq!(l.insert(Key::Array(5), r(0, 1)), None);
         assert_eq!(l.insert(Key::Array(5), r(0, 2)), Some(r(0, 1)));

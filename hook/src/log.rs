@@ -70,7 +70,12 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
         *file = OpenOptions::new().create(true).append(true).open(path).ok();
     }
     if let Some(f) = file.as_mut() {
-        let line = format!("tessera[{}] {}: {}\n", std::process::id(), level.name(), args);
+        let line = format!(
+            "tessera[{}] {}: {}\n",
+            std::process::id(),
+            level.name(),
+            args
+        );
         let _ = f.write_all(line.as_bytes());
     }
 }

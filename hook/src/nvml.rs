@@ -42,7 +42,11 @@ pub unsafe fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t {
 /// The allocation's index of an NVML device, by its UUID.
 fn index_of(files: &Files, device: nvmlDevice_t) -> Option<usize> {
     let mut buf = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-    let r = call_real!(nvmlDeviceGetUUID(device, buf.as_mut_ptr(), buf.len() as c_uint));
+    let r = call_real!(nvmlDeviceGetUUID(
+        device,
+        buf.as_mut_ptr(),
+        buf.len() as c_uint
+    ));
     if r != OK {
         return None;
     }
@@ -69,7 +73,10 @@ fn files_or(call: impl FnOnce() -> nvmlReturn_t) -> Result<&'static Files, nvmlR
     }
 }
 
-pub unsafe fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub unsafe fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
     let files = match files_or(|| call_real!(nvmlDeviceGetMemoryInfo(device, memory))) {
         Ok(f) => f,
         Err(r) => return r,

@@ -87,8 +87,14 @@ mod tests {
 
     #[test]
     fn variants_follow_version_and_flavour() {
-        assert_eq!(variant_for("cuMemAlloc", 12080, false), Some(Sym::cuMemAlloc_v2));
-        assert_eq!(variant_for("cuMemAlloc", 3010, false), Some(Sym::cuMemAlloc));
+        assert_eq!(
+            variant_for("cuMemAlloc", 12080, false),
+            Some(Sym::cuMemAlloc_v2)
+        );
+        assert_eq!(
+            variant_for("cuMemAlloc", 3010, false),
+            Some(Sym::cuMemAlloc)
+        );
         assert_eq!(variant_for("cuMemAlloc", 1000, false), None);
         assert_eq!(
             variant_for("cuLaunchKernel", 12000, true),
@@ -104,15 +110,28 @@ mod tests {
             Some(Sym::cuLaunchKernel)
         );
         // No per-thread flavour: the default one.
-        assert_eq!(variant_for("cuMemAlloc", 12000, true), Some(Sym::cuMemAlloc_v2));
-        assert_eq!(variant_for("cuCtxCreate", 11040, false), Some(Sym::cuCtxCreate_v3));
-        assert_eq!(variant_for("cuCtxCreate", 12080, false), Some(Sym::cuCtxCreate_v4));
+        assert_eq!(
+            variant_for("cuMemAlloc", 12000, true),
+            Some(Sym::cuMemAlloc_v2)
+        );
+        assert_eq!(
+            variant_for("cuCtxCreate", 11040, false),
+            Some(Sym::cuCtxCreate_v3)
+        );
+        assert_eq!(
+            variant_for("cuCtxCreate", 12080, false),
+            Some(Sym::cuCtxCreate_v4)
+        );
         assert_eq!(
             variant_for("cuGetProcAddress", 12000, false),
             Some(Sym::cuGetProcAddress_v2)
         );
         assert_eq!(variant_for("cuMemcpy", 12000, false), None, "not governed");
-        assert_eq!(variant_for("cuDeviceGetUuid", 12000, false), None, "only used");
+        assert_eq!(
+            variant_for("cuDeviceGetUuid", 12000, false),
+            None,
+            "only used"
+        );
     }
 
     #[test]
@@ -125,8 +144,14 @@ mod tests {
     #[test]
     fn a_shared_entry_point_goes_to_the_named_flavour() {
         let at = [Sym::cuLaunchKernel, Sym::cuLaunchKernel_ptsz];
-        assert_eq!(choose(&at, "cuLaunchKernel", true), Some(Sym::cuLaunchKernel_ptsz));
-        assert_eq!(choose(&at, "cuLaunchKernel", false), Some(Sym::cuLaunchKernel));
+        assert_eq!(
+            choose(&at, "cuLaunchKernel", true),
+            Some(Sym::cuLaunchKernel_ptsz)
+        );
+        assert_eq!(
+            choose(&at, "cuLaunchKernel", false),
+            Some(Sym::cuLaunchKernel)
+        );
         assert_eq!(choose(&at, "other", false), Some(Sym::cuLaunchKernel));
         assert_eq!(choose(&[], "cuLaunchKernel", false), None);
     }

@@ -51,18 +51,17 @@ fn element(format: CUarray_format) -> Element {
         F::CU_AD_FORMAT_P010 | F::CU_AD_FORMAT_P016 => PerPixel(3, 1),
         // 4:2:2: luma plus two half chroma planes.
         F::CU_AD_FORMAT_NV16 | F::CU_AD_FORMAT_YUY2 => PerPixel(2, 1),
-        F::CU_AD_FORMAT_P210 | F::CU_AD_FORMAT_P216 | F::CU_AD_FORMAT_Y210 | F::CU_AD_FORMAT_Y216 => {
-            PerPixel(4, 1)
-        }
+        F::CU_AD_FORMAT_P210
+        | F::CU_AD_FORMAT_P216
+        | F::CU_AD_FORMAT_Y210
+        | F::CU_AD_FORMAT_Y216 => PerPixel(4, 1),
         // 4:4:4.
         F::CU_AD_FORMAT_AYUV | F::CU_AD_FORMAT_Y410 | F::CU_AD_FORMAT_UNORM_INT_101010_2 => {
             PerPixel(4, 1)
         }
         F::CU_AD_FORMAT_Y416 => PerPixel(8, 1),
         F::CU_AD_FORMAT_Y444_PLANAR8 | F::CU_AD_FORMAT_YUV444_8bit_SemiPlanar => PerPixel(3, 1),
-        F::CU_AD_FORMAT_Y444_PLANAR10 | F::CU_AD_FORMAT_YUV444_16bit_SemiPlanar => {
-            PerPixel(6, 1)
-        }
+        F::CU_AD_FORMAT_Y444_PLANAR10 | F::CU_AD_FORMAT_YUV444_16bit_SemiPlanar => PerPixel(6, 1),
         // Block compressed, 4×4 texels per block: 8 bytes a block for BC1
         // and BC4, 16 for the others.
         F::CU_AD_FORMAT_BC1_UNORM
@@ -134,11 +133,7 @@ pub fn mipmapped_bytes(
 ) -> u64 {
     let layered = flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP) != 0;
     let shrink = |d: u64, l: u32| {
-        if d == 0 {
-            0
-        } else {
-            (d >> l.min(63)).max(1)
-        }
+        if d == 0 { 0 } else { (d >> l.min(63)).max(1) }
     };
     let mut total: u64 = 0;
     for l in 0..levels.max(1) {
@@ -178,19 +173,28 @@ mod tests {
 
     #[test]
     fn plain_arrays_are_width_height_element_channels() {
-        assert_eq!(array_bytes(1024, 768, F::CU_AD_FORMAT_FLOAT, 4), 1024 * 768 * 16);
+        assert_eq!(
+            array_bytes(1024, 768, F::CU_AD_FORMAT_FLOAT, 4),
+            1024 * 768 * 16
+        );
         assert_eq!(array_bytes(1000, 0, F::CU_AD_FORMAT_UNSIGNED_INT8, 1), 1000);
         assert_eq!(array_bytes(10, 10, F::CU_AD_FORMAT_HALF, 2), 400);
         assert_eq!(
             array3d_bytes(64, 64, 64, F::CU_AD_FORMAT_SIGNED_INT16, 1),
             64 * 64 * 64 * 2
         );
-        assert_eq!(array3d_bytes(64, 64, 0, F::CU_AD_FORMAT_FLOAT, 1), 64 * 64 * 4);
+        assert_eq!(
+            array3d_bytes(64, 64, 0, F::CU_AD_FORMAT_FLOAT, 1),
+            64 * 64 * 4
+        );
     }
 
     #[test]
     fn packed_formats_are_per_pixel() {
-        assert_eq!(array_bytes(1920, 1080, F::CU_AD_FORMAT_NV12, 3), 1920 * 1080 * 3 / 2);
+        assert_eq!(
+            array_bytes(1920, 1080, F::CU_AD_FORMAT_NV12, 3),
+            1920 * 1080 * 3 / 2
+        );
         assert_eq!(array_bytes(16, 16, F::CU_AD_FORMAT_BC1_UNORM, 4), 128);
         assert_eq!(array_bytes(16, 16, F::CU_AD_FORMAT_BC7_UNORM, 4), 256);
     }
@@ -206,7 +210,10 @@ mod tests {
             array3d_bytes(u64::MAX, 2, 1, F::CU_AD_FORMAT_FLOAT, 1),
             OVERFLOW
         );
-        assert_eq!(array_bytes(1 << 40, 1 << 30, F::CU_AD_FORMAT_FLOAT, 4), OVERFLOW);
+        assert_eq!(
+            array_bytes(1 << 40, 1 << 30, F::CU_AD_FORMAT_FLOAT, 4),
+            OVERFLOW
+        );
         assert_eq!(pitch_estimate(u64::MAX, 1), OVERFLOW);
     }
 
@@ -219,7 +226,15 @@ mod tests {
         );
         // A layered 2D array keeps its 6 layers at every level.
         assert_eq!(
-            mipmapped_bytes(4, 4, 6, F::CU_AD_FORMAT_UNSIGNED_INT8, 1, CUDA_ARRAY3D_LAYERED, 3),
+            mipmapped_bytes(
+                4,
+                4,
+                6,
+                F::CU_AD_FORMAT_UNSIGNED_INT8,
+                1,
+                CUDA_ARRAY3D_LAYERED,
+                3
+            ),
             (16 + 4 + 1) * 6
         );
         // 3D shrinks depth too.
