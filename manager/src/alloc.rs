@@ -466,8 +466,7 @@ impl Store {
         let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
         names.sort();
         for path in names {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned)
-            else {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
                 continue;
             };
             if name.starts_with(".new-") || name.starts_with(".deleted-") {
@@ -587,7 +586,12 @@ mod tests {
         }
         let mut twice = req(&u, GI, 1);
         twice.devices.push(twice.devices[0].clone());
-        assert!(norm(&twice).unwrap_err().to_string().contains("listed twice"));
+        assert!(
+            norm(&twice)
+                .unwrap_err()
+                .to_string()
+                .contains("listed twice")
+        );
     }
 
     #[test]
@@ -657,7 +661,11 @@ mod tests {
         let (recs, broken) = store.load_all().unwrap();
         assert_eq!(recs, vec![owned]);
         assert_eq!(broken.len(), 1);
-        assert!(broken[0].reason.contains(RECORD_FILE), "{}", broken[0].reason);
+        assert!(
+            broken[0].reason.contains(RECORD_FILE),
+            "{}",
+            broken[0].reason
+        );
         assert!(broken[0].to.exists(), "a broken directory is kept");
         assert!(!store.dir().join(".new-x-1").exists());
 

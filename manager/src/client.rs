@@ -96,7 +96,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = connect(&dir.path().join("m.sock")).await.unwrap_err();
         assert!(matches!(e, ClientError::NotRunning(_)));
-        assert!(e.to_string().contains("start it with `tessera manager`"), "{e}");
+        assert!(
+            e.to_string().contains("start it with `tessera manager`"),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -116,7 +119,10 @@ mod tests {
             &std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
         let msg = e.to_string();
-        assert!(msg.contains("permission denied on /run/tessera/manager.sock"), "{msg}");
+        assert!(
+            msg.contains("permission denied on /run/tessera/manager.sock"),
+            "{msg}"
+        );
         assert!(msg.contains("--socket-group"), "{msg}");
     }
 

@@ -67,7 +67,12 @@ pub struct ManagerArgs {
     pub default_policy: Option<String>,
     /// XIDs that are the application's fault and leave a GPU healthy,
     /// comma-separated [default: 13,31,43,45,68].
-    #[arg(long, env = "TESSERA_IGNORED_XIDS", value_name = "LIST", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "TESSERA_IGNORED_XIDS",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
     pub ignored_xids: Option<Vec<u64>>,
     /// How long a GPU stays unhealthy after a critical XID [default: 5m].
     #[arg(long, env = "TESSERA_XID_RECOVERY", value_name = "DURATION")]
@@ -210,16 +215,14 @@ impl Config {
         }
         if let Some(n) = pick(args.slices_per_gpu, file.slices_per_gpu) {
             if n == 0 || n > 1000 {
-                return Err(invalid(
-                    "slicesPerGpu",
-                    format!("{n} is not in 1..=1000"),
-                ));
+                return Err(invalid("slicesPerGpu", format!("{n} is not in 1..=1000")));
             }
             c.slices_per_gpu = n;
         }
         if let Some(p) = pick(args.default_policy.clone(), file.default_policy) {
-            c.default_policy = parse_policy(&p)
-                .ok_or_else(|| invalid("defaultPolicy", format!("{p:?}: use guaranteed or burst")))?;
+            c.default_policy = parse_policy(&p).ok_or_else(|| {
+                invalid("defaultPolicy", format!("{p:?}: use guaranteed or burst"))
+            })?;
         }
         if let Some(x) = pick(args.ignored_xids.clone(), file.ignored_xids) {
             c.ignored_xids = x.into_iter().collect();
@@ -385,7 +388,10 @@ mod tests {
         );
         assert_eq!(c.default_policy, Policy::Burst);
         assert!(!c.backstop_kill);
-        assert_eq!(c.allocations_dir(), PathBuf::from("/var/lib/tessera/allocations"));
+        assert_eq!(
+            c.allocations_dir(),
+            PathBuf::from("/var/lib/tessera/allocations")
+        );
     }
 
     #[test]
@@ -420,12 +426,16 @@ mod tests {
     fn metrics_off_and_bare_port() {
         let off = yaml("metricsAddr: 'off'");
         assert_eq!(
-            Config::resolve(&ManagerArgs::default(), off).unwrap().metrics_addr,
+            Config::resolve(&ManagerArgs::default(), off)
+                .unwrap()
+                .metrics_addr,
             None
         );
         let port = yaml("metricsAddr: '9500'");
         assert_eq!(
-            Config::resolve(&ManagerArgs::default(), port).unwrap().metrics_addr,
+            Config::resolve(&ManagerArgs::default(), port)
+                .unwrap()
+                .metrics_addr,
             Some("0.0.0.0:9500".parse().unwrap())
         );
     }
@@ -468,7 +478,10 @@ mod tests {
             ..Default::default()
         };
         let e = Config::load(&missing).unwrap_err().to_string();
-        assert!(e.contains("cannot read config file") && e.contains("nope.yaml"), "{e}");
+        assert!(
+            e.contains("cannot read config file") && e.contains("nope.yaml"),
+            "{e}"
+        );
     }
 
     #[test]

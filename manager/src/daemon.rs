@@ -294,8 +294,7 @@ impl Core {
                 }
             }
         }
-        let existing: Vec<AllocationRecord> =
-            self.live_list().iter().map(|l| l.record()).collect();
+        let existing: Vec<AllocationRecord> = self.live_list().iter().map(|l| l.record()).collect();
         alloc::check_capacity(&rec, &self.gpus, existing.iter())?;
         let spec = rec.control_spec(self.config.context_overhead_bytes);
         self.store.create(&rec, &spec)?;
@@ -342,7 +341,10 @@ impl Core {
     }
 
     /// SetAllocationOwner: records the owner; a policy may only tighten.
-    pub fn set_owner(&self, req: &pb::SetAllocationOwnerRequest) -> Result<pb::Allocation, AllocError> {
+    pub fn set_owner(
+        &self,
+        req: &pb::SetAllocationOwnerRequest,
+    ) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
         let live = self
             .allocation(&req.id)
@@ -720,7 +722,10 @@ impl Core {
                 if self.health_policy.ignored_xids.contains(xid) {
                     tracing::info!(gpu = i, uuid = %uuid, xid, "application XID; GPU stays healthy");
                 }
-                (uuid, self.health.lock()[i].on_xid(&self.health_policy, *xid, now))
+                (
+                    uuid,
+                    self.health.lock()[i].on_xid(&self.health_policy, *xid, now),
+                )
             }
             GpuEvent::Lost { uuid } => {
                 let Some(i) = self.gpus.iter().position(|g| g.uuid == *uuid) else {
@@ -886,7 +891,6 @@ impl Manager {
             AllocError::Io { path, source } => ManagerError::StateDir { path, source },
             e => ManagerError::Alloc(e),
         })?;
-        let (grpc, socket_ino) = bind_socket(&config.socket, config.socket_group.as_deref())?;
         let (metrics, metrics_addr) = match config.metrics_addr {
             Some(addr) => {
                 let l = tokio::net::TcpListener::bind(addr)
@@ -897,6 +901,7 @@ impl Manager {
             }
             None => (None, None),
         };
+        let (grpc, socket_ino) = bind_socket(&config.socket, config.socket_group.as_deref())?;
         let (changes, _) = tokio::sync::watch::channel(0u64);
         let n = gpus.len();
         let core = Arc::new(Core {
@@ -927,9 +932,9 @@ impl Manager {
         core.reload().map_err(cleanup)?;
         // A first sample before serving, so status and metrics start full.
         core.sample_once(&mut Backstop::default());
-        let threads = core.spawn_threads().map_err(|e| {
-            cleanup(ManagerError::Serve(format!("cannot start threads: {e}")))
-        })?;
+        let threads = core
+            .spawn_threads()
+            .map_err(|e| cleanup(ManagerError::Serve(format!("cannot start threads: {e}"))))?;
         Ok(Manager {
             core,
             threads,
@@ -957,7 +962,10 @@ impl Manager {
 
     /// Serves until `shutdown` completes, then stops every thread and
     /// removes the socket. Allocation files stay: containers keep running.
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ManagerError> {
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ManagerError> {
         let Manager {
             core,
             threads,
@@ -1070,7 +1078,9 @@ impl Core {
                             next = Instant::now() + core.config.sample_interval;
                         }
                         // Short naps so shutdown is prompt.
-                        std::thread::sleep(core.config.sample_interval.min(Duration::from_millis(50)));
+                        std::thread::sleep(
+                            core.config.sample_interval.min(Duration::from_millis(50)),
+                        );
                     }
                 })?,
         );

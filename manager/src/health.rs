@@ -131,12 +131,12 @@ mod tests {
         assert_eq!(h.on_answer(t0 + Duration::from_secs(9)), Change::None);
         assert!(!h.healthy());
         // Another XID restarts the hold-off.
-        assert_eq!(h.on_xid(&p, 48, t0 + Duration::from_secs(9)), Change::Reason);
-        assert_eq!(h.on_answer(t0 + Duration::from_secs(11)), Change::None);
         assert_eq!(
-            h.on_answer(t0 + Duration::from_secs(19)),
-            Change::Recovered
+            h.on_xid(&p, 48, t0 + Duration::from_secs(9)),
+            Change::Reason
         );
+        assert_eq!(h.on_answer(t0 + Duration::from_secs(11)), Change::None);
+        assert_eq!(h.on_answer(t0 + Duration::from_secs(19)), Change::Recovered);
         assert!(h.healthy());
     }
 

@@ -57,22 +57,82 @@ pub struct MetricsSnapshot {
 
 /// Every metric: name, type, help. The order is the exposition's.
 pub const METRICS: &[(&str, &str, &str)] = &[
-    ("tessera_gpu_memory_used_bytes", "gauge", "GPU memory in use, as the driver reports it."),
-    ("tessera_gpu_memory_total_bytes", "gauge", "GPU memory capacity."),
-    ("tessera_gpu_utilization_ratio", "gauge", "Fraction of time the GPU was busy (0..1)."),
-    ("tessera_gpu_temperature_celsius", "gauge", "GPU temperature."),
+    (
+        "tessera_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use, as the driver reports it.",
+    ),
+    (
+        "tessera_gpu_memory_total_bytes",
+        "gauge",
+        "GPU memory capacity.",
+    ),
+    (
+        "tessera_gpu_utilization_ratio",
+        "gauge",
+        "Fraction of time the GPU was busy (0..1).",
+    ),
+    (
+        "tessera_gpu_temperature_celsius",
+        "gauge",
+        "GPU temperature.",
+    ),
     ("tessera_gpu_power_watts", "gauge", "GPU power draw."),
-    ("tessera_gpu_slices_allocated", "gauge", "Slices of the GPU held by allocations."),
-    ("tessera_gpu_slices_total", "gauge", "Slices the GPU is cut into."),
-    ("tessera_gpu_healthy", "gauge", "1 when the GPU is healthy, 0 when not."),
-    ("tessera_ungoverned_processes", "gauge", "Processes using the GPU outside their allocation, by reason (no_shim, other_gpu, over_limit)."),
-    ("tessera_allocation_memory_limit_bytes", "gauge", "The allocation's memory limit on the GPU."),
-    ("tessera_allocation_memory_used_bytes", "gauge", "Memory the allocation's processes hold on the GPU."),
-    ("tessera_allocation_compute_share_ratio", "gauge", "The allocation's target share of the GPU's time (0..1)."),
-    ("tessera_allocation_compute_achieved_ratio", "gauge", "Share of the GPU's time the allocation held recently (0..1)."),
-    ("tessera_allocation_processes", "gauge", "Processes joined to the allocation."),
-    ("tessera_allocation_wait_seconds_total", "counter", "Time the allocation's processes spent waiting for the GPU."),
-    ("tessera_allocation_oom_refused_total", "counter", "Allocations refused because they would exceed the memory limit."),
+    (
+        "tessera_gpu_slices_allocated",
+        "gauge",
+        "Slices of the GPU held by allocations.",
+    ),
+    (
+        "tessera_gpu_slices_total",
+        "gauge",
+        "Slices the GPU is cut into.",
+    ),
+    (
+        "tessera_gpu_healthy",
+        "gauge",
+        "1 when the GPU is healthy, 0 when not.",
+    ),
+    (
+        "tessera_ungoverned_processes",
+        "gauge",
+        "Processes using the GPU outside their allocation, by reason (no_shim, other_gpu, over_limit).",
+    ),
+    (
+        "tessera_allocation_memory_limit_bytes",
+        "gauge",
+        "The allocation's memory limit on the GPU.",
+    ),
+    (
+        "tessera_allocation_memory_used_bytes",
+        "gauge",
+        "Memory the allocation's processes hold on the GPU.",
+    ),
+    (
+        "tessera_allocation_compute_share_ratio",
+        "gauge",
+        "The allocation's target share of the GPU's time (0..1).",
+    ),
+    (
+        "tessera_allocation_compute_achieved_ratio",
+        "gauge",
+        "Share of the GPU's time the allocation held recently (0..1).",
+    ),
+    (
+        "tessera_allocation_processes",
+        "gauge",
+        "Processes joined to the allocation.",
+    ),
+    (
+        "tessera_allocation_wait_seconds_total",
+        "counter",
+        "Time the allocation's processes spent waiting for the GPU.",
+    ),
+    (
+        "tessera_allocation_oom_refused_total",
+        "counter",
+        "Allocations refused because they would exceed the memory limit.",
+    ),
 ];
 
 /// Escapes a label value: backslash, double quote and newline.
@@ -102,7 +162,11 @@ fn value(v: f64) -> String {
     if v.is_nan() {
         "NaN".into()
     } else if v.is_infinite() {
-        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{}", v as i64)
     } else {
@@ -125,13 +189,37 @@ pub fn render(s: &MetricsSnapshot) -> String {
             ("Hostname", s.hostname.as_str()),
         ];
         let l = labels(&base);
-        add("tessera_gpu_memory_used_bytes", l.clone(), g.memory_used_bytes as f64);
-        add("tessera_gpu_memory_total_bytes", l.clone(), g.memory_total_bytes as f64);
-        add("tessera_gpu_utilization_ratio", l.clone(), g.utilization_ratio);
-        add("tessera_gpu_temperature_celsius", l.clone(), f64::from(g.temperature_celsius));
+        add(
+            "tessera_gpu_memory_used_bytes",
+            l.clone(),
+            g.memory_used_bytes as f64,
+        );
+        add(
+            "tessera_gpu_memory_total_bytes",
+            l.clone(),
+            g.memory_total_bytes as f64,
+        );
+        add(
+            "tessera_gpu_utilization_ratio",
+            l.clone(),
+            g.utilization_ratio,
+        );
+        add(
+            "tessera_gpu_temperature_celsius",
+            l.clone(),
+            f64::from(g.temperature_celsius),
+        );
         add("tessera_gpu_power_watts", l.clone(), g.power_watts);
-        add("tessera_gpu_slices_allocated", l.clone(), f64::from(g.slices_allocated));
-        add("tessera_gpu_slices_total", l.clone(), f64::from(g.slices_total));
+        add(
+            "tessera_gpu_slices_allocated",
+            l.clone(),
+            f64::from(g.slices_allocated),
+        );
+        add(
+            "tessera_gpu_slices_total",
+            l.clone(),
+            f64::from(g.slices_total),
+        );
         add("tessera_gpu_healthy", l, if g.healthy { 1.0 } else { 0.0 });
         for (reason, n) in &g.ungoverned {
             let mut with = base.to_vec();
@@ -151,15 +239,39 @@ pub fn render(s: &MetricsSnapshot) -> String {
             ("pod", a.pod.as_str()),
             ("container", a.container.as_str()),
         ]);
-        add("tessera_allocation_memory_limit_bytes", l.clone(), a.memory_limit_bytes as f64);
-        add("tessera_allocation_memory_used_bytes", l.clone(), a.memory_used_bytes as f64);
-        add("tessera_allocation_compute_share_ratio", l.clone(), a.compute_share_ratio);
+        add(
+            "tessera_allocation_memory_limit_bytes",
+            l.clone(),
+            a.memory_limit_bytes as f64,
+        );
+        add(
+            "tessera_allocation_memory_used_bytes",
+            l.clone(),
+            a.memory_used_bytes as f64,
+        );
+        add(
+            "tessera_allocation_compute_share_ratio",
+            l.clone(),
+            a.compute_share_ratio,
+        );
         if let Some(r) = a.compute_achieved_ratio {
             add("tessera_allocation_compute_achieved_ratio", l.clone(), r);
         }
-        add("tessera_allocation_processes", l.clone(), a.processes as f64);
-        add("tessera_allocation_wait_seconds_total", l.clone(), a.wait_seconds_total);
-        add("tessera_allocation_oom_refused_total", l, a.oom_refused_total as f64);
+        add(
+            "tessera_allocation_processes",
+            l.clone(),
+            a.processes as f64,
+        );
+        add(
+            "tessera_allocation_wait_seconds_total",
+            l.clone(),
+            a.wait_seconds_total,
+        );
+        add(
+            "tessera_allocation_oom_refused_total",
+            l,
+            a.oom_refused_total as f64,
+        );
     }
     let mut out = String::new();
     for (name, kind, help) in METRICS {
@@ -179,7 +291,11 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The response to one request head.
 fn respond(head: &str, body: &dyn Fn() -> String) -> (String, String) {
-    let mut parts = head.lines().next().unwrap_or_default().split_ascii_whitespace();
+    let mut parts = head
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_ascii_whitespace();
     let method = parts.next().unwrap_or_default();
     let target = parts.next().unwrap_or_default();
     let path = target.split('?').next().unwrap_or_default();
@@ -190,7 +306,11 @@ fn respond(head: &str, body: &dyn Fn() -> String) -> (String, String) {
             "text/plain; charset=utf-8",
             "Tessera manager: metrics at /metrics\n".to_owned(),
         ),
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found\n".into()),
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "not found\n".into(),
+        ),
         _ => (
             "405 Method Not Allowed",
             "text/plain; charset=utf-8",
@@ -201,7 +321,11 @@ fn respond(head: &str, body: &dyn Fn() -> String) -> (String, String) {
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         text.len()
     );
-    let body = if method == "HEAD" { String::new() } else { text };
+    let body = if method == "HEAD" {
+        String::new()
+    } else {
+        text
+    };
     (header, body)
 }
 
@@ -306,7 +430,9 @@ mod tests {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
         }
         let gpu = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1"}"#;
-        assert!(text.contains(&format!("tessera_gpu_memory_total_bytes{gpu} 17179869184\n")));
+        assert!(text.contains(&format!(
+            "tessera_gpu_memory_total_bytes{gpu} 17179869184\n"
+        )));
         assert!(text.contains(&format!("tessera_gpu_utilization_ratio{gpu} 0.25\n")));
         assert!(text.contains(&format!("tessera_gpu_power_watts{gpu} 123.5\n")));
         assert!(text.contains(&format!("tessera_gpu_healthy{gpu} 1\n")));
@@ -314,9 +440,13 @@ mod tests {
             r#"tessera_ungoverned_processes{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",reason="no_shim"} 1"#
         ));
         let alloc = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c"}"#;
-        assert!(text.contains(&format!("tessera_allocation_compute_share_ratio{alloc} 0.3\n")));
+        assert!(text.contains(&format!(
+            "tessera_allocation_compute_share_ratio{alloc} 0.3\n"
+        )));
         assert!(text.contains(&format!("tessera_allocation_oom_refused_total{alloc} 7\n")));
-        assert!(text.contains(&format!("tessera_allocation_wait_seconds_total{alloc} 1.5\n")));
+        assert!(text.contains(&format!(
+            "tessera_allocation_wait_seconds_total{alloc} 1.5\n"
+        )));
         // No arbiter: no achieved series, but the family is declared.
         assert!(!text.contains("tessera_allocation_compute_achieved_ratio{"));
     }
@@ -335,8 +465,16 @@ mod tests {
         assert_eq!(b, "x 1\n");
         let (h, b) = respond("HEAD /metrics HTTP/1.1\r\n\r\n", &body);
         assert!(h.contains("Content-Length: 4") && b.is_empty());
-        assert!(respond("GET /nope HTTP/1.1\r\n\r\n", &body).0.contains("404"));
-        assert!(respond("POST /metrics HTTP/1.1\r\n\r\n", &body).0.contains("405"));
+        assert!(
+            respond("GET /nope HTTP/1.1\r\n\r\n", &body)
+                .0
+                .contains("404")
+        );
+        assert!(
+            respond("POST /metrics HTTP/1.1\r\n\r\n", &body)
+                .0
+                .contains("405")
+        );
     }
 
     #[tokio::test]
@@ -346,7 +484,9 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(false);
         let server = tokio::spawn(serve(l, || "up 1\n".to_owned(), rx));
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");

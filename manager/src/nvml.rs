@@ -208,10 +208,7 @@ impl GpuBackend for NvmlGpu {
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         match set.wait(ms) {
             Ok(ev) => {
-                let uuid = ev
-                    .device
-                    .uuid()
-                    .map_err(driver_err("nvmlDeviceGetUUID"))?;
+                let uuid = ev.device.uuid().map_err(driver_err("nvmlDeviceGetUUID"))?;
                 if !ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
                     return Ok(None);
                 }

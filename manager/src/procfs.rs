@@ -100,8 +100,7 @@ impl ProcFs {
             return scan;
         };
         for e in dir.flatten() {
-            let Some(host_pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
-            else {
+            let Some(host_pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
             let who = host_pid.to_string();
@@ -132,7 +131,9 @@ pub struct ProcScan {
 /// What the manager knows about a slot's process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    Alive { host_pid: u32 },
+    Alive {
+        host_pid: u32,
+    },
     Dead,
     /// Its namespace is invisible from here, or the slot is half-written.
     Unknown,
@@ -165,12 +166,7 @@ impl Resolver {
     /// Judges one slot: `recorded` is the host pid the manager stored in it
     /// earlier (0: none); `scan` is taken on first need and must be newer
     /// than `id` was read, so a process that just started is in it.
-    pub fn judge(
-        &self,
-        id: &ProcIdentity,
-        recorded: u32,
-        scan: &mut Option<ProcScan>,
-    ) -> Verdict {
+    pub fn judge(&self, id: &ProcIdentity, recorded: u32, scan: &mut Option<ProcScan>) -> Verdict {
         if id.start_time == 0 || id.pid == 0 || id.pidns == 0 {
             return Verdict::Unknown;
         }
@@ -251,8 +247,11 @@ mod tests {
             std::fs::create_dir_all(d.join("ns")).unwrap();
             symlink(format!("pid:[{ns}]"), d.join("ns/pid")).unwrap();
             std::fs::write(d.join("stat"), stat(state, start)).unwrap();
-            std::fs::write(d.join("status"), format!("Name:\tx\nNSpid:\t{name}\t{ns_pid}\n"))
-                .unwrap();
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\tx\nNSpid:\t{name}\t{ns_pid}\n"),
+            )
+            .unwrap();
         }
         fn add(&self, host_pid: u32, ns: u64, ns_pid: u32, state: char, start: u64) {
             self.add_raw(&host_pid.to_string(), ns, ns_pid, state, start);
@@ -352,11 +351,19 @@ mod tests {
                 host_pid: std::process::id()
             }
         );
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
-        let entry = ProcFs::host().entry(pid).expect("a running child is in /proc");
+        let entry = ProcFs::host()
+            .entry(pid)
+            .expect("a running child is in /proc");
         let child_id = id(pid, me.pidns, entry.start_time);
-        assert_eq!(r.judge(&child_id, 0, &mut None), Verdict::Alive { host_pid: pid });
+        assert_eq!(
+            r.judge(&child_id, 0, &mut None),
+            Verdict::Alive { host_pid: pid }
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(r.judge(&child_id, 0, &mut None), Verdict::Dead);

@@ -49,7 +49,9 @@ impl pb::manager_server::Manager for ManagerService {
         req: Request<pb::CreateAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
         let req = req.into_inner();
-        self.blocking(move |c| c.create(&req)).await.map(Response::new)
+        self.blocking(move |c| c.create(&req))
+            .await
+            .map(Response::new)
     }
 
     async fn delete_allocation(
@@ -76,14 +78,18 @@ impl pb::manager_server::Manager for ManagerService {
         req: Request<pb::SetAllocationOwnerRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
         let req = req.into_inner();
-        self.blocking(move |c| c.set_owner(&req)).await.map(Response::new)
+        self.blocking(move |c| c.set_owner(&req))
+            .await
+            .map(Response::new)
     }
 
     async fn get_node_status(
         &self,
         _req: Request<pb::NodeStatusRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
-        self.blocking(|c| Ok(c.node_status())).await.map(Response::new)
+        self.blocking(|c| Ok(c.node_status()))
+            .await
+            .map(Response::new)
     }
 
     type WatchNodeStatusStream = StatusStream;

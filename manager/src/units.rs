@@ -143,7 +143,9 @@ mod tests {
 
     #[test]
     fn bad_sizes_name_the_input_and_the_fix() {
-        for bad in ["4Gx", "", "Gi", "-4Gi", "4 Gi Gi", "1.2.3Gi", "0.5", "1e9", "4gi"] {
+        for bad in [
+            "4Gx", "", "Gi", "-4Gi", "4 Gi Gi", "1.2.3Gi", "0.5", "1e9", "4gi",
+        ] {
             let e = parse_size(bad).expect_err(bad);
             let msg = e.to_string();
             assert!(msg.contains(&format!("{bad:?}")), "{msg}");

@@ -54,7 +54,11 @@ pub fn resolve_gpu<'a>(st: &'a pb::NodeStatus, want: &str) -> Result<&'a pb::Gpu
     } else {
         match st.gpus.iter().find(|g| g.uuid == want) {
             Some(g) => vec![g],
-            None => st.gpus.iter().filter(|g| g.uuid.starts_with(want)).collect(),
+            None => st
+                .gpus
+                .iter()
+                .filter(|g| g.uuid.starts_with(want))
+                .collect(),
         }
     };
     match found.as_slice() {
@@ -163,13 +167,12 @@ pub fn run(args: &RunArgs) -> Result<i32, CliError> {
 
 async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
     let mut c = client::connect(&args.socket.socket).await?;
-    let st = c.get_node_status(pb::NodeStatusRequest {}).await?.into_inner();
+    let st = c
+        .get_node_status(pb::NodeStatusRequest {})
+        .await?
+        .into_inner();
     let gpu = resolve_gpu(&st, &args.gpu)?;
-    let id = format!(
-        "run-{}-{:04x}",
-        std::process::id(),
-        rand::random::<u16>()
-    );
+    let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
     let req = request(args, gpu, id)?;
     let alloc = c.create_allocation(req).await?.into_inner();
     let result = run_child(args, &alloc).await;
@@ -274,7 +277,16 @@ mod tests {
 
     #[test]
     fn the_command_keeps_its_own_flags() {
-        let a = args(&["--compute", "30%", "--", "python", "-c", "x", "--memory", "1"]);
+        let a = args(&[
+            "--compute",
+            "30%",
+            "--",
+            "python",
+            "-c",
+            "x",
+            "--memory",
+            "1",
+        ]);
         assert_eq!(a.command, ["python", "-c", "x", "--memory", "1"]);
         assert_eq!(a.compute, "30%");
     }
@@ -285,7 +297,10 @@ mod tests {
         assert_eq!(resolve_gpu(&st, "1").unwrap().uuid, "GPU-b");
         assert_eq!(resolve_gpu(&st, "GPU-a").unwrap().index, 0);
         let e = resolve_gpu(&st, "7").unwrap_err().to_string();
-        assert!(e.contains("no GPU \"7\"") && e.contains("0 (GPU-a), 1 (GPU-b)"), "{e}");
+        assert!(
+            e.contains("no GPU \"7\"") && e.contains("0 (GPU-a), 1 (GPU-b)"),
+            "{e}"
+        );
         let e = resolve_gpu(&st, "GPU-").unwrap_err().to_string();
         assert!(e.contains("matches several GPUs"), "{e}");
     }
@@ -293,7 +308,14 @@ mod tests {
     #[test]
     fn the_request_carries_limits_policy_and_labels() {
         let st = crate::cli::status::tests::sample();
-        let a = args(&["--compute", "30%", "--policy", "guaranteed", "--", "/usr/bin/python3"]);
+        let a = args(&[
+            "--compute",
+            "30%",
+            "--policy",
+            "guaranteed",
+            "--",
+            "/usr/bin/python3",
+        ]);
         let r = request(&a, &st.gpus[0], "run-1".into()).unwrap();
         assert_eq!(r.devices[0].memory_limit_bytes, 4 << 30);
         assert_eq!(r.devices[0].compute_share_ppm, 300_000);
@@ -301,7 +323,9 @@ mod tests {
         assert_eq!(r.labels["source"], "cli");
         assert_eq!(r.labels["command"], "python3");
         let bad = args(&["--policy", "fast", "--", "x"]);
-        let e = request(&bad, &st.gpus[0], "r".into()).unwrap_err().to_string();
+        let e = request(&bad, &st.gpus[0], "r".into())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bad --policy \"fast\""), "{e}");
         let bad = args(&["--compute", "300%", "--", "x"]);
         assert!(request(&bad, &st.gpus[0], "r".into()).is_err());

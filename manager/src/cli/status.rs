@@ -98,7 +98,11 @@ pub fn render(st: &pb::NodeStatus) -> String {
     let mut out = format!(
         "Tessera on {} · driver {} · {} GPU{} · {} allocation{}\n\n",
         st.hostname,
-        if st.driver_version.is_empty() { "?" } else { &st.driver_version },
+        if st.driver_version.is_empty() {
+            "?"
+        } else {
+            &st.driver_version
+        },
         st.gpus.len(),
         if st.gpus.len() == 1 { "" } else { "s" },
         st.allocations.len(),
@@ -353,16 +357,31 @@ pub(crate) mod tests {
     #[test]
     fn the_table_shows_gpus_allocations_and_processes() {
         let t = render(&sample());
-        assert!(t.starts_with("Tessera on node-1 · driver 550.1 · 2 GPUs · 1 allocation\n"), "{t}");
+        assert!(
+            t.starts_with("Tessera on node-1 · driver 550.1 · 2 GPUs · 1 allocation\n"),
+            "{t}"
+        );
         let gpu0 = t.lines().find(|l| l.starts_with("0 ")).unwrap();
-        assert!(gpu0.contains("1Gi / 16Gi") && gpu0.contains("25%") && gpu0.contains("120W"), "{gpu0}");
-        assert!(gpu0.contains("4Gi / 16Gi") && gpu0.contains("30%") && gpu0.ends_with("ok"), "{gpu0}");
+        assert!(
+            gpu0.contains("1Gi / 16Gi") && gpu0.contains("25%") && gpu0.contains("120W"),
+            "{gpu0}"
+        );
+        assert!(
+            gpu0.contains("4Gi / 16Gi") && gpu0.contains("30%") && gpu0.ends_with("ok"),
+            "{gpu0}"
+        );
         let gpu1 = t.lines().find(|l| l.starts_with("1 ")).unwrap();
         assert!(gpu1.ends_with("UNHEALTHY: critical XID 79"), "{gpu1}");
-        let alloc = t.lines().find(|l| l.starts_with("run-1 ") && l.contains("burst")).unwrap();
+        let alloc = t
+            .lines()
+            .find(|l| l.starts_with("run-1 ") && l.contains("burst"))
+            .unwrap();
         assert!(alloc.contains("512Mi / 4Gi"), "{alloc}");
         assert!(alloc.contains("29.5% / 30%"), "{alloc}");
-        assert!(alloc.contains("1.5s") && alloc.ends_with("(cli)"), "{alloc}");
+        assert!(
+            alloc.contains("1.5s") && alloc.ends_with("(cli)"),
+            "{alloc}"
+        );
         let proc_line = t.lines().find(|l| l.contains("4242")).unwrap();
         assert!(proc_line.ends_with("512Mi"), "{proc_line}");
         // Columns line up: every header cell starts where its values do.
@@ -385,7 +404,10 @@ pub(crate) mod tests {
         assert_eq!(v["gpus"][1]["healthy"], false);
         assert_eq!(v["allocations"][0]["allocation"]["id"], "run-1");
         assert_eq!(v["allocations"][0]["allocation"]["policy"], "burst");
-        assert_eq!(v["allocations"][0]["devices"][0]["compute_achieved_ppm"], 295_000);
+        assert_eq!(
+            v["allocations"][0]["devices"][0]["compute_achieved_ppm"],
+            295_000
+        );
         assert_eq!(v["allocations"][0]["processes"][0]["host_pid"], 4242);
     }
 }

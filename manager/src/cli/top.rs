@@ -61,7 +61,11 @@ pub fn top(args: &TopArgs) -> Result<(), CliError> {
                 frame_prefix(tty, shown == 0),
                 super::status::render(&status)
             );
-            if out.write_all(frame.as_bytes()).and_then(|()| out.flush()).is_err() {
+            if out
+                .write_all(frame.as_bytes())
+                .and_then(|()| out.flush())
+                .is_err()
+            {
                 return Ok(()); // stdout closed (e.g. `| head`)
             }
             shown += 1;

@@ -1,0 +1,767 @@
+//! The manager in-process over a scripted driver (`FakeGpu`), driven over
+//! its real unix socket and metrics port: allocations, owners, health,
+//! the reaper, restarts, the backstop and start-up errors.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_manager::arbitration::NoArbiter;
+use tessera_manager::client;
+use tessera_manager::gpu::fake::FakeGpu;
+use tessera_manager::gpu::{GpuEvent, GpuProcess, GpuSample};
+use tessera_manager::{Config, Manager, ManagerError};
+use tessera_proto::manager::v1 as pb;
+use tessera_shm::{LocalLiveness, ProcIdentity, State};
+use tonic::Code;
+
+const GI: u64 = 1 << 30;
+
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ManagerError>>,
+    socket: std::path::PathBuf,
+    metrics: std::net::SocketAddr,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.task).await.unwrap().unwrap();
+    }
+}
+
+fn config(dir: &Path) -> Config {
+    let mut c = Config::for_state_dir(dir);
+    c.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    c.sample_interval = Duration::from_millis(100);
+    c.reap_interval = Duration::from_millis(50);
+    c.xid_recovery = Duration::from_millis(500);
+    c.hostname = "test-node".into();
+    c.slices_per_gpu = 8;
+    c
+}
+
+async fn start(c: Config, gpu: Arc<FakeGpu>) -> Running {
+    let m = Manager::start(c, gpu, Arc::new(NoArbiter)).await.unwrap();
+    let socket = m.socket().to_owned();
+    let metrics = m.metrics_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(m.serve(async move {
+        let _ = rx.await;
+    }));
+    Running {
+        stop: Some(tx),
+        task,
+        socket,
+        metrics,
+    }
+}
+
+fn request(id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
+    pb::CreateAllocationRequest {
+        id: id.into(),
+        devices: vec![pb::DeviceRequest {
+            gpu_uuid: uuid.into(),
+            memory_limit_bytes: mem,
+            compute_share_ppm: ppm,
+            slices: 0,
+        }],
+        ..Default::default()
+    }
+}
+
+/// Polls `f` until it holds or `limit` passes; returns how long it took.
+async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if f().await {
+            return Some(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    body.to_owned()
+}
+
+/// The value of the one sample of `name` whose labels include all `want`.
+fn metric(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            want.iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A child process that sleeps, and its identity as a slot records it.
+fn sleeper() -> (std::process::Child, ProcIdentity) {
+    let child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (_, start_time) = tessera_shm::process::stat_of(&pid.to_string()).unwrap();
+    let id = ProcIdentity {
+        pid,
+        pidns: tessera_shm::process::pidns_of("self").unwrap(),
+        start_time,
+    };
+    (child, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_list_delete_over_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu.clone()).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+
+    let a = c
+        .create_allocation(request("a1", &u0, 4 * GI, 300_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(a.id, "a1");
+    assert_eq!(a.policy, pb::ComputePolicy::Burst as i32, "node default");
+    assert!(Path::new(&a.control_path).exists() && Path::new(&a.state_path).exists());
+    let mounts: Vec<_> = a
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/run/tessera/alloc/control", true),
+            ("/run/tessera/alloc/state", false),
+            ("/usr/local/lib/tessera/libtessera.so", true)
+        ]
+    );
+    assert_eq!(a.env["TESSERA_CONTROL"], "/run/tessera/alloc/control");
+    assert_eq!(a.env["TESSERA_STATE"], "/run/tessera/alloc/state");
+    assert_eq!(a.env["TESSERA_ALLOCATION"], "a1");
+    assert_eq!(a.env["NVIDIA_VISIBLE_DEVICES"], u0);
+    // The control file says what was asked.
+    let ctl = tessera_shm::Control::open(Path::new(&a.control_path)).unwrap();
+    assert_eq!(ctl.memory_limit(0), 4 * GI);
+    assert_eq!(ctl.compute_share_ppm(0), 300_000);
+
+    // Same id and request: the same allocation back. Different: conflict.
+    let again = c
+        .create_allocation(request("a1", &u0, 4 * GI, 300_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, a);
+    let e = c
+        .create_allocation(request("a1", &u0, 5 * GI, 300_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+
+    // An empty id gets one chosen.
+    let b = c
+        .create_allocation(request("", &u0, GI, 100_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(b.id.starts_with("alloc-"), "{}", b.id);
+
+    let list = c
+        .list_allocations(pb::ListAllocationsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations;
+    let mut ids: Vec<_> = list.iter().map(|a| a.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["a1".to_owned(), b.id.clone()]);
+
+    let st = c
+        .get_node_status(pb::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.gpus[0].memory_allocated_bytes, 5 * GI);
+    assert_eq!(st.gpus[0].compute_allocated_ppm, 400_000);
+    assert_eq!(st.gpus[1].memory_allocated_bytes, 0);
+
+    c.delete_allocation(pb::DeleteAllocationRequest { id: "a1".into() })
+        .await
+        .unwrap();
+    assert!(!Path::new(&a.control_path).exists());
+    let e = c
+        .delete_allocation(pb::DeleteAllocationRequest { id: "a1".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("no allocation \"a1\""), "{e}");
+    m.stop().await;
+    assert!(!dir.path().join("manager.sock").exists(), "socket removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let cases = [
+        (
+            request("x", "GPU-missing", GI, 1),
+            Code::InvalidArgument,
+            "no GPU",
+        ),
+        (
+            request("x", &u0, 0, 1),
+            Code::InvalidArgument,
+            "memory_limit_bytes",
+        ),
+        (
+            request("x", &u0, GI, 0),
+            Code::InvalidArgument,
+            "compute_share_ppm",
+        ),
+        (
+            request("Bad!", &u0, GI, 1),
+            Code::InvalidArgument,
+            "allocation id",
+        ),
+        (
+            request("x", &u0, 17 * GI, 1),
+            Code::InvalidArgument,
+            "exceeds",
+        ),
+    ];
+    for (req, code, words) in cases {
+        let e = c.create_allocation(req).await.unwrap_err();
+        assert_eq!(e.code(), code, "{e}");
+        assert!(e.message().contains(words), "{e}");
+    }
+    c.create_allocation(request("big", &u0, 12 * GI, 700_000))
+        .await
+        .unwrap();
+    let e = c
+        .create_allocation(request("more", &u0, 5 * GI, 100_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(e.message().contains("memory unallocated"), "{e}");
+    let e = c
+        .create_allocation(request("more", &u0, GI, 400_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    let list = c
+        .list_allocations(pb::ListAllocationsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations;
+    assert_eq!(list.len(), 1, "failed requests leave nothing behind");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("allocations"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(leftovers, ["big"]);
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_are_recorded_and_policies_only_tighten() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let a = c
+        .create_allocation(request("a1", &u0, GI, 100_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let owned = c
+        .set_allocation_owner(pb::SetAllocationOwnerRequest {
+            id: "a1".into(),
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            container: "main".into(),
+            policy: pb::ComputePolicy::Guaranteed as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (owned.namespace.as_str(), owned.pod.as_str()),
+        ("ml", "trainer-0")
+    );
+    assert_eq!(owned.policy, pb::ComputePolicy::Guaranteed as i32);
+    let ctl = tessera_shm::Control::open(Path::new(&a.control_path)).unwrap();
+    assert_eq!(ctl.policy(0), tessera_shm::Policy::Guaranteed);
+
+    let e = c
+        .set_allocation_owner(pb::SetAllocationOwnerRequest {
+            id: "a1".into(),
+            policy: pb::ComputePolicy::Burst as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("only become stricter"), "{e}");
+    assert_eq!(ctl.policy(0), tessera_shm::Policy::Guaranteed);
+
+    let text = scrape(m.metrics).await;
+    assert_eq!(
+        metric(
+            &text,
+            "tessera_allocation_memory_limit_bytes",
+            &[
+                ("allocation", "a1"),
+                ("namespace", "ml"),
+                ("pod", "trainer-0"),
+                ("container", "main")
+            ]
+        ),
+        Some(GI as f64)
+    );
+    let e = c
+        .set_allocation_owner(pb::SetAllocationOwnerRequest {
+            id: "zz".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let u1 = gpu.uuid(1);
+    let m = start(config(dir.path()), gpu.clone()).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let mut watch = c
+        .watch_node_status(pb::WatchNodeStatusRequest {
+            interval_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert!(first.gpus.iter().all(|g| g.healthy));
+
+    // An application's XID leaves the GPU healthy.
+    gpu.push_event(GpuEvent::Xid {
+        uuid: u1.clone(),
+        xid: 13,
+    });
+    // A critical one does not; the watch stream hears of it at once,
+    // long before its 10 s interval.
+    gpu.push_event(GpuEvent::Xid {
+        uuid: u1.clone(),
+        xid: 79,
+    });
+    let t0 = Instant::now();
+    let unhealthy = loop {
+        let s = watch.message().await.unwrap().unwrap();
+        if !s.gpus[1].healthy {
+            break s;
+        }
+    };
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(unhealthy.gpus[1].unhealthy_reason, "critical XID 79");
+    assert!(unhealthy.gpus[0].healthy, "only the GPU with the XID");
+    let e = c
+        .create_allocation(request("on-bad", &u1, GI, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("unhealthy"), "{e}");
+    let text = scrape(m.metrics).await;
+    assert_eq!(
+        metric(&text, "tessera_gpu_healthy", &[("gpu", "1")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&text, "tessera_gpu_healthy", &[("gpu", "0")]),
+        Some(1.0)
+    );
+
+    // Recovers after the hold-off (500 ms here).
+    let took = eventually(Duration::from_secs(5), async || {
+        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
+        s.into_inner().gpus[1].healthy
+    })
+    .await;
+    assert!(took.is_some(), "GPU 1 never recovered from the XID");
+
+    // A lost GPU is unhealthy until it answers again.
+    gpu.set_lost(&u1, true);
+    let lost = eventually(Duration::from_secs(5), async || {
+        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
+        let g = &s.into_inner().gpus[1];
+        !g.healthy && g.unhealthy_reason.contains("lost")
+    })
+    .await;
+    assert!(lost.is_some(), "a lost GPU was not noticed");
+    gpu.set_lost(&u1, false);
+    let back = eventually(Duration::from_secs(5), async || {
+        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
+        s.into_inner().gpus[1].healthy
+    })
+    .await;
+    assert!(back.is_some(), "a GPU that answers again stays unhealthy");
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_process_has_its_memory_reclaimed_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let a = c
+        .create_allocation(request("a1", &u0, 4 * GI, 1_000_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let state = State::open(Path::new(&a.state_path), "a1").unwrap();
+    let (mut child, id) = sleeper();
+    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    state.reserve(member, 0, 3 * GI, 4 * GI).unwrap();
+
+    // The manager finds the process's host pid.
+    let found = eventually(Duration::from_secs(3), async || {
+        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
+        let s = s.into_inner();
+        s.allocations[0].processes.first().map(|p| p.host_pid) == Some(child.id())
+    })
+    .await;
+    assert!(found.is_some(), "host pid never resolved");
+    assert_eq!(state.reserved(0), 3 * GI);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let took = eventually(Duration::from_secs(3), async || state.reserved(0) == 0).await;
+    let took = took.expect("memory of a killed process was never reclaimed");
+    assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
+    assert!(state.processes(1).is_empty());
+    state.audit().unwrap();
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_manager_keeps_allocations_and_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu.clone()).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let a = c
+        .create_allocation(request("keep", &u0, 4 * GI, 500_000))
+        .await
+        .unwrap()
+        .into_inner();
+    c.set_allocation_owner(pb::SetAllocationOwnerRequest {
+        id: "keep".into(),
+        namespace: "ns".into(),
+        pod: "p".into(),
+        container: "c".into(),
+        policy: 0,
+    })
+    .await
+    .unwrap();
+    let state = State::open(Path::new(&a.state_path), "keep").unwrap();
+    let (mut child, id) = sleeper();
+    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    state.reserve(member, 0, GI, 4 * GI).unwrap();
+    drop(c);
+    m.stop().await;
+
+    // The process runs on while no manager is up, and after.
+    let m = start(config(dir.path()), gpu).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let st = c
+        .get_node_status(pb::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.allocations.len(), 1);
+    let al = &st.allocations[0];
+    let rec = al.allocation.as_ref().unwrap();
+    assert_eq!((rec.id.as_str(), rec.pod.as_str()), ("keep", "p"));
+    assert_eq!(al.devices[0].memory_used_bytes, GI);
+    assert_eq!(al.processes.len(), 1);
+    assert_eq!(al.processes[0].container_pid, child.id());
+    // The same files, not new ones: the process's mapping still counts.
+    assert_eq!(rec.state_path, a.state_path);
+    state.reserve(member, 0, GI, 4 * GI).unwrap();
+    let used = c
+        .get_node_status(pb::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations[0]
+        .devices[0]
+        .memory_used_bytes;
+    assert_eq!(used, 2 * GI);
+    // Capacity accounting survived too.
+    let e = c
+        .create_allocation(request("more", &u0, 13 * GI, 100_000))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let took = eventually(Duration::from_secs(3), async || state.reserved(0) == 0).await;
+    assert!(took.is_some(), "the restarted manager does not reap");
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let u0 = gpu.uuid(0);
+    gpu.set_sample(
+        &u0,
+        GpuSample {
+            memory_used_bytes: 3 * GI,
+            utilization_percent: 42,
+            temperature_c: 55,
+            power_mw: 150_500,
+        },
+    );
+    let m = start(config(dir.path()), gpu.clone()).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+    let a = c
+        .create_allocation(request("a1", &u0, 4 * GI, 250_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let state = State::open(Path::new(&a.state_path), "a1").unwrap();
+    let (mut child, id) = sleeper();
+    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    state.reserve(member, 0, 2 * GI, 4 * GI).unwrap();
+    assert!(state.reserve(member, 0, 3 * GI, 4 * GI).is_err());
+    // The driver sees our process within its limit, and a stranger.
+    gpu.set_processes(
+        &u0,
+        vec![
+            GpuProcess {
+                pid: child.id(),
+                used_bytes: 2 * GI,
+            },
+            GpuProcess {
+                pid: 999_999,
+                used_bytes: GI,
+            },
+        ],
+    );
+    let g0 = [("gpu", "0"), ("Hostname", "test-node")];
+    let mut text = String::new();
+    let seen = eventually(Duration::from_secs(5), async || {
+        text = scrape(m.metrics).await;
+        metric(
+            &text,
+            "tessera_ungoverned_processes",
+            &[("gpu", "0"), ("reason", "no_shim")],
+        ) == Some(1.0)
+    })
+    .await;
+    assert!(seen.is_some(), "stranger not reported:\n{text}");
+    assert_eq!(
+        metric(&text, "tessera_gpu_memory_used_bytes", &g0),
+        Some(3.0 * GI as f64)
+    );
+    assert_eq!(
+        metric(&text, "tessera_gpu_memory_total_bytes", &g0),
+        Some(16.0 * GI as f64)
+    );
+    assert_eq!(
+        metric(&text, "tessera_gpu_utilization_ratio", &g0),
+        Some(0.42)
+    );
+    assert_eq!(
+        metric(&text, "tessera_gpu_temperature_celsius", &g0),
+        Some(55.0)
+    );
+    assert_eq!(metric(&text, "tessera_gpu_power_watts", &g0), Some(150.5));
+    // 4 GiB of 16 at 8 slices per GPU: 2 slices; 25% of compute: 2 slices.
+    assert_eq!(
+        metric(&text, "tessera_gpu_slices_allocated", &g0),
+        Some(2.0)
+    );
+    assert_eq!(metric(&text, "tessera_gpu_slices_total", &g0), Some(8.0));
+    assert_eq!(
+        metric(&text, "tessera_gpu_slices_allocated", &[("gpu", "1")]),
+        Some(0.0)
+    );
+    let a1 = [("allocation", "a1"), ("gpu", "0")];
+    assert_eq!(
+        metric(&text, "tessera_allocation_memory_used_bytes", &a1),
+        Some(2.0 * GI as f64)
+    );
+    assert_eq!(
+        metric(&text, "tessera_allocation_memory_limit_bytes", &a1),
+        Some(4.0 * GI as f64)
+    );
+    assert_eq!(
+        metric(&text, "tessera_allocation_compute_share_ratio", &a1),
+        Some(0.25)
+    );
+    assert_eq!(
+        metric(&text, "tessera_allocation_processes", &a1),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&text, "tessera_allocation_oom_refused_total", &a1),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&text, "tessera_allocation_wait_seconds_total", &a1),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "tessera_ungoverned_processes",
+            &[("gpu", "0"), ("reason", "over_limit")]
+        ),
+        Some(0.0)
+    );
+
+    // Our process goes over its limit in the driver's view (it escaped the
+    // shim): reported, and not killed, since killing is off.
+    gpu.set_processes(
+        &u0,
+        vec![GpuProcess {
+            pid: child.id(),
+            used_bytes: 5 * GI,
+        }],
+    );
+    let over = eventually(Duration::from_secs(5), async || {
+        let t = scrape(m.metrics).await;
+        metric(
+            &t,
+            "tessera_ungoverned_processes",
+            &[("gpu", "0"), ("reason", "over_limit")],
+        ) == Some(1.0)
+    })
+    .await;
+    assert!(over.is_some(), "over-limit process not reported");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "killed although killing is off"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backstop_kills_only_when_told_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let mut cfg = config(dir.path());
+    cfg.backstop_kill = true;
+    let m = start(cfg, gpu.clone()).await;
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    gpu.set_processes(
+        &u0,
+        vec![GpuProcess {
+            pid: stranger.id(),
+            used_bytes: GI,
+        }],
+    );
+    let died = eventually(Duration::from_secs(5), async || {
+        stranger.try_wait().unwrap().is_some()
+    })
+    .await;
+    assert!(
+        died.is_some(),
+        "an ungoverned process survived with kill on"
+    );
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let m = start(config(dir.path()), gpu.clone()).await;
+
+    // A second manager on the same state directory.
+    let e = Manager::start(config(dir.path()), gpu.clone(), Arc::new(NoArbiter))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ManagerError::Locked(_)), "{e}");
+    assert!(e.to_string().contains("another manager is running"), "{e}");
+
+    // Another state directory, the same socket.
+    let other = tempfile::tempdir().unwrap();
+    let mut c = config(other.path());
+    c.socket = m.socket.clone();
+    let e = Manager::start(c, gpu.clone(), Arc::new(NoArbiter))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ManagerError::SocketInUse(_)), "{e}");
+    assert!(e.to_string().contains("already serving"), "{e}");
+
+    // The metrics port taken.
+    let mut c = config(other.path());
+    c.metrics_addr = Some(m.metrics);
+    let e = Manager::start(c, gpu.clone(), Arc::new(NoArbiter))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ManagerError::Metrics { .. }), "{e}");
+    assert!(e.to_string().contains("--metrics-addr"), "{e}");
+    assert!(
+        !other.path().join("manager.sock").exists(),
+        "a failed start leaves no socket behind"
+    );
+
+    // A state directory that cannot be made.
+    let file = other.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let e = Manager::start(config(&file.join("sub")), gpu.clone(), Arc::new(NoArbiter))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ManagerError::StateDir { .. }), "{e}");
+    m.stop().await;
+
+    // A stale socket left by a dead manager is taken over.
+    let stale = tempfile::tempdir().unwrap();
+    drop(std::os::unix::net::UnixListener::bind(stale.path().join("manager.sock")).unwrap());
+    let m = start(config(stale.path()), gpu).await;
+    client::connect(&m.socket).await.unwrap();
+    m.stop().await;
+}
