@@ -253,6 +253,9 @@ mod tests {
             let b = h.client_config.ca_bundle.as_ref().expect("bundle");
             assert_eq!(String::from_utf8_lossy(&b.0), a.material().cert_pem);
         }
-        assert!(!apply_bundle(&mut config, &cas, now), "second apply is a no-op");
+        assert!(
+            !apply_bundle(&mut config, &cas, now),
+            "second apply is a no-op"
+        );
     }
 }

@@ -68,7 +68,10 @@ fn queries_use_only_agreed_metrics_and_show_all_of_them() {
     let mut used = BTreeSet::new();
     let mut ids = BTreeSet::new();
     for p in &panels {
-        assert!(ids.insert(p["id"].as_i64().expect("panel id")), "duplicate id");
+        assert!(
+            ids.insert(p["id"].as_i64().expect("panel id")),
+            "duplicate id"
+        );
         assert!(p["gridPos"]["w"].as_i64().is_some(), "{}", p["title"]);
         if p["type"] == "row" {
             continue;
@@ -81,7 +84,10 @@ fn queries_use_only_agreed_metrics_and_show_all_of_them() {
             let names = metric_names(expr);
             assert!(!names.is_empty(), "{expr}");
             for n in names {
-                assert!(METRICS.contains(&n.as_str()), "unknown metric {n} in {expr}");
+                assert!(
+                    METRICS.contains(&n.as_str()),
+                    "unknown metric {n} in {expr}"
+                );
                 used.insert(n);
             }
             // Legends name only labels the series have.

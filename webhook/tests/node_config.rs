@@ -14,7 +14,8 @@ fn shipped_config() -> Config {
         .find(|d| d["kind"] == "ConfigMap")
         .expect("the node ConfigMap");
     let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
-    Config::parse(text).unwrap_or_else(|e| panic!("the chart's node config is refused: {e}\n{text}"))
+    Config::parse(text)
+        .unwrap_or_else(|e| panic!("the chart's node config is refused: {e}\n{text}"))
 }
 
 #[test]
@@ -33,8 +34,14 @@ fn shipped_node_config_parses_and_resolves_as_documented() {
     assert_eq!(inference.compute_policy, ComputePolicy::Guaranteed);
     assert_eq!(inference.placement, Placement::Spread);
 
-    assert_eq!(c.classify("NVIDIA H100 80GB HBM3"), Some("high-performance"));
-    assert_eq!(c.classify("NVIDIA A100-SXM4-40GB"), Some("high-performance"));
+    assert_eq!(
+        c.classify("NVIDIA H100 80GB HBM3"),
+        Some("high-performance")
+    );
+    assert_eq!(
+        c.classify("NVIDIA A100-SXM4-40GB"),
+        Some("high-performance")
+    );
     assert_eq!(c.classify("Tesla T4"), Some("general-purpose"));
 }
 
@@ -50,8 +57,7 @@ fn a_bad_override_of_the_node_config_is_caught_by_the_plugin() {
         .find(|d| d["kind"] == "ConfigMap")
         .expect("cm");
     let e = Config::parse(cm["data"]["config.yaml"].as_str().expect("text"))
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("scatter"), "{e}");
 }
