@@ -611,6 +611,46 @@ impl Core {
             }
         }
         unknown.retain(|k, _| seen.contains(k));
+        self.collect_orphaned_runs(&snapshot);
+    }
+
+    /// Deletes the allocations of `tessera run` commands that died without
+    /// cleaning up (SIGKILL), once none of their processes is left. Only
+    /// for runs in our own pid namespace, where their pid means the same.
+    fn collect_orphaned_runs(
+        &self,
+        snapshot: &[(Arc<LiveAllocation>, Vec<tessera_shm::ProcessInfo>)],
+    ) {
+        let own_ns = self.resolver.own_pidns();
+        for (live, procs) in snapshot {
+            if !procs.is_empty() {
+                continue;
+            }
+            let rec = live.record();
+            let Some(run) = crate::cli::run::RunOwner::from_labels(&rec.labels) else {
+                continue;
+            };
+            if own_ns == 0 || run.pidns != own_ns {
+                continue;
+            }
+            let alive = crate::procfs::ProcFs::host()
+                .entry(run.pid)
+                .is_some_and(|e| !e.zombie && e.start_time == run.start_time);
+            if alive || !live.state.processes(live.control.n_devices()).is_empty() {
+                continue;
+            }
+            match self.delete(&rec.id) {
+                Ok(()) => tracing::info!(
+                    allocation = %rec.id,
+                    pid = run.pid,
+                    "deleted the allocation of a `tessera run` that died"
+                ),
+                Err(AllocError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(allocation = %rec.id, error = %e, "cannot delete orphaned allocation")
+                }
+            }
+        }
     }
 
     /// One sampling pass: health from queries, samples for metrics, and

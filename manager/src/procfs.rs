@@ -163,6 +163,11 @@ impl Resolver {
         Resolver::new(ProcFs::host())
     }
 
+    /// The manager's own pid namespace inode; 0 when unknown.
+    pub fn own_pidns(&self) -> u64 {
+        self.own_ns
+    }
+
     /// Judges one slot: `recorded` is the host pid the manager stored in it
     /// earlier (0: none); `scan` is taken on first need and must be newer
     /// than `id` was read, so a process that just started is in it.

@@ -111,6 +111,22 @@ fn metric(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The ids of every allocation, sorted.
+async fn ids(socket: &Path) -> Vec<String> {
+    let mut c = client::connect(socket).await.unwrap();
+    let mut v: Vec<String> = c
+        .list_allocations(pb::ListAllocationsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    v.sort();
+    v
+}
+
 /// A child process that sleeps, and its identity as a slot records it.
 fn sleeper() -> (std::process::Child, ProcIdentity) {
     let child = std::process::Command::new("sleep")
@@ -763,5 +779,54 @@ async fn start_up_errors_are_clear() {
     drop(std::os::unix::net::UnixListener::bind(stale.path().join("manager.sock")).unwrap());
     let m = start(config(stale.path()), gpu).await;
     client::connect(&m.socket).await.unwrap();
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gone() {
+    use tessera_manager::cli::run::RunOwner;
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let u0 = gpu.uuid(0);
+    let m = start(config(dir.path()), gpu).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
+
+    // A "tessera run" (a sleeper) with one process of its own joined.
+    let (mut run, run_id) = sleeper();
+    let owner = RunOwner {
+        pid: run_id.pid,
+        pidns: run_id.pidns,
+        start_time: run_id.start_time,
+    };
+    let mut req = request("run-x", &u0, GI, 100_000);
+    req.labels = owner.labels().into_iter().collect();
+    let a = c.create_allocation(req).await.unwrap().into_inner();
+    // A device-plugin allocation with no process is never touched.
+    c.create_allocation(request("pod-y", &u0, GI, 100_000))
+        .await
+        .unwrap();
+    let state = State::open(Path::new(&a.state_path), "run-x").unwrap();
+    let (mut worker, worker_id) = sleeper();
+    state.join(&worker_id, &LocalLiveness::quick()).unwrap();
+
+    run.kill().unwrap();
+    run.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        ids(&m.socket).await,
+        ["pod-y", "run-x"],
+        "kept while a process runs"
+    );
+
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let gone = eventually(Duration::from_secs(3), async || {
+        ids(&m.socket).await == ["pod-y"]
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the orphaned run's allocation was never deleted"
+    );
     m.stop().await;
 }

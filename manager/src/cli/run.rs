@@ -40,6 +40,49 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// The `tessera run` process behind an allocation, from its labels, so
+/// the manager can delete the allocation should that process die without
+/// doing so itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOwner {
+    pub pid: u32,
+    pub pidns: u64,
+    pub start_time: u64,
+}
+
+impl RunOwner {
+    /// Labels: `source=cli`, `cli-pid`, `cli-pidns`, `cli-start`.
+    pub fn labels(&self) -> [(String, String); 4] {
+        [
+            ("source".into(), "cli".into()),
+            ("cli-pid".into(), self.pid.to_string()),
+            ("cli-pidns".into(), self.pidns.to_string()),
+            ("cli-start".into(), self.start_time.to_string()),
+        ]
+    }
+
+    pub fn from_labels(labels: &std::collections::BTreeMap<String, String>) -> Option<Self> {
+        if labels.get("source").map(String::as_str) != Some("cli") {
+            return None;
+        }
+        Some(RunOwner {
+            pid: labels.get("cli-pid")?.parse().ok()?,
+            pidns: labels.get("cli-pidns")?.parse().ok()?,
+            start_time: labels.get("cli-start")?.parse().ok()?,
+        })
+    }
+
+    /// This process.
+    pub fn current() -> Self {
+        let me = tessera_shm::ProcIdentity::current();
+        RunOwner {
+            pid: me.pid,
+            pidns: me.pidns,
+            start_time: me.start_time,
+        }
+    }
+}
+
 /// Finds the GPU `want` names: an index, a UUID or a unique UUID prefix.
 pub fn resolve_gpu<'a>(st: &'a pb::NodeStatus, want: &str) -> Result<&'a pb::GpuStatus, CliError> {
     let list = || {
@@ -94,9 +137,7 @@ pub fn request(
             }
         },
     };
-    let mut labels = HashMap::new();
-    labels.insert("source".to_owned(), "cli".to_owned());
-    labels.insert("cli-pid".to_owned(), std::process::id().to_string());
+    let mut labels: HashMap<String, String> = RunOwner::current().labels().into_iter().collect();
     if let Some(cmd) = args.command.first() {
         let name = cmd.rsplit('/').next().unwrap_or(cmd);
         labels.insert("command".to_owned(), name.chars().take(200).collect());
@@ -338,6 +379,20 @@ mod tests {
         a.socket.socket = "/nonexistent/socket".into();
         let e = run(&a).unwrap_err().to_string();
         assert!(e.contains("bad memory size \"4Gx\""), "{e}");
+    }
+
+    #[test]
+    fn run_owner_labels_round_trip() {
+        let me = RunOwner::current();
+        assert_eq!(me.pid, std::process::id());
+        let labels = me.labels().into_iter().collect();
+        assert_eq!(RunOwner::from_labels(&labels), Some(me));
+        let mut other = labels.clone();
+        other.insert("source".into(), "device-plugin".into());
+        assert_eq!(RunOwner::from_labels(&other), None);
+        other = labels;
+        other.remove("cli-start");
+        assert_eq!(RunOwner::from_labels(&other), None);
     }
 
     #[test]
