@@ -197,6 +197,9 @@ pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
+    // kube's TLS client asks rustls for the process default provider; name it once, so a
+    // second provider compiled into the binary cannot make that ambiguous.
+    let _ = certs::provider().install_default();
     let resolver = match &opts.certs {
         CertSource::Files { cert, key } => {
             let files = MountedFiles::new(cert.clone(), key.clone());
