@@ -1,6 +1,7 @@
 //! `tessera`: the one binary. Subcommands are added as the pieces behind them land.
 use clap::Parser;
 
+mod device_plugin_cmd;
 mod manifests_cmd;
 mod webhook_cmd;
 
@@ -11,6 +12,8 @@ enum Cmd {
     Webhook(tessera_webhook::run::WebhookArgs),
     /// Print the deployment manifests (the Helm chart's objects) for `kubectl apply -f -`.
     Manifests(tessera_webhook::run::ManifestsArgs),
+    /// The kubelet device plugin: advertises GPU slices as tessera.dev/vgpu.
+    DevicePlugin(device_plugin_cmd::DevicePluginArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -18,5 +21,6 @@ fn main() -> anyhow::Result<()> {
     match cmd {
         Cmd::Webhook(args) => webhook_cmd::main(args),
         Cmd::Manifests(args) => manifests_cmd::main(args),
+        Cmd::DevicePlugin(args) => device_plugin_cmd::main(args),
     }
 }
