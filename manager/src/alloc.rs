@@ -34,11 +34,10 @@ pub enum AllocError {
     Exhausted(String),
     #[error("{0}")]
     Precondition(String),
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(transparent)]
     Shm(#[from] tessera_shm::ShmError),
@@ -59,9 +58,9 @@ impl From<AllocError> for tonic::Status {
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> AllocError + '_ {
-    move |source| AllocError::Io {
+    move |error| AllocError::Io {
         path: path.to_owned(),
-        source,
+        error,
     }
 }
 
@@ -399,7 +398,7 @@ impl Store {
             tessera_shm::create_allocation_files(&tmp, spec)?;
             let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
                 path: tmp.join(RECORD_FILE),
-                source: std::io::Error::other(e),
+                error: std::io::Error::other(e),
             })?;
             write_atomically(&tmp.join(RECORD_FILE), &json)?;
             // The files must be readable by containers of any uid.
@@ -420,7 +419,7 @@ impl Store {
     pub fn save(&self, rec: &AllocationRecord) -> Result<(), AllocError> {
         let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
             path: self.alloc_dir(&rec.id).join(RECORD_FILE),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         write_atomically(&self.alloc_dir(&rec.id).join(RECORD_FILE), &json)
     }

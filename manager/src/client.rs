@@ -27,7 +27,13 @@ pub enum ClientError {
     #[error("cannot connect to the manager at {path}: {message}")]
     Connect { path: PathBuf, message: String },
     #[error("{}", describe(.0))]
-    Rpc(#[from] tonic::Status),
+    Rpc(tonic::Status),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError::Rpc(s)
+    }
 }
 
 fn describe(s: &tonic::Status) -> String {

@@ -122,11 +122,10 @@ pub struct FileConfig {
 /// A configuration that cannot be used, naming the setting and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
@@ -303,9 +302,9 @@ fn invalid(setting: &'static str, message: String) -> ConfigError {
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     if text.trim().is_empty() {
         return Ok(FileConfig::default());

@@ -31,39 +31,48 @@ pub enum ManagerError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot read the GPU inventory: {0}")]
-    Gpu(#[from] GpuError),
+    Gpu(GpuError),
     #[error(
-        "state directory {path}: {source} (the manager must be able to write there, usually as \
+        "state directory {path}: {error} (the manager must be able to write there, usually as \
          root; choose another with --state-dir)"
     )]
     StateDir {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("another manager is running on state directory {0} (it holds manager.lock)")]
     Locked(PathBuf),
     #[error("another manager is already serving on {0}; stop it first or choose another --socket")]
     SocketInUse(PathBuf),
-    #[error("cannot listen on {path}: {source}{hint}")]
+    #[error("cannot listen on {path}: {error}{hint}")]
     Socket {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
         hint: &'static str,
     },
     #[error("socket group {0:?} does not exist")]
     NoSuchGroup(String),
-    #[error("cannot serve metrics on {addr}: {source} (choose another --metrics-addr, or off)")]
+    #[error("cannot serve metrics on {addr}: {error} (choose another --metrics-addr, or off)")]
     Metrics {
         addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("loading allocations: {0}")]
-    Alloc(#[from] AllocError),
+    Alloc(AllocError),
     #[error("gRPC server: {0}")]
     Serve(String),
+}
+
+impl From<GpuError> for ManagerError {
+    fn from(e: GpuError) -> Self {
+        ManagerError::Gpu(e)
+    }
+}
+
+impl From<AllocError> for ManagerError {
+    fn from(e: AllocError) -> Self {
+        ManagerError::Alloc(e)
+    }
 }
 
 /// An allocation the manager serves: its record and its open files.
@@ -818,9 +827,9 @@ impl std::fmt::Debug for Manager {
 }
 
 fn state_dir_err(path: &Path) -> impl Fn(std::io::Error) -> ManagerError + '_ {
-    move |source| ManagerError::StateDir {
+    move |error| ManagerError::StateDir {
         path: path.to_owned(),
-        source,
+        error,
     }
 }
 
@@ -840,21 +849,21 @@ fn lock_state_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, Manage
         } else {
             ManagerError::StateDir {
                 path: path.clone(),
-                source: std::io::Error::from(errno),
+                error: std::io::Error::from(errno),
             }
         }
     })
 }
 
-fn socket_err(path: &Path, source: std::io::Error) -> ManagerError {
-    let hint = if source.kind() == std::io::ErrorKind::PermissionDenied {
+fn socket_err(path: &Path, error: std::io::Error) -> ManagerError {
+    let hint = if error.kind() == std::io::ErrorKind::PermissionDenied {
         " (run the manager as root, or choose a --socket in a directory you can write)"
     } else {
         ""
     };
     ManagerError::Socket {
         path: path.to_owned(),
-        source,
+        error,
         hint,
     }
 }
@@ -928,14 +937,14 @@ impl Manager {
             );
         }
         let store = Store::open(&config.allocations_dir()).map_err(|e| match e {
-            AllocError::Io { path, source } => ManagerError::StateDir { path, source },
+            AllocError::Io { path, error } => ManagerError::StateDir { path, error },
             e => ManagerError::Alloc(e),
         })?;
         let (metrics, metrics_addr) = match config.metrics_addr {
             Some(addr) => {
                 let l = tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|source| ManagerError::Metrics { addr, source })?;
+                    .map_err(|error| ManagerError::Metrics { addr, error })?;
                 let bound = l.local_addr().ok();
                 (Some(l), bound)
             }
@@ -1152,6 +1161,12 @@ impl Core {
 /// Runs `tessera manager`: NVML, the arbiter, and serving until SIGTERM or
 /// SIGINT.
 pub async fn run(config: Config) -> Result<(), ManagerError> {
+    run_with(config, |_| {}).await
+}
+
+/// [`run`], calling `ready` once the manager is started and before it
+/// serves (embedders and tests learn the bound metrics port this way).
+pub async fn run_with(config: Config, ready: impl FnOnce(&Manager)) -> Result<(), ManagerError> {
     let backend = Arc::new(crate::nvml::NvmlGpu::open(config.nvml_library.as_deref())?);
     if !config.hook_library.exists() {
         tracing::warn!(
@@ -1166,6 +1181,7 @@ pub async fn run(config: Config) -> Result<(), ManagerError> {
         metrics = ?manager.metrics_addr(),
         "manager serving"
     );
+    ready(&manager);
     manager.serve(shutdown_signal()).await
 }
 

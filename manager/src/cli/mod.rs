@@ -20,11 +20,10 @@ pub enum CliError {
     Unit(#[from] UnitError),
     #[error("{0}")]
     Usage(String),
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         what: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -47,8 +46,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| CliError::Io {
+        .map_err(|error| CliError::Io {
             what: "cannot start the async runtime".into(),
-            source,
+            error,
         })
 }

@@ -250,9 +250,9 @@ async fn run_child(args: &RunArgs, alloc: &pb::Allocation) -> Result<i32, CliErr
     let mut cmd = tokio::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.envs(child_env(alloc, &hook, existing.as_deref()));
-    let mut child = cmd.spawn().map_err(|source| CliError::Io {
+    let mut child = cmd.spawn().map_err(|error| CliError::Io {
         what: format!("cannot start {:?}", args.command[0]),
-        source,
+        error,
     })?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
 
@@ -284,9 +284,9 @@ async fn run_child(args: &RunArgs, alloc: &pb::Allocation) -> Result<i32, CliErr
     loop {
         tokio::select! {
             status = child.wait() => {
-                let status = status.map_err(|source| CliError::Io {
+                let status = status.map_err(|error| CliError::Io {
                     what: "waiting for the command".into(),
-                    source,
+                    error,
                 })?;
                 return Ok(exit_code(status));
             }

@@ -29,7 +29,7 @@ pub fn status(args: &StatusArgs) -> Result<(), CliError> {
     if args.json {
         let text = serde_json::to_string_pretty(&to_json(&status)).map_err(|e| CliError::Io {
             what: "cannot write JSON".into(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         println!("{text}");
     } else {
