@@ -1,0 +1,14 @@
+//! `tessera status` and `tessera top`: the node's GPUs and allocations, once or live.
+
+use tessera_manager::cli::status::{StatusArgs, status};
+use tessera_manager::cli::top::{TopArgs, top};
+
+pub fn status_main(args: StatusArgs) -> anyhow::Result<()> {
+    status(&args)?;
+    Ok(())
+}
+
+pub fn top_main(args: TopArgs) -> anyhow::Result<()> {
+    top(&args)?;
+    Ok(())
+}
