@@ -1,6 +1,7 @@
 //! `tessera`: the one binary. Subcommands are added as the pieces behind them land.
 use clap::Parser;
 
+mod device_plugin_cmd;
 mod manager_cmd;
 mod manifests_cmd;
 mod run_cmd;
@@ -14,6 +15,8 @@ enum Cmd {
     Webhook(tessera_webhook::run::WebhookArgs),
     /// Print the deployment manifests (the Helm chart's objects) for `kubectl apply -f -`.
     Manifests(tessera_webhook::run::ManifestsArgs),
+    /// The kubelet device plugin: advertises GPU slices as tessera.dev/vgpu.
+    DevicePlugin(device_plugin_cmd::DevicePluginArgs),
     /// The node manager daemon: GPU inventory, allocations, metrics, the manager API.
     Manager(tessera_manager::ManagerArgs),
     /// This node's GPUs and allocations (usage, limits, shares), as a table or JSON.
@@ -29,6 +32,7 @@ fn main() -> anyhow::Result<()> {
     match cmd {
         Cmd::Webhook(args) => webhook_cmd::main(args),
         Cmd::Manifests(args) => manifests_cmd::main(args),
+        Cmd::DevicePlugin(args) => device_plugin_cmd::main(args),
         Cmd::Manager(args) => manager_cmd::main(args),
         Cmd::Status(args) => status_cmd::status_main(args),
         Cmd::Top(args) => status_cmd::top_main(args),
