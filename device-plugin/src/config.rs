@@ -40,9 +40,17 @@ pub enum ConfigError {
     /// YAML syntax, an unknown field or a wrong type. serde_yaml's message
     /// names the field path and the line.
     #[error("config is not valid: {0}")]
-    Syntax(#[from] serde_yaml::Error),
+    Syntax(serde_yaml::Error),
     #[error("{field}: {reason}")]
     Invalid { field: String, reason: String },
+}
+
+// Not `#[from]`: that would also make the YAML error the `source`, and
+// error reports would print its message twice.
+impl From<serde_yaml::Error> for ConfigError {
+    fn from(e: serde_yaml::Error) -> Self {
+        Self::Syntax(e)
+    }
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {

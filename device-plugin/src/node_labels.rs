@@ -45,6 +45,9 @@ pub(crate) struct KubeNodeApi {
 
 impl KubeNodeApi {
     pub(crate) async fn new() -> Result<Self, NodeApiError> {
+        // kube's TLS client takes the process-wide rustls provider; name it,
+        // so that a second provider compiled into the binary is no ambiguity.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = kube::Client::try_default().await?;
         Ok(Self {
             nodes: kube::Api::all(client),

@@ -141,6 +141,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         ));
     }
     tasks.spawn(inventory_loop(
+        opts.manager_socket.display().to_string(),
         manager.clone(),
         state.clone(),
         opts.status_interval,
@@ -306,6 +307,7 @@ async fn preload_loop(state: Arc<PluginState>, path: PathBuf) {
 /// Follows the manager's node status; marks every slice Unhealthy when the
 /// manager has been unreachable for longer than `grace`.
 async fn inventory_loop<M: ManagerApi>(
+    socket: String,
     manager: Arc<M>,
     state: Arc<PluginState>,
     interval: Duration,
@@ -340,7 +342,7 @@ async fn inventory_loop<M: ManagerApi>(
             },
             Err(e) => {
                 if lost_at.is_none() {
-                    tracing::warn!(error = %e.message(), "cannot watch the manager's node status");
+                    tracing::warn!(%socket, error = %e.message(), "cannot watch the manager's node status; retrying");
                 }
             }
         }
