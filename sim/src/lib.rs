@@ -1,1 +1,23 @@
-//! The simulated GPU node: node state in a shared-memory file and a Rust API over it. Filled by issue 2.
+//! The simulated GPU node: node state in a shared-memory file and a Rust API over it.
+//!
+//! Every process of a simulated node maps one state file (`TESSERA_SIM_STATE`, see
+//! [`node::state_path_from_env`]). It holds the devices' configuration, each device's
+//! execution-engine timeline and busy history, each process's memory and busy time, and
+//! XID events. The simulated `libcuda.so.1` and `libnvidia-ml.so.1` (crates
+//! `tessera-sim-cuda`, `tessera-sim-nvml`) work on it; tests, benchmarks and the demo read
+//! it through [`Node`] as ground truth. See `docs/simulator.md`.
+
+pub mod clock;
+pub mod config;
+pub mod layout;
+pub mod libs;
+pub mod module;
+pub mod node;
+pub mod process;
+
+pub use config::{ConfigError, NodeConfig};
+pub use libs::{LibDir, LibError, install_lib_dir};
+pub use node::{
+    DeviceInfo, DeviceUsage, Node, NodeError, ProcessUsage, XidEvent, default_state_path,
+    state_path_from_env,
+};

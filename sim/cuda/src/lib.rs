@@ -1,1 +1,71 @@
-//! The simulated `libcuda.so.1`. Filled by issue 2.
+//! The simulated `libcuda.so.1`: the CUDA driver API over the simulated node's shared
+//! state (`tessera-sim`), with NVIDIA's symbol names and ABI.
+//!
+//! Every exported function is `unsafe extern "C"`, takes NVIDIA's argument types (checked
+//! against the `PFN_cu*` typedefs in [`procaddr`]) and runs its body inside [`guard`], so a
+//! panic becomes `CUDA_ERROR_UNKNOWN` instead of unwinding into C. Bodies return
+//! `CuResult<()>` and use `?` on `CUresult` errors.
+//!
+//! What the simulation models and where it differs from a real GPU: `docs/simulator.md`.
+
+#![allow(non_snake_case)]
+
+pub mod array;
+pub mod context;
+pub mod copy;
+pub mod device;
+pub mod errors;
+pub mod graph;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod pool;
+pub mod procaddr;
+pub mod registry;
+pub mod runtime;
+pub mod stream;
+pub mod vmm;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+pub use tessera_ffi::cuda::CUresult;
+
+/// A driver call's outcome: `Err` carries the `CUresult` to return.
+pub type CuResult<T> = Result<T, CUresult>;
+
+/// Runs an export's body: `Ok` is `CUDA_SUCCESS`, `Err(e)` is `e`, and a panic is
+/// `CUDA_ERROR_UNKNOWN` (it never crosses into C).
+#[inline]
+pub fn guard(body: impl FnOnce() -> CuResult<()>) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => CUresult::CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// Writes `value` through an output pointer, or fails with `CUDA_ERROR_INVALID_VALUE`
+/// when the pointer is null.
+///
+/// # Safety
+/// A non-null `out` must be valid for writing one `T`.
+#[inline]
+pub unsafe fn put<T>(out: *mut T, value: T) -> CuResult<()> {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller promises it is valid for a write of T.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Reads an input struct through a pointer, or fails with `CUDA_ERROR_INVALID_VALUE`
+/// when it is null.
+///
+/// # Safety
+/// A non-null `p` must point to a valid `T`.
+#[inline]
+pub unsafe fn get<'a, T>(p: *const T) -> CuResult<&'a T> {
+    // SAFETY: the caller promises a non-null `p` points to a valid T for the call.
+    unsafe { p.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}

@@ -1,0 +1,336 @@
+//! Kernel launches: `cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
+//! `cuLaunchCooperativeKernelMultiDevice`, `cuLaunchHostFunc`. A launch queues the
+//! kernel's simulated duration on its stream's device engine and returns at once.
+
+use std::ffi::{c_uint, c_void};
+
+use tessera_ffi::cuda::*;
+use tessera_sim::clock::sleep_until;
+
+use crate::module::{ANY_DEVICE, function};
+use crate::runtime::{Runtime, rt};
+use crate::stream::{Target, resolve};
+use crate::{CuResult, get, guard};
+
+/// A launch's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+}
+
+impl Shape {
+    /// Checks the limits the device enforces (an H100's) and returns the block count.
+    #[inline]
+    pub fn blocks(&self) -> CuResult<u64> {
+        let [gx, gy, gz] = self.grid;
+        let [bx, by, bz] = self.block;
+        let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
+        if gx == 0
+            || gy == 0
+            || gz == 0
+            || gx > i32::MAX as u32
+            || gy > 65535
+            || gz > 65535
+            || threads == 0
+            || threads > 1024
+            || bz > 64
+            || self.shared > 227 << 10
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(u64::from(gx) * u64::from(gy) * u64::from(gz))
+    }
+}
+
+/// Validates everything about a launch without queuing it; returns the target stream and
+/// the kernel's duration.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn prepare(
+    rt: &Runtime,
+    f: CUfunction,
+    shape: &Shape,
+    stream: CUstream,
+    per_thread: bool,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> CuResult<(Target, u64)> {
+    let func = function(f)?;
+    let t = resolve(stream, per_thread)?;
+    let device = t.ctx().device;
+    if func.device != ANY_DEVICE && func.device != device {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    if !params.is_null() && !extra.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let blocks = shape.blocks()?;
+    if cooperative {
+        let sms = rt
+            .node
+            .device_info(device as u32)
+            .map(|i| u64::from(i.sms))
+            .unwrap_or(1);
+        // One block per SM slot the kernel could occupy at once (32 per SM).
+        if blocks > sms * 32 {
+            return Err(CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+        }
+    }
+    Ok((t, func.cost.duration(blocks)))
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn launch(
+    f: CUfunction,
+    shape: Shape,
+    stream: CUstream,
+    per_thread: bool,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> CuResult<()> {
+    let rt = rt()?;
+    let (t, duration) = prepare(
+        rt,
+        f,
+        &shape,
+        stream,
+        per_thread,
+        params,
+        extra,
+        cooperative,
+    )?;
+    t.submit(rt, duration).map(|_| ())
+}
+
+macro_rules! launch_kernel {
+    ($($(#[$doc:meta])* $name:ident, $ptsz:expr, $coop:expr;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Kernel arguments are not read (no code runs); handles are checked.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gridDimX: c_uint,
+            gridDimY: c_uint,
+            gridDimZ: c_uint,
+            blockDimX: c_uint,
+            blockDimY: c_uint,
+            blockDimZ: c_uint,
+            sharedMemBytes: c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(|| {
+                let shape = Shape {
+                    grid: [gridDimX, gridDimY, gridDimZ],
+                    block: [blockDimX, blockDimY, blockDimZ],
+                    shared: sharedMemBytes,
+                };
+                launch(f, shape, hStream, $ptsz, kernelParams, extra, $coop)
+            })
+        }
+    )*};
+}
+
+launch_kernel! {
+    /// `cuLaunchKernel`.
+    cuLaunchKernel, false, false;
+    /// `cuLaunchKernel_ptsz`.
+    cuLaunchKernel_ptsz, true, false;
+}
+
+macro_rules! launch_coop {
+    ($($(#[$doc:meta])* $name:ident, $ptsz:expr;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Kernel arguments are not read; handles are checked.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gridDimX: c_uint,
+            gridDimY: c_uint,
+            gridDimZ: c_uint,
+            blockDimX: c_uint,
+            blockDimY: c_uint,
+            blockDimZ: c_uint,
+            sharedMemBytes: c_uint,
+            hStream: CUstream,
+            kernelParams: *mut *mut c_void,
+        ) -> CUresult {
+            guard(|| {
+                let shape = Shape {
+                    grid: [gridDimX, gridDimY, gridDimZ],
+                    block: [blockDimX, blockDimY, blockDimZ],
+                    shared: sharedMemBytes,
+                };
+                launch(f, shape, hStream, $ptsz, kernelParams, std::ptr::null_mut(), true)
+            })
+        }
+    )*};
+}
+
+launch_coop! {
+    /// `cuLaunchCooperativeKernel`: the grid must fit on the device at once.
+    cuLaunchCooperativeKernel, false;
+    /// `cuLaunchCooperativeKernel_ptsz`.
+    cuLaunchCooperativeKernel_ptsz, true;
+}
+
+fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    per_thread: bool,
+) -> CuResult<()> {
+    // SAFETY: the caller passes null (rejected) or a valid CUlaunchConfig.
+    let c = unsafe { get(config) }?;
+    if c.numAttrs > 0 && c.attrs.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut cooperative = false;
+    for i in 0..c.numAttrs as usize {
+        // SAFETY: the config holds `numAttrs` attributes at `attrs`.
+        let a = unsafe { &*c.attrs.add(i) };
+        if a.id == CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE {
+            // SAFETY: for this attribute id the union holds `cooperative`.
+            cooperative = unsafe { a.value.cooperative } != 0;
+        }
+    }
+    let shape = Shape {
+        grid: [c.gridDimX, c.gridDimY, c.gridDimZ],
+        block: [c.blockDimX, c.blockDimY, c.blockDimZ],
+        shared: c.sharedMemBytes,
+    };
+    launch(f, shape, c.hStream, per_thread, params, extra, cooperative)
+}
+
+/// `cuLaunchKernelEx`: the cooperative attribute is honoured; others are accepted.
+///
+/// # Safety
+/// `config` must be null or valid with `numAttrs` attributes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    guard(|| launch_ex(config, f, kernelParams, extra, false))
+}
+
+/// `cuLaunchKernelEx_ptsz`.
+///
+/// # Safety
+/// `config` must be null or valid with `numAttrs` attributes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    guard(|| launch_ex(config, f, kernelParams, extra, true))
+}
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): every launch is
+/// validated before any is queued.
+///
+/// # Safety
+/// `launchParamsList` must point to `numDevices` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    launchParamsList: *mut CUDA_LAUNCH_PARAMS,
+    numDevices: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        if launchParamsList.is_null() || numDevices == 0 || flags & !0x3 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut ready = Vec::with_capacity(numDevices as usize);
+        for i in 0..numDevices as usize {
+            // SAFETY: the caller passes `numDevices` entries.
+            let p = unsafe { &*launchParamsList.add(i) };
+            let shape = Shape {
+                grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+                block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+                shared: p.sharedMemBytes,
+            };
+            let prepared = prepare(
+                rt,
+                p.function,
+                &shape,
+                p.hStream,
+                false,
+                p.kernelParams,
+                std::ptr::null_mut(),
+                true,
+            )?;
+            if ready
+                .iter()
+                .any(|(t, _): &(Target, u64)| t.ctx().device == prepared.0.ctx().device)
+            {
+                // One launch per device.
+                return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+            }
+            ready.push(prepared);
+        }
+        for (t, d) in ready {
+            t.submit(rt, d)?;
+        }
+        Ok(())
+    })
+}
+
+fn host_func(stream: CUstream, f: CUhostFn, user: *mut c_void, per_thread: bool) -> CuResult<()> {
+    let rt = rt()?;
+    let f = f.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let t = resolve(stream, per_thread)?;
+    rt.check_device(t.ctx().device)?;
+    // Run in order after the stream's queued work. The call is made here, synchronously,
+    // so later work on the stream cannot complete before it has run.
+    sleep_until(t.last_end());
+    // SAFETY: calling the program's host function with its own user data, as the driver
+    // does; the function's contract is the program's.
+    unsafe { f(user) };
+    Ok(())
+}
+
+/// `cuLaunchHostFunc`: runs `fn(userData)` once the stream's earlier work has ended
+/// (the calling thread waits for that; see docs/simulator.md).
+///
+/// # Safety
+/// `fn_` must be a valid host function for `userData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    hStream: CUstream,
+    fn_: CUhostFn,
+    userData: *mut c_void,
+) -> CUresult {
+    guard(|| host_func(hStream, fn_, userData, false))
+}
+
+/// `cuLaunchHostFunc_ptsz`.
+///
+/// # Safety
+/// `fn_` must be a valid host function for `userData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc_ptsz(
+    hStream: CUstream,
+    fn_: CUhostFn,
+    userData: *mut c_void,
+) -> CUresult {
+    guard(|| host_func(hStream, fn_, userData, true))
+}

@@ -1,0 +1,239 @@
+//! The process-wide driver state created by `cuInit`: the mapped node, this process's slot
+//! in it, per-device state (primary context, memory pools), and each thread's context stack.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tessera_ffi::cuda::CUresult;
+use tessera_sim::{Node, NodeError};
+
+use crate::CuResult;
+use crate::context::Context;
+use crate::memory::Pool;
+
+/// The driver state of this process, once `cuInit` has run (successfully or not).
+static RT: OnceLock<Result<Runtime, CUresult>> = OnceLock::new();
+/// Set in a child after `fork()`: the parent's driver state is not the child's to use.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug)]
+pub struct Runtime {
+    pub node: Node,
+    pub slot: usize,
+    pub pid: u32,
+    pub devices: Vec<DeviceLocal>,
+}
+
+/// This process's view of one device.
+#[derive(Debug)]
+pub struct DeviceLocal {
+    pub index: usize,
+    pub primary: Mutex<Primary>,
+    /// `cuDeviceGetDefaultMemPool`.
+    pub default_pool: Arc<Pool>,
+    /// `cuDeviceGetMemPool` (the pool `cuMemAllocAsync` uses), as a handle.
+    pub current_pool: AtomicUsize,
+    /// Live contexts on the device; NVML lists the process while it is non-zero.
+    pub contexts: AtomicU32,
+}
+
+/// The device's primary context and its retain count.
+#[derive(Debug, Default)]
+pub struct Primary {
+    pub ctx: Option<Arc<Context>>,
+    pub refs: u32,
+    pub flags: u32,
+}
+
+impl Runtime {
+    fn start() -> Result<Runtime, CUresult> {
+        let node = Node::open_from_env().map_err(|e| {
+            // The one place this library writes to stderr: without it a broken setup would
+            // show up only as an error code.
+            eprintln!("tessera-sim libcuda: {e}");
+            match e {
+                NodeError::NoSlot => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                _ => CUresult::CUDA_ERROR_OPERATING_SYSTEM,
+            }
+        })?;
+        let slot = node.attach().map_err(|e| {
+            eprintln!("tessera-sim libcuda: {e}");
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        })?;
+        let devices = (0..node.device_count() as usize)
+            .map(|index| {
+                let default_pool = Pool::new_default(index);
+                let handle = crate::memory::POOLS.insert(default_pool.clone());
+                DeviceLocal {
+                    index,
+                    primary: Mutex::new(Primary::default()),
+                    default_pool,
+                    current_pool: AtomicUsize::new(handle),
+                    contexts: AtomicU32::new(0),
+                }
+            })
+            .collect();
+        // SAFETY: registering a fork handler with no prepare/parent hooks; `child_after_fork`
+        // only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
+        Ok(Runtime {
+            node,
+            slot,
+            pid: std::process::id(),
+            devices,
+        })
+    }
+
+    pub fn device(&self, ordinal: i32) -> CuResult<&DeviceLocal> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// Fails with `CUDA_ERROR_DEVICE_UNAVAILABLE` while the device is marked lost.
+    #[inline]
+    pub fn check_device(&self, device: usize) -> CuResult<()> {
+        if self.node.is_lost(device) {
+            Err(CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Charges `bytes` of device memory to this process, or fails as a full GPU does.
+    pub fn charge(&self, device: usize, bytes: u64) -> CuResult<()> {
+        self.check_device(device)?;
+        if self.node.reserve_memory(self.slot, device, bytes) {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+
+    pub fn uncharge(&self, device: usize, bytes: u64) {
+        self.node.release_memory(self.slot, device, bytes);
+    }
+
+    /// Records that a context on `device` was created (`+1`) or destroyed (`-1`).
+    pub fn context_count(&self, device: usize, delta: i32) {
+        if let Some(d) = self.devices.get(device) {
+            let now = if delta > 0 {
+                d.contexts.fetch_add(1, Ordering::AcqRel) + 1
+            } else {
+                d.contexts.fetch_sub(1, Ordering::AcqRel).saturating_sub(1)
+            };
+            self.node.set_context(self.slot, device, now > 0);
+        }
+    }
+}
+
+extern "C" fn child_after_fork() {
+    FORKED.store(true, Ordering::SeqCst);
+}
+
+/// `cuInit`: creates the driver state once; later calls return the first outcome.
+pub fn init() -> CuResult<&'static Runtime> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(CUresult::CUDA_ERROR_NOT_INITIALIZED);
+    }
+    match RT.get_or_init(Runtime::start) {
+        Ok(rt) => Ok(rt),
+        Err(e) => Err(*e),
+    }
+}
+
+/// The driver state, or `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (and in a forked
+/// child, as the real driver).
+#[inline]
+pub fn rt() -> CuResult<&'static Runtime> {
+    match RT.get() {
+        Some(Ok(rt)) if !FORKED.load(Ordering::Relaxed) => Ok(rt),
+        _ => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// Hands the process slot back when the library is unloaded or the process exits, so a
+/// cleanly exiting program's memory returns to the device at once (a killed one's is
+/// reaped by the next process that looks).
+extern "C" fn on_unload() {
+    if FORKED.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(Ok(rt)) = RT.get()
+        && rt.pid == std::process::id()
+    {
+        rt.node.detach(rt.slot);
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static ON_UNLOAD: extern "C" fn() = on_unload;
+
+thread_local! {
+    /// This thread's context stack; the last entry is current.
+    static STACK: RefCell<Vec<Arc<Context>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context.
+#[inline]
+pub fn current() -> CuResult<Arc<Context>> {
+    let ctx = STACK
+        .try_with(|s| s.borrow().last().cloned())
+        .ok()
+        .flatten()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    ctx.check()?;
+    Ok(ctx)
+}
+
+/// The current context without checking it (`cuCtxGetCurrent` returns destroyed ones too).
+pub fn current_raw() -> Option<Arc<Context>> {
+    STACK
+        .try_with(|s| s.borrow().last().cloned())
+        .ok()
+        .flatten()
+}
+
+/// `cuCtxSetCurrent`: replaces the top of the stack (pushes onto an empty one); `None`
+/// pops it.
+pub fn set_current(ctx: Option<Arc<Context>>) -> CuResult<()> {
+    STACK
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            match ctx {
+                Some(c) => {
+                    if let Some(top) = s.last_mut() {
+                        *top = c;
+                    } else {
+                        s.push(c);
+                    }
+                }
+                None => {
+                    s.pop();
+                }
+            }
+        })
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+pub fn push_current(ctx: Arc<Context>) -> CuResult<()> {
+    STACK
+        .try_with(|s| s.borrow_mut().push(ctx))
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+pub fn pop_current() -> CuResult<Arc<Context>> {
+    STACK
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// Removes a destroyed context from this thread's stack.
+pub fn forget_current(ctx: &Arc<Context>) {
+    let _ = STACK.try_with(|s| s.borrow_mut().retain(|c| !Arc::ptr_eq(c, ctx)));
+}

@@ -1,0 +1,566 @@
+//! Streams and events. A stream is a completion time: work queued on it ends no earlier
+//! than the last work queued before it (the device engine is FIFO), so synchronising a
+//! stream is sleeping until its last queued work ends, and an event is the completion time
+//! of its stream's work when it was recorded.
+
+use std::cell::RefCell;
+use std::ffi::c_uint;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tessera_ffi::cuda::*;
+use tessera_sim::clock::{now_ns, sleep_until};
+
+use crate::context::Context;
+use crate::registry::{Registry, handle_of};
+use crate::runtime::{Runtime, current, rt};
+use crate::{CuResult, guard, put};
+
+pub static STREAMS: Registry<Stream> = Registry::new();
+pub static EVENTS: Registry<Event> = Registry::new();
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What every stream (legacy, per-thread, created) tracks.
+#[derive(Debug)]
+pub struct StreamState {
+    pub id: u64,
+    /// Completion time (CLOCK_MONOTONIC ns) of the last work queued on the stream.
+    pub last_end: AtomicU64,
+}
+
+impl Default for StreamState {
+    fn default() -> Self {
+        StreamState {
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            last_end: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A stream made by `cuStreamCreate*` (or a thread's per-thread default stream).
+#[derive(Debug)]
+pub struct Stream {
+    pub ctx: Arc<Context>,
+    pub flags: u32,
+    pub priority: i32,
+    pub state: StreamState,
+}
+
+/// The stream a call names, resolved.
+#[derive(Debug)]
+pub enum Target {
+    /// A context's legacy default stream.
+    Legacy(Arc<Context>),
+    Stream(Arc<Stream>),
+}
+
+impl Target {
+    #[inline]
+    pub fn ctx(&self) -> &Arc<Context> {
+        match self {
+            Target::Legacy(c) => c,
+            Target::Stream(s) => &s.ctx,
+        }
+    }
+
+    #[inline]
+    pub fn state(&self) -> &StreamState {
+        match self {
+            Target::Legacy(c) => &c.legacy,
+            Target::Stream(s) => &s.state,
+        }
+    }
+
+    /// Queues work of `duration_ns` on the stream's device and returns its completion time.
+    #[inline]
+    pub fn submit(&self, rt: &Runtime, duration_ns: u64) -> CuResult<u64> {
+        let ctx = self.ctx();
+        ctx.check()?;
+        rt.check_device(ctx.device)?;
+        let (_, end) = rt.node.schedule(rt.slot, ctx.device, now_ns(), duration_ns);
+        self.state().last_end.fetch_max(end, Ordering::AcqRel);
+        ctx.note_end(end);
+        Ok(end)
+    }
+
+    /// Completion time of everything queued on the stream so far.
+    pub fn last_end(&self) -> u64 {
+        self.state().last_end.load(Ordering::Acquire)
+    }
+
+    /// Waits for the stream's work; a synchronisation point for memory pools.
+    pub fn synchronize(&self, rt: &Runtime) -> CuResult<()> {
+        self.ctx().check()?;
+        sleep_until(self.last_end());
+        crate::memory::trim_pools_after_sync(rt, self.ctx().device);
+        Ok(())
+    }
+
+    /// The handle a program would use for this stream.
+    pub fn handle(&self) -> CUstream {
+        match self {
+            Target::Legacy(_) => std::ptr::null_mut(),
+            Target::Stream(s) => handle_of(s) as CUstream,
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's per-thread default stream of each context it used one in.
+    static PER_THREAD: RefCell<Vec<Arc<Stream>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn per_thread(ctx: Arc<Context>) -> CuResult<Target> {
+    PER_THREAD
+        .try_with(|v| {
+            let mut v = v.borrow_mut();
+            if let Some(s) = v.iter().find(|s| Arc::ptr_eq(&s.ctx, &ctx)) {
+                return Target::Stream(s.clone());
+            }
+            v.retain(|s| s.ctx.check().is_ok());
+            let s = Arc::new(Stream {
+                ctx,
+                flags: 0,
+                priority: 0,
+                state: StreamState::default(),
+            });
+            v.push(s.clone());
+            Target::Stream(s)
+        })
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// Resolves a stream argument. `NULL` is the legacy default stream, or the per-thread one
+/// for the `_ptsz`/`_ptds` entry points (`per_thread_default`); `CU_STREAM_LEGACY` and
+/// `CU_STREAM_PER_THREAD` name those explicitly; anything else must be a live stream.
+#[inline]
+pub fn resolve(h: CUstream, per_thread_default: bool) -> CuResult<Target> {
+    match h as usize {
+        0 if per_thread_default => per_thread(current()?),
+        0 | 1 => Ok(Target::Legacy(current()?)),
+        2 => per_thread(current()?),
+        other => {
+            let s = STREAMS
+                .get(other)
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            s.ctx.check()?;
+            Ok(Target::Stream(s))
+        }
+    }
+}
+
+/// Drops the streams and events of a destroyed context.
+pub fn destroy_context_objects(ctx_id: u64) {
+    STREAMS.remove_where(|s| s.ctx.id == ctx_id);
+    EVENTS.remove_where(|e| e.ctx.id == ctx_id);
+}
+
+fn stream_create(ph: *mut CUstream, flags: c_uint, priority: i32) -> CuResult<()> {
+    rt()?;
+    let ctx = current()?;
+    if flags & !CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0 || ph.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let s = Arc::new(Stream {
+        ctx,
+        flags,
+        // Out-of-range priorities are clamped, as the driver does.
+        priority: priority.clamp(-5, 0),
+        state: StreamState::default(),
+    });
+    let h = STREAMS.insert(s);
+    // SAFETY: checked non-null; the caller passes a writable CUstream.
+    unsafe { ph.write(h as CUstream) };
+    Ok(())
+}
+
+/// `cuStreamCreate`.
+///
+/// # Safety
+/// `phStream` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(phStream: *mut CUstream, Flags: c_uint) -> CUresult {
+    guard(|| stream_create(phStream, Flags, 0))
+}
+
+/// `cuStreamCreateWithPriority`.
+///
+/// # Safety
+/// `phStream` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    phStream: *mut CUstream,
+    flags: c_uint,
+    priority: i32,
+) -> CUresult {
+    guard(|| stream_create(phStream, flags, priority))
+}
+
+fn stream_destroy(h: CUstream) -> CuResult<()> {
+    rt()?;
+    // Pending work still completes on the device; only the handle goes.
+    STREAMS
+        .remove(h as usize)
+        .map(|_| ())
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuStreamDestroy`.
+///
+/// # Safety
+/// Any handle value is accepted; unknown ones are reported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamDestroy(hStream: CUstream) -> CUresult {
+    guard(|| stream_destroy(hStream))
+}
+
+/// `cuStreamDestroy_v2`.
+///
+/// # Safety
+/// Any handle value is accepted; unknown ones are reported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
+    guard(|| stream_destroy(hStream))
+}
+
+macro_rules! stream_fn {
+    ($(#[$doc:meta])* fn $name:ident / $ptsz:ident ($($arg:ident : $ty:ty),*) => $body:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments must be null or valid for the access the driver API defines.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(hStream: CUstream $(, $arg: $ty)*) -> CUresult {
+            guard(|| {
+                let rt = rt()?;
+                let t = resolve(hStream, false)?;
+                #[allow(clippy::redundant_closure_call)]
+                ($body)(rt, t)
+            })
+        }
+
+        /// The per-thread-default-stream variant.
+        ///
+        /// # Safety
+        /// As the legacy-stream variant.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $ptsz(hStream: CUstream $(, $arg: $ty)*) -> CUresult {
+            guard(|| {
+                let rt = rt()?;
+                let t = resolve(hStream, true)?;
+                #[allow(clippy::redundant_closure_call)]
+                ($body)(rt, t)
+            })
+        }
+    };
+}
+
+stream_fn! {
+    /// `cuStreamSynchronize`: sleeps until the stream's queued work has ended.
+    fn cuStreamSynchronize / cuStreamSynchronize_ptsz () => |rt: &Runtime, t: Target| t.synchronize(rt)
+}
+
+stream_fn! {
+    /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while queued work has not ended.
+    fn cuStreamQuery / cuStreamQuery_ptsz () => |rt: &Runtime, t: Target| {
+        rt.check_device(t.ctx().device)?;
+        if now_ns() >= t.last_end() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamWaitEvent`: later work on the stream waits for the event.
+    fn cuStreamWaitEvent / cuStreamWaitEvent_ptsz (hEvent: CUevent, Flags: c_uint) => |_rt: &Runtime, t: Target| {
+        if Flags & !1 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let e = EVENTS.get(hEvent as usize).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let time = e.time.load(Ordering::Acquire);
+        t.state().last_end.fetch_max(time, Ordering::AcqRel);
+        t.ctx().note_end(time);
+        Ok(())
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetCtx`.
+    fn cuStreamGetCtx / cuStreamGetCtx_ptsz (pctx: *mut CUcontext) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(pctx, handle_of(t.ctx()) as CUcontext) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetCtx_v2`: no green contexts here, so `*pGreenCtx` is always NULL.
+    fn cuStreamGetCtx_v2 / cuStreamGetCtx_v2_ptsz (pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes writable pointers or null (rejected).
+        unsafe {
+            put(pCtx, handle_of(t.ctx()) as CUcontext)?;
+            put(pGreenCtx, std::ptr::null_mut())
+        }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetDevice`.
+    fn cuStreamGetDevice / cuStreamGetDevice_ptsz (device: *mut CUdevice) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(device, t.ctx().device as CUdevice) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetFlags`.
+    fn cuStreamGetFlags / cuStreamGetFlags_ptsz (flags: *mut c_uint) => |_rt: &Runtime, t: Target| {
+        let f = match &t { Target::Legacy(_) => 0, Target::Stream(s) => s.flags };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(flags, f) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetPriority`.
+    fn cuStreamGetPriority / cuStreamGetPriority_ptsz (priority: *mut i32) => |_rt: &Runtime, t: Target| {
+        let p = match &t { Target::Legacy(_) => 0, Target::Stream(s) => s.priority };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(priority, p) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetId`.
+    fn cuStreamGetId / cuStreamGetId_ptsz (streamId: *mut u64) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(streamId, t.state().id) }
+    }
+}
+
+stream_fn! {
+    /// `cuStreamIsCapturing`: stream capture is not simulated, so never capturing.
+    fn cuStreamIsCapturing / cuStreamIsCapturing_ptsz (captureStatus: *mut CUstreamCaptureStatus) => |_rt: &Runtime, _t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(captureStatus, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) }
+    }
+}
+
+// ---- events ----
+
+/// An event: the completion time of its stream's work when last recorded.
+#[derive(Debug)]
+pub struct Event {
+    pub ctx: Arc<Context>,
+    pub flags: u32,
+    /// CLOCK_MONOTONIC ns at which the recorded work completes; 0 before the first record.
+    pub time: AtomicU64,
+}
+
+const EVENT_FLAGS: u32 = 0x1 | 0x2 | 0x4;
+
+/// `cuEventCreate`.
+///
+/// # Safety
+/// `phEvent` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> CUresult {
+    guard(|| {
+        rt()?;
+        let ctx = current()?;
+        let interprocess = CUevent_flags::CU_EVENT_INTERPROCESS.0;
+        let disable_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        if Flags & !EVENT_FLAGS != 0
+            || (Flags & interprocess != 0 && Flags & disable_timing == 0)
+            || phEvent.is_null()
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = EVENTS.insert(Arc::new(Event {
+            ctx,
+            flags: Flags,
+            time: AtomicU64::new(0),
+        }));
+        // SAFETY: checked non-null above.
+        unsafe { phEvent.write(h as CUevent) };
+        Ok(())
+    })
+}
+
+fn event_destroy(h: CUevent) -> CuResult<()> {
+    rt()?;
+    EVENTS
+        .remove(h as usize)
+        .map(|_| ())
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuEventDestroy`.
+///
+/// # Safety
+/// Any handle value is accepted; unknown ones are reported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventDestroy(hEvent: CUevent) -> CUresult {
+    guard(|| event_destroy(hEvent))
+}
+
+/// `cuEventDestroy_v2`.
+///
+/// # Safety
+/// Any handle value is accepted; unknown ones are reported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
+    guard(|| event_destroy(hEvent))
+}
+
+fn record(h: CUevent, stream: CUstream, per_thread: bool, flags: c_uint) -> CuResult<()> {
+    let rt = rt()?;
+    if flags & !1 != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let e = EVENTS
+        .get(h as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let t = resolve(stream, per_thread)?;
+    if t.ctx().device != e.ctx.device {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    rt.check_device(t.ctx().device)?;
+    e.time
+        .store(t.last_end().max(now_ns()).max(1), Ordering::Release);
+    Ok(())
+}
+
+/// `cuEventRecord`.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CUresult {
+    guard(|| record(hEvent, hStream, false, 0))
+}
+
+/// `cuEventRecord_ptsz`.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream) -> CUresult {
+    guard(|| record(hEvent, hStream, true, 0))
+}
+
+/// `cuEventRecordWithFlags`.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    hEvent: CUevent,
+    hStream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| record(hEvent, hStream, false, flags))
+}
+
+/// `cuEventRecordWithFlags_ptsz`.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    hEvent: CUevent,
+    hStream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| record(hEvent, hStream, true, flags))
+}
+
+/// `cuEventQuery`: an event never recorded counts as complete.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
+    guard(|| {
+        rt()?;
+        let e = EVENTS
+            .get(hEvent as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        if now_ns() >= e.time.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(CUresult::CUDA_ERROR_NOT_READY)
+        }
+    })
+}
+
+/// `cuEventSynchronize`.
+///
+/// # Safety
+/// Handles are checked; no pointers are dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let e = EVENTS
+            .get(hEvent as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        rt.check_device(e.ctx.device)?;
+        sleep_until(e.time.load(Ordering::Acquire));
+        Ok(())
+    })
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult<()> {
+    rt()?;
+    if ms.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let a = EVENTS
+        .get(start as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let b = EVENTS
+        .get(end as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let no_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+    if (a.flags | b.flags) & no_timing != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let (ta, tb) = (
+        a.time.load(Ordering::Acquire),
+        b.time.load(Ordering::Acquire),
+    );
+    if ta == 0 || tb == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    if now_ns() < ta.max(tb) {
+        return Err(CUresult::CUDA_ERROR_NOT_READY);
+    }
+    let v = (tb as i128 - ta as i128) as f64 / 1e6;
+    // SAFETY: checked non-null above.
+    unsafe { ms.write(v as f32) };
+    Ok(())
+}
+
+/// `cuEventElapsedTime`: ms between two recorded, completed events.
+///
+/// # Safety
+/// `pMilliseconds` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    pMilliseconds: *mut f32,
+    hStart: CUevent,
+    hEnd: CUevent,
+) -> CUresult {
+    guard(|| elapsed(pMilliseconds, hStart, hEnd))
+}
+
+/// `cuEventElapsedTime_v2` (CUDA 12.8; same contract).
+///
+/// # Safety
+/// `pMilliseconds` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    pMilliseconds: *mut f32,
+    hStart: CUevent,
+    hEnd: CUevent,
+) -> CUresult {
+    guard(|| elapsed(pMilliseconds, hStart, hEnd))
+}

@@ -1,0 +1,263 @@
+//! The node state file's layout: `#[repr(C)]`, fixed size, atomics only, so that every
+//! process of the node maps the same bytes and updates them without locks.
+//!
+//! A file is valid when `magic`, `abi` and `size` match; the creator writes `magic` last.
+//! Everything starts zeroed (a fresh `ftruncate`d file), which is a valid empty state.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// `b"TSRASIM\0"` as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRASIM\0");
+/// Bumped on every incompatible change of this file.
+pub const ABI_VERSION: u32 = 1;
+/// Devices a node can have.
+pub const MAX_DEVICES: usize = 16;
+/// Processes that can use the node's CUDA at the same time.
+pub const MAX_PROCS: usize = 512;
+/// Bytes of a device name, NUL included.
+pub const NAME_LEN: usize = 64;
+/// XID events kept per device for NVML event sets.
+pub const XID_RING: usize = 64;
+
+/// Buckets of the per-device busy history: 10 ms each, 20.48 s in all.
+pub const DEVICE_RING: usize = 2048;
+pub const DEVICE_BUCKET_NS: u64 = 10_000_000;
+/// Buckets of the per-process busy history: 100 ms each, 6.4 s in all.
+pub const PROC_RING: usize = 64;
+pub const PROC_BUCKET_NS: u64 = 100_000_000;
+
+/// The whole file.
+#[repr(C)]
+pub struct NodeState {
+    pub header: Header,
+    pub devices: [DeviceState; MAX_DEVICES],
+    pub procs: [ProcSlot; MAX_PROCS],
+}
+
+/// Size of the node state file in bytes.
+pub const STATE_SIZE: usize = size_of::<NodeState>();
+const _: () = assert!(
+    STATE_SIZE == 4_693_496,
+    "NodeState layout changed: bump ABI_VERSION"
+);
+
+#[repr(C)]
+pub struct Header {
+    /// `MAGIC` once the file is initialised; written last with `Release`.
+    pub magic: AtomicU64,
+    pub abi: AtomicU32,
+    pub device_count: AtomicU32,
+    pub size: AtomicU64,
+    pub seed: AtomicU64,
+    /// Bumped (and futex-woken) on every XID event of any device; NVML event sets wait on it.
+    pub event_seq: AtomicU32,
+    /// One past the highest process slot ever claimed, so scans stop early.
+    pub procs_high: AtomicU32,
+    pub _reserved: [u64; 10],
+}
+
+/// One simulated GPU. The first block is written once at creation; the rest changes.
+#[repr(C)]
+pub struct DeviceState {
+    pub memory_total: AtomicU64,
+    pub sms: AtomicU32,
+    pub cc_major: AtomicU32,
+    pub cc_minor: AtomicU32,
+    pub pci_domain: AtomicU32,
+    pub pci_bus: AtomicU32,
+    pub pci_device: AtomicU32,
+    pub uuid: [AtomicU64; 2],
+    pub name: [AtomicU64; NAME_LEN / 8],
+    /// CLOCK_MONOTONIC ns at which the last work queued on the engine completes.
+    pub busy_until: AtomicU64,
+    /// Sum of the durations of all work ever queued (ns).
+    pub busy_total_ns: AtomicU64,
+    pub launches: AtomicU64,
+    /// Non-zero while the device is marked lost (fallen off the bus).
+    pub lost: AtomicU32,
+    pub _pad: AtomicU32,
+    /// Number of XID events ever injected; the newest is `xids[(xid_seq - 1) % XID_RING]`.
+    pub xid_seq: AtomicU64,
+    pub xids: [XidRecord; XID_RING],
+    pub busy: BusyRing<DEVICE_RING, DEVICE_BUCKET_NS>,
+    pub _reserved: [u64; 8],
+}
+
+#[repr(C)]
+pub struct XidRecord {
+    /// The event's 1-based sequence number, stored last; a reader that finds another
+    /// number in the record knows it was overwritten or is not written yet.
+    pub seq: AtomicU64,
+    pub xid: AtomicU64,
+    pub time_ns: AtomicU64,
+}
+
+/// Owner word of a process slot: the pid in the low 32 bits, the state above.
+pub const SLOT_FREE: u64 = 0;
+pub const SLOT_CLAIMING: u64 = 1 << 32;
+pub const SLOT_LIVE: u64 = 2 << 32;
+pub const SLOT_REAPING: u64 = 3 << 32;
+pub const SLOT_STATE_MASK: u64 = 0xffff_ffff << 32;
+
+/// One process using the node's CUDA: what it holds and what it ran, per device.
+#[repr(C)]
+pub struct ProcSlot {
+    /// `SLOT_*` state | pid (the claimer's, or for `SLOT_REAPING` the reaper's).
+    pub owner: AtomicU64,
+    /// Start time of the process (clock ticks since boot, `/proc/<pid>/stat` field 22),
+    /// so a recycled pid is not mistaken for the slot's owner.
+    pub start_time: AtomicU64,
+    /// Bit d set while the process has a context on device d.
+    pub contexts: AtomicU32,
+    pub _pad: AtomicU32,
+    pub memory: [AtomicU64; MAX_DEVICES],
+    pub busy_ns: [AtomicU64; MAX_DEVICES],
+    pub launches: [AtomicU64; MAX_DEVICES],
+    pub busy: [BusyRing<PROC_RING, PROC_BUCKET_NS>; MAX_DEVICES],
+}
+
+impl ProcSlot {
+    /// Clears everything the slot accounts; the owner word is left to the caller.
+    pub fn clear_usage(&self) {
+        self.contexts.store(0, Ordering::SeqCst);
+        self.start_time.store(0, Ordering::SeqCst);
+        for d in 0..MAX_DEVICES {
+            self.memory[d].store(0, Ordering::SeqCst);
+            self.busy_ns[d].store(0, Ordering::SeqCst);
+            self.launches[d].store(0, Ordering::SeqCst);
+            self.busy[d].clear();
+        }
+    }
+}
+
+/// Busy time per time bucket, a ring indexed by `t / BUCKET_NS`. Each word packs the
+/// bucket's epoch (`t / BUCKET_NS`, low 32 bits) in its high half and the busy ns in it in
+/// its low half, so a writer that finds an old epoch restarts the bucket with one CAS and
+/// a reader ignores buckets of other laps.
+#[repr(C)]
+pub struct BusyRing<const N: usize, const BUCKET_NS: u64> {
+    pub buckets: [AtomicU64; N],
+}
+
+impl<const N: usize, const BUCKET_NS: u64> BusyRing<N, BUCKET_NS> {
+    /// Ring span in ns.
+    pub const SPAN_NS: u64 = N as u64 * BUCKET_NS;
+
+    /// Records busy time over `[start, end)`. Only the part up to three quarters of the
+    /// ring ahead of `now` is recorded, so writes never overrun the history readers need.
+    pub fn add(&self, now: u64, start: u64, end: u64) {
+        let horizon = now.saturating_add(Self::SPAN_NS / 4 * 3);
+        let end = end.min(horizon);
+        let mut t = start;
+        while t < end {
+            let epoch = t / BUCKET_NS;
+            let bucket_end = (epoch + 1) * BUCKET_NS;
+            let chunk = bucket_end.min(end) - t;
+            self.add_to(epoch, chunk);
+            t = bucket_end;
+        }
+    }
+
+    fn add_to(&self, epoch: u64, ns: u64) {
+        let slot = &self.buckets[(epoch % N as u64) as usize];
+        let tag = epoch & 0xffff_ffff;
+        let mut cur = slot.load(Ordering::Relaxed);
+        loop {
+            let next = if cur >> 32 == tag {
+                (tag << 32) | ((cur & 0xffff_ffff) + ns).min(BUCKET_NS)
+            } else {
+                (tag << 32) | ns.min(BUCKET_NS)
+            };
+            match slot.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Busy ns recorded in the buckets that lie wholly inside `[from, to)`.
+    pub fn busy_between(&self, from: u64, to: u64) -> u64 {
+        let first = from.div_ceil(BUCKET_NS);
+        let last = to / BUCKET_NS; // exclusive
+        let first = first.max(last.saturating_sub(N as u64 - 1));
+        (first..last)
+            .map(|epoch| {
+                let word = self.buckets[(epoch % N as u64) as usize].load(Ordering::Acquire);
+                if word >> 32 == epoch & 0xffff_ffff {
+                    word & 0xffff_ffff
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Fraction of `window_ns` (rounded to whole buckets) ending at the last complete
+    /// bucket before `now` that was busy, 0.0..=1.0.
+    pub fn utilization(&self, now: u64, window_ns: u64) -> f64 {
+        let to = now / BUCKET_NS * BUCKET_NS;
+        let buckets = (window_ns / BUCKET_NS).clamp(1, N as u64 / 4);
+        let from = to.saturating_sub(buckets * BUCKET_NS);
+        let span = to - from;
+        if span == 0 {
+            return 0.0;
+        }
+        (self.busy_between(from, to) as f64 / span as f64).min(1.0)
+    }
+
+    pub fn clear(&self) {
+        for b in &self.buckets {
+            b.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> Box<BusyRing<16, 10>> {
+        Box::new(BusyRing {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    #[test]
+    fn records_and_reads_busy_time_per_bucket() {
+        let r = ring();
+        r.add(0, 5, 25); // 5 in [0,10), 10 in [10,20), 5 in [20,30)
+        assert_eq!(r.busy_between(0, 30), 20);
+        assert_eq!(r.busy_between(10, 20), 10);
+        // Partial buckets at the edges are not counted.
+        assert_eq!(r.busy_between(5, 30), 15);
+    }
+
+    #[test]
+    fn old_laps_are_ignored_and_overwritten() {
+        let r = ring();
+        r.add(0, 0, 10);
+        // 16 buckets later the same slot holds a new epoch.
+        r.add(160, 160, 165);
+        assert_eq!(r.busy_between(160, 170), 5);
+        assert_eq!(r.busy_between(0, 10), 0, "lap 0 is gone");
+    }
+
+    #[test]
+    fn writes_far_ahead_are_clipped() {
+        let r = ring();
+        // Horizon is 3/4 of 160 = 120 ns ahead of now.
+        r.add(0, 0, 1_000);
+        assert_eq!(r.busy_between(0, 120), 120);
+        assert_eq!(r.busy_between(120, 160), 0);
+    }
+
+    #[test]
+    fn utilization_over_a_window() {
+        let r = ring();
+        r.add(0, 0, 20);
+        r.add(0, 30, 40);
+        // Window of 4 buckets ending at 40: [0,40) has 30 busy.
+        let u = r.utilization(45, 40);
+        assert!((u - 0.75).abs() < 1e-9, "{u}");
+    }
+}

@@ -1,0 +1,893 @@
+//! The node state file: opening (and creating) it, and every operation on the shared
+//! state: process slots, memory admission, the execution engine's timeline, XID events.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::clock::now_ns;
+use crate::config::{ConfigError, ENV_STATE, NodeConfig};
+use crate::layout::*;
+use crate::process::{is_alive, own_start_time};
+
+/// Why the node state cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("simulated node state {path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
+    #[error(
+        "simulated node state {path}: {reason} (delete it, or set TESSERA_SIM_STATE to another file)"
+    )]
+    BadFile { path: PathBuf, reason: String },
+    #[error("simulated node configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("all {MAX_PROCS} process slots of the simulated node are in use")]
+    NoSlot,
+    #[error("no simulated device {0}")]
+    NoDevice(u32),
+}
+
+/// A mapped node state file. Cheap to share between threads: everything in it is atomic.
+#[derive(Debug)]
+pub struct Node {
+    state: NonNull<NodeState>,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is only accessed through atomics and lives as long as the Node.
+unsafe impl Send for Node {}
+// SAFETY: as above; all shared access goes through atomic operations.
+unsafe impl Sync for Node {}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SAFETY: `state` is the start of a mapping of STATE_SIZE bytes made in `open`, and
+        // no reference into it outlives `self`.
+        unsafe { libc::munmap(self.state.as_ptr().cast(), STATE_SIZE) };
+    }
+}
+
+/// The default state file: `$XDG_RUNTIME_DIR/tessera-sim/node`, else
+/// `/tmp/tessera-sim-<uid>/node`.
+pub fn default_state_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("tessera-sim/node"),
+        _ => {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            PathBuf::from(format!("/tmp/tessera-sim-{uid}/node"))
+        }
+    }
+}
+
+/// The state file this process uses: `TESSERA_SIM_STATE`, else the default.
+pub fn state_path_from_env() -> PathBuf {
+    match std::env::var_os(ENV_STATE) {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => default_state_path(),
+    }
+}
+
+fn io<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> NodeError + 'a {
+    move |source| NodeError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+impl Node {
+    /// Opens the node of this process's environment (`TESSERA_SIM_STATE` and the
+    /// `TESSERA_SIM_*` configuration, used only if the file is created now).
+    pub fn open_from_env() -> Result<Node, NodeError> {
+        let path = state_path_from_env();
+        // The configuration is only read to create the file; an existing file wins, so a
+        // bad variable does not stop a process from joining an existing node.
+        Self::open_with(&path, || NodeConfig::from_env().map_err(NodeError::from))
+    }
+
+    /// Opens `path`, creating and initialising it from `config` if it does not exist yet.
+    pub fn open(path: &Path, config: &NodeConfig) -> Result<Node, NodeError> {
+        Self::open_with(path, || Ok(config.clone()))
+    }
+
+    fn open_with(
+        path: &Path,
+        config: impl FnOnce() -> Result<NodeConfig, NodeError>,
+    ) -> Result<Node, NodeError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io(path, "creating its directory"))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(io(path, "open"))?;
+        let fd = file.as_raw_fd();
+        // Creation and validation happen under an exclusive flock, so no opener sees a
+        // half-initialised file; the lock is dropped with `file` at the end of this call.
+        // SAFETY: `fd` is an open descriptor owned by `file`.
+        if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
+            return Err(io(path, "flock")(std::io::Error::last_os_error()));
+        }
+        let len = file.metadata().map_err(io(path, "stat"))?.len();
+        if len == 0 {
+            file.set_len(STATE_SIZE as u64)
+                .map_err(io(path, "ftruncate"))?;
+        } else if len != STATE_SIZE as u64 {
+            return Err(NodeError::BadFile {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "size is {len} bytes, this build expects {STATE_SIZE} (another ABI version?)"
+                ),
+            });
+        }
+        // SAFETY: mapping `STATE_SIZE` bytes of a file that is exactly that long, shared and
+        // read-write; the result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                STATE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io(path, "mmap")(std::io::Error::last_os_error()));
+        }
+        let node = Node {
+            // SAFETY: mmap succeeded, so `ptr` is non-null and page-aligned.
+            state: unsafe { NonNull::new_unchecked(ptr.cast()) },
+            path: path.to_path_buf(),
+        };
+        // The mapping keeps the open file description alive, and with it the flock, so the
+        // lock is dropped explicitly whatever the outcome.
+        let result = node.validate_or_initialise(config);
+        // SAFETY: `fd` is still open (owned by `file`).
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        drop(file);
+        result.map(|()| node)
+    }
+
+    fn validate_or_initialise(
+        &self,
+        config: impl FnOnce() -> Result<NodeConfig, NodeError>,
+    ) -> Result<(), NodeError> {
+        let node = self;
+        let path = &self.path;
+        let header = &node.state().header;
+        match header.magic.load(Ordering::Acquire) {
+            // Never initialised, or its creator died half-way: we hold the lock, so finish.
+            0 => node.initialise(&config()?),
+            MAGIC => {
+                let abi = header.abi.load(Ordering::Relaxed);
+                if abi != ABI_VERSION {
+                    return Err(NodeError::BadFile {
+                        path: path.to_path_buf(),
+                        reason: format!("ABI version {abi}, this build uses {ABI_VERSION}"),
+                    });
+                }
+            }
+            other => {
+                return Err(NodeError::BadFile {
+                    path: path.to_path_buf(),
+                    reason: format!("not a node state file (magic {other:#x})"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn initialise(&self, config: &NodeConfig) {
+        let s = self.state();
+        s.header.abi.store(ABI_VERSION, Ordering::Relaxed);
+        s.header
+            .device_count
+            .store(config.devices, Ordering::Relaxed);
+        s.header.size.store(STATE_SIZE as u64, Ordering::Relaxed);
+        s.header.seed.store(config.seed, Ordering::Relaxed);
+        for (i, d) in s.devices.iter().enumerate().take(config.devices as usize) {
+            d.memory_total
+                .store(config.memory_per_device, Ordering::Relaxed);
+            d.sms.store(config.sms, Ordering::Relaxed);
+            d.cc_major.store(config.cc_major, Ordering::Relaxed);
+            d.cc_minor.store(config.cc_minor, Ordering::Relaxed);
+            d.pci_domain.store(0, Ordering::Relaxed);
+            d.pci_bus.store(0x18 + 0x10 * i as u32, Ordering::Relaxed);
+            d.pci_device.store(0, Ordering::Relaxed);
+            let uuid = device_uuid(config.seed, i as u32);
+            d.uuid[0].store(
+                u64::from_le_bytes(uuid[..8].try_into().unwrap_or_default()),
+                Ordering::Relaxed,
+            );
+            d.uuid[1].store(
+                u64::from_le_bytes(uuid[8..].try_into().unwrap_or_default()),
+                Ordering::Relaxed,
+            );
+            let mut name = [0u8; NAME_LEN];
+            let bytes = config.name.as_bytes();
+            let n = bytes.len().min(NAME_LEN - 1);
+            name[..n].copy_from_slice(&bytes[..n]);
+            for (w, chunk) in d.name.iter().zip(name.chunks(8)) {
+                w.store(
+                    u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        s.header.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// The raw shared state, for the simulated libraries.
+    pub fn state(&self) -> &NodeState {
+        // SAFETY: the mapping is valid for the Node's lifetime and NodeState holds only
+        // atomics (and padding), for which any bit pattern, including zero, is valid.
+        unsafe { self.state.as_ref() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn device_count(&self) -> u32 {
+        self.state()
+            .header
+            .device_count
+            .load(Ordering::Relaxed)
+            .min(MAX_DEVICES as u32)
+    }
+
+    /// The device's shared state, if `index` names one.
+    pub fn device(&self, index: u32) -> Result<&DeviceState, NodeError> {
+        if index < self.device_count() {
+            Ok(&self.state().devices[index as usize])
+        } else {
+            Err(NodeError::NoDevice(index))
+        }
+    }
+
+    /// Static facts about a device.
+    pub fn device_info(&self, index: u32) -> Result<DeviceInfo, NodeError> {
+        let d = self.device(index)?;
+        let mut name = Vec::with_capacity(NAME_LEN);
+        for w in &d.name {
+            name.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        name.truncate(end);
+        let uuid = device_uuid_bytes(d);
+        Ok(DeviceInfo {
+            index,
+            name: String::from_utf8_lossy(&name).into_owned(),
+            uuid: format_uuid(&uuid),
+            uuid_bytes: uuid,
+            memory_total: d.memory_total.load(Ordering::Relaxed),
+            sms: d.sms.load(Ordering::Relaxed),
+            cc_major: d.cc_major.load(Ordering::Relaxed),
+            cc_minor: d.cc_minor.load(Ordering::Relaxed),
+            pci_domain: d.pci_domain.load(Ordering::Relaxed),
+            pci_bus: d.pci_bus.load(Ordering::Relaxed),
+            pci_device: d.pci_device.load(Ordering::Relaxed),
+        })
+    }
+
+    /// What the device is doing now.
+    pub fn device_usage(&self, index: u32) -> Result<DeviceUsage, NodeError> {
+        let d = self.device(index)?;
+        let now = now_ns();
+        Ok(DeviceUsage {
+            memory_used: self.memory_used(index as usize),
+            memory_total: d.memory_total.load(Ordering::Relaxed),
+            busy_ns: d.busy_total_ns.load(Ordering::Acquire),
+            busy_until_ns: d.busy_until.load(Ordering::Acquire),
+            launches: d.launches.load(Ordering::Relaxed),
+            lost: d.lost.load(Ordering::Acquire) != 0,
+            utilization: d.busy.utilization(now, 1_000_000_000),
+        })
+    }
+
+    fn slots(&self) -> &[ProcSlot] {
+        let high = (self.state().header.procs_high.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        &self.state().procs[..high]
+    }
+
+    /// Claims (or finds again) this process's slot. Dead processes are reaped first.
+    pub fn attach(&self) -> Result<usize, NodeError> {
+        self.reap_dead();
+        let pid = std::process::id();
+        let start = own_start_time();
+        for (i, slot) in self.slots().iter().enumerate() {
+            if slot.owner.load(Ordering::Acquire) == SLOT_LIVE | u64::from(pid)
+                && slot.start_time.load(Ordering::Acquire) == start
+            {
+                return Ok(i);
+            }
+        }
+        let procs = &self.state().procs;
+        for (i, slot) in procs.iter().enumerate() {
+            if slot
+                .owner
+                .compare_exchange(
+                    SLOT_FREE,
+                    SLOT_CLAIMING | u64::from(pid),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                slot.clear_usage();
+                slot.start_time.store(start, Ordering::Release);
+                self.state()
+                    .header
+                    .procs_high
+                    .fetch_max(i as u32 + 1, Ordering::AcqRel);
+                slot.owner
+                    .store(SLOT_LIVE | u64::from(pid), Ordering::Release);
+                return Ok(i);
+            }
+        }
+        Err(NodeError::NoSlot)
+    }
+
+    /// Gives this process's slot back (clean exit): its memory returns to the devices.
+    pub fn detach(&self, slot: usize) {
+        let Some(s) = self.state().procs.get(slot) else {
+            return;
+        };
+        let me = SLOT_LIVE | u64::from(std::process::id());
+        if s.owner
+            .compare_exchange(
+                me,
+                SLOT_REAPING | u64::from(std::process::id()),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            s.clear_usage();
+            s.owner.store(SLOT_FREE, Ordering::Release);
+        }
+    }
+
+    /// Frees the slots of processes that are gone (exited, killed, zombies), returning
+    /// their memory to the devices. Returns how many slots were freed.
+    pub fn reap_dead(&self) -> usize {
+        let me = u64::from(std::process::id());
+        let mut reaped = 0;
+        for slot in self.slots() {
+            let owner = slot.owner.load(Ordering::Acquire);
+            let pid = (owner & 0xffff_ffff) as u32;
+            let dead = match owner & SLOT_STATE_MASK {
+                SLOT_LIVE => !is_alive(pid, slot.start_time.load(Ordering::Acquire)),
+                // A claimer or reaper that died half-way: its pid is all we know.
+                SLOT_CLAIMING | SLOT_REAPING => !is_alive(pid, 0),
+                _ => false,
+            };
+            if dead
+                && slot
+                    .owner
+                    .compare_exchange(
+                        owner,
+                        SLOT_REAPING | me,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                slot.clear_usage();
+                slot.owner.store(SLOT_FREE, Ordering::Release);
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    /// Device memory in use: the sum of every process's holdings on the device.
+    pub fn memory_used(&self, device: usize) -> u64 {
+        self.slots()
+            .iter()
+            .map(|s| s.memory[device].load(Ordering::SeqCst))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Admits `bytes` of device memory for the process in `slot`, or returns false when the
+    /// device is full (the caller reports CUDA_ERROR_OUT_OF_MEMORY).
+    ///
+    /// The reservation is added to the slot first and then checked against the sum of all
+    /// slots, so a process killed at any instant holds exactly what its slot says and
+    /// reaping the slot returns it. Two racing reservations can both see each other and
+    /// both back off; they retry a few times before giving up.
+    pub fn reserve_memory(&self, slot: usize, device: usize, bytes: u64) -> bool {
+        let Some(s) = self.state().procs.get(slot) else {
+            return false;
+        };
+        let Some(dev) = self.state().devices.get(device) else {
+            return false;
+        };
+        let capacity = dev.memory_total.load(Ordering::Relaxed);
+        let mut reaped = false;
+        for attempt in 0..32u32 {
+            s.memory[device].fetch_add(bytes, Ordering::SeqCst);
+            if self.memory_used(device) <= capacity {
+                return true;
+            }
+            s.memory[device].fetch_sub(bytes, Ordering::SeqCst);
+            let others = self.memory_used(device);
+            if others.saturating_add(bytes) > capacity {
+                if !reaped {
+                    reaped = true;
+                    if self.reap_dead() > 0 {
+                        continue;
+                    }
+                }
+                return false;
+            }
+            // Another reservation was in flight; let it settle.
+            if attempt < 4 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(u64::from(attempt)));
+            }
+        }
+        false
+    }
+
+    /// Returns memory admitted by `reserve_memory`.
+    pub fn release_memory(&self, slot: usize, device: usize, bytes: u64) {
+        if let (Some(s), true) = (self.state().procs.get(slot), device < MAX_DEVICES) {
+            let m = &s.memory[device];
+            let mut cur = m.load(Ordering::SeqCst);
+            loop {
+                let next = cur.saturating_sub(bytes);
+                match m.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return,
+                    Err(seen) => cur = seen,
+                }
+            }
+        }
+    }
+
+    /// Marks whether the process in `slot` has a context on `device` (NVML lists it).
+    pub fn set_context(&self, slot: usize, device: usize, present: bool) {
+        if let Some(s) = self.state().procs.get(slot) {
+            let bit = 1u32 << device;
+            if present {
+                s.contexts.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                s.contexts.fetch_and(!bit, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Queues work of `duration_ns` from the process in `slot` on the device's one engine:
+    /// it starts when the engine is free (never before `now`), so work from any process or
+    /// stream never overlaps. Returns (start, end) on CLOCK_MONOTONIC.
+    #[inline]
+    pub fn schedule(&self, slot: usize, device: usize, now: u64, duration_ns: u64) -> (u64, u64) {
+        let dev = &self.state().devices[device];
+        let s = &self.state().procs[slot];
+        s.launches[device].fetch_add(1, Ordering::Relaxed);
+        if duration_ns == 0 {
+            // Nothing to occupy the engine with: done once what is queued before it is.
+            let end = dev.busy_until.load(Ordering::Acquire).max(now);
+            return (end, end);
+        }
+        let mut cur = dev.busy_until.load(Ordering::Acquire);
+        let (start, end) = loop {
+            let start = cur.max(now);
+            let end = start.saturating_add(duration_ns);
+            match dev.busy_until.compare_exchange_weak(
+                cur,
+                end,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break (start, end),
+                Err(seen) => cur = seen,
+            }
+        };
+        dev.launches.fetch_add(1, Ordering::Relaxed);
+        dev.busy_total_ns.fetch_add(duration_ns, Ordering::AcqRel);
+        s.busy_ns[device].fetch_add(duration_ns, Ordering::AcqRel);
+        dev.busy.add(now, start, end);
+        s.busy[device].add(now, start, end);
+        (start, end)
+    }
+
+    /// Per-process usage, for every live (or not yet reaped) process.
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        let n = self.device_count() as usize;
+        let now = now_ns();
+        self.slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let owner = s.owner.load(Ordering::Acquire);
+                if owner & SLOT_STATE_MASK != SLOT_LIVE {
+                    return None;
+                }
+                Some(ProcessUsage {
+                    slot: i,
+                    pid: (owner & 0xffff_ffff) as u32,
+                    contexts: s.contexts.load(Ordering::Acquire),
+                    memory: (0..n).map(|d| s.memory[d].load(Ordering::SeqCst)).collect(),
+                    busy_ns: (0..n)
+                        .map(|d| s.busy_ns[d].load(Ordering::Acquire))
+                        .collect(),
+                    launches: (0..n)
+                        .map(|d| s.launches[d].load(Ordering::Relaxed))
+                        .collect(),
+                    utilization: (0..n)
+                        .map(|d| s.busy[d].utilization(now, 1_000_000_000))
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// The usage of one process, if it holds a slot.
+    pub fn process(&self, pid: u32) -> Option<ProcessUsage> {
+        self.processes().into_iter().find(|p| p.pid == pid)
+    }
+
+    /// Records an XID error on a device and wakes NVML event waiters.
+    pub fn inject_xid(&self, device: u32, xid: u64) -> Result<(), NodeError> {
+        let d = self.device(device)?;
+        let seq = d.xid_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let rec = &d.xids[((seq - 1) % XID_RING as u64) as usize];
+        rec.seq.store(0, Ordering::Release);
+        rec.xid.store(xid, Ordering::Relaxed);
+        rec.time_ns.store(now_ns(), Ordering::Relaxed);
+        rec.seq.store(seq, Ordering::Release);
+        let word = &self.state().header.event_seq;
+        word.fetch_add(1, Ordering::AcqRel);
+        futex_wake(word);
+        Ok(())
+    }
+
+    /// XID events of `device` after sequence number `seen` (0: from the start), oldest
+    /// first, and the sequence number to pass next time. Events overwritten in the ring
+    /// before they were read are skipped.
+    pub fn xid_events_since(&self, device: u32, seen: u64) -> (Vec<XidEvent>, u64) {
+        let Ok(d) = self.device(device) else {
+            return (Vec::new(), seen);
+        };
+        let last = d.xid_seq.load(Ordering::Acquire);
+        let first = seen.max(last.saturating_sub(XID_RING as u64)) + 1;
+        let mut events = Vec::new();
+        for seq in first..=last {
+            let rec = &d.xids[((seq - 1) % XID_RING as u64) as usize];
+            let xid = rec.xid.load(Ordering::Relaxed);
+            let time_ns = rec.time_ns.load(Ordering::Relaxed);
+            if rec.seq.load(Ordering::Acquire) == seq {
+                events.push(XidEvent {
+                    device,
+                    seq,
+                    xid,
+                    time_ns,
+                });
+            }
+        }
+        (events, last.max(seen))
+    }
+
+    /// The node-wide event counter; pass it to `wait_event` after a scan found nothing.
+    pub fn event_seq(&self) -> u32 {
+        self.state().header.event_seq.load(Ordering::Acquire)
+    }
+
+    /// Sleeps until the node-wide event counter moves from `seen` or `timeout_ns` passes.
+    pub fn wait_event(&self, seen: u32, timeout_ns: u64) {
+        futex_wait(&self.state().header.event_seq, seen, timeout_ns);
+    }
+
+    /// Marks a device lost (fallen off the bus, XID 79) or recovered.
+    pub fn set_lost(&self, device: u32, lost: bool) -> Result<(), NodeError> {
+        let d = self.device(device)?;
+        let was = d.lost.swap(u32::from(lost), Ordering::AcqRel);
+        if lost && was == 0 {
+            self.inject_xid(device, 79)?;
+        }
+        Ok(())
+    }
+
+    pub fn is_lost(&self, device: usize) -> bool {
+        self.state()
+            .devices
+            .get(device)
+            .is_some_and(|d| d.lost.load(Ordering::Acquire) != 0)
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned u32 inside a shared mapping; it only wakes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wait(word: &AtomicU32, seen: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT (shared, not PRIVATE: the word is in a file mapping other
+    // processes wake) on a valid aligned u32 with a relative timeout; it returns at once
+    // if the word no longer equals `seen`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Device `index`'s UUID bytes for a node seed (splitmix64 of seed and index).
+pub fn device_uuid(seed: u64, index: u32) -> [u8; 16] {
+    let mut x = seed ^ (u64::from(index) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut next = || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&next().to_be_bytes());
+    out[8..].copy_from_slice(&next().to_be_bytes());
+    out
+}
+
+fn device_uuid_bytes(d: &DeviceState) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&d.uuid[0].load(Ordering::Relaxed).to_le_bytes());
+    out[8..].copy_from_slice(&d.uuid[1].load(Ordering::Relaxed).to_le_bytes());
+    out
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi print UUIDs.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Static facts about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub name: String,
+    /// `GPU-...` form.
+    pub uuid: String,
+    pub uuid_bytes: [u8; 16],
+    pub memory_total: u64,
+    pub sms: u32,
+    pub cc_major: u32,
+    pub cc_minor: u32,
+    pub pci_domain: u32,
+    pub pci_bus: u32,
+    pub pci_device: u32,
+}
+
+impl DeviceInfo {
+    /// `00000000:18:00.0` form.
+    pub fn pci_bus_id(&self) -> String {
+        format!(
+            "{:08X}:{:02X}:{:02X}.0",
+            self.pci_domain, self.pci_bus, self.pci_device
+        )
+    }
+}
+
+/// A device's activity now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceUsage {
+    pub memory_used: u64,
+    pub memory_total: u64,
+    /// Total duration of all work ever queued on the engine.
+    pub busy_ns: u64,
+    /// When the engine runs out of queued work (CLOCK_MONOTONIC ns).
+    pub busy_until_ns: u64,
+    pub launches: u64,
+    pub lost: bool,
+    /// Busy fraction over the last second.
+    pub utilization: f64,
+}
+
+/// One process's holdings and work, indexed by device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessUsage {
+    pub slot: usize,
+    pub pid: u32,
+    /// Bit d: the process has a context on device d.
+    pub contexts: u32,
+    pub memory: Vec<u64>,
+    pub busy_ns: Vec<u64>,
+    pub launches: Vec<u64>,
+    /// Busy fraction of each device due to this process over the last second.
+    pub utilization: Vec<f64>,
+}
+
+/// An XID error recorded on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidEvent {
+    pub device: u32,
+    pub seq: u64,
+    pub xid: u64,
+    pub time_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(devices: u32, memory: u64) -> (tempfile::TempDir, Node) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = NodeConfig {
+            devices,
+            memory_per_device: memory,
+            seed: 7,
+            ..NodeConfig::default()
+        };
+        let node = Node::open(&dir.path().join("node"), &config).expect("open");
+        (dir, node)
+    }
+
+    #[test]
+    fn creates_then_reopens_with_the_files_config() {
+        let (dir, a) = node(3, 1 << 30);
+        assert_eq!(a.device_count(), 3);
+        let other = NodeConfig {
+            devices: 1,
+            ..NodeConfig::default()
+        };
+        let b = Node::open(&dir.path().join("node"), &other).expect("reopen");
+        assert_eq!(b.device_count(), 3, "existing file wins over config");
+        assert_eq!(
+            a.device_info(2).expect("dev").uuid,
+            b.device_info(2).expect("dev").uuid
+        );
+        assert!(matches!(b.device(3), Err(NodeError::NoDevice(3))));
+    }
+
+    #[test]
+    fn uuids_are_stable_distinct_and_well_formed() {
+        let (_d, n) = node(2, 1 << 30);
+        let a = n.device_info(0).expect("dev0").uuid;
+        let b = n.device_info(1).expect("dev1").uuid;
+        assert_ne!(a, b);
+        assert_eq!(a, format_uuid(&device_uuid(7, 0)));
+        assert_eq!(a.len(), 40);
+        let parts: Vec<_> = a.split('-').map(str::len).collect();
+        assert_eq!(parts, [3, 8, 4, 4, 4, 12]);
+        assert!(a.starts_with("GPU-"));
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("node");
+        std::fs::write(&path, b"not a state file").expect("write");
+        let err = Node::open(&path, &NodeConfig::default()).expect_err("wrong size");
+        assert!(err.to_string().contains("size is 16 bytes"), "{err}");
+
+        std::fs::write(&path, vec![0xabu8; STATE_SIZE]).expect("write");
+        let err = Node::open(&path, &NodeConfig::default()).expect_err("bad magic");
+        assert!(err.to_string().contains("not a node state file"), "{err}");
+        // Nothing was overwritten.
+        assert_eq!(std::fs::read(&path).expect("read")[0], 0xab);
+    }
+
+    #[test]
+    fn memory_admission_enforces_capacity_and_counts_per_process() {
+        let (_d, n) = node(1, 1000);
+        let slot = n.attach().expect("attach");
+        assert_eq!(n.attach().expect("again"), slot, "same process, same slot");
+        assert!(n.reserve_memory(slot, 0, 600));
+        assert!(!n.reserve_memory(slot, 0, 401), "1001 > 1000");
+        assert!(n.reserve_memory(slot, 0, 400));
+        assert_eq!(n.memory_used(0), 1000);
+        n.release_memory(slot, 0, 600);
+        assert_eq!(n.memory_used(0), 400);
+        let me = n.process(std::process::id()).expect("listed");
+        assert_eq!(me.memory[0], 400);
+        n.detach(slot);
+        assert_eq!(n.memory_used(0), 0);
+        assert!(n.process(std::process::id()).is_none());
+    }
+
+    #[test]
+    fn dead_processes_are_reaped() {
+        let (_d, n) = node(1, 1000);
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id();
+        child.wait().expect("wait");
+        // Forge a slot owned by the dead child holding memory.
+        let slot = &n.state().procs[5];
+        slot.memory[0].store(300, Ordering::SeqCst);
+        slot.owner
+            .store(SLOT_LIVE | u64::from(pid), Ordering::SeqCst);
+        n.state().header.procs_high.fetch_max(6, Ordering::SeqCst);
+        assert_eq!(n.memory_used(0), 300);
+        assert_eq!(n.reap_dead(), 1);
+        assert_eq!(n.memory_used(0), 0);
+        assert_eq!(n.reap_dead(), 0);
+    }
+
+    #[test]
+    fn the_engine_serialises_work() {
+        let (_d, n) = node(1, 1000);
+        let slot = n.attach().expect("attach");
+        let now = now_ns();
+        let (s1, e1) = n.schedule(slot, 0, now, 1_000_000);
+        let (s2, e2) = n.schedule(slot, 0, now, 2_000_000);
+        assert_eq!(s1, now);
+        assert_eq!(e1, now + 1_000_000);
+        assert_eq!(s2, e1, "second waits for the first");
+        assert_eq!(e2, e1 + 2_000_000);
+        let (s0, e0) = n.schedule(slot, 0, now, 0);
+        assert_eq!(
+            (s0, e0),
+            (e2, e2),
+            "zero-length work completes after the queue"
+        );
+        let u = n.device_usage(0).expect("usage");
+        assert_eq!(u.busy_ns, 3_000_000);
+        assert_eq!(u.launches, 2);
+        let p = n.process(std::process::id()).expect("me");
+        assert_eq!(p.busy_ns[0], 3_000_000);
+        assert_eq!(p.launches[0], 3);
+    }
+
+    #[test]
+    fn xid_events_are_recorded_in_order() {
+        let (_d, n) = node(2, 1000);
+        let seq0 = n.event_seq();
+        n.inject_xid(1, 43).expect("inject");
+        n.set_lost(1, true).expect("lost");
+        assert!(n.is_lost(1));
+        assert_ne!(n.event_seq(), seq0);
+        let (events, seen) = n.xid_events_since(1, 0);
+        assert_eq!(
+            events.iter().map(|e| e.xid).collect::<Vec<_>>(),
+            vec![43, 79]
+        );
+        assert_eq!(seen, 2);
+        assert!(n.xid_events_since(1, seen).0.is_empty());
+        assert!(n.xid_events_since(0, 0).0.is_empty());
+        assert!(n.inject_xid(2, 1).is_err());
+        n.set_lost(1, false).expect("recover");
+        assert!(!n.is_lost(1));
+    }
+}

@@ -1,0 +1,83 @@
+//! Is a process still alive? A pid plus its start time names one process for good, even
+//! after the pid is recycled.
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Field 3: `R`, `S`, `Z` (zombie), ...
+    pub state: u8,
+    /// Field 22: start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Reads `/proc/<pid>/stat`; `None` when there is no such process.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+/// Parses a `/proc/<pid>/stat` line. The command name (field 2) may contain spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    // After the state (field 3) come fields 4..; field 22 is the 19th of them.
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+/// The start time of the calling process.
+pub fn own_start_time() -> u64 {
+    proc_stat(std::process::id())
+        .map(|s| s.start_time)
+        .unwrap_or(0)
+}
+
+/// True while `pid` runs and, when `start_time` is non-zero, is the process that started
+/// then. Zombies count as dead: their memory is gone on a real GPU too.
+pub fn is_alive(pid: u32, start_time: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match proc_stat(pid) {
+        None => false,
+        Some(s) if s.state == b'Z' || s.state == b'X' => false,
+        Some(s) => start_time == 0 || s.start_time == start_time,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_with_spaces_and_parens() {
+        let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
+        let s = parse_stat(line).expect("parse");
+        assert_eq!(s.state, b'S');
+        assert_eq!(s.start_time, 98765);
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = std::process::id();
+        let start = own_start_time();
+        assert!(start > 0);
+        assert!(is_alive(me, start));
+        assert!(!is_alive(me, start + 1));
+        assert!(!is_alive(0, 0));
+    }
+
+    #[test]
+    fn an_exited_child_is_dead() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("wait");
+        assert!(!is_alive(pid, 0));
+    }
+}
