@@ -25,6 +25,11 @@ enum Cmd {
     Top(tessera_manager::cli::top::TopArgs),
     /// Run a command under the shim with its own GPU slice, without Kubernetes.
     Run(tessera_manager::cli::run::RunArgs),
+    /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
+    Demo(tessera_demo::DemoArgs),
+    /// One demo workload (a CUDA client run under the shim by `tessera demo`).
+    #[command(name = "__workload", hide = true)]
+    Workload(tessera_demo::workload::WorkloadArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +42,13 @@ fn main() -> anyhow::Result<()> {
         Cmd::Status(args) => status_cmd::status_main(args),
         Cmd::Top(args) => status_cmd::top_main(args),
         Cmd::Run(args) => run_cmd::main(args),
+        Cmd::Demo(args) => {
+            let ok = tessera_demo::run(&args)?;
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        Cmd::Workload(args) => {
+            tessera_demo::workload::run(&args)?;
+            Ok(())
+        }
     }
 }
