@@ -13,6 +13,7 @@
 //! - [`client`], [`cli`]: the client side (`tessera status`, `top`, `run`).
 
 pub mod alloc;
+pub mod arbiter;
 pub mod arbitration;
 pub mod backstop;
 pub mod cli;

@@ -1,0 +1,548 @@
+//! One GPU's arbiter thread: runs the [`Scheduler`] over the shared-memory
+//! files of the allocations on that GPU. It publishes grants, watches demand
+//! (processes blocked at a gate), activity (launch counters) and drains
+//! (slots' drained epochs), beats the heartbeat gates rely on, and keeps the
+//! statistics.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tessera_shm::gate::{futex_wait, monotonic_ns};
+use tessera_shm::layout::{Owner, grant};
+use tessera_shm::{Liveness, LocalLiveness, Policy, ProcIdentity};
+
+use super::sched::{Action, ClientId, Event, Scheduler, View};
+use super::{AllocationFiles, ArbiterConfig, ArbiterError};
+
+/// Hand-over samples kept per allocation and per GPU.
+const SAMPLES: usize = 4096;
+/// How often the heartbeat is written.
+const BEAT_NS: u64 = 1_000_000;
+/// How often shares and policies are re-read from the control files.
+const PARAMS_NS: u64 = 5_000_000;
+/// A "has work" verdict backed by live slots is trusted this long while
+/// the waiter counter does not change.
+const DEMAND_TRUST_NS: u64 = 100_000_000;
+/// How often slots that have not drained are checked for dead processes.
+const LIVENESS_NS: u64 = 20_000_000;
+
+/// Requests to a GPU thread.
+pub(super) enum Cmd {
+    Add {
+        files: Arc<dyn AllocationFiles>,
+        dev: usize,
+        reply: SyncSender<Result<(), ArbiterError>>,
+    },
+    Remove {
+        alloc_id: String,
+        reply: SyncSender<bool>,
+    },
+    Shutdown,
+}
+
+/// What the GPU thread publishes for [`super::Arbiter::stats`].
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    pub members: HashMap<ClientId, MemberStats>,
+    pub handovers: VecDeque<u64>,
+    /// The client holding the GPU and since when (a charge in progress).
+    pub holding: Option<(ClientId, u64)>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct MemberStats {
+    pub alloc_id: String,
+    pub dev: usize,
+    pub target_ppm: u32,
+    pub policy: Policy,
+    pub added_at: u64,
+    pub held_ns: u64,
+    pub grants: u64,
+    pub drain_timeouts: u64,
+    /// Recent held intervals, for the achieved share over the window.
+    pub charges: VecDeque<(u64, u64)>,
+    pub handovers: VecDeque<u64>,
+    pub files: Arc<dyn AllocationFiles>,
+}
+
+struct Member {
+    id: ClientId,
+    files: Arc<dyn AllocationFiles>,
+    dev: usize,
+    /// The epoch of the latest revocation, whose work must drain.
+    revoked_epoch: u32,
+    /// Work submitted before this arbiter took over (processes running
+    /// free) must drain before the allocation is scheduled: until then
+    /// `settle_by` is set.
+    settle_by: Option<u64>,
+    /// Cached demand verdict: (waiter counter, verdict, when).
+    demand: Option<(u32, bool, u64)>,
+    /// Slots found dead while draining (slot, owner word): ignored.
+    dead: Vec<(usize, u64)>,
+    last_liveness: u64,
+}
+
+impl Member {
+    fn alloc_id(&self) -> &str {
+        self.files.control().alloc_id()
+    }
+
+    fn publish(&self, flags: u32) -> Option<u32> {
+        match self.files.control().publish_grant(self.dev, flags) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::error!(alloc = self.alloc_id(), dev = self.dev, "grant: {e}");
+                None
+            }
+        }
+    }
+
+    /// Live processes blocked at the gate, through the cache.
+    fn waiting(&mut self, now: u64) -> bool {
+        if self.settle_by.is_some() {
+            return false;
+        }
+        let state = self.files.state();
+        let counter = state
+            .device(self.dev)
+            .waiters
+            .load(std::sync::atomic::Ordering::Acquire);
+        if counter == 0 {
+            self.demand = None;
+            return false;
+        }
+        if let Some((c, verdict, at)) = self.demand
+            && c == counter
+            && (!verdict || now.saturating_sub(at) < DEMAND_TRUST_NS)
+        {
+            return verdict;
+        }
+        let verdict = state.gate_waiters(self.dev) > 0;
+        self.demand = Some((counter, verdict, now));
+        verdict
+    }
+
+    /// Whether every live process that submitted under the revoked epoch
+    /// has drained. Processes found dead are left out.
+    fn drained(&mut self, now: u64) -> bool {
+        let pending = self.files.state().undrained(self.dev, self.revoked_epoch);
+        let mut pending: Vec<_> = pending
+            .into_iter()
+            .filter(|u| !self.dead.contains(&(u.slot, u.owner)))
+            .collect();
+        if pending.is_empty() {
+            return true;
+        }
+        if now.saturating_sub(self.last_liveness) >= LIVENESS_NS {
+            self.last_liveness = now;
+            let state = self.files.state();
+            pending.retain(|u| {
+                if is_dead(state, u.slot, u.owner) {
+                    self.dead.push((u.slot, u.owner));
+                    false
+                } else {
+                    true
+                }
+            });
+            // Keep the list from growing without bound: only the slots of
+            // this drain matter.
+            if self.dead.len() > 1024 {
+                self.dead.clear();
+            }
+        }
+        pending.is_empty()
+    }
+}
+
+/// Whether the process in `slot` (still owned as `owner`) is dead, as far
+/// as the manager can tell: by its host pid when the manager recorded one,
+/// else from this pid namespace.
+fn is_dead(state: &tessera_shm::State, slot: usize, owner: u64) -> bool {
+    use std::sync::atomic::Ordering::Acquire;
+    let s = state.slot(slot);
+    if s.owner.load(Acquire) != owner || !matches!(Owner::unpack(owner), Owner::Alive { .. }) {
+        return true; // left or reclaimed since
+    }
+    let host_pid = s.host_pid.load(Acquire);
+    if host_pid != 0 {
+        let Ok(pid) = i32::try_from(host_pid) else {
+            return false;
+        };
+        return nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+    }
+    let id = ProcIdentity {
+        pid: s.pid.load(Acquire),
+        pidns: s.pidns.load(Acquire),
+        start_time: s.start_time.load(Acquire),
+    };
+    LocalLiveness::thorough().check(&id) == Some(false)
+}
+
+/// The scheduler's view of the world, over the members' files.
+struct FileView<'a> {
+    members: &'a mut [Member],
+    now: u64,
+}
+
+impl FileView<'_> {
+    fn member(&mut self, id: ClientId) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.id == id)
+    }
+}
+
+impl View for FileView<'_> {
+    fn waiting(&mut self, id: ClientId) -> bool {
+        let now = self.now;
+        self.member(id).is_some_and(|m| m.waiting(now))
+    }
+    fn launches(&mut self, id: ClientId) -> u64 {
+        self.member(id)
+            .map_or(0, |m| m.files.state().launches(m.dev))
+    }
+    fn drained(&mut self, id: ClientId) -> bool {
+        let now = self.now;
+        self.member(id).is_none_or(|m| m.drained(now))
+    }
+}
+
+/// The GPU thread.
+pub(super) struct Driver {
+    cfg: ArbiterConfig,
+    sched: Scheduler,
+    members: Vec<Member>,
+    next_id: ClientId,
+    shared: Arc<Mutex<Shared>>,
+    last_beat: u64,
+    last_params: u64,
+    /// When the GPU last had a holder or demand (for the slower idle poll).
+    last_busy: u64,
+}
+
+impl Driver {
+    pub fn new(cfg: ArbiterConfig, shared: Arc<Mutex<Shared>>) -> Self {
+        Driver {
+            sched: Scheduler::new(cfg.sched()),
+            cfg,
+            members: Vec::new(),
+            next_id: 1,
+            shared,
+            last_beat: 0,
+            last_params: 0,
+            last_busy: 0,
+        }
+    }
+
+    /// Runs until told to shut down (or the arbiter is dropped).
+    pub fn run(mut self, rx: Receiver<Cmd>) {
+        set_timer_slack();
+        loop {
+            let now = monotonic_ns();
+            self.housekeeping(now);
+            let until = self.decide(now);
+            // Sleep until the decision's deadline, the next poll, or a
+            // command; while a grant drains, on the holder's doorbell.
+            let now = monotonic_ns();
+            let poll = if self.sched.holder().is_some()
+                || now.saturating_sub(self.last_busy) < self.cfg.idle_after.as_nanos() as u64
+            {
+                self.cfg.poll
+            } else {
+                self.cfg.idle_poll
+            };
+            let wake = until.map_or(u64::MAX, |u| u.max(now));
+            let sleep = wake.saturating_sub(now).min(poll.as_nanos() as u64);
+            if let Some(id) = self.sched.draining()
+                && let Some((files, dev)) = self
+                    .members
+                    .iter()
+                    .find(|m| m.id == id)
+                    .map(|m| (Arc::clone(&m.files), m.dev))
+            {
+                let bell = files.state().drain_signal(dev);
+                let seen = bell.load(std::sync::atomic::Ordering::Acquire);
+                // Re-check after reading the bell: a drain reported in
+                // between must not be slept through.
+                let mut view = FileView {
+                    members: &mut self.members,
+                    now,
+                };
+                if !view.drained(id) {
+                    futex_wait(bell, seen, sleep.max(1));
+                }
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if self.command(cmd) {
+                            return;
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+                continue;
+            }
+            match rx.recv_timeout(Duration::from_nanos(sleep)) {
+                Ok(cmd) => {
+                    if self.command(cmd) {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.shutdown();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles a command; true when the thread must stop.
+    fn command(&mut self, cmd: Cmd) -> bool {
+        match cmd {
+            Cmd::Add { files, dev, reply } => {
+                let r = self.add(files, dev);
+                let _ = reply.send(r);
+                false
+            }
+            Cmd::Remove { alloc_id, reply } => {
+                let found = self.remove(&alloc_id);
+                let _ = reply.send(found);
+                false
+            }
+            Cmd::Shutdown => {
+                self.shutdown();
+                true
+            }
+        }
+    }
+
+    fn add(&mut self, files: Arc<dyn AllocationFiles>, dev: usize) -> Result<(), ArbiterError> {
+        let alloc_id = files.control().alloc_id().to_owned();
+        if self
+            .members
+            .iter()
+            .any(|m| m.alloc_id() == alloc_id && m.dev == dev)
+        {
+            return Err(ArbiterError::AlreadyAdded { alloc_id, dev });
+        }
+        let now = monotonic_ns();
+        let id = self.next_id;
+        self.next_id += 1;
+        let control = files.control();
+        let share = control.compute_share_ppm(dev);
+        let policy = control.policy(dev);
+        control.beat(now)?;
+        // Take over: whatever runs now (processes running free, or a grant
+        // a previous arbiter left) stops and drains before anyone is
+        // granted.
+        let revoked = control.publish_grant(dev, 0)?;
+        let member = Member {
+            id,
+            files: Arc::clone(&files),
+            dev,
+            revoked_epoch: grant::epoch(revoked),
+            settle_by: Some(now.saturating_add(self.cfg.drain_timeout.as_nanos() as u64)),
+            demand: None,
+            dead: Vec::new(),
+            last_liveness: 0,
+        };
+        self.sched.add(id, share, policy);
+        self.members.push(member);
+        lock(&self.shared).members.insert(
+            id,
+            MemberStats {
+                alloc_id: alloc_id.clone(),
+                dev,
+                target_ppm: share,
+                policy,
+                added_at: now,
+                held_ns: 0,
+                grants: 0,
+                drain_timeouts: 0,
+                charges: VecDeque::new(),
+                handovers: VecDeque::new(),
+                files,
+            },
+        );
+        tracing::info!(alloc = %alloc_id, dev, share_ppm = share, ?policy, "arbitrating");
+        Ok(())
+    }
+
+    fn remove(&mut self, alloc_id: &str) -> bool {
+        let ids: Vec<ClientId> = self
+            .members
+            .iter()
+            .filter(|m| m.alloc_id() == alloc_id)
+            .map(|m| m.id)
+            .collect();
+        for &id in &ids {
+            self.sched.remove(id);
+            if let Some(pos) = self.members.iter().position(|m| m.id == id) {
+                let m = self.members.remove(pos);
+                // No longer arbitrated: its processes run freely.
+                m.publish(grant::OPEN);
+            }
+            let mut shared = lock(&self.shared);
+            shared.members.remove(&id);
+            if shared.holding.is_some_and(|(h, _)| h == id) {
+                shared.holding = None;
+            }
+        }
+        !ids.is_empty()
+    }
+
+    /// Opens every gate: with no arbiter, its allocations run freely (a
+    /// later arbiter takes them over again).
+    fn shutdown(&mut self) {
+        for m in self.members.drain(..) {
+            m.publish(grant::OPEN);
+        }
+        let mut shared = lock(&self.shared);
+        shared.members.clear();
+        shared.holding = None;
+    }
+
+    /// Heartbeat, parameter changes, settling of new members.
+    fn housekeeping(&mut self, now: u64) {
+        if now.saturating_sub(self.last_beat) >= BEAT_NS {
+            self.last_beat = now;
+            for m in &self.members {
+                let _ = m.files.control().beat(now);
+            }
+        }
+        if now.saturating_sub(self.last_params) >= PARAMS_NS {
+            self.last_params = now;
+            let mut shared = lock(&self.shared);
+            for m in &self.members {
+                let c = m.files.control();
+                let (share, policy) = (c.compute_share_ppm(m.dev), c.policy(m.dev));
+                self.sched.set_params(m.id, share, policy);
+                if let Some(s) = shared.members.get_mut(&m.id) {
+                    s.target_ppm = share;
+                    s.policy = policy;
+                }
+            }
+        }
+        for i in 0..self.members.len() {
+            let Some(by) = self.members[i].settle_by else {
+                continue;
+            };
+            let m = &mut self.members[i];
+            if m.drained(now) || now >= by {
+                if now >= by {
+                    tracing::warn!(
+                        alloc = m.alloc_id(),
+                        dev = m.dev,
+                        "work from before the arbiter took over did not drain in time"
+                    );
+                }
+                m.settle_by = None;
+            }
+        }
+    }
+
+    /// Runs the scheduler until it waits; returns its deadline.
+    fn decide(&mut self, now: u64) -> Option<u64> {
+        let until = loop {
+            let mut view = FileView {
+                members: &mut self.members,
+                now,
+            };
+            match self.sched.step(now, &mut view) {
+                Action::Grant(id) => {
+                    if let Some(m) = self.members.iter().find(|m| m.id == id) {
+                        m.publish(grant::GRANTED);
+                    }
+                }
+                Action::Revoke(id, _) => {
+                    if let Some(m) = self.members.iter_mut().find(|m| m.id == id)
+                        && let Some(w) = m.publish(0)
+                    {
+                        m.revoked_epoch = grant::epoch(w);
+                        m.dead.clear();
+                        m.last_liveness = now;
+                    }
+                }
+                Action::Wait { until } => break until,
+            }
+        };
+        if self.sched.holder().is_some() {
+            self.last_busy = now;
+        }
+        self.record(now);
+        until
+    }
+
+    fn record(&mut self, now: u64) {
+        let events = self.sched.take_events();
+        let window = self.cfg.stats_window.as_nanos() as u64;
+        let mut shared = lock(&self.shared);
+        for e in events {
+            match e {
+                Event::Granted { id, at } => {
+                    shared.holding = Some((id, at));
+                    if let Some(s) = shared.members.get_mut(&id) {
+                        s.grants += 1;
+                    }
+                }
+                Event::Charged { id, start, end } => {
+                    if shared.holding.is_some_and(|(h, _)| h == id) {
+                        shared.holding = Some((id, end));
+                    }
+                    if let Some(s) = shared.members.get_mut(&id) {
+                        s.held_ns += end.saturating_sub(start);
+                        s.charges.push_back((start, end));
+                        while s.charges.front().is_some_and(|&(_, e)| e + window < now) {
+                            s.charges.pop_front();
+                        }
+                    }
+                }
+                Event::Handover { to, ns } => {
+                    push_sample(&mut shared.handovers, ns);
+                    if let Some(s) = shared.members.get_mut(&to) {
+                        push_sample(&mut s.handovers, ns);
+                    }
+                }
+                Event::DrainTimedOut { id } => {
+                    if let Some(s) = shared.members.get_mut(&id) {
+                        s.drain_timeouts += 1;
+                        tracing::warn!(
+                            alloc = %s.alloc_id,
+                            dev = s.dev,
+                            "a revoked grant's work did not drain in time; moving on"
+                        );
+                    }
+                }
+            }
+        }
+        if self.sched.holder().is_none() {
+            shared.holding = None;
+        }
+    }
+}
+
+fn push_sample(q: &mut VecDeque<u64>, v: u64) {
+    if q.len() == SAMPLES {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Asks for precise sleeps on this thread: grants of a capped allocation
+/// are due at exact times, and the default 50 µs slack shows in its share.
+fn set_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects
+    // only the calling thread; failure just leaves the default slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+    }
+}

@@ -1,0 +1,484 @@
+//! Compute-time slices, manager side: per GPU, a thread that grants the GPU
+//! to one allocation at a time for a quantum and charges each what it really
+//! held. See `docs/compute-slices.md`.
+//!
+//! - [`sched`]: the decision, pure logic over a clock it is given.
+//! - [`driver`](self): the per-GPU thread that runs it over the allocations'
+//!   shared-memory files (grant words, waiters, launch counters, drains).
+//!
+//! [`Arbiter`] is the API: the manager adds an allocation's devices when it
+//! creates (or, after a restart, reloads) the allocation and removes them
+//! when it deletes it. It also runs in-process for tests and the bench.
+
+mod driver;
+pub mod sched;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tessera_shm::gate::monotonic_ns;
+use tessera_shm::{Control, Policy, ShmError, State};
+
+use crate::arbitration::Arbitration;
+use crate::daemon::LiveAllocation;
+use driver::{Cmd, Driver, Shared, lock};
+use sched::SchedConfig;
+
+/// What can go wrong when configuring or feeding the arbiter.
+#[derive(Debug, thiserror::Error)]
+pub enum ArbiterError {
+    #[error("invalid arbiter configuration: {0}")]
+    Config(String),
+    #[error("{path}: {source}")]
+    Files {
+        path: String,
+        #[source]
+        source: ShmError,
+    },
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    #[error("allocation {alloc_id:?} has no device {dev} (it has {n})")]
+    NoDevice {
+        alloc_id: String,
+        dev: usize,
+        n: usize,
+    },
+    #[error("allocation {alloc_id:?} device {dev} is already arbitrated")]
+    AlreadyAdded { alloc_id: String, dev: usize },
+    #[error("allocation {0:?} is not arbitrated")]
+    NotFound(String),
+    #[error("the arbiter is shut down")]
+    ShutDown,
+    #[error("cannot start the arbiter thread for {gpu}: {source}")]
+    Thread {
+        gpu: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How the arbiter slices time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArbiterConfig {
+    /// One grant's length. 10 ms: a hand-over (drain report, wake-up of the
+    /// next holder) costs about 0.1 ms, i.e. 1% of a 10 ms quantum; a
+    /// waiting allocation waits at most a few quanta; and a 20 ms kernel,
+    /// which cannot be preempted, overruns it by one kernel, which is
+    /// charged. See `docs/compute-slices.md`.
+    pub quantum: Duration,
+    /// A holder that launched nothing for this long gives the GPU back.
+    pub idle_release: Duration,
+    /// Longest wait for a revoked grant's work to drain.
+    pub drain_timeout: Duration,
+    /// How far a `guaranteed` allocation kept from its share by others may
+    /// catch up afterwards.
+    pub catch_up: Duration,
+    /// How often the arbiter looks at demand and activity while the GPU is
+    /// in use (or was recently).
+    pub poll: Duration,
+    /// How often it looks for demand on a GPU idle for `idle_after`.
+    pub idle_poll: Duration,
+    pub idle_after: Duration,
+    /// Window of the achieved share in [`AllocationStats`].
+    pub stats_window: Duration,
+}
+
+impl Default for ArbiterConfig {
+    fn default() -> Self {
+        let s = SchedConfig::default();
+        ArbiterConfig {
+            quantum: Duration::from_nanos(s.quantum_ns),
+            idle_release: Duration::from_nanos(s.idle_release_ns),
+            drain_timeout: Duration::from_nanos(s.drain_timeout_ns),
+            catch_up: Duration::from_nanos(s.catch_up_ns),
+            poll: Duration::from_micros(250),
+            idle_poll: Duration::from_millis(2),
+            idle_after: Duration::from_millis(200),
+            stats_window: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ArbiterConfig {
+    /// Refuses settings the arbiter cannot work with.
+    pub fn validate(&self) -> Result<(), ArbiterError> {
+        let bad = |m: String| Err(ArbiterError::Config(m));
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        if self.quantum < Duration::from_micros(100) || self.quantum > Duration::from_secs(10) {
+            return bad(format!(
+                "quantum {:.3} ms is outside 0.1 ms ..= 10 s",
+                ms(self.quantum)
+            ));
+        }
+        if self.idle_release.is_zero() || self.idle_release > self.quantum {
+            return bad(format!(
+                "idle release {:.3} ms must be positive and at most the quantum ({:.3} ms)",
+                ms(self.idle_release),
+                ms(self.quantum)
+            ));
+        }
+        if self.drain_timeout < self.poll || self.drain_timeout > Duration::from_secs(60) {
+            return bad(format!(
+                "drain timeout {:.3} ms must be at least the poll period and at most 60 s",
+                ms(self.drain_timeout)
+            ));
+        }
+        if self.poll < Duration::from_micros(10) || self.poll > self.idle_release {
+            return bad(format!(
+                "poll period {:.3} ms must be 0.01 ms ..= the idle release",
+                ms(self.poll)
+            ));
+        }
+        if self.idle_poll < self.poll || self.idle_poll > Duration::from_millis(100) {
+            return bad(format!(
+                "idle poll period {:.3} ms must be between the poll period and 100 ms",
+                ms(self.idle_poll)
+            ));
+        }
+        if self.stats_window < Duration::from_millis(100) {
+            return bad("stats window must be at least 100 ms".into());
+        }
+        Ok(())
+    }
+
+    fn sched(&self) -> SchedConfig {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        SchedConfig {
+            quantum_ns: ns(self.quantum),
+            idle_release_ns: ns(self.idle_release),
+            drain_timeout_ns: ns(self.drain_timeout),
+            catch_up_ns: ns(self.catch_up),
+        }
+    }
+}
+
+/// An allocation's two files, opened read-write, as the arbiter needs them.
+pub trait AllocationFiles: Send + Sync + std::fmt::Debug + 'static {
+    fn control(&self) -> &Control;
+    fn state(&self) -> &State;
+}
+
+/// The files of an allocation, opened by path (tests, bench, tools).
+#[derive(Debug)]
+pub struct OpenFiles {
+    control: Control,
+    state: State,
+}
+
+impl OpenFiles {
+    pub fn open(control: &Path, state: &Path) -> Result<Self, ArbiterError> {
+        let c = Control::open_rw(control).map_err(|source| ArbiterError::Files {
+            path: control.display().to_string(),
+            source,
+        })?;
+        let s = State::open(state, c.alloc_id()).map_err(|source| ArbiterError::Files {
+            path: state.display().to_string(),
+            source,
+        })?;
+        Ok(OpenFiles {
+            control: c,
+            state: s,
+        })
+    }
+}
+
+impl AllocationFiles for OpenFiles {
+    fn control(&self) -> &Control {
+        &self.control
+    }
+    fn state(&self) -> &State {
+        &self.state
+    }
+}
+
+impl AllocationFiles for LiveAllocation {
+    fn control(&self) -> &Control {
+        LiveAllocation::control(self)
+    }
+    fn state(&self) -> &State {
+        LiveAllocation::state(self)
+    }
+}
+
+/// One allocation on one GPU, as the arbiter sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocationStats {
+    pub alloc_id: String,
+    /// Index of the device in the allocation's control file.
+    pub device: usize,
+    pub gpu_uuid: String,
+    pub policy: Policy,
+    pub target_ppm: u32,
+    /// Time held over the last `stats_window` (or since added, if less).
+    pub achieved_ppm: u32,
+    /// Time held since added, drains included.
+    pub held_ns: u64,
+    pub grants: u64,
+    /// Time its processes spent blocked at the gate (from its state file).
+    pub wait_ns: u64,
+    /// Grant hand-over latencies into this allocation (revocation of the
+    /// previous holder → this grant), most recent last.
+    pub handover_ns: Vec<u64>,
+    pub drain_timeouts: u64,
+}
+
+/// One GPU, as the arbiter sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuStats {
+    pub gpu_uuid: String,
+    pub allocations: usize,
+    /// Recent hand-over latencies on this GPU, most recent last.
+    pub handover_ns: Vec<u64>,
+}
+
+/// The `p`-th percentile (0..=100) of `samples`, nearest rank.
+pub fn percentile(samples: &[u64], p: f64) -> Option<u64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+struct GpuThread {
+    tx: Sender<Cmd>,
+    shared: Arc<Mutex<Shared>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// The compute arbiter: one thread per GPU, started with its first
+/// allocation.
+pub struct Arbiter {
+    cfg: ArbiterConfig,
+    gpus: Mutex<Option<HashMap<String, GpuThread>>>,
+}
+
+impl std::fmt::Debug for Arbiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arbiter").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl Arbiter {
+    pub fn new(cfg: ArbiterConfig) -> Result<Self, ArbiterError> {
+        cfg.validate()?;
+        Ok(Arbiter {
+            cfg,
+            gpus: Mutex::new(Some(HashMap::new())),
+        })
+    }
+
+    pub fn config(&self) -> ArbiterConfig {
+        self.cfg
+    }
+
+    /// Starts arbitrating device `dev` of an allocation on its GPU. A whole
+    /// GPU (share 100%) needs no arbitration: its gate is left open.
+    pub fn add_allocation(
+        &self,
+        files: Arc<dyn AllocationFiles>,
+        dev: usize,
+    ) -> Result<(), ArbiterError> {
+        let control = files.control();
+        let n = control.n_devices();
+        if dev >= n {
+            return Err(ArbiterError::NoDevice {
+                alloc_id: control.alloc_id().to_owned(),
+                dev,
+                n,
+            });
+        }
+        if control.compute_share_ppm(dev) >= 1_000_000 {
+            if !tessera_shm::layout::grant::may_submit(control.grant_word(dev)) {
+                control.publish_grant(dev, tessera_shm::layout::grant::OPEN)?;
+            }
+            control.beat(monotonic_ns())?;
+            return Ok(());
+        }
+        let uuid = control.uuid(dev).to_owned();
+        let (reply, answer) = mpsc::sync_channel(1);
+        {
+            let mut gpus = lock(&self.gpus);
+            let gpus = gpus.as_mut().ok_or(ArbiterError::ShutDown)?;
+            if !gpus.contains_key(&uuid) {
+                gpus.insert(uuid.clone(), self.spawn(&uuid)?);
+            }
+            let t = &gpus[&uuid];
+            t.tx.send(Cmd::Add { files, dev, reply })
+                .map_err(|_| ArbiterError::ShutDown)?;
+        }
+        answer.recv().map_err(|_| ArbiterError::ShutDown)?
+    }
+
+    fn spawn(&self, uuid: &str) -> Result<GpuThread, ArbiterError> {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let driver = Driver::new(self.cfg, Arc::clone(&shared));
+        let short: String = uuid.chars().skip(4).take(8).collect();
+        let handle = std::thread::Builder::new()
+            .name(format!("arbiter-{short}"))
+            .spawn(move || driver.run(rx))
+            .map_err(|source| ArbiterError::Thread {
+                gpu: uuid.to_owned(),
+                source,
+            })?;
+        Ok(GpuThread {
+            tx,
+            shared,
+            handle: Some(handle),
+        })
+    }
+
+    /// Stops arbitrating every device of an allocation; its gates are left
+    /// open. When this returns, the arbiter no longer touches its files.
+    pub fn remove_allocation(&self, alloc_id: &str) -> Result<(), ArbiterError> {
+        let mut answers = Vec::new();
+        {
+            let gpus = lock(&self.gpus);
+            let gpus = gpus.as_ref().ok_or(ArbiterError::ShutDown)?;
+            for t in gpus.values() {
+                let (reply, answer) = mpsc::sync_channel(1);
+                if t.tx
+                    .send(Cmd::Remove {
+                        alloc_id: alloc_id.to_owned(),
+                        reply,
+                    })
+                    .is_ok()
+                {
+                    answers.push(answer);
+                }
+            }
+        }
+        let mut found = false;
+        for a in answers {
+            found |= a.recv().unwrap_or(false);
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(ArbiterError::NotFound(alloc_id.to_owned()))
+        }
+    }
+
+    /// Per allocation and GPU: target and achieved share, waits, hand-overs.
+    pub fn stats(&self) -> Vec<AllocationStats> {
+        let now = monotonic_ns();
+        let window = u64::try_from(self.cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
+        let gpus = lock(&self.gpus);
+        let Some(gpus) = gpus.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (uuid, t) in gpus {
+            let shared = lock(&t.shared);
+            for (&id, m) in &shared.members {
+                let from = now.saturating_sub(window).max(m.added_at);
+                let span = now.saturating_sub(from).max(1);
+                let mut held: u64 = m
+                    .charges
+                    .iter()
+                    .map(|&(s, e)| e.min(now).saturating_sub(s.max(from)))
+                    .sum();
+                if let Some((h, since)) = shared.holding
+                    && h == id
+                {
+                    held += now.saturating_sub(since.max(from));
+                }
+                let achieved = (u128::from(held.min(span)) * 1_000_000 / u128::from(span)) as u32;
+                out.push(AllocationStats {
+                    alloc_id: m.alloc_id.clone(),
+                    device: m.dev,
+                    gpu_uuid: uuid.clone(),
+                    policy: m.policy,
+                    target_ppm: m.target_ppm,
+                    achieved_ppm: achieved,
+                    held_ns: m.held_ns,
+                    grants: m.grants,
+                    wait_ns: m.files.state().gate_wait_ns(m.dev),
+                    handover_ns: m.handovers.iter().copied().collect(),
+                    drain_timeouts: m.drain_timeouts,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.gpu_uuid, &a.alloc_id).cmp(&(&b.gpu_uuid, &b.alloc_id)));
+        out
+    }
+
+    /// Per GPU: hand-over latencies and how many allocations share it.
+    pub fn gpu_stats(&self) -> Vec<GpuStats> {
+        let gpus = lock(&self.gpus);
+        let Some(gpus) = gpus.as_ref() else {
+            return Vec::new();
+        };
+        let mut out: Vec<GpuStats> = gpus
+            .iter()
+            .map(|(uuid, t)| {
+                let s = lock(&t.shared);
+                GpuStats {
+                    gpu_uuid: uuid.clone(),
+                    allocations: s.members.len(),
+                    handover_ns: s.handovers.iter().copied().collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.gpu_uuid.cmp(&b.gpu_uuid));
+        out
+    }
+
+    /// Stops every GPU thread and opens every gate it governed. Idempotent.
+    pub fn shutdown(&self) {
+        let Some(gpus) = lock(&self.gpus).take() else {
+            return;
+        };
+        for (_, mut t) in gpus {
+            let _ = t.tx.send(Cmd::Shutdown);
+            if let Some(h) = t.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for Arbiter {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The manager's seam: every device of an allocation is arbitrated on its
+/// GPU; failures are logged (the allocation's gates then open after their
+/// timeout rather than stall).
+impl Arbitration for Arbiter {
+    fn add(&self, alloc: &Arc<LiveAllocation>) {
+        let files: Arc<dyn AllocationFiles> = alloc.clone();
+        for dev in 0..alloc.control().n_devices() {
+            if let Err(e) = self.add_allocation(Arc::clone(&files), dev) {
+                tracing::error!(alloc = %alloc.id(), dev, "cannot arbitrate: {e}");
+            }
+        }
+    }
+    fn remove(&self, id: &str) {
+        match self.remove_allocation(id) {
+            Ok(()) | Err(ArbiterError::NotFound(_)) => {}
+            Err(e) => tracing::warn!(alloc = %id, "arbiter: {e}"),
+        }
+    }
+    fn achieved_ppm(&self, id: &str, gpu_uuid: &str) -> Option<u32> {
+        self.stats()
+            .into_iter()
+            .find(|s| s.alloc_id == id && s.gpu_uuid == gpu_uuid)
+            .map(|s| s.achieved_ppm)
+    }
+    fn shutdown(&self) {
+        Arbiter::shutdown(self);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,982 @@
+//! The arbiter's scheduling decision for one GPU: who holds it, for how long,
+//! and what each holder is charged. Pure logic over a clock and a [`View`]
+//! of demand that the caller supplies, so it is tested with a fake clock.
+//!
+//! # Algorithm
+//!
+//! One *client* (an allocation on this GPU) holds the GPU at a time. The
+//! phases are `Idle` → `Held` (granted) → `Draining` (revoked, its work in
+//! flight finishing) → `Idle`. A holder is charged the wall time from its
+//! grant to the end of its drain, so a kernel that overruns the quantum is
+//! paid for by whoever launched it.
+//!
+//! - **Who next: weighted fair queueing.** Each client has a virtual time,
+//!   its charged time divided by its share. The next holder is the client
+//!   with work (a process blocked at its gate) and the least virtual time.
+//!   A client that comes back from having no work is lifted to the least
+//!   virtual time of the clients with work, so idle time is not banked.
+//! - **`guaranteed` is a cap: a GCRA.** Such a client also has a
+//!   *theoretical arrival time*; a grant held `h` ns moves it `h / share`
+//!   ahead, and the client is not granted before it. Alone on the GPU, a 30%
+//!   client holds 3 ms of every 10 ms and the GPU idles the rest.
+//! - **`burst` is a floor.** No arrival time: when no one else has work a
+//!   burst holder keeps the GPU (its quantum is renewed without a
+//!   hand-over); when others do, fair queueing gives it at least its share.
+//! - **Early release.** A holder that has launched nothing for
+//!   `idle_release` gives the GPU back when anyone else has work, or at once
+//!   when it is `guaranteed` (it would be charged for idling).
+
+use tessera_shm::Policy;
+
+/// A client of the arbiter: one allocation on this GPU.
+pub type ClientId = u64;
+
+/// Tunables of the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// How long one grant lasts before the next decision.
+    pub quantum_ns: u64,
+    /// A holder that launched nothing for this long is done early.
+    pub idle_release_ns: u64,
+    /// Longest wait for a revoked holder's work to drain.
+    pub drain_timeout_ns: u64,
+    /// How far a `guaranteed` client that waited through its arrival time
+    /// (others held the GPU) may fall behind and still catch up: time owed
+    /// beyond this is forgotten, so a cap is exceeded by at most this much
+    /// times the share, however long the contention lasted.
+    pub catch_up_ns: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            quantum_ns: 10_000_000,
+            idle_release_ns: 1_000_000,
+            drain_timeout_ns: 1_000_000_000,
+            catch_up_ns: 100_000_000,
+        }
+    }
+}
+
+/// What the scheduler needs to know about the world, asked when needed.
+pub trait View {
+    /// Whether a process of the client is blocked at its gate (demand).
+    fn waiting(&mut self, id: ClientId) -> bool;
+    /// A counter of the client's submissions; any change is activity.
+    fn launches(&mut self, id: ClientId) -> u64;
+    /// Whether the work the client submitted under its revoked grant has
+    /// finished (every process that submitted reported drained).
+    fn drained(&mut self, id: ClientId) -> bool;
+}
+
+/// Why a grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The quantum ran out and someone else was owed the GPU.
+    Quantum,
+    /// The holder launched nothing for `idle_release`.
+    Idle,
+    /// The client was removed.
+    Removed,
+}
+
+/// What the caller must do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Give the GPU to this client (a new epoch with GRANTED set).
+    Grant(ClientId),
+    /// Take it away (a new epoch without GRANTED); its work then drains.
+    Revoke(ClientId, Reason),
+    /// Nothing until `until` (a monotonic time), or until the world
+    /// changes (demand, a drain); `None`: no deadline of our own.
+    Wait { until: Option<u64> },
+}
+
+/// What happened, for statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Granted {
+        id: ClientId,
+        at: u64,
+    },
+    /// A client was charged `end - start` of held time.
+    Charged {
+        id: ClientId,
+        start: u64,
+        end: u64,
+    },
+    /// The GPU moved on `ns` after the previous grant was revoked (drain
+    /// and signalling included).
+    Handover {
+        to: ClientId,
+        ns: u64,
+    },
+    /// A revoked holder's work did not report drained in time.
+    DrainTimedOut {
+        id: ClientId,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Client {
+    id: ClientId,
+    share_ppm: u32,
+    policy: Policy,
+    /// Charged ns × 10^6 / share: time normalised by weight.
+    vtime: u128,
+    /// `guaranteed`: not grantable before this time.
+    tat: u64,
+    /// Had work at the last look.
+    active: bool,
+    /// Since when it has had work without a break.
+    active_since: u64,
+    /// Tie-break: the least recently granted goes first.
+    last_grant: u64,
+}
+
+impl Client {
+    fn vcost(&self, held: u64) -> u128 {
+        u128::from(held) * 1_000_000 / u128::from(self.share_ppm.max(1))
+    }
+
+    /// Arrival time after holding from `start` for `held` ns.
+    fn tat_after(&self, start: u64, held: u64, catch_up: u64) -> u64 {
+        // Waiting through its arrival time, the client was owed the GPU and
+        // kept from it by others (or the arbiter's own delay): it keeps
+        // what it is owed, within `catch_up`. Without work at its arrival
+        // time it is owed nothing: time not used is not banked.
+        let base = if self.active_since <= self.tat {
+            self.tat.max(start.saturating_sub(catch_up))
+        } else {
+            start.max(self.tat)
+        };
+        let cost = u64::try_from(self.vcost(held)).unwrap_or(u64::MAX);
+        base.saturating_add(cost)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle {
+        /// When the previous grant was revoked, for the hand-over time.
+        revoked_at: Option<u64>,
+    },
+    Held {
+        id: ClientId,
+        granted_at: u64,
+        quantum_end: u64,
+        launches: u64,
+        last_activity: u64,
+    },
+    Draining {
+        id: ClientId,
+        granted_at: u64,
+        revoked_at: u64,
+    },
+}
+
+/// The decision for one GPU.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedConfig,
+    clients: Vec<Client>,
+    phase: Phase,
+    /// Least virtual time among clients with work, never decreasing.
+    vclock: u128,
+    events: Vec<Event>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedConfig) -> Self {
+        Scheduler {
+            cfg,
+            clients: Vec::new(),
+            phase: Phase::Idle { revoked_at: None },
+            vclock: 0,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> SchedConfig {
+        self.cfg
+    }
+
+    /// Adds a client (no effect if it exists). It starts level with the
+    /// clients that have work, neither owed nor owing.
+    pub fn add(&mut self, id: ClientId, share_ppm: u32, policy: Policy) {
+        if self.find(id).is_some() {
+            return;
+        }
+        self.clients.push(Client {
+            id,
+            share_ppm: share_ppm.max(1),
+            policy,
+            vtime: self.vclock,
+            tat: 0,
+            active: false,
+            active_since: 0,
+            last_grant: 0,
+        });
+    }
+
+    /// Removes a client. Returns whether it held the GPU (or was draining):
+    /// the caller then opens its gate, and the GPU is free.
+    pub fn remove(&mut self, id: ClientId) -> bool {
+        self.clients.retain(|c| c.id != id);
+        match self.phase {
+            Phase::Held { id: h, .. } | Phase::Draining { id: h, .. } if h == id => {
+                self.phase = Phase::Idle { revoked_at: None };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Changes a client's weight or policy; takes effect from now on.
+    pub fn set_params(&mut self, id: ClientId, share_ppm: u32, policy: Policy) {
+        if let Some(c) = self.find_mut(id) {
+            c.share_ppm = share_ppm.max(1);
+            c.policy = policy;
+        }
+    }
+
+    /// The client holding the GPU, if any (draining included).
+    pub fn holder(&self) -> Option<ClientId> {
+        match self.phase {
+            Phase::Held { id, .. } | Phase::Draining { id, .. } => Some(id),
+            Phase::Idle { .. } => None,
+        }
+    }
+
+    /// Whether the holder's grant is revoked and its work draining.
+    pub fn draining(&self) -> Option<ClientId> {
+        match self.phase {
+            Phase::Draining { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
+    pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
+        self.clients.iter().map(|c| c.id)
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn find(&self, id: ClientId) -> Option<&Client> {
+        self.clients.iter().find(|c| c.id == id)
+    }
+
+    fn find_mut(&mut self, id: ClientId) -> Option<&mut Client> {
+        self.clients.iter_mut().find(|c| c.id == id)
+    }
+
+    /// Decides what to do at `now`. Call again after carrying out a
+    /// `Grant` or `Revoke`; after a `Wait`, at its deadline or when the
+    /// world may have changed.
+    pub fn step(&mut self, now: u64, view: &mut dyn View) -> Action {
+        self.refresh(now, view);
+        loop {
+            match self.phase {
+                Phase::Idle { revoked_at } => {
+                    let Some(id) = self.pick(now, None) else {
+                        return Action::Wait {
+                            until: self.next_eligible(now),
+                        };
+                    };
+                    if let Some(r) = revoked_at {
+                        self.events.push(Event::Handover {
+                            to: id,
+                            ns: now.saturating_sub(r),
+                        });
+                    }
+                    self.events.push(Event::Granted { id, at: now });
+                    if let Some(c) = self.find_mut(id) {
+                        c.last_grant = now;
+                    }
+                    self.phase = Phase::Held {
+                        id,
+                        granted_at: now,
+                        quantum_end: now.saturating_add(self.cfg.quantum_ns),
+                        launches: view.launches(id),
+                        last_activity: now,
+                    };
+                    return Action::Grant(id);
+                }
+                Phase::Held {
+                    id,
+                    granted_at,
+                    quantum_end,
+                    mut launches,
+                    mut last_activity,
+                } => {
+                    let l = view.launches(id);
+                    if l != launches {
+                        launches = l;
+                        last_activity = now;
+                    }
+                    // A process still waking up from the gate counts as
+                    // busy: it has work it has not launched yet.
+                    let busy = now < last_activity.saturating_add(self.cfg.idle_release_ns)
+                        || view.waiting(id);
+                    let contested = self.clients.iter().any(|c| c.id != id && c.active);
+                    let capped = self
+                        .find(id)
+                        .is_some_and(|c| c.policy == Policy::Guaranteed);
+                    if !busy && (contested || capped) {
+                        return self.revoke(id, granted_at, now, Reason::Idle);
+                    }
+                    if now >= quantum_end {
+                        if busy && self.pick(now, Some((id, granted_at))) == Some(id) {
+                            // It would win the next pick anyway: renew
+                            // without a hand-over.
+                            self.charge(id, granted_at, now);
+                            self.phase = Phase::Held {
+                                id,
+                                granted_at: now,
+                                quantum_end: now.saturating_add(self.cfg.quantum_ns),
+                                launches,
+                                last_activity,
+                            };
+                            continue;
+                        }
+                        return self.revoke(id, granted_at, now, Reason::Quantum);
+                    }
+                    self.phase = Phase::Held {
+                        id,
+                        granted_at,
+                        quantum_end,
+                        launches,
+                        last_activity,
+                    };
+                    let mut until = quantum_end;
+                    if contested || capped {
+                        until = until.min(last_activity.saturating_add(self.cfg.idle_release_ns));
+                    }
+                    return Action::Wait { until: Some(until) };
+                }
+                Phase::Draining {
+                    id,
+                    granted_at,
+                    revoked_at,
+                } => {
+                    let deadline = revoked_at.saturating_add(self.cfg.drain_timeout_ns);
+                    let drained = view.drained(id);
+                    if !drained && now < deadline {
+                        return Action::Wait {
+                            until: Some(deadline),
+                        };
+                    }
+                    if !drained {
+                        self.events.push(Event::DrainTimedOut { id });
+                    }
+                    self.charge(id, granted_at, now);
+                    self.phase = Phase::Idle {
+                        revoked_at: Some(revoked_at),
+                    };
+                    // The revoked client's processes now wait at its gate.
+                    self.refresh(now, view);
+                }
+            }
+        }
+    }
+
+    fn revoke(&mut self, id: ClientId, granted_at: u64, now: u64, why: Reason) -> Action {
+        self.phase = Phase::Draining {
+            id,
+            granted_at,
+            revoked_at: now,
+        };
+        Action::Revoke(id, why)
+    }
+
+    fn charge(&mut self, id: ClientId, start: u64, end: u64) {
+        let catch_up = self.cfg.catch_up_ns;
+        let held = end.saturating_sub(start);
+        if let Some(c) = self.find_mut(id) {
+            c.vtime += c.vcost(held);
+            if c.policy == Policy::Guaranteed {
+                c.tat = c.tat_after(start, held, catch_up);
+            }
+        }
+        self.events.push(Event::Charged { id, start, end });
+    }
+
+    /// Updates who has work; lifts returning clients to the virtual clock.
+    fn refresh(&mut self, now: u64, view: &mut dyn View) {
+        let holding = match self.phase {
+            Phase::Held { id, .. } => Some(id),
+            _ => None,
+        };
+        let vclock = self.vclock;
+        for c in &mut self.clients {
+            let active = holding == Some(c.id) || view.waiting(c.id);
+            if active && !c.active {
+                c.vtime = c.vtime.max(vclock);
+                c.active_since = now;
+            }
+            c.active = active;
+        }
+        if let Some(min) = self
+            .clients
+            .iter()
+            .filter(|c| c.active)
+            .map(|c| c.vtime)
+            .min()
+        {
+            self.vclock = self.vclock.max(min);
+        }
+    }
+
+    /// The client with work, allowed to run, with the least virtual time.
+    /// `holder`: the current holder and its grant start, judged as if
+    /// charged up to `now` (for renewal).
+    fn pick(&self, now: u64, holder: Option<(ClientId, u64)>) -> Option<ClientId> {
+        let mut best: Option<(u128, u64, ClientId)> = None;
+        for c in &self.clients {
+            let (vtime, tat) = match holder {
+                Some((h, start)) if h == c.id => {
+                    let held = now.saturating_sub(start);
+                    (
+                        c.vtime + c.vcost(held),
+                        c.tat_after(start, held, self.cfg.catch_up_ns),
+                    )
+                }
+                _ if !c.active => continue,
+                _ => (c.vtime, c.tat),
+            };
+            if c.policy == Policy::Guaranteed && now < tat {
+                continue;
+            }
+            let key = (vtime, c.last_grant, c.id);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        best.map(|(_, _, id)| id)
+    }
+
+    /// When the first capped client with work becomes grantable.
+    fn next_eligible(&self, now: u64) -> Option<u64> {
+        self.clients
+            .iter()
+            .filter(|c| c.active && c.policy == Policy::Guaranteed && c.tat > now)
+            .map(|c| c.tat)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A fake GPU node drives the scheduler the way the real driver does:
+    //! one FIFO engine, clients that keep `depth` kernels in flight while
+    //! granted, a wake-up delay after each grant, a drain report delay, and
+    //! an arbiter that looks every `POLL` ns. Shares are judged by the
+    //! fake engine's busy time, as the end-to-end tests judge the real one.
+
+    use super::*;
+    use std::collections::VecDeque;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+    const S: u64 = 1_000_000_000;
+    const POLL: u64 = 250 * US;
+
+    #[derive(Debug, Clone)]
+    struct FakeClient {
+        id: ClientId,
+        kernel_ns: u64,
+        depth: usize,
+        /// Has work in [from, until).
+        from: u64,
+        until: u64,
+        granted: bool,
+        wakes_at: u64,
+        inflight: VecDeque<u64>,
+        launches: u64,
+        /// Kernels that ran: (start, end).
+        ran: Vec<(u64, u64)>,
+        /// Never reports drained (a process stuck, or dead).
+        stuck: bool,
+    }
+
+    struct World {
+        now: u64,
+        engine_free: u64,
+        wake_ns: u64,
+        drain_report_ns: u64,
+        clients: Vec<FakeClient>,
+        sched: Scheduler,
+        events: Vec<Event>,
+    }
+
+    struct FakeView<'a> {
+        clients: &'a [FakeClient],
+        now: u64,
+        report_ns: u64,
+    }
+
+    impl View for FakeView<'_> {
+        fn waiting(&mut self, id: ClientId) -> bool {
+            self.clients
+                .iter()
+                .any(|c| c.id == id && c.waiting_at(self.now))
+        }
+        fn launches(&mut self, id: ClientId) -> u64 {
+            self.clients
+                .iter()
+                .find(|c| c.id == id)
+                .map_or(0, |c| c.launches)
+        }
+        fn drained(&mut self, id: ClientId) -> bool {
+            self.clients.iter().find(|c| c.id == id).is_none_or(|c| {
+                !c.stuck
+                    && c.inflight
+                        .back()
+                        .is_none_or(|&end| end + self.report_ns <= self.now)
+            })
+        }
+    }
+
+    impl FakeClient {
+        fn has_work(&self, now: u64) -> bool {
+            self.from <= now && now < self.until
+        }
+        fn waiting_at(&self, now: u64) -> bool {
+            self.has_work(now) && (!self.granted || now < self.wakes_at)
+        }
+        fn busy_in(&self, a: u64, b: u64) -> u64 {
+            self.ran
+                .iter()
+                .map(|&(s, e)| e.min(b).saturating_sub(s.max(a)))
+                .sum()
+        }
+    }
+
+    fn client(id: ClientId, kernel_ns: u64, depth: usize) -> FakeClient {
+        FakeClient {
+            id,
+            kernel_ns,
+            depth,
+            from: 0,
+            until: u64::MAX,
+            granted: false,
+            wakes_at: 0,
+            inflight: VecDeque::new(),
+            launches: 0,
+            ran: Vec::new(),
+            stuck: false,
+        }
+    }
+
+    impl World {
+        fn new(cfg: SchedConfig, clients: Vec<(FakeClient, u32, Policy)>) -> World {
+            let mut sched = Scheduler::new(cfg);
+            let mut cs = Vec::new();
+            for (c, share, policy) in clients {
+                sched.add(c.id, share, policy);
+                cs.push(c);
+            }
+            World {
+                now: S,
+                engine_free: 0,
+                wake_ns: 50 * US,
+                drain_report_ns: 50 * US,
+                clients: cs,
+                sched,
+                events: Vec::new(),
+            }
+        }
+
+        fn c(&mut self, id: ClientId) -> &mut FakeClient {
+            self.clients.iter_mut().find(|c| c.id == id).unwrap()
+        }
+
+        /// Runs the fake node until `end`.
+        fn run_until(&mut self, end: u64) {
+            while self.now < end {
+                let now = self.now;
+                for c in &mut self.clients {
+                    while c.inflight.front().is_some_and(|&e| e <= now) {
+                        c.inflight.pop_front();
+                    }
+                    if c.granted && now >= c.wakes_at && c.has_work(now) {
+                        while c.inflight.len() < c.depth {
+                            let start = self.engine_free.max(now);
+                            let stop = start + c.kernel_ns;
+                            self.engine_free = stop;
+                            c.inflight.push_back(stop);
+                            c.ran.push((start, stop));
+                            c.launches += 1;
+                        }
+                    }
+                }
+                let deadline = loop {
+                    let mut view = FakeView {
+                        clients: &self.clients,
+                        now,
+                        report_ns: self.drain_report_ns,
+                    };
+                    match self.sched.step(now, &mut view) {
+                        Action::Grant(id) => {
+                            let wake = self.wake_ns;
+                            let c = self.c(id);
+                            c.granted = true;
+                            c.wakes_at = now + wake;
+                        }
+                        Action::Revoke(id, _) => self.c(id).granted = false,
+                        Action::Wait { until } => break until,
+                    }
+                };
+                self.events.extend(self.sched.take_events());
+                // Next moment anything can change: the arbiter's poll or
+                // deadline, a kernel ending, a waking process, a drain
+                // report, work starting or stopping.
+                let mut next = now + POLL;
+                let mut at = |t: u64| {
+                    if t > now {
+                        next = next.min(t);
+                    }
+                };
+                if let Some(d) = deadline {
+                    at(d);
+                }
+                for c in &self.clients {
+                    if let Some(&e) = c.inflight.front() {
+                        at(e);
+                    }
+                    if let Some(&e) = c.inflight.back() {
+                        at(e + self.drain_report_ns);
+                    }
+                    at(c.wakes_at);
+                    at(c.from);
+                    at(c.until);
+                }
+                self.now = next;
+            }
+        }
+
+        fn busy(&self, id: ClientId, a: u64, b: u64) -> f64 {
+            let c = self.clients.iter().find(|c| c.id == id).unwrap();
+            c.busy_in(a, b) as f64 / (b - a) as f64 * 100.0
+        }
+
+        fn total_busy(&self, a: u64, b: u64) -> f64 {
+            self.clients.iter().map(|c| self.busy(c.id, a, b)).sum()
+        }
+
+        fn grants_of(&self, id: ClientId) -> Vec<u64> {
+            self.events
+                .iter()
+                .filter_map(|e| match *e {
+                    Event::Granted { id: g, at } if g == id => Some(at),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        fn charged(&self, id: ClientId, a: u64, b: u64) -> u64 {
+            self.events
+                .iter()
+                .filter_map(|e| match *e {
+                    Event::Charged { id: c, start, end } if c == id => {
+                        Some(end.min(b).saturating_sub(start.max(a)))
+                    }
+                    _ => None,
+                })
+                .sum()
+        }
+    }
+
+    fn near(what: &str, got: f64, want: f64, tol: f64) {
+        assert!(
+            (got - want).abs() <= tol,
+            "{what}: {got:.2}% is not within {tol} pp of {want}%"
+        );
+    }
+
+    fn cfg() -> SchedConfig {
+        SchedConfig::default()
+    }
+
+    #[test]
+    fn guaranteed_shares_converge() {
+        for kernel in [50 * US, MS, 20 * MS] {
+            let depth = if kernel >= MS { 2 } else { 4 };
+            let mut w = World::new(
+                cfg(),
+                vec![
+                    (client(1, kernel, depth), 200_000, Policy::Guaranteed),
+                    (client(2, kernel, depth), 300_000, Policy::Guaranteed),
+                    (client(3, kernel, depth), 500_000, Policy::Guaranteed),
+                ],
+            );
+            w.run_until(11 * S);
+            for (id, want) in [(1, 20.0), (2, 30.0), (3, 50.0)] {
+                near(
+                    &format!("client {id}, {kernel} ns kernels"),
+                    w.busy(id, 2 * S, 11 * S),
+                    want,
+                    1.0,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn guaranteed_alone_is_capped_and_the_gpu_idles() {
+        for kernel in [50 * US, MS, 20 * MS] {
+            let mut w = World::new(
+                cfg(),
+                vec![(client(1, kernel, 2), 300_000, Policy::Guaranteed)],
+            );
+            w.run_until(11 * S);
+            near(
+                &format!("{kernel} ns kernels"),
+                w.busy(1, 2 * S, 11 * S),
+                30.0,
+                1.0,
+            );
+        }
+    }
+
+    #[test]
+    fn burst_pair_alone_fills_the_gpu_evenly() {
+        for kernel in [50 * US, MS, 20 * MS] {
+            let mut w = World::new(
+                cfg(),
+                vec![
+                    (client(1, kernel, 2), 250_000, Policy::Burst),
+                    (client(2, kernel, 2), 250_000, Policy::Burst),
+                ],
+            );
+            w.run_until(11 * S);
+            let total = w.total_busy(2 * S, 11 * S);
+            assert!(total >= 95.0, "{kernel} ns kernels: GPU busy {total:.2}%");
+            let split = w.busy(1, 2 * S, 11 * S) / total * 100.0;
+            near(&format!("{kernel} ns kernels: split"), split, 50.0, 2.0);
+        }
+    }
+
+    #[test]
+    fn burst_alone_keeps_the_gpu_without_hand_overs() {
+        let mut w = World::new(cfg(), vec![(client(1, MS, 2), 250_000, Policy::Burst)]);
+        w.run_until(2 * S);
+        assert_eq!(w.grants_of(1).len(), 1, "renewed, never handed over");
+        assert!(w.busy(1, S + 10 * MS, 2 * S) > 99.0);
+    }
+
+    #[test]
+    fn long_kernels_are_charged_for_their_overrun() {
+        // 20 ms kernels against a 10 ms quantum: each grant overruns. If
+        // only the quantum were charged, client 1 would get about 2/3.
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, 20 * MS, 1), 500_000, Policy::Burst),
+                (client(2, 50 * US, 4), 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(11 * S);
+        near("long kernels", w.busy(1, 2 * S, 11 * S), 50.0, 2.0);
+        near("short kernels", w.busy(2, 2 * S, 11 * S), 50.0, 2.0);
+        let long_holds = w
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::Charged { id: 1, start, end } if end - start >= 20 * MS))
+            .count();
+        assert!(
+            long_holds > 100,
+            "{long_holds} holds charged past the quantum"
+        );
+    }
+
+    #[test]
+    fn an_idle_holder_gives_the_gpu_back_early() {
+        let c = SchedConfig {
+            quantum_ns: 50 * MS,
+            ..cfg()
+        };
+        let mut a = client(1, 100 * US, 2);
+        a.until = S + 5 * MS;
+        let b = client(2, 100 * US, 2);
+        let mut w = World::new(
+            c,
+            vec![(a, 500_000, Policy::Burst), (b, 500_000, Policy::Burst)],
+        );
+        w.run_until(S + 100 * MS);
+        assert_eq!(w.grants_of(1), vec![S], "client 1 goes first");
+        let b_at = w.grants_of(2)[0];
+        assert!(
+            b_at < S + 5 * MS + 3 * MS,
+            "client 2 waited until {} ms",
+            (b_at - S) / MS
+        );
+        // A guaranteed holder with nothing to run is released even with
+        // no one waiting, and is charged only what it held.
+        let mut g = client(1, 100 * US, 2);
+        g.until = S + 2 * MS;
+        let mut w = World::new(c, vec![(g, 500_000, Policy::Guaranteed)]);
+        w.run_until(S + 100 * MS);
+        let held = w.charged(1, 0, u64::MAX);
+        assert!(held < 5 * MS, "charged {} us", held / US);
+        assert_eq!(w.sched.holder(), None);
+    }
+
+    #[test]
+    fn no_client_starves() {
+        for policy in [Policy::Burst, Policy::Guaranteed] {
+            let mut clients = vec![(client(9, MS, 2), 960_000, policy)];
+            for id in 1..=4 {
+                clients.push((client(id, 50 * US, 4), 10_000, policy));
+            }
+            let mut w = World::new(cfg(), clients);
+            w.run_until(11 * S);
+            for id in 1..=4 {
+                let got = w.busy(id, 2 * S, 11 * S);
+                assert!(got >= 0.8, "{policy:?} client {id}: {got:.2}%");
+                let grants = w.grants_of(id);
+                let gap = grants.windows(2).map(|p| p[1] - p[0]).max().unwrap();
+                // 10 ms per 1% share: a grant at least every ~1 s.
+                assert!(
+                    gap < 1_500 * MS,
+                    "{policy:?} client {id}: gap {} ms",
+                    gap / MS
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn weights_and_policies_change_on_the_fly() {
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 500_000, Policy::Burst),
+                (client(2, MS, 2), 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(4 * S);
+        near("before", w.busy(1, 2 * S, 4 * S), 50.0, 1.0);
+        w.sched.set_params(1, 200_000, Policy::Burst);
+        w.sched.set_params(2, 800_000, Policy::Burst);
+        w.run_until(14 * S);
+        near("after, client 1", w.busy(1, 5 * S, 14 * S), 20.0, 1.0);
+        near("after, client 2", w.busy(2, 5 * S, 14 * S), 80.0, 1.0);
+        // Client 2 leaves its work; client 1 turns guaranteed at 20%: it
+        // is held to 20% although the GPU is otherwise idle.
+        w.c(2).until = 14 * S;
+        w.sched.set_params(1, 200_000, Policy::Guaranteed);
+        w.run_until(20 * S);
+        near("capped", w.busy(1, 15 * S, 20 * S), 20.0, 1.0);
+    }
+
+    #[test]
+    fn a_guaranteed_cap_leaves_the_rest_to_burst() {
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 300_000, Policy::Guaranteed),
+                (client(2, MS, 2), 100_000, Policy::Burst),
+            ],
+        );
+        w.run_until(11 * S);
+        near("guaranteed", w.busy(1, 2 * S, 11 * S), 30.0, 1.0);
+        let burst = w.busy(2, 2 * S, 11 * S);
+        assert!(burst >= 67.0, "burst got {burst:.2}%");
+    }
+
+    #[test]
+    fn idle_time_is_not_banked() {
+        // Client 1 runs alone for 5 s, then client 2 arrives: from then on
+        // they split evenly; client 2 is not owed the 5 s it did not use.
+        let mut b = client(2, MS, 2);
+        b.from = 6 * S;
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 500_000, Policy::Burst),
+                (b, 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(8 * S);
+        near(
+            "first second together",
+            w.busy(1, 6 * S + 10 * MS, 7 * S),
+            50.0,
+            3.0,
+        );
+        near("second second together", w.busy(1, 7 * S, 8 * S), 50.0, 3.0);
+    }
+
+    #[test]
+    fn a_drain_that_never_ends_is_bounded() {
+        let c = SchedConfig {
+            drain_timeout_ns: 100 * MS,
+            ..cfg()
+        };
+        let mut a = client(1, MS, 2);
+        a.stuck = true;
+        let mut w = World::new(
+            c,
+            vec![
+                (a, 500_000, Policy::Burst),
+                (client(2, MS, 2), 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(S + 300 * MS);
+        assert!(w.events.contains(&Event::DrainTimedOut { id: 1 }));
+        let b = w.grants_of(2);
+        assert!(!b.is_empty(), "the GPU moved on");
+        // Quantum (10 ms) + drain bound (100 ms), then client 2.
+        assert!(b[0] >= S + 110 * MS && b[0] < S + 115 * MS, "{}", b[0]);
+    }
+
+    #[test]
+    fn removing_the_holder_frees_the_gpu() {
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 500_000, Policy::Burst),
+                (client(2, MS, 2), 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(S + 3 * MS);
+        assert_eq!(w.sched.holder(), Some(1));
+        assert!(w.sched.remove(1));
+        w.c(1).granted = false;
+        w.c(1).until = 0;
+        assert!(!w.sched.remove(1), "already gone");
+        w.run_until(S + 4 * MS);
+        assert_eq!(w.sched.holder(), Some(2));
+        assert_eq!(w.sched.clients().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn hand_overs_are_reported() {
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 500_000, Policy::Burst),
+                (client(2, MS, 2), 500_000, Policy::Burst),
+            ],
+        );
+        w.run_until(2 * S);
+        let handovers: Vec<u64> = w
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Handover { ns, .. } => Some(*ns),
+                _ => None,
+            })
+            .collect();
+        assert!(handovers.len() > 50);
+        // Two kernels in flight at revocation (2 ms) plus the report delay.
+        assert!(
+            handovers.iter().all(|&ns| ns <= 2 * MS + 300 * US),
+            "{handovers:?}"
+        );
+    }
+}
