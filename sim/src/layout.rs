@@ -53,7 +53,9 @@ pub struct Header {
     pub event_seq: AtomicU32,
     /// One past the highest process slot ever claimed, so scans stop early.
     pub procs_high: AtomicU32,
-    pub _reserved: [u64; 10],
+    /// CLOCK_MONOTONIC ns when the node was created (energy counters start there).
+    pub created_ns: AtomicU64,
+    pub _reserved: [u64; 9],
 }
 
 /// One simulated GPU. The first block is written once at creation; the rest changes.

@@ -94,13 +94,13 @@ pub fn install_lib_dir(dir: &Path) -> Result<LibDir, LibError> {
         (&nvml, ["libnvidia-ml.so.1", "libnvidia-ml.so"]),
     ] {
         for name in names {
+            // A new link is renamed over the old one, so processes sharing the directory
+            // never see it without the name.
             let link = dir.join(name);
-            match std::fs::remove_file(&link) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(install(e)),
-            }
-            std::os::unix::fs::symlink(target, &link).map_err(install)?;
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(target, &tmp).map_err(install)?;
+            std::fs::rename(&tmp, &link).map_err(install)?;
         }
     }
     Ok(LibDir {

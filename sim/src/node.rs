@@ -202,6 +202,7 @@ impl Node {
             .store(config.devices, Ordering::Relaxed);
         s.header.size.store(STATE_SIZE as u64, Ordering::Relaxed);
         s.header.seed.store(config.seed, Ordering::Relaxed);
+        s.header.created_ns.store(now_ns(), Ordering::Relaxed);
         for (i, d) in s.devices.iter().enumerate().take(config.devices as usize) {
             d.memory_total
                 .store(config.memory_per_device, Ordering::Relaxed);
@@ -239,6 +240,11 @@ impl Node {
         // SAFETY: the mapping is valid for the Node's lifetime and NodeState holds only
         // atomics (and padding), for which any bit pattern, including zero, is valid.
         unsafe { self.state.as_ref() }
+    }
+
+    /// CLOCK_MONOTONIC ns when the node was created.
+    pub fn created_ns(&self) -> u64 {
+        self.state().header.created_ns.load(Ordering::Relaxed)
     }
 
     pub fn path(&self) -> &Path {
@@ -683,6 +689,20 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
     )
 }
 
+/// Parses a PCI bus id `[domain:]bus:device.function` (hex, any case, any domain width,
+/// as CUDA and NVML write them) into (domain, bus, device).
+pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
+    let (rest, function) = s.trim().rsplit_once('.')?;
+    u32::from_str_radix(function, 16).ok()?;
+    let parts: Vec<&str> = rest.split(':').collect();
+    let hex = |p: &str| u32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
+}
+
 /// Static facts about a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -868,6 +888,16 @@ mod tests {
         let p = n.process(std::process::id()).expect("me");
         assert_eq!(p.busy_ns[0], 3_000_000);
         assert_eq!(p.launches[0], 3);
+    }
+
+    #[test]
+    fn bus_ids_parse_in_both_forms() {
+        assert_eq!(parse_bus_id("0000:18:00.0"), Some((0, 0x18, 0)));
+        assert_eq!(parse_bus_id("00000000:2A:00.0"), Some((0, 0x2a, 0)));
+        assert_eq!(parse_bus_id("2a:01.0"), Some((0, 0x2a, 1)));
+        assert_eq!(parse_bus_id("zz:00.0"), None);
+        assert_eq!(parse_bus_id("0000:18:00"), None);
+        assert_eq!(parse_bus_id(""), None);
     }
 
     #[test]

@@ -583,8 +583,12 @@ static void cmd_procaddr(char *line, char *a1, char *a2, char *a3) {
         return;
     }
     Dl_info info;
-    const char *sym = (p && dladdr(p, &info) && info.dli_sname) ? info.dli_sname : "?";
-    printf("ok procaddr symbol=%s status=%d resolved=%s\n", a1, status, sym);
+    int found = p && dladdr(p, &info);
+    const char *sym = (found && info.dli_sname) ? info.dli_sname : "?";
+    /* The object the pointer lies in (the driver, or a shim in front of it). */
+    const char *obj = (found && info.dli_fname) ? info.dli_fname : "?";
+    const char *slash = strrchr(obj, '/');
+    printf("ok procaddr symbol=%s status=%d resolved=%s lib=%s\n", a1, status, sym, slash ? slash + 1 : obj);
 }
 
 static void run(char *line) {

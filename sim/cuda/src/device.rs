@@ -6,6 +6,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use tessera_ffi::cuda::*;
 use tessera_sim::DeviceInfo;
+use tessera_sim::node::parse_bus_id;
 
 use crate::runtime::{self, Runtime, rt};
 use crate::{CuResult, guard, put};
@@ -318,20 +319,6 @@ pub fn cuda_bus_id(i: &DeviceInfo) -> String {
     )
 }
 
-/// Parses `[domain:]bus:device.function` (hex, any case, any domain width) into
-/// (domain, bus, device).
-pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
-    let (rest, function) = s.trim().rsplit_once('.')?;
-    u32::from_str_radix(function, 16).ok()?;
-    let parts: Vec<&str> = rest.split(':').collect();
-    let hex = |p: &str| u32::from_str_radix(p, 16).ok();
-    match parts.as_slice() {
-        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
-        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
-        _ => None,
-    }
-}
-
 /// `cuDeviceGetPCIBusId`.
 ///
 /// # Safety
@@ -411,19 +398,4 @@ pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(pi, 0) }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bus_ids_round_trip_in_both_forms() {
-        assert_eq!(parse_bus_id("0000:18:00.0"), Some((0, 0x18, 0)));
-        assert_eq!(parse_bus_id("00000000:2A:00.0"), Some((0, 0x2a, 0)));
-        assert_eq!(parse_bus_id("2a:01.0"), Some((0, 0x2a, 1)));
-        assert_eq!(parse_bus_id("zz:00.0"), None);
-        assert_eq!(parse_bus_id("0000:18:00"), None);
-        assert_eq!(parse_bus_id(""), None);
-    }
 }
