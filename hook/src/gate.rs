@@ -3,26 +3,106 @@
 //! the legacy `cuLaunch*`) calls [`before_submit`] before the driver sees
 //! the work, in a governed process that has joined its allocation.
 //!
-//! Compute gating arrives with issue 4: until then this admits everything.
-//! The hot path must stay one atomic load when the grant is held: no
-//! locks, no system calls, no logging.
+//! The protocol lives in `tessera_shm::gate`; this file supplies what it
+//! needs from CUDA: which allocation device the work goes to, and how to
+//! wait for the work this process submitted ([`CudaDrain`]: every context
+//! it made on that device, pushed and synchronised with the real driver).
+//! The hot path stays one atomic load of the grant word when the grant is
+//! held: no locks, no system calls, no logging.
 
-use tessera_ffi::cuda::{CUresult, CUstream};
+use std::ptr::null_mut;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use tessera_ffi::cuda::{CUcontext, CUresult, CUstream};
+use tessera_shm::gate::{Drain, Gate, GateEvent};
 
 use crate::governor::Governed;
+use crate::log::Level;
+use crate::table::call_real;
 
-/// Decides whether work for `stream` may be submitted now (waiting for the
-/// allocation's grant if need be). `Err(code)` makes the wrapper return
-/// `code` without submitting. `gov.device_of_stream(stream)` names the
-/// allocation's device the work runs on.
+/// The process's gate: a leaked `Box<Gate>`, replaced (and the old one
+/// leaked) when a forked child joins in a slot of its own.
+static GATE: AtomicPtr<Gate> = AtomicPtr::new(null_mut());
+
+/// Decides whether work for `stream` may be submitted now, waiting for the
+/// allocation's grant if need be. The gate never refuses: it admits once
+/// the grant is held, or once the arbiter is found silent. `gov.member()`
+/// is `None` in a forked child that has not called `cuInit` (its driver
+/// refuses the work anyway), which passes ungated.
 #[inline(always)]
 pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
-    let _ = (gov, stream);
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: GATE only ever holds a pointer from Box::leak, never freed.
+    let gate = unsafe { &*p };
+    // A forked child still sees its parent's gate until it joins itself.
+    if gov.member() != Some(gate.member()) {
+        return Ok(());
+    }
+    if let Some(dev) = gov.device_of_stream(stream) {
+        gate.before_submit(dev);
+    }
     Ok(())
 }
 
 /// Called once a process has joined its allocation (at `cuInit`, and again
 /// in a forked child), before its first submission.
 pub fn on_join(gov: &Governed) {
-    let _ = gov;
+    let Some(member) = gov.member() else {
+        return;
+    };
+    let files = gov.files;
+    let log = Arc::new(|e: &GateEvent| match e {
+        GateEvent::Rejoined { .. } => crate::log!(Level::Info, "compute gate: {e}"),
+        _ => crate::log!(Level::Warn, "compute gate: {e}"),
+    });
+    match Gate::new(
+        &files.control,
+        &files.state,
+        member,
+        Arc::new(CudaDrain),
+        log,
+    ) {
+        Ok(g) => {
+            GATE.store(Box::into_raw(Box::new(g)), Ordering::Release);
+        }
+        Err(e) => crate::log!(Level::Error, "compute gate not set up: {e}"),
+    }
+}
+
+/// Waits for this process's work on one device: pushes each of its
+/// contexts on that device (those it created and the primary ones it holds)
+/// and synchronises it with the real driver.
+struct CudaDrain;
+
+impl Drain for CudaDrain {
+    fn drain(&self, dev: usize) {
+        let Some(g) = crate::governor::governed() else {
+            return;
+        };
+        // Held while synchronising, so no context is destroyed under us.
+        let contexts = g.contexts.lock();
+        let created = contexts
+            .created
+            .iter()
+            .filter(|(_, (index, _))| *index == Some(dev))
+            .map(|(&h, _)| h);
+        let primary = contexts
+            .primary
+            .values()
+            .filter(|p| p.refs > 0 && p.index == Some(dev))
+            .map(|p| p.ctx);
+        for ctx in created.chain(primary) {
+            let ctx = ctx as CUcontext;
+            if call_real!(cuCtxPushCurrent_v2(ctx)) != CUresult::CUDA_SUCCESS {
+                continue;
+            }
+            let _ = call_real!(cuCtxSynchronize());
+            let mut popped: CUcontext = null_mut();
+            let _ = call_real!(cuCtxPopCurrent_v2(&mut popped));
+        }
+    }
 }

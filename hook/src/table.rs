@@ -322,6 +322,10 @@ symbols! {
         cuda fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         cuda fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
         cuda fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult;
+        // The compute gate's drainer (gate.rs).
+        cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
+        cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
+        cuda fn cuCtxSynchronize() -> CUresult;
         cuda fn cuDeviceGetAttribute(value: *mut c_int, attr: CUdevice_attribute, dev: CUdevice) -> CUresult;
         nvml fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
     }
