@@ -167,7 +167,13 @@ fn launch_slow() -> Launch {
 /// initialised yet).
 pub fn cuda_entry() -> Result<Option<&'static Governed>, CUresult> {
     if let Some(g) = GOVERNED.get() {
-        return g.ensure_member().map(Some);
+        // No membership: a forked child (or a process whose join failed)
+        // that has not been through `cuInit` itself, which is also what the
+        // driver requires of it. Only `cuInit` joins.
+        return match g.member() {
+            Some(_) => Ok(Some(g)),
+            None => Err(CUDA_REFUSED),
+        };
     }
     match files() {
         None => Ok(None),
@@ -561,8 +567,8 @@ extern "C" fn fork_parent() {
 }
 
 /// The child is a new process: it holds no allocation of its parent (CUDA
-/// state is not inherited), so it forgets them and joins again, in a slot
-/// of its own, at its next governed call.
+/// state is not inherited), so it forgets them, and joins again, in a slot
+/// of its own, if it calls `cuInit` (the driver requires that too).
 extern "C" fn fork_child() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Some(g) = GOVERNED.get() else {
