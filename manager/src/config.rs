@@ -89,6 +89,9 @@ pub struct ManagerArgs {
     /// driver keeps for itself (a few hundred MiB on real GPUs) [default: 0].
     #[arg(long, env = "TESSERA_CONTEXT_OVERHEAD", value_name = "SIZE")]
     pub context_overhead: Option<String>,
+    /// Length of one compute grant of the arbiter [default: 10ms].
+    #[arg(long, env = "TESSERA_QUANTUM", value_name = "DURATION")]
+    pub quantum: Option<String>,
     /// How often GPUs are sampled (metrics, health, backstop) [default: 1s].
     #[arg(long, env = "TESSERA_SAMPLE_INTERVAL", value_name = "DURATION")]
     pub sample_interval: Option<String>,
@@ -115,6 +118,7 @@ pub struct FileConfig {
     pub backstop_kill: Option<bool>,
     pub backstop_slack: Option<String>,
     pub context_overhead: Option<String>,
+    pub quantum: Option<String>,
     pub sample_interval: Option<String>,
     pub reap_interval: Option<String>,
 }
@@ -154,6 +158,8 @@ pub struct Config {
     pub backstop_kill: bool,
     pub backstop_slack_bytes: u64,
     pub context_overhead_bytes: u64,
+    /// The compute arbiter's settings (its quantum is configurable).
+    pub arbiter: crate::arbiter::ArbiterConfig,
     pub sample_interval: Duration,
     pub reap_interval: Duration,
 }
@@ -177,6 +183,7 @@ impl Config {
             backstop_kill: false,
             backstop_slack_bytes: 0,
             context_overhead_bytes: 0,
+            arbiter: crate::arbiter::ArbiterConfig::default(),
             sample_interval: Duration::from_secs(1),
             reap_interval: Duration::from_millis(100),
         }
@@ -273,6 +280,19 @@ impl Config {
         if let Some(s) = pick(args.backstop_slack.clone(), file.backstop_slack) {
             c.backstop_slack_bytes = crate::units::parse_size(&s)
                 .map_err(|e: UnitError| invalid("backstopSlack", e.to_string()))?;
+        }
+        if let Some(q) = dur(
+            "quantum",
+            pick(args.quantum.clone(), file.quantum),
+            Duration::from_micros(100),
+        )? {
+            c.arbiter.quantum = q;
+            // An idle holder is released within a quantum at the latest.
+            c.arbiter.idle_release = c.arbiter.idle_release.min(q);
+            c.arbiter.poll = c.arbiter.poll.min(c.arbiter.idle_release);
+            c.arbiter
+                .validate()
+                .map_err(|e| invalid("quantum", e.to_string()))?;
         }
         if let Some(s) = pick(args.context_overhead.clone(), file.context_overhead) {
             c.context_overhead_bytes = crate::units::parse_size(&s)
@@ -408,7 +428,7 @@ mod tests {
         ]);
         let file = yaml(
             "stateDir: /tmp/b\nsocket: /tmp/b/s.sock\nmetricsAddr: 'off'\n\
-             slicesPerGpu: 4\nxidRecovery: 2s\ndefaultPolicy: guaranteed\n",
+             slicesPerGpu: 4\nxidRecovery: 2s\ndefaultPolicy: guaranteed\nquantum: 5ms\n",
         );
         let c = Config::resolve(&cli.args, file).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/tmp/a"));
@@ -416,6 +436,7 @@ mod tests {
         assert_eq!(c.metrics_addr, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.slices_per_gpu, 4);
         assert_eq!(c.xid_recovery, Duration::from_secs(2));
+        assert_eq!(c.arbiter.quantum, Duration::from_millis(5));
         assert_eq!(c.default_policy, Policy::Guaranteed);
         assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
         assert!(c.backstop_kill);
@@ -449,6 +470,8 @@ mod tests {
             ("sampleInterval: 1ms", "sampleInterval"),
             ("reapInterval: 2s", "reapInterval"),
             ("backstopSlack: 4Gx", "backstopSlack"),
+            ("quantum: 20s", "quantum"),
+            ("quantum: 10us", "quantum"),
         ];
         for (text, setting) in cases {
             let e = Config::resolve(&ManagerArgs::default(), yaml(text)).unwrap_err();

@@ -61,6 +61,8 @@ pub enum ManagerError {
     Alloc(AllocError),
     #[error("gRPC server: {0}")]
     Serve(String),
+    #[error("compute arbiter: {0}")]
+    Arbiter(String),
 }
 
 impl From<GpuError> for ManagerError {
@@ -388,7 +390,6 @@ impl Core {
         let devices = (0..n)
             .map(|i| {
                 let uuid = live.control.uuid(i).to_owned();
-                let ds = live.state.device(i);
                 pb::AllocationDeviceStatus {
                     memory_limit_bytes: live.control.memory_limit(i),
                     memory_used_bytes: live.state.reserved(i),
@@ -397,7 +398,7 @@ impl Core {
                         .arbitration
                         .achieved_ppm(&rec.id, &uuid)
                         .unwrap_or(0),
-                    wait_ns_total: ds.wait_ns.load(Ordering::Relaxed),
+                    wait_ns_total: live.state.gate_wait_ns(i),
                     oom_refused_total: live.state.oom_refused(i),
                     gpu_uuid: uuid,
                 }
@@ -1174,7 +1175,9 @@ pub async fn run_with(config: Config, ready: impl FnOnce(&Manager)) -> Result<()
             "hook library not found; containers and `tessera run` need it there"
         );
     }
-    let arbitration: Arc<dyn Arbitration> = Arc::new(crate::arbitration::NoArbiter);
+    let arbiter = crate::arbiter::Arbiter::new(config.arbiter)
+        .map_err(|e| ManagerError::Arbiter(e.to_string()))?;
+    let arbitration: Arc<dyn Arbitration> = Arc::new(arbiter);
     let manager = Manager::start(config, backend, arbitration).await?;
     tracing::info!(
         socket = %manager.socket().display(),

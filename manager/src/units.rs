@@ -13,7 +13,7 @@ pub enum UnitError {
     Size(String),
     #[error("bad compute share {0:?}: use a percentage in (0, 100], e.g. 30% or 12.5%")]
     Share(String),
-    #[error("bad duration {0:?}: use a number with a unit, ms s m or h, e.g. 500ms or 5m")]
+    #[error("bad duration {0:?}: use a number with a unit, us ms s m or h, e.g. 500ms or 5m")]
     Duration(String),
 }
 
@@ -78,6 +78,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     let t = text.trim();
     let (n, unit) = split_number(t).ok_or_else(bad)?;
     let secs = match unit.trim() {
+        "us" | "µs" => n / 1_000_000.0,
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
@@ -118,7 +119,9 @@ pub fn format_ppm(ppm: u32) -> String {
 /// Formats a duration as the parser reads it back.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if !ms.is_multiple_of(1000) {
+    if !d.as_micros().is_multiple_of(1000) {
+        format!("{}us", d.as_micros())
+    } else if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
     } else {
         format!("{}s", ms / 1000)
@@ -174,11 +177,13 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
         for bad in ["5", "5x", "", "ms", "-1s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert_eq!(format_duration(Duration::from_millis(500)), "500ms");
         assert_eq!(format_duration(Duration::from_secs(300)), "300s");
+        assert_eq!(format_duration(Duration::from_micros(250)), "250us");
     }
 
     #[test]
