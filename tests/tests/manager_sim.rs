@@ -1,0 +1,541 @@
+//! The manager against the simulated node, end to end: the manager, the
+//! clients and the workloads are separate processes; workloads run the
+//! probe under the real shim; the simulated driver is the ground truth.
+
+mod manager_support;
+
+use std::time::{Duration, Instant};
+
+use manager_support::*;
+use tessera_e2e::{Mode, SimNode};
+use tessera_proto::manager::v1 as pb;
+use tessera_sim::NodeConfig;
+
+const GI: u64 = 1 << 30;
+
+/// Not a test: the body of this executable when a test re-runs it as the
+/// manager or a client command (see `manager_support`).
+#[test]
+#[ignore = "helper: the manager or client process the other tests start"]
+fn role() {
+    role_main();
+}
+
+/// How long a probe may take to answer one command.
+const T: Duration = Duration::from_secs(10);
+
+fn node(devices: u32) -> SimNode {
+    SimNode::builder()
+        .config(NodeConfig {
+            devices,
+            memory_per_device: 16 * GI,
+            sms: 100,
+            cc_major: 8,
+            cc_minor: 6,
+            name: "E2E Simulated GPU".into(),
+            seed: 0xe2e,
+        })
+        .build()
+}
+
+fn create(socket: &std::path::Path, id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::Allocation {
+    let req = pb::CreateAllocationRequest {
+        id: id.into(),
+        devices: vec![pb::DeviceRequest {
+            gpu_uuid: uuid.into(),
+            memory_limit_bytes: mem,
+            compute_share_ppm: ppm,
+            slices: 0,
+        }],
+        ..Default::default()
+    };
+    with_client(socket, async |c| c.create_allocation(req).await)
+        .expect("CreateAllocation")
+        .into_inner()
+}
+
+#[test]
+fn the_inventory_is_the_simulated_configuration() {
+    let n = node(3);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let st = node_status(&m.socket);
+    assert_eq!(st.hostname, "e2e-node");
+    assert!(!st.driver_version.is_empty());
+    assert_eq!(st.gpus.len(), 3);
+    for (i, g) in st.gpus.iter().enumerate() {
+        let want = n.node().device_info(i as u32).unwrap();
+        assert_eq!(g.index, i as u32);
+        assert_eq!(g.uuid, want.uuid);
+        assert_eq!(g.name, "E2E Simulated GPU");
+        assert_eq!(g.memory_total_bytes, 16 * GI);
+        assert_eq!(g.pci_bus_id, want.pci_bus_id());
+        assert_eq!(
+            (g.compute_capability_major, g.compute_capability_minor),
+            (8, 6)
+        );
+        assert!(g.healthy, "{}", g.unhealthy_reason);
+    }
+
+    // The same through `tessera status`, as JSON and as a table.
+    let out = client(
+        &n,
+        &["status", "--socket", m.socket.to_str().unwrap(), "--json"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&role_stdout(&out)).expect("status JSON");
+    assert_eq!(v["gpus"].as_array().map(Vec::len), Some(3));
+    assert_eq!(v["gpus"][2]["uuid"], st.gpus[2].uuid);
+    assert_eq!(v["gpus"][2]["compute_capability"], "8.6");
+    let out = client(&n, &["status", "--socket", m.socket.to_str().unwrap()]);
+    let table = role_stdout(&out);
+    assert!(table.contains("Tessera on e2e-node"), "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("E2E Simulated GPU"))
+            .count(),
+        3,
+        "{table}"
+    );
+    m.stop();
+}
+
+#[test]
+fn allocations_usage_and_metrics_after_known_work() {
+    let n = node(2);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &["--slices-per-gpu", "4"]);
+    let uuid0 = n.node().device_info(0).unwrap().uuid;
+    let a = create(&m.socket, "work", &uuid0, 4 * GI, 500_000);
+
+    // A governed workload takes 1 GiB and holds it.
+    let mut w = governed_probe(&n, &a.control_path, &a.state_path);
+    for cmd in ["init", "ctx", &format!("alloc {GI}")] {
+        let l = w.cmd(cmd, T);
+        assert!(l.ok, "{}", l.raw);
+    }
+    let pid = w.pid();
+
+    let seen = eventually(Duration::from_secs(5), || {
+        let st = node_status(&m.socket);
+        let al = &st.allocations[0];
+        al.devices[0].memory_used_bytes == GI
+            && al.processes.len() == 1
+            && al.processes[0].host_pid == pid
+    });
+    assert!(seen.is_some(), "{:?}", node_status(&m.socket).allocations);
+
+    // A workload without the shim: the backstop reports it.
+    let mut stray = n.spawn(
+        Mode::Dlopen,
+        &["init", "ctx", "alloc 1048576", "pid", "sleep 60000"],
+    );
+    stray.wait_for("pid", T);
+
+    let mut text = String::new();
+    let reported = eventually(Duration::from_secs(5), || {
+        text = scrape(m.metrics);
+        let e = parse_exposition(&text).expect("valid exposition");
+        e.get(
+            "tessera_ungoverned_processes",
+            &[("gpu", "0"), ("reason", "no_shim")],
+        ) == Some(1.0)
+    });
+    assert!(reported.is_some(), "stray process not reported:\n{text}");
+    let e = parse_exposition(&text).unwrap();
+    for (name, kind) in [
+        ("tessera_gpu_memory_used_bytes", "gauge"),
+        ("tessera_allocation_wait_seconds_total", "counter"),
+        ("tessera_allocation_oom_refused_total", "counter"),
+    ] {
+        assert_eq!(e.types.get(name).map(String::as_str), Some(kind), "{name}");
+    }
+    let g0 = [
+        ("gpu", "0"),
+        ("Hostname", "e2e-node"),
+        ("UUID", uuid0.as_str()),
+    ];
+    assert_eq!(
+        e.get("tessera_gpu_memory_total_bytes", &g0),
+        Some((16 * GI) as f64)
+    );
+    // The simulated driver counts both workloads' memory.
+    let used = e.get("tessera_gpu_memory_used_bytes", &g0).unwrap();
+    let truth = n.node().device_usage(0).unwrap().memory_used as f64;
+    assert!(used >= (GI + (1 << 20)) as f64, "{used}");
+    assert!(used <= truth, "{used} > {truth}");
+    assert_eq!(e.get("tessera_gpu_healthy", &g0), Some(1.0));
+    assert_eq!(e.get("tessera_gpu_slices_total", &g0), Some(4.0));
+    // 4 GiB of 16 and 50% of the time at 4 slices per GPU: 2 slices.
+    assert_eq!(e.get("tessera_gpu_slices_allocated", &g0), Some(2.0));
+    let al = [("allocation", "work"), ("gpu", "0")];
+    assert_eq!(
+        e.get("tessera_allocation_memory_used_bytes", &al),
+        Some(GI as f64)
+    );
+    assert_eq!(
+        e.get("tessera_allocation_memory_limit_bytes", &al),
+        Some((4 * GI) as f64)
+    );
+    assert_eq!(
+        e.get("tessera_allocation_compute_share_ratio", &al),
+        Some(0.5)
+    );
+    assert_eq!(e.get("tessera_allocation_processes", &al), Some(1.0));
+    assert_eq!(
+        e.get("tessera_allocation_oom_refused_total", &al),
+        Some(0.0)
+    );
+    assert_eq!(
+        e.get(
+            "tessera_ungoverned_processes",
+            &[("gpu", "0"), ("reason", "over_limit")]
+        ),
+        Some(0.0),
+        "the governed workload is within its limit"
+    );
+
+    // Over the limit: refused by the shim, counted by the manager.
+    let refused = w.cmd(&format!("alloc {}", 4 * GI), T);
+    assert_eq!(
+        refused.error.as_deref(),
+        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{}",
+        refused.raw
+    );
+    let counted = eventually(Duration::from_secs(3), || {
+        let e = parse_exposition(&scrape(m.metrics)).unwrap();
+        e.get("tessera_allocation_oom_refused_total", &al) == Some(1.0)
+    });
+    assert!(counted.is_some());
+
+    stray.kill();
+    w.kill();
+    with_client(&m.socket, async |c| {
+        c.delete_allocation(pb::DeleteAllocationRequest { id: "work".into() })
+            .await
+    })
+    .expect("DeleteAllocation");
+    let st = node_status(&m.socket);
+    assert!(st.allocations.is_empty());
+    assert!(!std::path::Path::new(&a.control_path).exists());
+    m.stop();
+}
+
+#[test]
+fn a_restarted_manager_keeps_allocations_and_running_processes() {
+    let n = node(1);
+    let dir = n.dir.path().join("m");
+    let m = ManagerProc::start(&n, &dir, &[]);
+    let uuid0 = n.node().device_info(0).unwrap().uuid;
+    let a = create(&m.socket, "keep", &uuid0, 4 * GI, 1_000_000);
+    let mut w = governed_probe(&n, &a.control_path, &a.state_path);
+    for cmd in ["init", "ctx", &format!("alloc {GI}")] {
+        assert!(w.cmd(cmd, T).ok);
+    }
+    m.stop();
+
+    // No manager: the workload goes on.
+    let l = w.cmd(&format!("alloc {GI}"), T);
+    assert!(l.ok, "{}", l.raw);
+
+    let m = ManagerProc::start(&n, &dir, &[]);
+    let st = node_status(&m.socket);
+    assert_eq!(st.allocations.len(), 1);
+    let al = &st.allocations[0];
+    assert_eq!(al.allocation.as_ref().unwrap().id, "keep");
+    assert_eq!(al.allocation.as_ref().unwrap().state_path, a.state_path);
+    assert_eq!(al.devices[0].memory_used_bytes, 2 * GI);
+    assert_eq!(al.processes.len(), 1);
+    // And it goes on under the new manager, within its old limit.
+    assert!(w.cmd(&format!("alloc {}", 2 * GI), T).ok);
+    let over = w.cmd(&format!("alloc {GI}"), T);
+    assert_eq!(
+        over.error.as_deref(),
+        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{}",
+        over.raw
+    );
+
+    // The new manager reaps it.
+    w.kill();
+    let reaped = eventually(Duration::from_secs(3), || {
+        node_status(&m.socket).allocations[0].devices[0].memory_used_bytes == 0
+    });
+    assert!(reaped.is_some(), "{}", m.log());
+    m.stop();
+}
+
+#[test]
+fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
+    let n = node(2);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let healthy = |i: usize| node_status(&m.socket).gpus[i].healthy;
+
+    // An application's fault: the GPU stays healthy.
+    n.node().inject_xid(1, 13).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(healthy(1));
+
+    n.node().inject_xid(1, 48).unwrap();
+    let t0 = Instant::now();
+    let down = eventually(Duration::from_secs(3), || !healthy(1));
+    assert!(down.is_some(), "XID 48 ignored:\n{}", m.log());
+    let st = node_status(&m.socket);
+    assert_eq!(st.gpus[1].unhealthy_reason, "critical XID 48");
+    assert!(st.gpus[0].healthy, "only GPU 1 had the XID");
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert_eq!(e.get("tessera_gpu_healthy", &[("gpu", "1")]), Some(0.0));
+    let up = eventually(Duration::from_secs(5), || healthy(1));
+    assert!(up.is_some(), "GPU 1 never recovered");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "recovered before the hold-off"
+    );
+
+    // A lost GPU: unhealthy while lost, healthy once it answers again
+    // (and the XID 79 that came with it has passed).
+    n.node().set_lost(0, true).unwrap();
+    let lost = eventually(Duration::from_secs(3), || !healthy(0));
+    assert!(lost.is_some(), "lost GPU not noticed");
+    n.node().set_lost(0, false).unwrap();
+    let back = eventually(Duration::from_secs(5), || healthy(0));
+    assert!(back.is_some(), "GPU 0 never came back");
+    m.stop();
+}
+
+#[test]
+fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second() {
+    let n = node(1);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let probe = probe_path().display().to_string();
+    // Two workers in one `tessera run`; one is killed, the other goes on.
+    let script = format!(
+        "\"{probe}\" init ctx 'alloc {GI}' pid 'sleep 60000' & \
+         \"{probe}\" init ctx 'alloc {GI}' pid 'sleep 60000' & wait"
+    );
+    let args: Vec<String> = [
+        "run",
+        "--socket",
+        m.socket.to_str().unwrap(),
+        "--gpu",
+        "0",
+        "--memory",
+        "3Gi",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut run = client_spawn(&n, &args);
+    let mut out = lines(&mut run);
+    let p1: i32 = field(&read_until(&mut out, |l| l.starts_with("ok pid")), "pid")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let p2: i32 = field(&read_until(&mut out, |l| l.starts_with("ok pid")), "pid")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let st = node_status(&m.socket);
+    assert_eq!(st.allocations.len(), 1);
+    let alloc = st.allocations[0].allocation.clone().unwrap();
+    assert_eq!(alloc.labels["source"], "cli");
+    let state = tessera_shm::State::open(std::path::Path::new(&alloc.state_path), &alloc.id)
+        .expect("the run's state file");
+    assert!(
+        eventually(Duration::from_secs(3), || state.reserved(0) == 2 * GI).is_some(),
+        "workers never held their memory"
+    );
+
+    let kill = |pid: i32| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap()
+    };
+    kill(p1);
+    let took = eventually(Duration::from_secs(3), || state.reserved(0) == GI)
+        .expect("a killed worker's memory was never reclaimed");
+    assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
+    assert_eq!(node_status(&m.socket).allocations[0].processes.len(), 1);
+
+    // The last worker goes: the command ends, and with it the allocation.
+    kill(p2);
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(node_status(&m.socket).allocations.is_empty());
+    m.stop();
+}
+
+#[test]
+fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
+    let n = node(1);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let sock = m.socket.to_str().unwrap().to_owned();
+    let probe = probe_path().display().to_string();
+    let half = (GI / 2).to_string();
+    let out = client(
+        &n,
+        &[
+            "run",
+            "--socket",
+            &sock,
+            "--gpu",
+            "0",
+            "--memory",
+            "1Gi",
+            "--compute",
+            "100%",
+            "--",
+            &probe,
+            "init",
+            "ctx",
+            &format!("alloc {half}"),
+            &format!("alloc {half}"),
+            "alloc 1",
+            "meminfo",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = role_stdout(&out);
+    let allocs: Vec<&str> = text.lines().filter(|l| l.contains(" alloc")).collect();
+    assert_eq!(allocs.len(), 3, "{text}");
+    assert!(
+        allocs[0].starts_with("ok alloc") && allocs[1].starts_with("ok alloc"),
+        "{text}"
+    );
+    assert!(allocs[2].contains("CUDA_ERROR_OUT_OF_MEMORY"), "{text}");
+    // The process sees its slice, not the GPU.
+    let meminfo = text.lines().find(|l| l.starts_with("ok meminfo")).unwrap();
+    assert_eq!(
+        field(meminfo, "total").as_deref(),
+        Some(GI.to_string().as_str()),
+        "{meminfo}"
+    );
+    assert!(
+        node_status(&m.socket).allocations.is_empty(),
+        "allocation left behind"
+    );
+
+    // Exit codes: the command's own, or 128 + the signal that killed it.
+    let code = |cmd: &str| {
+        let o = client(
+            &n,
+            &[
+                "run", "--socket", &sock, "--gpu", "0", "--memory", "1Gi", "--", "sh", "-c", cmd,
+            ],
+        );
+        o.status.code()
+    };
+    assert_eq!(code("exit 7"), Some(7));
+    assert_eq!(code("kill -9 $$"), Some(137));
+    m.stop();
+}
+
+#[test]
+fn bad_config_and_bad_requests_get_clear_errors() {
+    let n = node(1);
+    let dir = n.dir.path().join("bad");
+    let run_manager = |extra: &[&str]| {
+        let args = with_flag(manager_args(&dir), extra[0], extra[1]);
+        role_command("manager", &args)
+            .envs(n.env())
+            .output()
+            .expect("run the manager")
+    };
+    let o = run_manager(&["--metrics-addr", "nowhere"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("metricsAddr: \"nowhere\""),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_manager(&["--nvml-library", "/nonexistent/libnvidia-ml.so.1"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("cannot load the GPU driver library") && e.contains("/nonexistent"),
+        "{e}"
+    );
+    let cfg = n.dir.path().join("bad.yaml");
+    std::fs::write(&cfg, "slicesPerGpu: lots\n").unwrap();
+    let o = run_manager(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("bad.yaml"), "{}", stderr(&o));
+
+    // No manager.
+    let missing = n.dir.path().join("none.sock");
+    let o = client(&n, &["status", "--socket", missing.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("not running")
+            && stderr(&o).contains("start it with `tessera manager`"),
+        "{}",
+        stderr(&o)
+    );
+
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let sock = m.socket.to_str().unwrap().to_owned();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["run", "--socket", &sock];
+        a.extend_from_slice(extra);
+        client(&n, &a)
+    };
+    let o = run(&["--gpu", "0", "--memory", "4Gx", "--", "true"]);
+    assert!(
+        stderr(&o).contains("bad memory size \"4Gx\""),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--gpu", "5", "--memory", "1Gi", "--", "true"]);
+    assert!(stderr(&o).contains("no GPU \"5\""), "{}", stderr(&o));
+    let o = run(&["--gpu", "0", "--memory", "17Gi", "--", "true"]);
+    assert!(
+        stderr(&o).contains("invalid request") && stderr(&o).contains("exceeds"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "--gpu",
+        "0",
+        "--memory",
+        "1Gi",
+        "--compute",
+        "150%",
+        "--",
+        "true",
+    ]);
+    assert!(
+        stderr(&o).contains("bad compute share \"150%\""),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "--gpu",
+        "0",
+        "--memory",
+        "1Gi",
+        "--",
+        "/nonexistent/command",
+    ]);
+    assert!(stderr(&o).contains("cannot start"), "{}", stderr(&o));
+    assert!(
+        node_status(&m.socket).allocations.is_empty(),
+        "failed runs leave nothing"
+    );
+
+    // `tessera top` without a terminal prints frames one after another.
+    let o = client(
+        &n,
+        &["top", "--socket", &sock, "--interval", "200ms", "-n", "2"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let frames = role_stdout(&o);
+    assert_eq!(frames.matches("Tessera on e2e-node").count(), 2, "{frames}");
+    assert!(!frames.contains('\u{1b}'), "no terminal escapes in a pipe");
+    m.stop();
+}
