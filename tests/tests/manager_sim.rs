@@ -539,3 +539,24 @@ fn bad_config_and_bad_requests_get_clear_errors() {
     assert!(!frames.contains('\u{1b}'), "no terminal escapes in a pipe");
     m.stop();
 }
+
+#[test]
+fn the_exposition_parser_is_strict() {
+    let good = "# HELP a_b x y\n# TYPE a_b gauge\na_b{k=\"v\\\"q\\\\\\n\",l=\"\"} 1.5\na_b 2\n";
+    let e = parse_exposition(good).unwrap();
+    assert_eq!(e.get("a_b", &[("k", "v\"q\\\n")]), Some(1.5));
+    assert_eq!(e.samples.len(), 2);
+    for bad in [
+        "a_b 1\n",                                    // no TYPE
+        "# TYPE a_b gauge\na_b{k=v} 1\n",             // unquoted
+        "# TYPE a_b gauge\na_b{k=\"v} 1\n",           // unterminated
+        "# TYPE a_b gauge\na_b{k=\"\\x\"} 1\n",       // bad escape
+        "# TYPE a_b gauge\na_b one\n",                // not a number
+        "# TYPE a_b gauge\na_b 1\na_b 2\n",           // series twice
+        "# TYPE a_b gauge\na_b{k=\"1\",k=\"2\"} 1\n", // label twice
+        "# TYPE a_b weird\n",                         // unknown type
+        "# TYPE 1ab gauge\n",                         // bad name
+    ] {
+        assert!(parse_exposition(bad).is_err(), "accepted {bad:?}");
+    }
+}
