@@ -3,7 +3,8 @@
 //! allocation's processes use.
 //!
 //! - [`config`]: configuration from flags, environment and a YAML file.
-//! - [`gpu`], [`nvml`]: the GPU inventory behind a small trait, over NVML.
+//! - [`gpu`], [`nvml`], [`cuda_info`]: the GPU inventory behind a small
+//!   trait, over NVML (and the CUDA driver for SM counts).
 //! - [`health`]: XID events and lost devices → healthy or not, and back.
 //! - [`alloc`]: allocation requests, their validation and their records on disk.
 //! - [`procfs`]: host pids of the allocations' processes, from `/proc`.
@@ -19,6 +20,7 @@ pub mod backstop;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod cuda_info;
 pub mod daemon;
 pub mod gpu;
 pub mod health;

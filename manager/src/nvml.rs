@@ -25,6 +25,8 @@ pub struct NvmlGpu {
     // must live as long as the event thread, which is the process's life.
     nvml: &'static Nvml,
     events: Mutex<Option<EventSet<'static>>>,
+    /// The CUDA driver beside the NVML that was loaded, if any.
+    cuda_lib: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for NvmlGpu {
@@ -61,9 +63,15 @@ impl NvmlGpu {
                 lib.to_string_lossy()
             ))
         })?;
+        // The CUDA driver ships beside NVML (the simulated node's does too).
+        let cuda_lib = path
+            .and_then(Path::parent)
+            .map(|d| d.join("libcuda.so.1"))
+            .filter(|p| p.exists());
         Ok(NvmlGpu {
             nvml: Box::leak(Box::new(nvml)),
             events: Mutex::new(None),
+            cuda_lib,
         })
     }
 
@@ -128,6 +136,8 @@ impl GpuBackend for NvmlGpu {
             .device_count()
             .map_err(driver_err("nvmlDeviceGetCount"))?;
         let mut out = Vec::with_capacity(count as usize);
+        // NVML answers the SM count only for MIG devices; CUDA knows it.
+        let mut sms = None;
         for i in 0..count {
             let d = self
                 .nvml
@@ -144,8 +154,16 @@ impl GpuBackend for NvmlGpu {
                 index: d.index().unwrap_or(i),
                 name: d.name().map_err(device_err(&uuid, "nvmlDeviceGetName"))?,
                 memory_total_bytes: mem.total,
-                // Only some drivers answer this outside MIG; 0 means unknown.
-                sm_count: d.attributes().map(|a| a.multiprocessor_count).unwrap_or(0),
+                sm_count: match d.attributes() {
+                    Ok(a) if a.multiprocessor_count > 0 => a.multiprocessor_count,
+                    _ => sms
+                        .get_or_insert_with(|| {
+                            crate::cuda_info::sm_counts(self.cuda_lib.as_deref())
+                        })
+                        .get(&uuid)
+                        .copied()
+                        .unwrap_or(0),
+                },
                 pci_bus_id: d
                     .pci_info()
                     .map(|p| p.bus_id)

@@ -69,6 +69,7 @@ fn the_inventory_is_the_simulated_configuration() {
         assert_eq!(g.name, "E2E Simulated GPU");
         assert_eq!(g.memory_total_bytes, 16 * GI);
         assert_eq!(g.pci_bus_id, want.pci_bus_id());
+        assert_eq!(g.sm_count, 100, "from the CUDA driver beside NVML");
         assert_eq!(
             (g.compute_capability_major, g.compute_capability_minor),
             (8, 6)
