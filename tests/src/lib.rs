@@ -12,6 +12,7 @@
 //! assert_eq!(out.get("alloc").u64("bytes"), 1024);
 //! ```
 
+pub mod bench;
 pub mod paths;
 pub mod probe;
 pub mod sim;
