@@ -15,7 +15,7 @@ use tessera_shm::{Control, LocalLiveness, Member, ProcIdentity, Refused, ShmErro
 
 use crate::config::{AllocFiles, Config};
 use crate::devices::{DeviceMap, format_uuid, same_uuid};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Vmm};
 use crate::log::{self, Level};
 use crate::table::{call_real, real};
 
@@ -267,6 +267,8 @@ pub struct Governed {
     pub contexts: Mutex<Contexts>,
     /// Memory pools and the device they allocate on (`None`: host memory).
     pub pools: Mutex<HashMap<usize, Option<CUdevice>>>,
+    /// VMM physical allocations and their mappings.
+    pub vmm: Mutex<Vmm>,
 }
 
 /// Contexts and what each was charged.
@@ -309,6 +311,7 @@ impl Governed {
             ledger: Ledger::new(),
             contexts: Mutex::new(Contexts::default()),
             pools: Mutex::new(HashMap::new()),
+            vmm: Mutex::new(Vmm::default()),
         }
     }
 
@@ -512,8 +515,8 @@ extern "C" fn at_exit() {
 
 // Every lock of the governor is held across fork(), so the child never
 // inherits one that a thread of the parent, absent in the child, held.
-// The order is the one the wrappers nest them in: contexts, pools, the
-// per-device operation locks, the ledger's shards.
+// The order is the one the wrappers nest them in: contexts, pools, VMM,
+// the per-device operation locks, the ledger's shards.
 
 extern "C" fn fork_prepare() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -522,6 +525,7 @@ extern "C" fn fork_prepare() {
         std::mem::forget(g.join_lock.lock());
         std::mem::forget(g.contexts.lock());
         std::mem::forget(g.pools.lock());
+        std::mem::forget(g.vmm.lock());
         for l in &g.op_locks {
             std::mem::forget(l.lock());
         }
@@ -547,6 +551,7 @@ unsafe fn unlock_all(g: &Governed) {
         for l in &g.op_locks {
             l.force_unlock(Default::default());
         }
+        g.vmm.force_unlock(Default::default());
         g.pools.force_unlock(Default::default());
         g.contexts.force_unlock(Default::default());
         g.join_lock.force_unlock(Default::default());
@@ -586,6 +591,7 @@ extern "C" fn fork_child() {
             }
             *g.contexts.data_ptr() = Contexts::default();
             (*g.pools.data_ptr()).clear();
+            (*g.vmm.data_ptr()).clear();
             unlock_all(g);
             ESTABLISH.force_unlock(Default::default());
         }

@@ -1,13 +1,14 @@
-//! What this process holds: each live allocation (device pointer, array,
-//! VMM handle) with the device and bytes it was charged, so a free returns
-//! exactly what its allocation reserved, and a destroyed context returns
-//! what the driver freed with it.
+//! What this process holds: each live allocation (device pointer, array)
+//! with the device and bytes it was charged, so a free returns exactly what
+//! its allocation reserved, and a destroyed context returns what the driver
+//! freed with it; and each VMM physical allocation with its references and
+//! mappings ([`Vmm`]), since the driver frees it only when both are gone.
 //!
 //! Alloc and free are not the launch path, but they are frequent: the map is
 //! split into shards behind uncontended `parking_lot` locks, hashed with a
 //! multiply (device pointers are aligned, so their low bits say nothing).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use parking_lot::Mutex;
@@ -21,14 +22,12 @@ pub enum Key {
     Array(usize),
     /// A `CUmipmappedArray`.
     Mipmapped(usize),
-    /// A `CUmemGenericAllocationHandle` (`cuMemCreate`).
-    Vmm(u64),
 }
 
 impl Key {
     fn raw(self) -> u64 {
         match self {
-            Key::Ptr(v) | Key::Vmm(v) => v,
+            Key::Ptr(v) => v,
             Key::Array(v) | Key::Mipmapped(v) => v as u64,
         }
     }
@@ -41,7 +40,7 @@ pub struct Rec {
     pub dev: usize,
     pub bytes: u64,
     /// The context that owns it and frees it when destroyed; 0 for memory
-    /// that outlives contexts (VMM handles, pools).
+    /// that outlives contexts (pools).
     pub ctx: usize,
 }
 
@@ -136,6 +135,100 @@ impl Ledger {
     }
 }
 
+/// A physical allocation made with `cuMemCreate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmHandle {
+    /// The allocation's device index.
+    pub dev: usize,
+    pub bytes: u64,
+    /// Handle references: 1 at creation, one more per
+    /// `cuMemRetainAllocationHandle`, one less per `cuMemRelease`.
+    pub refs: u32,
+    /// Live mappings of it (`cuMemMap` less `cuMemUnmap`).
+    pub mappings: u32,
+}
+
+/// VMM bookkeeping. The driver frees a physical allocation when its last
+/// handle reference is released *and* its last mapping unmapped, in either
+/// order (creating, mapping and releasing the handle at once, then freeing
+/// by unmapping, is the usual pattern); its quota returns then, not before.
+#[derive(Debug, Default)]
+pub struct Vmm {
+    handles: HashMap<u64, VmmHandle>,
+    /// Mapped ranges by start address: (size, handle).
+    maps: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Vmm {
+    /// A new physical allocation, charged `bytes` on `dev`.
+    pub fn created(&mut self, handle: u64, dev: usize, bytes: u64) -> Option<VmmHandle> {
+        self.handles.insert(
+            handle,
+            VmmHandle {
+                dev,
+                bytes,
+                refs: 1,
+                mappings: 0,
+            },
+        )
+    }
+
+    /// One more handle reference.
+    pub fn retained(&mut self, handle: u64) {
+        if let Some(h) = self.handles.get_mut(&handle) {
+            h.refs += 1;
+        }
+    }
+
+    /// A handle reference released: the allocation if the driver freed it.
+    pub fn released(&mut self, handle: u64) -> Option<VmmHandle> {
+        let h = self.handles.get_mut(&handle)?;
+        h.refs = h.refs.saturating_sub(1);
+        self.freed(handle)
+    }
+
+    /// `[ptr, ptr + size)` mapped onto `handle` (one of ours or not).
+    pub fn mapped(&mut self, ptr: u64, size: u64, handle: u64) {
+        if let Some(h) = self.handles.get_mut(&handle) {
+            h.mappings += 1;
+            self.maps.insert(ptr, (size, handle));
+        }
+    }
+
+    /// Every mapping starting in `[ptr, ptr + size)` unmapped: the
+    /// allocations the driver freed with them.
+    pub fn unmapped(&mut self, ptr: u64, size: u64) -> Vec<VmmHandle> {
+        let end = ptr.saturating_add(size);
+        let gone: Vec<(u64, u64)> = self
+            .maps
+            .range(ptr..end)
+            .map(|(&start, &(_, handle))| (start, handle))
+            .collect();
+        let mut freed = Vec::new();
+        for (start, handle) in gone {
+            self.maps.remove(&start);
+            if let Some(h) = self.handles.get_mut(&handle) {
+                h.mappings = h.mappings.saturating_sub(1);
+            }
+            freed.extend(self.freed(handle));
+        }
+        freed
+    }
+
+    fn freed(&mut self, handle: u64) -> Option<VmmHandle> {
+        match self.handles.get(&handle) {
+            Some(h) if h.refs == 0 && h.mappings == 0 => self.handles.remove(&handle),
+            _ => None,
+        }
+    }
+
+    /// Forgets everything (a forked child holds none of it).
+    pub fn clear(&mut self) {
+        self.handles.clear();
+        self.maps.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,7 +238,7 @@ mod tests {
         let l = Ledger::new();
         let r = |dev, bytes| Rec { dev, bytes, ctx: 7 };
         assert_eq!(l.insert(Key::Ptr(0x1000), r(0, 10)), None);
-        assert_eq!(l.insert(Key::Vmm(0x1000), r(1, 20)), None);
+        assert_eq!(l.insert(Key::Array(0x1000), r(1, 20)), None);
         assert_eq!(l.held(0), (10, 1));
         assert_eq!(l.remove(Key::Ptr(0x1000)), Some(r(0, 10)));
         assert_eq!(
@@ -153,9 +246,9 @@ mod tests {
             None,
             "a double free finds nothing"
         );
-        assert_eq!(l.remove(Key::Vmm(0x1000)), Some(r(1, 20)));
-        assert_eq!(l.insert(Key::Array(5), r(0, 1)), None);
-        assert_eq!(l.insert(Key::Array(5), r(0, 2)), Some(r(0, 1)));
+        assert_eq!(l.remove(Key::Array(0x1000)), Some(r(1, 20)));
+        assert_eq!(l.insert(Key::Mipmapped(5), r(0, 1)), None);
+        assert_eq!(l.insert(Key::Mipmapped(5), r(0, 2)), Some(r(0, 1)));
     }
 
     #[test]
@@ -180,5 +273,37 @@ mod tests {
         );
         assert_eq!(l.held(0).1, 66);
         assert!(l.drain_context(1).is_empty());
+    }
+
+    #[test]
+    fn vmm_memory_is_freed_when_released_and_unmapped_in_either_order() {
+        let mut v = Vmm::default();
+        // Release first, unmap last (the usual pattern).
+        v.created(1, 0, 100);
+        v.mapped(0x10_0000, 100, 1);
+        assert_eq!(v.released(1), None, "still mapped");
+        let freed = v.unmapped(0x10_0000, 100);
+        assert_eq!(freed.len(), 1);
+        assert_eq!((freed[0].dev, freed[0].bytes), (0, 100));
+        // Unmap first, release last.
+        v.created(2, 1, 200);
+        v.mapped(0x20_0000, 200, 2);
+        assert!(v.unmapped(0x20_0000, 200).is_empty(), "handle still held");
+        assert_eq!(v.released(2).map(|h| h.bytes), Some(200));
+        // Two mappings and a retained reference.
+        v.created(3, 0, 300);
+        v.mapped(0x30_0000, 150, 3);
+        v.mapped(0x30_0000 + 150, 150, 3);
+        v.retained(3);
+        assert_eq!(v.released(3), None);
+        assert_eq!(v.released(3), None);
+        assert!(v.unmapped(0x30_0000, 150).is_empty());
+        // One unmap over a range covering the rest.
+        assert_eq!(v.unmapped(0x30_0000, 300).len(), 1);
+        // Unknown handles and ranges change nothing.
+        assert_eq!(v.released(99), None);
+        v.mapped(0x40_0000, 10, 99);
+        assert!(v.unmapped(0, u64::MAX).is_empty());
+        assert!(v.handles.is_empty() && v.maps.is_empty());
     }
 }

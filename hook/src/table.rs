@@ -276,6 +276,11 @@ symbols! {
         cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) -> CUresult
             ["cuMemCreate" @ 10020]: PFN_cuMemCreate_v10020;
         cuda fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult ["cuMemRelease" @ 10020]: PFN_cuMemRelease_v10020;
+        cuda fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) -> CUresult
+            ["cuMemMap" @ 10020]: PFN_cuMemMap_v10020;
+        cuda fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult ["cuMemUnmap" @ 10020]: PFN_cuMemUnmap_v10020;
+        cuda fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult
+            ["cuMemRetainAllocationHandle" @ 11000]: PFN_cuMemRetainAllocationHandle_v11000;
 
         // Arrays, sized from their descriptors.
         cuda fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult ["cuArrayCreate" @ 2000]: PFN_cuArrayCreate_v2000;

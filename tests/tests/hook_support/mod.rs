@@ -1,34 +1,29 @@
-//! Helpers for the `hook_*` tests: the built `libtessera.so`, small C
-//! programs compiled at test time, and running them under `LD_PRELOAD`.
+//! Helpers for the `hook_*` tests, over the shared ones of `tessera-e2e`:
+//! an allocation's files on a simulated node, the probe governed by it
+//! under `LD_PRELOAD=libtessera.so`, and small C programs compiled at test
+//! time.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The `libtessera.so` cargo built alongside this test (the newest one in
-/// the test executable's directory or its `deps/`).
+use tessera_e2e::{Mode, ProbeChild, ProbeOutput, SimNode, hook_library, probe_binary};
+use tessera_shm::{ControlSpec, DeviceSpec, Policy, State, create_allocation_files};
+
+pub use tessera_e2e::Line;
+
+pub const MI: u64 = 1 << 20;
+pub const ALLOC_ID: &str = "hook-test";
+
+/// The shim cargo built alongside this test.
 pub fn hook_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().expect("test executable directory");
-    let candidates = [
-        dir.join("libtessera.so"),
-        dir.join("deps/libtessera.so"),
-        dir.join("../libtessera.so"),
-        dir.join("../deps/libtessera.so"),
-    ];
-    candidates
-        .iter()
-        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p.clone())))
-        .max_by_key(|(t, _)| *t)
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| panic!("libtessera.so not built next to {}", exe.display()))
+    hook_library().expect("libtessera.so is built with the tests (tessera-hook is a dependency)")
 }
 
 /// Compiles C source `src` into `out` with `cc`, panicking with the
 /// compiler's output on failure.
 pub fn cc(src: &str, out: &Path, args: &[&str]) {
-    let dir = out.parent().expect("output directory");
     let c = out.with_extension("c");
     std::fs::write(&c, src).expect("write C source");
     let o = Command::new("cc")
@@ -38,7 +33,6 @@ pub fn cc(src: &str, out: &Path, args: &[&str]) {
         .arg(out)
         .arg(&c)
         .args(args)
-        .current_dir(dir)
         .output()
         .expect("run cc");
     assert!(
@@ -57,4 +51,222 @@ pub fn stdout(o: &Output) -> String {
 /// stderr of a finished process, as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A simulated node of the test's own with one allocation on it.
+pub struct Sim {
+    pub node: SimNode,
+    pub control: PathBuf,
+    pub state_path: PathBuf,
+}
+
+impl Sim {
+    /// A node of `devices` GPUs of `memory` bytes each.
+    pub fn new(devices: u32, memory: u64) -> Sim {
+        let node = SimNode::builder()
+            .devices(devices)
+            .memory(&memory.to_string())
+            .build();
+        let dir = node.dir.path().join("alloc");
+        Sim {
+            control: dir.join("control"),
+            state_path: dir.join("state"),
+            node,
+        }
+    }
+
+    /// The UUID of simulated device `i`.
+    pub fn uuid(&self, i: u32) -> String {
+        self.node.node().device_info(i).expect("device").uuid
+    }
+
+    /// (Re)writes the allocation: `(node device, limit)` in control-file
+    /// order, with this context overhead.
+    pub fn allocate_with(&self, devices: &[(u32, u64)], context_overhead: u64) {
+        let mut spec = ControlSpec::new(
+            ALLOC_ID,
+            devices
+                .iter()
+                .map(|&(i, limit)| DeviceSpec {
+                    uuid: self.uuid(i),
+                    memory_limit_bytes: limit,
+                    compute_share_ppm: 1_000_000,
+                    policy: Policy::Burst,
+                })
+                .collect(),
+        );
+        spec.context_overhead_bytes = context_overhead;
+        create_allocation_files(self.control.parent().expect("alloc dir"), &spec)
+            .expect("allocation files");
+    }
+
+    /// An allocation of `limit` bytes on device 0, no context overhead.
+    pub fn allocate(&self, limit: u64) {
+        self.allocate_with(&[(0, limit)], 0);
+    }
+
+    /// The allocation's state file, opened as the manager would.
+    pub fn state(&self) -> State {
+        State::open(&self.state_path, ALLOC_ID).expect("state file")
+    }
+
+    /// Ground truth: bytes the simulated device holds.
+    pub fn used(&self, device: usize) -> u64 {
+        self.node.node().memory_used(device)
+    }
+
+    /// `program` against this node with the shim preloaded, governed by
+    /// the allocation when `governed`.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>, governed: bool) -> Command {
+        let mut c = self.node.command(program);
+        c.env("LD_PRELOAD", hook_lib())
+            .env_remove("TESSERA_CONTROL")
+            .env_remove("TESSERA_STATE")
+            .env_remove("TESSERA_LOG");
+        if governed {
+            c.env("TESSERA_CONTROL", &self.control);
+        }
+        c
+    }
+
+    /// The probe in `mode` (see [`Sim::command`]).
+    pub fn probe(&self, mode: Mode, governed: bool) -> Command {
+        self.command(probe_binary(mode), governed)
+    }
+
+    /// Runs the probe with `script` (one command per argument).
+    pub fn run(&self, mode: Mode, governed: bool, script: &[&str]) -> ProbeOutput {
+        let mut c = self.probe(mode, governed);
+        c.args(script);
+        ProbeOutput::from_output(c.output().expect("running the probe"))
+    }
+
+    /// Starts the probe reading commands from stdin.
+    pub fn spawn(&self, mode: Mode, governed: bool) -> ProbeChild {
+        ProbeChild::start(self.probe(mode, governed))
+    }
+}
+
+/// The raw lines of a probe's output, for whole-line comparisons.
+pub fn raw(o: &ProbeOutput) -> Vec<&str> {
+    o.lines.iter().map(|l| l.raw.as_str()).collect()
+}
+
+/// A conversation with a probe that may die at any moment (killed by the
+/// test): every answer waits at most a timeout, and a dead probe is an
+/// answer of its own rather than a panic.
+pub struct Conv {
+    pub child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// Why a conversation step got no line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// The probe's output ended: it exited or was killed.
+    Ended,
+}
+
+impl Conv {
+    pub fn start(mut c: Command) -> Conv {
+        use std::io::BufRead;
+        let mut child = c
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn probe");
+        let out = child.stdout.take().expect("probe stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Conv {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command and waits for its line. Panics if the probe is alive
+    /// but silent for `hang` (a hang is what these tests look for).
+    pub fn ask(&mut self, line: &str, hang: std::time::Duration) -> Result<Line, NoAnswer> {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().ok_or(NoAnswer::Ended)?;
+        if writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .is_err()
+        {
+            return Err(NoAnswer::Ended);
+        }
+        loop {
+            match self.lines.recv_timeout(hang) {
+                Ok(raw) => match Line::parse(&raw) {
+                    Some(l) => return Ok(l),
+                    None => continue,
+                },
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(NoAnswer::Ended);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("probe {} silent for {hang:?} after {line:?}", self.pid())
+                }
+            }
+        }
+    }
+
+    /// Closes stdin and reaps the probe.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("wait probe")
+    }
+}
+
+/// A small deterministic generator (xorshift), so a failing run can be
+/// replayed from the seed it prints.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[(self.next() % items.len() as u64) as usize]
+    }
+}
+
+/// A seed from the clock, printed so a failure can be replayed.
+pub fn seed(name: &str) -> u64 {
+    let s = std::env::var("HOOK_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                | 1
+        });
+    eprintln!("{name}: HOOK_TEST_SEED={s}");
+    s
 }

@@ -1,0 +1,191 @@
+//! Sixteen processes race random allocations and frees of every
+//! synchronously freed family against one limit for several seconds, coming
+//! and going (some exit holding memory), while the test samples the
+//! simulated device's ground truth continuously: it never exceeds the limit
+//! by a single byte.
+//!
+//! A sample must be an instant, not a scan: summing the device's per-process
+//! counters while processes run can count memory one process freed and
+//! another then allocated twice. So each sample stops every racing process
+//! (SIGSTOP, wherever it is, mid-operation included), reads the device and
+//! the allocation's books, and lets them go on.
+
+mod hook_support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hook_support::*;
+use tessera_e2e::Mode;
+use tessera_shm::LocalLiveness;
+
+const LIMIT: u64 = 64 * MI;
+const PROCESSES: usize = 16;
+const DURATION: Duration = Duration::from_secs(4);
+const HANG: Duration = Duration::from_secs(20);
+// Families whose free returns the memory to the device before it returns:
+// pool frees are stream-ordered and pools keep freed memory until the next
+// synchronisation (see docs/hook.md).
+const KINDS: [&str; 5] = ["plain", "managed", "pitch", "array", "vmm"];
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    oom: AtomicU64,
+    frees: AtomicU64,
+    processes: AtomicU64,
+}
+
+/// The racing processes alive now, for the sampler to stop.
+type Racers = Mutex<Vec<i32>>;
+
+fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers: &Racers) {
+    let mut rng = Rng(seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let modes = Mode::ALL;
+    while Instant::now() < end {
+        let mode = modes[(id + counts.processes.load(Ordering::Relaxed) as usize) % 3];
+        counts.processes.fetch_add(1, Ordering::Relaxed);
+        let mut p = Conv::start(sim.probe(mode, true));
+        let pid = p.pid() as i32;
+        racers.lock().unwrap().push(pid);
+        for c in ["init", "ctx"] {
+            let l = p.ask(c, HANG).expect("probe alive");
+            assert!(l.ok, "{mode:?}: {}", l.raw);
+        }
+        let mut live: Vec<u64> = Vec::new();
+        // A process lives for a few hundred operations, then exits,
+        // sometimes still holding memory.
+        let ops = rng.range(50, 400);
+        for _ in 0..ops {
+            if Instant::now() >= end {
+                break;
+            }
+            if live.is_empty() || rng.range(0, 100) < 55 {
+                let bytes = rng.range(64 << 10, 12 * MI);
+                let kind = rng.pick(&KINDS);
+                let l = p.ask(&format!("alloc {bytes} {kind}"), HANG).unwrap();
+                if l.ok {
+                    live.push(l.u64("h"));
+                    counts.ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    assert_eq!(
+                        l.error.as_deref(),
+                        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                        "{}",
+                        l.raw
+                    );
+                    counts.oom.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                let i = (rng.next() % live.len() as u64) as usize;
+                let h = live.swap_remove(i);
+                let l = p.ask(&format!("free {h}"), HANG).unwrap();
+                assert!(l.ok, "{}", l.raw);
+                counts.frees.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // From here on it only exits, which can only lower what it holds.
+        racers.lock().unwrap().retain(|&r| r != pid);
+        assert!(p.finish().success());
+    }
+}
+
+/// Whether every thread of `pid` is stopped (or the process is gone).
+fn stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        let who = format!("{pid}/task/{}", t.file_name().to_string_lossy());
+        match tessera_shm::process::stat_of(&who) {
+            Some((state, _)) => matches!(state, 'T' | 't' | 'Z' | 'X'),
+            None => true,
+        }
+    })
+}
+
+/// Stops every racer, waits until each of their threads is stopped (or
+/// gone), returns the device's ground truth and the allocation's reserved
+/// total at that instant, and lets them run again.
+fn sample(sim: &Sim, racers: &Racers) -> (u64, u64) {
+    let racers = racers.lock().unwrap();
+    for &pid in racers.iter() {
+        // SAFETY: our own children, not yet reaped (removed before reaping).
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+    for &pid in racers.iter() {
+        while !stopped(pid) {
+            std::thread::yield_now();
+        }
+    }
+    let got = (sim.used(0), sim.state().reserved(0));
+    assert!(
+        racers.iter().all(|&pid| stopped(pid)),
+        "a racer ran during the sample"
+    );
+    for &pid in racers.iter() {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    got
+}
+
+#[test]
+fn racing_processes_never_exceed_the_limit_on_the_device() {
+    let seed = seed("racing_processes_never_exceed_the_limit_on_the_device");
+    let sim = Arc::new(Sim::new(1, 4 * LIMIT));
+    sim.allocate(LIMIT);
+    let done = Arc::new(AtomicBool::new(false));
+    let racers = Arc::new(Racers::default());
+    let sampler = {
+        let (sim, done, racers) = (sim.clone(), done.clone(), racers.clone());
+        std::thread::spawn(move || {
+            let (mut max, mut samples, mut over) = (0u64, 0u64, Vec::new());
+            while !done.load(Ordering::Relaxed) {
+                let (used, reserved) = sample(&sim, &racers);
+                if used > LIMIT || used > reserved {
+                    over.push((used, reserved));
+                }
+                max = max.max(used);
+                samples += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (max, samples, over)
+        })
+    };
+    let counts = Arc::new(Counts::default());
+    let end = Instant::now() + DURATION;
+    let workers: Vec<_> = (0..PROCESSES)
+        .map(|id| {
+            let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
+            std::thread::spawn(move || worker(&sim, id, seed, end, &counts, &racers))
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    done.store(true, Ordering::Relaxed);
+    let (max, samples, over) = sampler.join().unwrap();
+    let ok = counts.ok.load(Ordering::Relaxed);
+    let oom = counts.oom.load(Ordering::Relaxed);
+    eprintln!(
+        "{} processes, {ok} allocations, {oom} refused, {} frees; {samples} samples, peak {max} of {LIMIT}",
+        counts.processes.load(Ordering::Relaxed),
+        counts.frees.load(Ordering::Relaxed)
+    );
+    // Every instant: the device holds no more than the allocation reserved,
+    // which is never more than the limit.
+    assert!(over.is_empty(), "(device, reserved) over: {over:?}");
+    assert!(max <= LIMIT, "the device held {max} bytes, over {LIMIT}");
+    assert!(max > LIMIT / 2, "the limit was contended: peak {max}");
+    assert!(ok > 200 && oom > 20, "{ok} allocations, {oom} refused");
+    assert!(samples > 100, "{samples} samples");
+
+    // Everyone is gone: what they still held comes back in full.
+    let state = sim.state();
+    state.reclaim_dead(&LocalLiveness::thorough(), None);
+    state.audit().unwrap();
+    assert_eq!(state.reserved(0), 0);
+    assert!(state.processes(1).is_empty());
+}
