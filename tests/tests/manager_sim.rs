@@ -561,3 +561,63 @@ fn the_exposition_parser_is_strict() {
         assert!(parse_exposition(bad).is_err(), "accepted {bad:?}");
     }
 }
+
+#[test]
+fn the_arbiter_measures_what_a_shared_gpu_gives_an_allocation() {
+    let n = node(1);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let uuid0 = n.node().device_info(0).unwrap().uuid;
+    // Burst by default; the owner (the device plugin, from the pod's
+    // annotation) tightens it to guaranteed, a hard cap even when alone.
+    let a = create(&m.socket, "half", &uuid0, GI, 500_000);
+    with_client(&m.socket, async |c| {
+        c.set_allocation_owner(pb::SetAllocationOwnerRequest {
+            id: "half".into(),
+            namespace: "ml".into(),
+            pod: "p".into(),
+            container: "c".into(),
+            policy: pb::ComputePolicy::Guaranteed as i32,
+        })
+        .await
+    })
+    .expect("SetAllocationOwner");
+    // 300 ms of kernels, capped at half the GPU: about 600 ms of wall time,
+    // half of it waiting for the grant.
+    let mut w = governed_probe(&n, &a.control_path, &a.state_path);
+    for cmd in ["init", "ctx", "load kernel k 1ms"] {
+        let l = w.cmd(cmd, T);
+        assert!(l.ok, "{}", l.raw);
+    }
+    // Submitted over time, as a training loop does (work already queued
+    // when a grant ends runs on and is charged as an overrun).
+    let t0 = Instant::now();
+    for _ in 0..30 {
+        let l = w.cmd("launch k 10", T);
+        assert!(l.ok, "{}", l.raw);
+        assert!(w.cmd("sync", T).ok);
+    }
+    let elapsed = t0.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(450),
+        "300 ms of work at a 50% cap took only {elapsed:?}\n{}",
+        m.log()
+    );
+
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    let al = [("allocation", "half"), ("gpu", "0"), ("pod", "p")];
+    let achieved = e
+        .get("tessera_allocation_compute_achieved_ratio", &al)
+        .expect("an arbitrated allocation has an achieved share");
+    assert!((0.3..=0.65).contains(&achieved), "achieved {achieved}");
+    let waited = e.get("tessera_allocation_wait_seconds_total", &al).unwrap();
+    assert!(waited > 0.05, "waited {waited} s");
+    let st = node_status(&m.socket);
+    let d = &st.allocations[0].devices[0];
+    assert_eq!(d.compute_share_ppm, 500_000);
+    assert!(
+        d.compute_achieved_ppm > 0 && d.wait_ns_total > 50_000_000,
+        "{d:?}"
+    );
+    w.kill();
+    m.stop();
+}
