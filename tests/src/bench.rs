@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 
-
 use crate::probe::Mode;
 use crate::sim::SimNode;
 

@@ -99,7 +99,7 @@ fn two_processes_are_serialised_and_busy_time_matches_what_was_launched() {
 fn launches_return_before_the_work_is_done_and_sync_waits_for_it() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let node = SimNode::builder().devices(1).build();
-    let mut p = ready(&node, "kernel long 600ms");
+    let mut p = ready(&node, "kernel long 1500ms");
     let l = p.cmd("launch long 1", T);
     assert!(l.ok);
     // The launch has returned; the engine is still busy with it.

@@ -57,14 +57,15 @@ fn nvml_wrapper_reads_the_simulated_node() {
         Err(NvmlError::NotFound)
     ));
 
-    // A workload: 1 GiB on device 0 and two seconds of queued kernels.
+    // A workload: 1 GiB on device 0 and six seconds of queued kernels (reads below happen
+    // within the first seconds, so a slow machine still finds the engine busy).
     let mut worker = node.spawn(Mode::Link, &[]);
     for cmd in [
         "init",
         "ctx",
         "alloc 1073741824",
         "load kernel busy 100ms",
-        "launch busy 20",
+        "launch busy 60",
     ] {
         let l = worker.cmd(cmd, T);
         assert!(l.ok, "{}", l.raw);
