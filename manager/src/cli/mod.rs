@@ -21,10 +21,7 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
     #[error("{what}: {error}")]
-    Io {
-        what: String,
-        error: std::io::Error,
-    },
+    Io { what: String, error: std::io::Error },
 }
 
 impl From<tonic::Status> for CliError {
