@@ -434,6 +434,34 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     };
     assert_eq!(code("exit 7"), Some(7));
     assert_eq!(code("kill -9 $$"), Some(137));
+
+    // SIGTERM to `tessera run` reaches the command, which decides how to end.
+    let args: Vec<String> = [
+        "run",
+        "--socket",
+        &sock,
+        "--gpu",
+        "0",
+        "--memory",
+        "1Gi",
+        "--",
+        "sh",
+        "-c",
+        "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut run = client_spawn(&n, &args);
+    let mut out = lines(&mut run);
+    read_until(&mut out, |l| l.ends_with("ready"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(42));
+    assert!(node_status(&m.socket).allocations.is_empty());
     m.stop();
 }
 
