@@ -48,7 +48,7 @@ fn versions_and_flags_pick_the_exported_symbol() {
                 "cuStreamSynchronize_ptsz",
                 "cuGraphInstantiate_v2",
                 "cuGraphInstantiateWithFlags",
-                "cuCtxCreate_v4",
+                "cuCtxCreate_v3",
                 "cuGetProcAddress_v2",
                 "cuInit",
             ],

@@ -105,7 +105,9 @@ entries! {
     "cuCtxCreate" 2000: PFN_cuCtxCreate_v2000 = cuCtxCreate;
     "cuCtxCreate" 3020: PFN_cuCtxCreate_v3020 = cuCtxCreate_v2;
     "cuCtxCreate" 11040: PFN_cuCtxCreate_v11040 = cuCtxCreate_v3;
-    "cuCtxCreate" 12050: PFN_cuCtxCreate_v12050 = cuCtxCreate_v4;
+    // `cuCtxCreate_v4` (CUDA 12.5) is a separate name in CUDA 12: cudaTypedefs.h keeps
+    // `PFN_cuCtxCreate` at the v11040 ABI, so the plain name gets it only from CUDA 13.
+    "cuCtxCreate" 13000: PFN_cuCtxCreate_v12050 = cuCtxCreate_v4;
     "cuCtxDestroy" 2000: PFN_cuCtxDestroy_v2000 = cuCtxDestroy;
     "cuCtxDestroy" 4000: PFN_cuCtxDestroy_v4000 = cuCtxDestroy_v2;
     "cuCtxPushCurrent" 2000: PFN_cuCtxPushCurrent_v2000 = cuCtxPushCurrent;
