@@ -15,6 +15,11 @@
 //! bindgen loads libclang at run time (its `runtime` feature), so building this crate needs
 //! no libclang; running it does (Debian: `apt-get install libclang-dev`). Another header
 //! directory can be given with `--headers <dir>`.
+//!
+//! `cargo run -p xtask -- check-procaddr` compares the simulated driver's
+//! `cuGetProcAddress` table (`sim/cuda/src/procaddr.rs`) with the headers: for every
+//! function it exports, the ABI it hands out at CUDA 12.9 must be the one `cudaTypedefs.h`
+//! names as that function's default (`#define PFN_cuX PFN_cuX_v<version>`).
 
 use std::path::{Path, PathBuf};
 
@@ -49,7 +54,25 @@ fn main() -> Result<()> {
             nvml(&headers, &root.join("ffi/src/nvml.rs"))?;
             Ok(())
         }
-        _ => bail!("usage: cargo run -p xtask -- bindings [--headers <dir>]"),
+        Some("check-procaddr") => {
+            let root = repo_root()?;
+            let headers = root.join(".headers/cudaTypedefs.h");
+            let typedefs = std::fs::read_to_string(&headers)
+                .with_context(|| format!("reading {}", headers.display()))?;
+            let table = std::fs::read_to_string(root.join("sim/cuda/src/procaddr.rs"))
+                .context("reading sim/cuda/src/procaddr.rs")?;
+            let problems = check_procaddr(&typedefs, &table, 12090);
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            if problems.is_empty() {
+                eprintln!("procaddr table agrees with cudaTypedefs.h");
+                Ok(())
+            } else {
+                bail!("{} disagreement(s)", problems.len())
+            }
+        }
+        _ => bail!("usage: cargo run -p xtask -- bindings [--headers <dir>] | check-procaddr"),
     }
 }
 
@@ -114,4 +137,112 @@ fn nvml(headers: &Path, out: &Path) -> Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())
+}
+
+/// The default ABI of each function, as the `PFN_*` typedef it names:
+/// `#define PFN_cuX PFN_cuY_v<N>` or `#define PFN_cuX __API_TYPEDEF_PTSZ(PFN_cuY, <N>, <M>)`
+/// (and `_PTDS`; the first version is the legacy-stream one).
+fn header_defaults(typedefs: &str) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in typedefs.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("#define") {
+            continue;
+        }
+        let (Some(name), Some(value)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Some(func) = name.strip_prefix("PFN_") else {
+            continue;
+        };
+        let target = if value.starts_with("__API_TYPEDEF_PT") {
+            let args = line
+                .split_once('(')
+                .map(|(_, a)| a.trim_end().trim_end_matches(')'))
+                .unwrap_or("");
+            let mut parts = args.split(',').map(str::trim);
+            match (parts.next(), parts.next()) {
+                // cudaTypedefs.h sometimes passes the versioned name already
+                // (`PFN_cuStreamGetId_v12000, 12000, ...`).
+                (Some(pfn), Some(version)) if pfn.ends_with(&format!("_v{version}")) => {
+                    pfn.to_string()
+                }
+                (Some(pfn), Some(version)) => format!("{pfn}_v{version}"),
+                _ => continue,
+            }
+        } else if value.starts_with("PFN_") && value.contains("_v") {
+            value.to_string()
+        } else {
+            continue;
+        };
+        out.insert(func.to_string(), target);
+    }
+    out
+}
+
+/// Disagreements between the table's non-per-thread entries and the header defaults.
+fn check_procaddr(typedefs: &str, table: &str, cuda_version: u32) -> Vec<String> {
+    let defaults = header_defaults(typedefs);
+    // Entries look like: "cuMemAlloc" 3020: PFN_cuMemAlloc_v3020 = cuMemAlloc_v2;
+    let mut best: std::collections::BTreeMap<String, (u32, String)> = Default::default();
+    for line in table.lines() {
+        let l = line.trim();
+        let Some(rest) = l.strip_prefix('"') else {
+            continue;
+        };
+        let Some((name, rest)) = rest.split_once('"') else {
+            continue;
+        };
+        let Some((head, pfn)) = rest.split_once(':') else {
+            continue;
+        };
+        let head: Vec<&str> = head.split_whitespace().collect();
+        let Some(version) = head.first().and_then(|v| v.parse::<u32>().ok()) else {
+            continue;
+        };
+        if head.contains(&"pt") {
+            continue;
+        }
+        let pfn = pfn.split('=').next().unwrap_or("").trim().to_string();
+        if version <= cuda_version && best.get(name).is_none_or(|(v, _)| *v < version) {
+            best.insert(name.to_string(), (version, pfn));
+        }
+    }
+    best.iter()
+        .filter_map(|(name, (version, pfn))| match defaults.get(name) {
+            None => Some(format!("{name}: no PFN_{name} default in cudaTypedefs.h")),
+            Some(d) if d != pfn => Some(format!(
+                "{name}: the table gives {pfn} (v{version}) at CUDA {cuda_version}, the header default is {d}"
+            )),
+            Some(_) => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_disagreements_with_header_defaults() {
+        let typedefs = "#define PFN_cuMemAlloc  PFN_cuMemAlloc_v3020\n\
+                        #define PFN_cuLaunchKernel  __API_TYPEDEF_PTSZ(PFN_cuLaunchKernel, 4000, 7000)\n\
+                        #define PFN_cuCtxCreate  PFN_cuCtxCreate_v11040\n\
+                        #define PFN_cuGraphInstantiate  PFN_cuGraphInstantiateWithFlags_v11040\n\
+                        #define PFN_cuStreamGetId\t__API_TYPEDEF_PTSZ(PFN_cuStreamGetId_v12000, 12000, 12000)\n";
+        let table = r#"
+            "cuMemAlloc" 2000: PFN_cuMemAlloc_v2000 = cuMemAlloc;
+            "cuMemAlloc" 3020: PFN_cuMemAlloc_v3020 = cuMemAlloc_v2;
+            "cuLaunchKernel" 4000: PFN_cuLaunchKernel_v4000 = cuLaunchKernel;
+            "cuLaunchKernel" 7000 pt: PFN_cuLaunchKernel_v7000_ptsz = cuLaunchKernel_ptsz;
+            "cuCtxCreate" 12050: PFN_cuCtxCreate_v12050 = cuCtxCreate_v4;
+            "cuNew" 12000: PFN_cuNew_v12000 = cuNew;
+            "cuGraphInstantiate" 12000: PFN_cuGraphInstantiateWithFlags_v11040 = cuGraphInstantiateWithFlags;
+            "cuStreamGetId" 12000: PFN_cuStreamGetId_v12000 = cuStreamGetId;
+        "#;
+        let problems = check_procaddr(typedefs, table, 12090);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("cuCtxCreate:"));
+        assert!(problems[1].starts_with("cuNew:"));
+    }
 }
