@@ -207,6 +207,7 @@ pub fn run(args: &RunArgs) -> Result<i32, CliError> {
 }
 
 async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
+    let signals = catch_signals();
     let mut c = client::connect(&args.socket.socket).await?;
     let st = c
         .get_node_status(pb::NodeStatusRequest {})
@@ -216,7 +217,7 @@ async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
     let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
     let req = request(args, gpu, id)?;
     let alloc = c.create_allocation(req).await?.into_inner();
-    let result = run_child(args, &alloc).await;
+    let result = run_child(args, &alloc, signals).await;
     if let Err(e) = c
         .delete_allocation(pb::DeleteAllocationRequest {
             id: alloc.id.clone(),
@@ -232,30 +233,11 @@ async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
     result
 }
 
-async fn run_child(args: &RunArgs, alloc: &pb::Allocation) -> Result<i32, CliError> {
+/// Catches the signals `tessera run` passes on, from before the allocation
+/// exists, so none of them kills us between creating it and deleting it.
+/// Each signal comes with whether it is to be passed on to the command.
+fn catch_signals() -> tokio::sync::mpsc::UnboundedReceiver<(i32, bool)> {
     use tokio::signal::unix::{SignalKind, signal};
-
-    let hook = match &args.hook_library {
-        Some(p) => p.display().to_string(),
-        None => hook_path(alloc).unwrap_or_default(),
-    };
-    if hook.is_empty() || !std::path::Path::new(&hook).exists() {
-        return Err(CliError::Usage(format!(
-            "the hook library {hook:?} does not exist: build it (cargo build -p tessera-hook) and \
-             start the manager with --hook-library pointing at libtessera.so, or pass \
-             --hook-library here"
-        )));
-    }
-    let existing = std::env::var("LD_PRELOAD").ok();
-    let mut cmd = tokio::process::Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]);
-    cmd.envs(child_env(alloc, &hook, existing.as_deref()));
-    let mut child = cmd.spawn().map_err(|error| CliError::Io {
-        what: format!("cannot start {:?}", args.command[0]),
-        error,
-    })?;
-    let pid = child.id().and_then(|p| i32::try_from(p).ok());
-
     // On a terminal, ^C and ^\ reach the command directly (same process
     // group): we only survive them. Otherwise they came from kill(1) aimed
     // at us, and we pass them on like every other signal.
@@ -268,19 +250,52 @@ async fn run_child(args: &RunArgs, alloc: &pb::Allocation) -> Result<i32, CliErr
         (SignalKind::user_defined1(), true),
         (SignalKind::user_defined2(), true),
     ];
-    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for (kind, forward) in kinds {
         let Ok(mut s) = signal(kind) else { continue };
-        let tx = sig_tx.clone();
+        let tx = tx.clone();
         tokio::spawn(async move {
             while s.recv().await.is_some() {
-                if forward && tx.send(kind.as_raw_value()).is_err() {
+                if tx.send((kind.as_raw_value(), forward)).is_err() {
                     return;
                 }
             }
         });
     }
-    drop(sig_tx);
+    rx
+}
+
+async fn run_child(
+    args: &RunArgs,
+    alloc: &pb::Allocation,
+    mut signals: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
+) -> Result<i32, CliError> {
+    let hook = match &args.hook_library {
+        Some(p) => p.display().to_string(),
+        None => hook_path(alloc).unwrap_or_default(),
+    };
+    if hook.is_empty() || !std::path::Path::new(&hook).exists() {
+        return Err(CliError::Usage(format!(
+            "the hook library {hook:?} does not exist: build it (cargo build -p tessera-hook) and \
+             start the manager with --hook-library pointing at libtessera.so, or pass \
+             --hook-library here"
+        )));
+    }
+    // A signal before the command starts (^C while the allocation was being
+    // made, say) ends the run: the allocation is deleted, nothing runs.
+    if let Ok((raw, _)) = signals.try_recv() {
+        return Ok(128 + raw);
+    }
+    let existing = std::env::var("LD_PRELOAD").ok();
+    let mut cmd = tokio::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    cmd.envs(child_env(alloc, &hook, existing.as_deref()));
+    let mut child = cmd.spawn().map_err(|error| CliError::Io {
+        what: format!("cannot start {:?}", args.command[0]),
+        error,
+    })?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok());
+
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -290,7 +305,10 @@ async fn run_child(args: &RunArgs, alloc: &pb::Allocation) -> Result<i32, CliErr
                 })?;
                 return Ok(exit_code(status));
             }
-            Some(raw) = sig_rx.recv() => {
+            Some((raw, forward)) = signals.recv() => {
+                if !forward {
+                    continue;
+                }
                 if let (Some(pid), Ok(sig)) = (pid, nix::sys::signal::Signal::try_from(raw)) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
                 }
