@@ -318,10 +318,10 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     guard(|| {
-        rt()?;
+        let rt = rt()?;
         let c = current()?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(device, c.device as CUdevice) }
+        unsafe { put(device, rt.ordinal(c.device)) }
     })
 }
 

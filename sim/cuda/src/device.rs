@@ -15,6 +15,8 @@ use crate::{CuResult, guard, put};
 pub const DRIVER_VERSION: c_int = CUDA_VERSION as c_int;
 
 /// `cuInit`: maps the node state and joins the node. `Flags` must be 0.
+/// `CUDA_ERROR_NO_DEVICE` when `CUDA_VISIBLE_DEVICES` leaves no device (later calls then
+/// see a count of 0, as with the real driver).
 ///
 /// # Safety
 /// No pointer arguments.
@@ -24,7 +26,11 @@ pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
         if Flags != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        runtime::init().map(|_| ())
+        let rt = runtime::init()?;
+        if rt.devices.is_empty() {
+            return Err(CUresult::CUDA_ERROR_NO_DEVICE);
+        }
+        Ok(())
     })
 }
 
@@ -353,11 +359,12 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
         // SAFETY: non-null, and the caller passes a NUL-terminated string.
         let s = unsafe { CStr::from_ptr(pciBusId) }.to_string_lossy();
         let want = parse_bus_id(&s).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        for d in &rt.devices {
-            let i = info(rt, d.index as CUdevice)?;
+        // Only visible devices are found, under their ordinals.
+        for ordinal in 0..rt.devices.len() as CUdevice {
+            let i = info(rt, ordinal)?;
             if (i.pci_domain, i.pci_bus, i.pci_device) == want {
                 // SAFETY: the caller passes a writable pointer or null (rejected).
-                return unsafe { put(dev, d.index as CUdevice) };
+                return unsafe { put(dev, ordinal) };
             }
         }
         Err(CUresult::CUDA_ERROR_INVALID_DEVICE)

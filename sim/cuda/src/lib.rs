@@ -24,6 +24,7 @@ pub mod procaddr;
 pub mod registry;
 pub mod runtime;
 pub mod stream;
+pub mod visible;
 pub mod vmm;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -837,7 +837,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     guard(|| {
-        rt()?;
+        let rt = rt()?;
         if data.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
@@ -871,7 +871,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 unsafe { data.cast::<c_uint>().write(u32::from(m)) };
             }
             P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
-                let d = dev.as_ref().map_or(0, |a| a.device as i32);
+                let d = dev.as_ref().map_or(0, |a| rt.ordinal(a.device));
                 // SAFETY: see above.
                 unsafe { data.cast::<i32>().write(d) };
             }

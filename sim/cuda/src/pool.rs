@@ -159,7 +159,9 @@ fn alloc_async(
 ) -> CuResult<()> {
     let rt = rt()?;
     let t = resolve(stream, ptsz)?;
-    let d = &rt.devices[t.ctx().device];
+    let d = rt
+        .local(t.ctx().device)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
     let pool = POOLS
         .get(d.current_pool.load(std::sync::atomic::Ordering::Acquire))
         .unwrap_or_else(|| d.default_pool.clone());

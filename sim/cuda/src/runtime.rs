@@ -22,12 +22,16 @@ pub struct Runtime {
     pub node: Node,
     pub slot: usize,
     pub pid: u32,
+    /// The devices this process sees (`CUDA_VISIBLE_DEVICES`), by `CUdevice` ordinal.
     pub devices: Vec<DeviceLocal>,
 }
 
 /// This process's view of one device.
 #[derive(Debug)]
 pub struct DeviceLocal {
+    /// The device's index in the node (physical); everything recorded in the node state
+    /// and every `usize` device in this crate uses it, while a `CUdevice` is an ordinal
+    /// into [`Runtime::devices`].
     pub index: usize,
     pub primary: Mutex<Primary>,
     /// `cuDeviceGetDefaultMemPool`.
@@ -61,7 +65,13 @@ impl Runtime {
             eprintln!("tessera-sim libcuda: {e}");
             CUresult::CUDA_ERROR_OUT_OF_MEMORY
         })?;
-        let devices = (0..node.device_count() as usize)
+        let uuids: Vec<String> = (0..node.device_count())
+            .map(|i| node.device_info(i).map(|d| d.uuid).unwrap_or_default())
+            .collect();
+        let spec = std::env::var_os(crate::visible::VAR);
+        let spec = spec.as_ref().map(|s| s.to_string_lossy());
+        let devices = crate::visible::visible_devices(spec.as_deref(), &uuids)
+            .into_iter()
             .map(|index| {
                 let default_pool = Pool::new_default(index);
                 let handle = crate::memory::POOLS.insert(default_pool.clone());
@@ -92,6 +102,20 @@ impl Runtime {
             .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
     }
 
+    /// This process's state of physical device `index`, if the process sees it.
+    pub fn local(&self, index: usize) -> Option<&DeviceLocal> {
+        self.devices.iter().find(|d| d.index == index)
+    }
+
+    /// The `CUdevice` ordinal of physical device `index` (`-1` if the process does not
+    /// see it, which no context or allocation of this process can be on).
+    pub fn ordinal(&self, index: usize) -> i32 {
+        self.devices
+            .iter()
+            .position(|d| d.index == index)
+            .map_or(-1, |o| o as i32)
+    }
+
     /// Fails with `CUDA_ERROR_DEVICE_UNAVAILABLE` while the device is marked lost.
     #[inline]
     pub fn check_device(&self, device: usize) -> CuResult<()> {
@@ -118,7 +142,7 @@ impl Runtime {
 
     /// Records that a context on `device` was created (`+1`) or destroyed (`-1`).
     pub fn context_count(&self, device: usize, delta: i32) {
-        if let Some(d) = self.devices.get(device) {
+        if let Some(d) = self.local(device) {
             let now = if delta > 0 {
                 d.contexts.fetch_add(1, Ordering::AcqRel) + 1
             } else {

@@ -303,9 +303,9 @@ stream_fn! {
 
 stream_fn! {
     /// `cuStreamGetDevice`.
-    fn cuStreamGetDevice / cuStreamGetDevice_ptsz (device: *mut CUdevice) => |_rt: &Runtime, t: Target| {
+    fn cuStreamGetDevice / cuStreamGetDevice_ptsz (device: *mut CUdevice) => |rt: &Runtime, t: Target| {
         // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(device, t.ctx().device as CUdevice) }
+        unsafe { put(device, rt.ordinal(t.ctx().device)) }
     }
 }
 
