@@ -304,6 +304,15 @@ impl Config {
         if c.state_dir.as_os_str().is_empty() {
             return Err(invalid("stateDir", "must not be empty".into()));
         }
+        // Paths are handed to containers and other processes, whose working
+        // directory is not ours.
+        for (setting, p) in [
+            ("socket", &mut c.socket),
+            ("stateDir", &mut c.state_dir),
+            ("hookLibrary", &mut c.hook_library),
+        ] {
+            *p = std::path::absolute(&*p).map_err(|e| invalid(setting, e.to_string()))?;
+        }
         Ok(c)
     }
 
@@ -440,6 +449,17 @@ mod tests {
         assert_eq!(c.default_policy, Policy::Guaranteed);
         assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
         assert!(c.backstop_kill);
+    }
+
+    #[test]
+    fn relative_paths_become_absolute() {
+        let yaml = yaml("stateDir: s\nsocket: s/m.sock\nhookLibrary: lib/libtessera.so\n");
+        let c = Config::resolve(&ManagerArgs::default(), yaml).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(c.state_dir, cwd.join("s"));
+        assert_eq!(c.socket, cwd.join("s/m.sock"));
+        assert_eq!(c.hook_library, cwd.join("lib/libtessera.so"));
+        assert_eq!(c.allocations_dir(), cwd.join("s/allocations"));
     }
 
     #[test]

@@ -271,7 +271,10 @@ async fn run_child(
     mut signals: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
 ) -> Result<i32, CliError> {
     let hook = match &args.hook_library {
-        Some(p) => p.display().to_string(),
+        Some(p) => std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string(),
         None => hook_path(alloc).unwrap_or_default(),
     };
     if hook.is_empty() || !std::path::Path::new(&hook).exists() {
