@@ -30,7 +30,7 @@
  *   launch <kernel> [n] [kernel|ptsz|ex|coop|graph|stream]
  *   elapsed <kernel> <n>
  *   procaddr <symbol> <cudaVersion> [pt]
- *   bench-launch <n>
+ *   bench-launch <n> | bench-alloc <n> [bytes]
  *   nvml-init | nvml-shutdown | nvml-count | nvml-name | nvml-uuid
  *   nvml-meminfo | nvml-meminfo2 | nvml-util | nvml-procs
  *
@@ -566,6 +566,22 @@ static void cmd_bench(char *line, char *a1) {
     printf("ok bench-launch n=%ld ns_per_call=%.1f\n", n, n ? (t1 - t0) / n : 0.0);
 }
 
+/* Times n cuMemAlloc/cuMemFree pairs of `bytes` (default 4096). */
+static void cmd_bench_alloc(char *line, char *a1, char *a2) {
+    long n = (long)num(a1, line);
+    size_t bytes = a2 ? num(a2, line) : 4096;
+    CUdeviceptr p = 0;
+    for (long i = 0; i < 1000 && i < n; i++)
+        if (!CHECK("bench-alloc", CU("bench-alloc", cuMemAlloc, &p, bytes)) ||
+            !CHECK("bench-alloc", CU("bench-alloc", cuMemFree, p))) return;
+    double t0 = now_ns();
+    for (long i = 0; i < n; i++)
+        if (!CHECK("bench-alloc", CU("bench-alloc", cuMemAlloc, &p, bytes)) ||
+            !CHECK("bench-alloc", CU("bench-alloc", cuMemFree, p))) return;
+    double t1 = now_ns();
+    printf("ok bench-alloc n=%ld bytes=%zu ns_per_pair=%.1f\n", n, bytes, n ? (t1 - t0) / n : 0.0);
+}
+
 static void cmd_procaddr(char *line, char *a1, char *a2, char *a3) {
     if (!a1) bad(line);
     int ver = (int)num(a2, line);
@@ -603,7 +619,8 @@ static void run(char *line) {
     line = copy;
 
     if (!strcmp(cmd, "init")) {
-        if (CHECK(cmd, CU(cmd, cuInit, 0))) printf("ok init\n");
+        double t0 = now_ns();
+        if (CHECK(cmd, CU(cmd, cuInit, 0))) printf("ok init ns=%.0f\n", now_ns() - t0);
     } else if (!strcmp(cmd, "version")) {
         int v = 0;
         if (CHECK(cmd, CU(cmd, cuDriverGetVersion, &v))) printf("ok version driver=%d\n", v);
@@ -710,6 +727,8 @@ static void run(char *line) {
         cmd_elapsed(line, a1, a2);
     } else if (!strcmp(cmd, "bench-launch")) {
         cmd_bench(line, a1);
+    } else if (!strcmp(cmd, "bench-alloc")) {
+        cmd_bench_alloc(line, a1, a2);
     } else if (!strcmp(cmd, "procaddr")) {
         cmd_procaddr(line, a1, a2, a3);
     } else if (!strcmp(cmd, "nvml-init")) {

@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+pub mod hook;
+
 use crate::probe::Mode;
 use crate::sim::SimNode;
 

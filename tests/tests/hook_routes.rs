@@ -102,66 +102,51 @@ fn an_ungoverned_process_is_untouched() {
 
 #[test]
 fn get_proc_address_keeps_the_version_and_flavour_asked_for() {
+    // Differential: the driver alone answers each query with some variant;
+    // through the shim the answer must be the same variant, as the shim's
+    // wrapper when it governs the function and the driver's own otherwise.
     let sim = Sim::new(1, PHYSICAL);
     sim.allocate(LIMIT);
     let cases = [
-        (
-            "procaddr cuMemAlloc 12000",
-            "cuMemAlloc_v2",
-            "libtessera.so",
-        ),
-        ("procaddr cuMemAlloc 3010", "cuMemAlloc", "libtessera.so"),
-        (
-            "procaddr cuLaunchKernel 12000",
-            "cuLaunchKernel",
-            "libtessera.so",
-        ),
-        (
-            "procaddr cuLaunchKernel 12000 pt",
-            "cuLaunchKernel_ptsz",
-            "libtessera.so",
-        ),
-        (
-            "procaddr cuMemFreeAsync 12000 pt",
-            "cuMemFreeAsync_ptsz",
-            "libtessera.so",
-        ),
-        (
-            "procaddr cuCtxCreate 12080",
-            "cuCtxCreate_v4",
-            "libtessera.so",
-        ),
-        (
-            "procaddr cuCtxCreate 11040",
-            "cuCtxCreate_v3",
-            "libtessera.so",
-        ),
-        (
-            "procaddr cuGetProcAddress 12000",
-            "cuGetProcAddress_v2",
-            "libtessera.so",
-        ),
-        // Ungoverned: the driver's own function.
-        (
-            "procaddr cuMemcpyHtoD 12000",
-            "cuMemcpyHtoD_v2",
-            "libcuda.so.1",
-        ),
-        (
-            "procaddr cuCtxSetCurrent 12000",
-            "cuCtxSetCurrent",
-            "libcuda.so.1",
-        ),
+        ("procaddr cuMemAlloc 12000", true),
+        ("procaddr cuMemAlloc 3010", true),
+        ("procaddr cuLaunchKernel 12000", true),
+        ("procaddr cuLaunchKernel 12000 pt", true),
+        ("procaddr cuMemFreeAsync 12000 pt", true),
+        ("procaddr cuCtxCreate 3020", true),
+        ("procaddr cuCtxCreate 11040", true),
+        ("procaddr cuCtxCreate 12080", true),
+        ("procaddr cuDevicePrimaryCtxRelease 12000", true),
+        ("procaddr cuGetProcAddress 12000", true),
+        ("procaddr cuMemcpyHtoD 12000", false),
+        ("procaddr cuCtxSetCurrent 12000", false),
     ];
+    let script: Vec<&str> = cases.iter().map(|c| c.0).collect();
+    let mut direct = sim.node.probe(Mode::ProcAddr, &script);
+    direct.env_remove("LD_PRELOAD");
+    let direct = tessera_e2e::ProbeOutput::from_output(direct.output().unwrap());
+    direct.expect_ok();
     for governed in [true, false] {
-        let script: Vec<&str> = cases.iter().map(|c| c.0).collect();
         let o = sim.run(Mode::ProcAddr, governed, &script);
+        o.expect_ok();
         assert_eq!(o.lines.len(), cases.len(), "{}", o.stdout);
-        for (line, (cmd, sym, lib)) in o.lines.iter().zip(cases) {
-            assert_eq!(line.str("resolved"), sym, "{cmd}: {}", line.raw);
+        for ((line, want), (cmd, ours)) in o.lines.iter().zip(&direct.lines).zip(cases) {
+            assert_eq!(want.str("lib"), "libcuda.so.1", "{}", want.raw);
+            assert_eq!(line.str("resolved"), want.str("resolved"), "{cmd}");
+            let lib = if ours {
+                "libtessera.so"
+            } else {
+                "libcuda.so.1"
+            };
             assert_eq!(line.str("lib"), lib, "{cmd}: {}", line.raw);
         }
     }
+    // The variants differ where they should (the test would not notice a
+    // shim that always handed out the newest one otherwise).
+    let resolved = |i: usize| direct.lines[i].str("resolved");
+    assert_ne!(resolved(0), resolved(1));
+    assert_ne!(resolved(2), resolved(3));
+    assert_ne!(resolved(5), resolved(6));
 }
 
 #[test]
@@ -226,4 +211,41 @@ fn devices_map_by_uuid_whatever_the_order() {
     let state = sim.state();
     assert_eq!(state.reserved(0), 3000, "control index 0 is GPU 1");
     assert_eq!(state.reserved(1), 1000, "control index 1 is GPU 0");
+}
+
+#[test]
+fn limits_follow_the_gpu_whatever_cuda_visible_devices_selects() {
+    let sim = Sim::new(2, PHYSICAL);
+    sim.allocate_with(&[(0, 64 * MI), (1, 128 * MI)], 0);
+    let gpu1 = sim.uuid(1);
+    // (CUDA_VISIBLE_DEVICES, totals seen at ordinals 0 and 1)
+    let cases = [
+        ("1", vec![128 * MI]),
+        ("1,0", vec![128 * MI, 64 * MI]),
+        (gpu1.as_str(), vec![128 * MI]),
+        ("0,1", vec![64 * MI, 128 * MI]),
+    ];
+    for (visible, totals) in cases {
+        let mut script = vec!["init".to_string()];
+        for i in 0..totals.len() {
+            script.extend([format!("device {i}"), "ctx".into(), "meminfo".into()]);
+        }
+        // The last visible ordinal is refused one byte over its limit.
+        let last = *totals.last().unwrap();
+        script.push(format!("alloc {}", last + 1));
+        script.push(format!("alloc {last}"));
+        let mut c = sim.probe(Mode::Link, true);
+        c.env("CUDA_VISIBLE_DEVICES", visible).args(&script);
+        let o = tessera_e2e::ProbeOutput::from_output(c.output().unwrap());
+        let seen: Vec<u64> = o.all("meminfo").iter().map(|l| l.u64("total")).collect();
+        assert_eq!(seen, totals, "CUDA_VISIBLE_DEVICES={visible}: {}", o.stdout);
+        let allocs = o.all("alloc");
+        assert_eq!(
+            allocs[0].error.as_deref(),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{visible}: {}",
+            o.stdout
+        );
+        assert!(allocs[1].ok, "{visible}: {}", o.stdout);
+    }
 }

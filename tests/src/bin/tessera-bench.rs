@@ -1,10 +1,10 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim [--calls N] [--runs N]`.
+//! tessera-bench -- sim|hook|all [--calls N] [--runs N]`.
 
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench;
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N]\nsections: sim (simulated driver launch cost), all";
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N]\nsections: sim (simulated driver launch cost), hook (shim cost per call, join time), all";
 
 fn main() -> Result<()> {
     let mut sections = Vec::new();
@@ -27,11 +27,19 @@ fn main() -> Result<()> {
         bail!("{USAGE}");
     }
     for s in &sections {
-        let table = match s.as_str() {
-            "sim" | "all" => bench::sim_launch_cost(calls, runs).map_err(anyhow::Error::msg)?,
-            other => bail!("unknown section {other}\n{USAGE}"),
-        };
-        println!("{}", table.render());
+        let mut tables = Vec::new();
+        if matches!(s.as_str(), "sim" | "all") {
+            tables.push(bench::sim_launch_cost(calls, runs).map_err(anyhow::Error::msg)?);
+        }
+        if matches!(s.as_str(), "hook" | "all") {
+            tables.extend(bench::hook::tables(calls, runs).map_err(anyhow::Error::msg)?);
+        }
+        if tables.is_empty() {
+            bail!("unknown section {s}\n{USAGE}");
+        }
+        for table in tables {
+            println!("{}", table.render());
+        }
     }
     Ok(())
 }
