@@ -27,8 +27,9 @@
 //!   the revoked epoch has drained (or a bounded wait ends).
 //! - **No arbiter, no hang.** A gate that sees the arbiter's heartbeat stand
 //!   still for `gate_timeout_ns` (measured on its own clock, so clocks of
-//!   different namespaces need not agree) runs free, says so once through
-//!   the log callback, and rejoins as soon as the heartbeat moves again.
+//!   different namespaces need not agree; a waiter looks at it every eighth
+//!   of the timeout) runs free, says so once through the log callback, and
+//!   rejoins as soon as the heartbeat moves again.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
@@ -260,6 +261,14 @@ impl State {
     pub fn drain_signal(&self, dev: usize) -> &AtomicU32 {
         &self.device(dev.min(MAX_DEVICES - 1)).drain_signal
     }
+
+    /// When a process last reported a drain on device `dev` (its own
+    /// clock; the arbiter clamps it to what it observed).
+    pub fn drained_at_ns(&self, dev: usize) -> u64 {
+        self.device(dev.min(MAX_DEVICES - 1))
+            .drained_at_ns
+            .load(Ordering::Acquire)
+    }
 }
 
 /// Clears a reclaimed slot's gate bits and takes them out of the waiter
@@ -448,6 +457,17 @@ impl Gate {
     }
 }
 
+/// Asks for precise sleeps on the calling thread: the drainer's
+/// `cuCtxSynchronize` sleeps until the work ends, and the default 50 µs of
+/// timer slack would show as idle time charged to the allocation.
+fn set_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes one integer and affects only the
+    // calling thread (ours); failure leaves the default slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+    }
+}
+
 #[inline]
 fn count_launch(sd: &SlotDevice) {
     // Owner-only word: a plain load and store, no locked instruction. Two
@@ -521,9 +541,15 @@ impl Inner {
                 waited_since = Some(now);
                 continue; // the word may have moved while we registered
             }
+            // Look at the heartbeat several times per timeout: silence is
+            // judged from the last time we saw it move, so a waiter that
+            // slept through the arbiter's last beats would otherwise wait
+            // up to twice the timeout.
             let timeout = self.control.gate_timeout_ns().max(1);
             let seen_at = self.hb_seen_at.load(Ordering::Acquire);
-            let left = (seen_at.saturating_add(timeout)).saturating_sub(now).max(1);
+            let left = (seen_at.saturating_add(timeout))
+                .saturating_sub(now)
+                .clamp(1, (timeout / 8).max(1));
             futex_wait(g, w, left);
         }
     }
@@ -615,6 +641,7 @@ impl Inner {
     /// The drainer: sleeps on the grant word; when the epoch this process
     /// last submitted under is over, waits for that work and says so.
     fn drainer(&self, dev: usize) {
+        set_timer_slack();
         let g = &self.dev_control(dev).grant;
         let sd = self.slot_dev(dev);
         let ds = self.dev_state(dev);
@@ -632,6 +659,7 @@ impl Inner {
                     std::thread::yield_now();
                     self.drain.drain(dev);
                 }
+                ds.drained_at_ns.fetch_max(monotonic_ns(), Ordering::AcqRel);
                 sd.drained_epoch.store(le, Ordering::Release);
                 ds.drain_signal.fetch_add(1, Ordering::AcqRel);
                 futex_wake_all(&ds.drain_signal);
@@ -806,11 +834,14 @@ mod tests {
             1,
             "reported drained while work was in flight"
         );
+        let released = monotonic_ns();
         drain.set_hold(false);
         until("the drain to be reported", Duration::from_secs(5), || {
             f.state.undrained(0, grant::epoch(revoked)).is_empty()
         });
         assert!(f.state.drain_signal(0).load(Ordering::SeqCst) > bell);
+        let at = f.state.drained_at_ns(0);
+        assert!(at >= released && at <= monotonic_ns(), "drained at {at}");
         assert_eq!(drain.calls.load(Ordering::SeqCst), 1, "one drain per epoch");
         a.stop();
         b.stop();
@@ -882,6 +913,39 @@ mod tests {
         let events = log.lock().unwrap().clone();
         assert_eq!(events.len(), 2, "{events:?}");
         assert_eq!(events[1], GateEvent::Rejoined { dev: 0 });
+        g.stop();
+    }
+
+    #[test]
+    fn a_waiter_runs_free_one_timeout_after_the_last_beat() {
+        let f = files(300_000);
+        f.arbiter.set_gate_timeout(200_000_000).unwrap();
+        let g = gate(&f, 18, Arc::default(), Arc::default());
+        // The arbiter beats for a while as the process waits (it never
+        // grants), then dies.
+        let last_beat = {
+            let c = Control::open_rw(f.arbiter.path()).unwrap();
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_millis(610);
+                while Instant::now() < until {
+                    c.beat(monotonic_ns()).unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Instant::now()
+            })
+        };
+        g.before_submit(0);
+        let opened = Instant::now();
+        let last_beat = last_beat.join().unwrap();
+        assert!(opened > last_beat, "opened while the arbiter lived");
+        let late = opened - last_beat;
+        // One timeout, plus at most the eighth between two looks, plus
+        // scheduling on a loaded machine. (Looking only once per timeout,
+        // it would take about 390 ms here.)
+        assert!(
+            late >= Duration::from_millis(200) && late < Duration::from_millis(320),
+            "ran free {late:?} after the last beat"
+        );
         g.stop();
     }
 

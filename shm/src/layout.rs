@@ -131,7 +131,12 @@ pub struct DeviceState {
     /// the arbiter checks the slots themselves.
     pub drain_signal: AtomicU32,
     pub _pad2: u32,
-    pub reserved2: [u64; 3],
+    /// CLOCK_MONOTONIC ns of the latest drain a process reported (the
+    /// largest written). The arbiter charges a grant up to this time,
+    /// clamped to what it observed itself, so its own wake-up latency is
+    /// not charged.
+    pub drained_at_ns: AtomicU64,
+    pub reserved2: [u64; 2],
 }
 
 /// One process's use of one device.

@@ -52,6 +52,7 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(DeviceState, waiters), 16);
     assert_eq!(offset_of!(DeviceState, wait_ns), 24);
     assert_eq!(offset_of!(DeviceState, drain_signal), 32);
+    assert_eq!(offset_of!(DeviceState, drained_at_ns), 40);
     assert_eq!(offset_of!(SlotDevice, launch_epoch), 16);
     assert_eq!(offset_of!(SlotDevice, drained_epoch), 20);
     assert_eq!(offset_of!(SlotDevice, launches), 24);

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+pub mod compute;
 pub mod hook;
 
 use crate::probe::Mode;

@@ -81,6 +81,9 @@ struct Member {
     demand: Option<(u32, bool, u64)>,
     /// Slots found dead while draining (slot, owner word): ignored.
     dead: Vec<(usize, u64)>,
+    /// When this arbiter last saw the revoked work not yet drained: a
+    /// reported drain time is never taken as earlier than this.
+    undrained_seen: u64,
     last_liveness: u64,
 }
 
@@ -122,6 +125,20 @@ impl Member {
         let verdict = state.gate_waiters(self.dev) > 0;
         self.demand = Some((counter, verdict, now));
         verdict
+    }
+
+    /// When every live process that submitted under the revoked epoch had
+    /// drained, if they have: the processes' report, clamped to between
+    /// our last sight of undrained work and now (a report cannot buy more
+    /// than our own observation delay). Processes found dead are left out.
+    fn drained_at(&mut self, now: u64) -> Option<u64> {
+        if self.drained(now) {
+            let reported = self.files.state().drained_at_ns(self.dev);
+            Some(reported.clamp(self.undrained_seen.min(now), now))
+        } else {
+            self.undrained_seen = now;
+            None
+        }
     }
 
     /// Whether every live process that submitted under the revoked epoch
@@ -202,9 +219,12 @@ impl View for FileView<'_> {
         self.member(id)
             .map_or(0, |m| m.files.state().launches(m.dev))
     }
-    fn drained(&mut self, id: ClientId) -> bool {
+    fn drained(&mut self, id: ClientId) -> Option<u64> {
         let now = self.now;
-        self.member(id).is_none_or(|m| m.drained(now))
+        match self.member(id) {
+            Some(m) => m.drained_at(now),
+            None => Some(now),
+        }
     }
 }
 
@@ -269,7 +289,7 @@ impl Driver {
                     members: &mut self.members,
                     now,
                 };
-                if !view.drained(id) {
+                if view.drained(id).is_none() {
                     futex_wait(bell, seen, sleep.max(1));
                 }
                 match rx.try_recv() {
@@ -350,6 +370,7 @@ impl Driver {
             demand: None,
             dead: Vec::new(),
             last_liveness: 0,
+            undrained_seen: now,
         };
         self.sched.add(id, share, policy);
         self.members.push(member);
@@ -466,6 +487,7 @@ impl Driver {
                         m.revoked_epoch = grant::epoch(w);
                         m.dead.clear();
                         m.last_liveness = now;
+                        m.undrained_seen = now;
                     }
                 }
                 Action::Wait { until } => break until,

@@ -475,6 +475,12 @@ impl Arbitration for Arbiter {
             .find(|s| s.alloc_id == id && s.gpu_uuid == gpu_uuid)
             .map(|s| s.achieved_ppm)
     }
+    fn achieved_all(&self) -> HashMap<(String, String), u32> {
+        self.stats()
+            .into_iter()
+            .map(|s| ((s.alloc_id, s.gpu_uuid), s.achieved_ppm))
+            .collect()
+    }
     fn shutdown(&self) {
         Arbiter::shutdown(self);
     }

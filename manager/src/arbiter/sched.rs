@@ -64,9 +64,11 @@ pub trait View {
     fn waiting(&mut self, id: ClientId) -> bool;
     /// A counter of the client's submissions; any change is activity.
     fn launches(&mut self, id: ClientId) -> u64;
-    /// Whether the work the client submitted under its revoked grant has
-    /// finished (every process that submitted reported drained).
-    fn drained(&mut self, id: ClientId) -> bool;
+    /// When the work the client submitted under its revoked grant finished
+    /// (every process that submitted reported drained), or `None` while it
+    /// has not. The time is where the grant's charge ends; it is at most
+    /// the time of the call.
+    fn drained(&mut self, id: ClientId) -> Option<u64>;
 }
 
 /// Why a grant ended.
@@ -105,8 +107,9 @@ pub enum Event {
         start: u64,
         end: u64,
     },
-    /// The GPU moved on `ns` after the previous grant was revoked (drain
-    /// and signalling included).
+    /// The GPU moved on to a waiting client `ns` after the previous grant
+    /// was revoked (the drain of the work in flight and the signalling
+    /// included; not reported when the GPU idled in between).
     Handover {
         to: ClientId,
         ns: u64,
@@ -126,10 +129,19 @@ struct Client {
     vtime: u128,
     /// `guaranteed`: not grantable before this time.
     tat: u64,
-    /// Had work at the last look.
+    /// Had work at the last look: a process waiting at its gate, or the
+    /// grace after a revocation (below). Idle time before becoming active
+    /// is not banked.
     active: bool,
+    /// A process was waiting at its gate at the last look (or it holds the
+    /// GPU): it can use a grant now.
+    waiting: bool,
     /// Since when it has had work without a break.
     active_since: u64,
+    /// Counts as having work until then though no process waits at its
+    /// gate: a holder cut off by the quantum was busy, and its processes
+    /// reach the gate only once their own work in flight is done.
+    grace_until: u64,
     /// Tie-break: the least recently granted goes first.
     last_grant: u64,
 }
@@ -214,7 +226,9 @@ impl Scheduler {
             vtime: self.vclock,
             tat: 0,
             active: false,
+            waiting: false,
             active_since: 0,
+            grace_until: 0,
             last_grant: 0,
         });
     }
@@ -282,6 +296,9 @@ impl Scheduler {
             match self.phase {
                 Phase::Idle { revoked_at } => {
                     let Some(id) = self.pick(now, None) else {
+                        // The GPU idles (no one may run): what follows is
+                        // not a hand-over.
+                        self.phase = Phase::Idle { revoked_at: None };
                         return Action::Wait {
                             until: self.next_eligible(now),
                         };
@@ -321,7 +338,7 @@ impl Scheduler {
                     // busy: it has work it has not launched yet.
                     let busy = now < last_activity.saturating_add(self.cfg.idle_release_ns)
                         || view.waiting(id);
-                    let contested = self.clients.iter().any(|c| c.id != id && c.active);
+                    let contested = self.clients.iter().any(|c| c.id != id && c.waiting);
                     let capped = self
                         .find(id)
                         .is_some_and(|c| c.policy == Policy::Guaranteed);
@@ -364,15 +381,22 @@ impl Scheduler {
                 } => {
                     let deadline = revoked_at.saturating_add(self.cfg.drain_timeout_ns);
                     let drained = view.drained(id);
-                    if !drained && now < deadline {
+                    if drained.is_none() && now < deadline {
                         return Action::Wait {
                             until: Some(deadline),
                         };
                     }
-                    if !drained {
+                    if drained.is_none() {
                         self.events.push(Event::DrainTimedOut { id });
                     }
-                    self.charge(id, granted_at, now);
+                    let end = drained.unwrap_or(now).clamp(revoked_at, now);
+                    self.charge(id, granted_at, end);
+                    let grace = end.saturating_add(self.cfg.idle_release_ns);
+                    if let Some(c) = self.find_mut(id)
+                        && c.grace_until == u64::MAX
+                    {
+                        c.grace_until = grace;
+                    }
                     self.phase = Phase::Idle {
                         revoked_at: Some(revoked_at),
                     };
@@ -384,6 +408,9 @@ impl Scheduler {
     }
 
     fn revoke(&mut self, id: ClientId, granted_at: u64, now: u64, why: Reason) -> Action {
+        if let Some(c) = self.find_mut(id) {
+            c.grace_until = u64::MAX;
+        }
         self.phase = Phase::Draining {
             id,
             granted_at,
@@ -412,7 +439,8 @@ impl Scheduler {
         };
         let vclock = self.vclock;
         for c in &mut self.clients {
-            let active = holding == Some(c.id) || view.waiting(c.id);
+            c.waiting = holding == Some(c.id) || view.waiting(c.id);
+            let active = c.waiting || now < c.grace_until;
             if active && !c.active {
                 c.vtime = c.vtime.max(vclock);
                 c.active_since = now;
@@ -444,7 +472,7 @@ impl Scheduler {
                         c.tat_after(start, held, self.cfg.catch_up_ns),
                     )
                 }
-                _ if !c.active => continue,
+                _ if !c.waiting => continue,
                 _ => (c.vtime, c.tat),
             };
             if c.policy == Policy::Guaranteed && now < tat {
@@ -462,7 +490,7 @@ impl Scheduler {
     fn next_eligible(&self, now: u64) -> Option<u64> {
         self.clients
             .iter()
-            .filter(|c| c.active && c.policy == Policy::Guaranteed && c.tat > now)
+            .filter(|c| c.waiting && c.policy == Policy::Guaranteed && c.tat > now)
             .map(|c| c.tat)
             .min()
     }
@@ -530,13 +558,19 @@ mod tests {
                 .find(|c| c.id == id)
                 .map_or(0, |c| c.launches)
         }
-        fn drained(&mut self, id: ClientId) -> bool {
-            self.clients.iter().find(|c| c.id == id).is_none_or(|c| {
-                !c.stuck
-                    && c.inflight
-                        .back()
-                        .is_none_or(|&end| end + self.report_ns <= self.now)
-            })
+        fn drained(&mut self, id: ClientId) -> Option<u64> {
+            let Some(c) = self.clients.iter().find(|c| c.id == id) else {
+                return Some(self.now);
+            };
+            if c.stuck {
+                return None;
+            }
+            // The report says when the last kernel ended.
+            match c.inflight.back() {
+                None => Some(self.now),
+                Some(&end) if end + self.report_ns <= self.now => Some(end),
+                Some(_) => None,
+            }
         }
     }
 
@@ -544,8 +578,12 @@ mod tests {
         fn has_work(&self, now: u64) -> bool {
             self.from <= now && now < self.until
         }
+        /// Blocked at the gate: it has work, its queue has room (until then
+        /// it waits on its own kernels, as a real process syncing does),
+        /// and it may not launch.
         fn waiting_at(&self, now: u64) -> bool {
-            self.has_work(now) && (!self.granted || now < self.wakes_at)
+            let queued = self.inflight.iter().filter(|&&e| e > now).count();
+            self.has_work(now) && queued < self.depth && (!self.granted || now < self.wakes_at)
         }
         fn busy_in(&self, a: u64, b: u64) -> u64 {
             self.ran

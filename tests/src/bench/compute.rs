@@ -1,0 +1,636 @@
+//! Compute-time slices end to end: allocations on a simulated node, workload
+//! processes under the shim keeping a GPU busy with kernels of a known
+//! duration, an arbiter, and what each allocation really got by the node's
+//! ground truth (its engine timeline). Shared by the `compute_*` tests and
+//! the bench.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use tessera_manager::arbiter::{Arbiter, OpenFiles, percentile};
+use tessera_shm::{ControlSpec, DeviceSpec, Policy, create_allocation_files};
+use tessera_sim::layout::{DEVICE_BUCKET_NS, PROC_BUCKET_NS};
+
+// Whole process buckets are whole device buckets too.
+const _: () = assert!(PROC_BUCKET_NS.is_multiple_of(DEVICE_BUCKET_NS));
+
+use crate::paths::{hook_library, sim_lib_dir, work_dir};
+use crate::sim::SimNode;
+
+/// The workload: a CUDA driver-API client linked with `-lcuda`, keeping at
+/// most `depth` kernels in flight (as a real framework's queue does) for a
+/// given time. It prints `ready`, then `done launches=<n>`; a failed call
+/// prints `err <call> <code>` and exits 1.
+const WORKLOAD_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph,
+    *CUgraphNode, *CUgraphExec;
+typedef struct {
+    CUfunction func;
+    unsigned gx, gy, gz, bx, by, bz, shared;
+    void **params, **extra;
+    void *kern;
+    CUcontext ctx;
+} KernelNodeParams;
+typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; } value; } LaunchAttr;
+typedef struct {
+    unsigned gx, gy, gz, bx, by, bz, shared;
+    CUstream stream;
+    LaunchAttr *attrs;
+    unsigned nattrs;
+} LaunchConfig;
+
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernelEx(const LaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, CUstream, void **);
+CUresult cuEventCreate(CUevent *, unsigned);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                 const KernelNodeParams *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+
+#define CK(call)                                                  \
+    do {                                                          \
+        CUresult r_ = (call);                                     \
+        if (r_) {                                                 \
+            printf("err %s %d\n", #call, r_);                     \
+            fflush(stdout);                                       \
+            return 1;                                             \
+        }                                                         \
+    } while (0)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: %s <device> <kernel_us> <seconds> <depth> <kernel|ex|coop|graph>\n",
+                argv[0]);
+        return 2;
+    }
+    int ordinal = atoi(argv[1]);
+    long kernel_us = atol(argv[2]);
+    double seconds = atof(argv[3]);
+    int depth = atoi(argv[4]);
+    const char *how = argv[5];
+    if (depth < 1 || depth > 256) {
+        fprintf(stderr, "depth must be 1..256\n");
+        return 2;
+    }
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, ordinal));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    char image[64];
+    snprintf(image, sizeof image, "kernel work %ldus\n", kernel_us);
+    CK(cuModuleLoadData(&mod, image));
+    CK(cuModuleGetFunction(&f, mod, "work"));
+    CUevent ev[256];
+    for (int i = 0; i < depth; i++) CK(cuEventCreate(&ev[i], 0));
+    CUgraphExec exec = NULL;
+    if (!strcmp(how, "graph")) {
+        CUgraph g;
+        CUgraphNode node;
+        KernelNodeParams p;
+        memset(&p, 0, sizeof p);
+        p.func = f;
+        p.gx = p.gy = p.gz = p.bx = p.by = p.bz = 1;
+        CK(cuGraphCreate(&g, 0));
+        CK(cuGraphAddKernelNode_v2(&node, g, NULL, 0, &p));
+        CK(cuGraphInstantiateWithFlags(&exec, g, 0ULL));
+    }
+    LaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gx = cfg.gy = cfg.gz = cfg.bx = cfg.by = cfg.bz = 1;
+    printf("ready\n");
+    fflush(stdout);
+    double end = now() + seconds;
+    long n = 0;
+    while (now() < end) {
+        if (n >= depth) CK(cuEventSynchronize(ev[n % depth]));
+        if (exec) CK(cuGraphLaunch(exec, NULL));
+        else if (!strcmp(how, "ex")) CK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
+        else if (!strcmp(how, "coop")) CK(cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL));
+        else CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        CK(cuEventRecord(ev[n % depth], NULL));
+        n++;
+    }
+    CK(cuCtxSynchronize());
+    printf("done launches=%ld\n", n);
+    fflush(stdout);
+    return 0;
+}
+"#;
+
+/// The workload, compiled with `cc` once per test process (written by an
+/// atomic rename, so processes building it at once do not collide).
+///
+/// # Panics
+/// If `cc` fails; the message holds its output.
+pub fn workload_binary() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let lib = sim_lib_dir();
+        let out = work_dir().join("compute-workload");
+        let tmp = work_dir().join(format!(".compute-workload.{}", std::process::id()));
+        let c = tmp.with_extension("c");
+        std::fs::write(&c, WORKLOAD_C).expect("writing the workload source");
+        let o = Command::new("cc")
+            .arg("-O2")
+            .arg("-Wall")
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&c)
+            .arg(format!("-L{}", lib.dir.display()))
+            .arg("-lcuda")
+            .output()
+            .expect("running cc (a C compiler is needed for the compute tests)");
+        let _ = std::fs::remove_file(&c);
+        assert!(
+            o.status.success(),
+            "cc for the compute workload failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::rename(&tmp, &out).expect("moving the workload into place");
+        out
+    })
+}
+
+/// How a workload submits its kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    Kernel,
+    Ex,
+    Coop,
+    Graph,
+}
+
+impl Launch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Launch::Kernel => "kernel",
+            Launch::Ex => "ex",
+            Launch::Coop => "coop",
+            Launch::Graph => "graph",
+        }
+    }
+}
+
+/// One allocation of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllocSpec {
+    pub share_ppm: u32,
+    pub policy: Policy,
+}
+
+impl AllocSpec {
+    pub fn guaranteed(percent: u32) -> Self {
+        AllocSpec {
+            share_ppm: percent * 10_000,
+            policy: Policy::Guaranteed,
+        }
+    }
+    pub fn burst(percent: u32) -> Self {
+        AllocSpec {
+            share_ppm: percent * 10_000,
+            policy: Policy::Burst,
+        }
+    }
+}
+
+/// Allocations saturating one GPU with one workload process each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub allocs: Vec<AllocSpec>,
+    pub kernel: Duration,
+    /// Kernels in flight per workload.
+    pub depth: u32,
+    pub launch: Launch,
+    /// Before measuring: the workloads start and the shares settle.
+    pub warmup: Duration,
+    /// The measured window.
+    pub measure: Duration,
+}
+
+impl Scenario {
+    pub fn new(name: &str, allocs: Vec<AllocSpec>, kernel: Duration, measure: Duration) -> Self {
+        // About 4 ms of queued work, at least two kernels: as a framework
+        // queues ahead, so that a few ms of CPU scheduling delay on a
+        // loaded machine do not leave the GPU idle while it is held.
+        let depth = (4_000 / kernel.as_micros().max(1)).clamp(2, 256) as u32;
+        Scenario {
+            name: name.into(),
+            allocs,
+            kernel,
+            depth,
+            launch: Launch::Kernel,
+            warmup: Duration::from_millis(700),
+            measure,
+        }
+    }
+}
+
+/// An allocation's files on the node.
+#[derive(Debug, Clone)]
+pub struct AllocFiles {
+    pub id: String,
+    pub control: PathBuf,
+    pub state: PathBuf,
+    pub spec: AllocSpec,
+}
+
+/// Creates an allocation of `spec` on device `device` of `node`.
+///
+/// # Panics
+/// If the files cannot be written.
+pub fn create_allocation(node: &SimNode, device: u32, id: &str, spec: AllocSpec) -> AllocFiles {
+    let uuid = node
+        .node()
+        .device_info(device)
+        .expect("the scenario's device exists")
+        .uuid;
+    let dir = node.dir.path().join(id);
+    let (control, state) = create_allocation_files(
+        &dir,
+        &ControlSpec::new(
+            id,
+            vec![DeviceSpec {
+                uuid,
+                memory_limit_bytes: 1 << 30,
+                compute_share_ppm: spec.share_ppm,
+                policy: spec.policy,
+            }],
+        ),
+    )
+    .expect("creating the allocation's files");
+    AllocFiles {
+        id: id.into(),
+        control,
+        state,
+        spec,
+    }
+}
+
+/// A workload process and what it printed.
+#[derive(Debug)]
+pub struct Workload {
+    pub child: Child,
+    lines: Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Workload {
+    /// Starts a workload under the shim, governed by `files`, on the node's
+    /// device `device`.
+    ///
+    /// # Panics
+    /// If it cannot be started.
+    pub fn spawn(
+        node: &SimNode,
+        files: &AllocFiles,
+        device: u32,
+        sc: &Scenario,
+        seconds: f64,
+    ) -> Workload {
+        Self::spawn_with(node, files, device, sc, seconds, |_| {})
+    }
+
+    /// As [`Workload::spawn`], with `extra` adjusting the command (more
+    /// environment, say).
+    pub fn spawn_with(
+        node: &SimNode,
+        files: &AllocFiles,
+        device: u32,
+        sc: &Scenario,
+        seconds: f64,
+        extra: impl FnOnce(&mut Command),
+    ) -> Workload {
+        let hook = hook_library().expect("libtessera.so is built with the tests");
+        let mut cmd = node.command(workload_binary());
+        extra(&mut cmd);
+        cmd.env("LD_PRELOAD", hook)
+            .env("TESSERA_CONTROL", &files.control)
+            .env("TESSERA_STATE", &files.state)
+            .arg(device.to_string())
+            .arg(sc.kernel.as_micros().to_string())
+            .arg(format!("{seconds:.3}"))
+            .arg(sc.depth.to_string())
+            .arg(sc.launch.name())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("starting the compute workload");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Workload {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a line starting with `prefix`; `None` after `timeout` or
+    /// at end of output.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return Some(l);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Waits for the process to finish; its `done` line and exit status.
+    pub fn finish(mut self, timeout: Duration) -> Result<String, String> {
+        let done = self.wait_line("done", timeout);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => break None,
+            }
+        };
+        match (done, status) {
+            (Some(d), Some(s)) if s.success() => Ok(d),
+            (d, s) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                Err(format!(
+                    "workload {}: done line {d:?}, status {s:?}, output {:?}",
+                    self.child.id(),
+                    self.seen
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reads the node's ground truth: busy time per process and per device
+/// over whole time buckets, accumulated in chunks (each process's history
+/// spans a few seconds) while the processes live.
+#[derive(Debug)]
+pub struct BusyMeter<'a> {
+    node: &'a SimNode,
+    device: u32,
+    pids: Vec<u32>,
+    from: u64,
+    next: u64,
+    busy: Vec<u64>,
+    device_busy: u64,
+}
+
+impl<'a> BusyMeter<'a> {
+    /// Starts measuring at the next bucket boundary.
+    pub fn start(node: &'a SimNode, device: u32, pids: Vec<u32>) -> Self {
+        let now = tessera_sim::clock::now_ns();
+        let from = now.div_ceil(PROC_BUCKET_NS) * PROC_BUCKET_NS;
+        let n = pids.len();
+        BusyMeter {
+            node,
+            device,
+            pids,
+            from,
+            next: from,
+            busy: vec![0; n],
+            device_busy: 0,
+        }
+    }
+
+    /// Adds the whole buckets that ended since the last call, up to `limit`.
+    pub fn sample(&mut self, limit: u64) {
+        let now = tessera_sim::clock::now_ns();
+        let to = (now / PROC_BUCKET_NS * PROC_BUCKET_NS).min(limit);
+        if to <= self.next {
+            return;
+        }
+        let state = self.node.node().state();
+        let procs = self.node.node().processes();
+        let d = self.device as usize;
+        for (i, pid) in self.pids.iter().enumerate() {
+            if let Some(p) = procs.iter().find(|p| p.pid == *pid) {
+                self.busy[i] += state.procs[p.slot].busy[d].busy_between(self.next, to);
+            }
+        }
+        self.device_busy += state.devices[d].busy.busy_between(self.next, to);
+        self.next = to;
+    }
+
+    /// Samples until `span` (rounded up to whole buckets) has been
+    /// measured; returns (busy % per process, busy % of the device).
+    pub fn run_for(&mut self, span: Duration) -> (Vec<f64>, f64) {
+        let span = (span.as_nanos() as u64).div_ceil(PROC_BUCKET_NS) * PROC_BUCKET_NS;
+        let end = self.from + span;
+        while self.next < end {
+            let left = end.saturating_sub(tessera_sim::clock::now_ns()) + PROC_BUCKET_NS / 10;
+            std::thread::sleep(Duration::from_nanos(left.min(500_000_000)));
+            self.sample(end);
+        }
+        self.result()
+    }
+
+    /// Busy percentages so far.
+    pub fn result(&self) -> (Vec<f64>, f64) {
+        let span = self.next.saturating_sub(self.from).max(1) as f64;
+        (
+            self.busy.iter().map(|&b| b as f64 / span * 100.0).collect(),
+            self.device_busy as f64 / span * 100.0,
+        )
+    }
+}
+
+/// What one scenario achieved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub name: String,
+    pub allocs: Vec<AllocSpec>,
+    /// Busy % of the GPU per allocation, by the node's ground truth.
+    pub achieved: Vec<f64>,
+    /// % of the time each allocation was charged for (held the grant,
+    /// drains included), by the arbiter's own account.
+    pub held: Vec<f64>,
+    /// Revoked grants whose work did not drain in time.
+    pub drain_timeouts: u64,
+    /// Busy % of the GPU in all.
+    pub gpu_busy: f64,
+    /// Grant hand-over latency (revocation → next grant), ns.
+    pub handover_p50: Option<u64>,
+    pub handover_p99: Option<u64>,
+    /// Workloads that did not finish cleanly, with what they printed.
+    pub failures: Vec<String>,
+}
+
+/// Runs a scenario on device `device` of `node` under an in-process
+/// arbiter (the allocations are added to it and removed afterwards).
+///
+/// # Panics
+/// On set-up failures (files, processes), which are bugs of the test.
+pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenario) -> Outcome {
+    let files: Vec<AllocFiles> = sc
+        .allocs
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let id = format!("{}-{i}", sc.name.replace([' ', '/'], "-"));
+            create_allocation(node, device, &id, a)
+        })
+        .collect();
+    for f in &files {
+        let opened = OpenFiles::open(&f.control, &f.state).expect("opening the allocation");
+        arbiter
+            .add_allocation(std::sync::Arc::new(opened), 0)
+            .expect("adding the allocation to the arbiter");
+    }
+    let gpu_uuid = node.node().device_info(device).map(|i| i.uuid).ok();
+    let before = arbiter
+        .gpu_stats()
+        .into_iter()
+        .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
+        .map_or(0, |g| g.handover_ns.len());
+    let seconds = (sc.warmup + sc.measure).as_secs_f64() + 0.5;
+    let mut workloads: Vec<Workload> = files
+        .iter()
+        .map(|f| Workload::spawn(node, f, device, sc, seconds))
+        .collect();
+    for w in &mut workloads {
+        if w.wait_line("ready", Duration::from_secs(20)).is_none() {
+            panic!("workload {} did not start: {:?}", w.pid(), w.seen);
+        }
+    }
+    std::thread::sleep(sc.warmup);
+    let held_of = |arbiter: &Arbiter| -> Vec<(u64, u64)> {
+        let stats = arbiter.stats();
+        files
+            .iter()
+            .map(|f| {
+                stats
+                    .iter()
+                    .find(|s| s.alloc_id == f.id)
+                    .map_or((0, 0), |s| (s.held_ns, s.drain_timeouts))
+            })
+            .collect()
+    };
+    let mut meter = BusyMeter::start(node, device, workloads.iter().map(Workload::pid).collect());
+    let t0 = Instant::now();
+    let held0 = held_of(arbiter);
+    let (achieved, gpu_busy) = meter.run_for(sc.measure);
+    let held1 = held_of(arbiter);
+    let span = t0.elapsed().as_nanos() as f64;
+    let held = held0
+        .iter()
+        .zip(&held1)
+        .map(|(a, b)| (b.0 - a.0) as f64 / span * 100.0)
+        .collect();
+    let drain_timeouts = held0.iter().zip(&held1).map(|(a, b)| b.1 - a.1).sum();
+    let handovers: Vec<u64> = arbiter
+        .gpu_stats()
+        .into_iter()
+        .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
+        .map(|g| g.handover_ns.into_iter().skip(before).collect())
+        .unwrap_or_default();
+    let failures = workloads
+        .into_iter()
+        .filter_map(|w| w.finish(Duration::from_secs(30)).err())
+        .collect();
+    for f in &files {
+        let _ = arbiter.remove_allocation(&f.id);
+    }
+    Outcome {
+        name: sc.name.clone(),
+        allocs: sc.allocs.clone(),
+        achieved,
+        held,
+        drain_timeouts,
+        gpu_busy,
+        handover_p50: percentile(&handovers, 50.0),
+        handover_p99: percentile(&handovers, 99.0),
+        failures,
+    }
+}
+
+/// The scenarios the issue names, each with kernels of `kernel`.
+pub fn standard_scenarios(kernel: Duration, measure: Duration) -> Vec<Scenario> {
+    let us = kernel.as_micros();
+    vec![
+        Scenario::new(
+            &format!("guaranteed 20/30/50, {us} us kernels"),
+            vec![
+                AllocSpec::guaranteed(20),
+                AllocSpec::guaranteed(30),
+                AllocSpec::guaranteed(50),
+            ],
+            kernel,
+            measure,
+        ),
+        Scenario::new(
+            &format!("guaranteed 30 alone, {us} us kernels"),
+            vec![AllocSpec::guaranteed(30)],
+            kernel,
+            measure,
+        ),
+        Scenario::new(
+            &format!("burst 25+25, {us} us kernels"),
+            vec![AllocSpec::burst(25), AllocSpec::burst(25)],
+            kernel,
+            measure,
+        ),
+    ]
+}

@@ -1,0 +1,194 @@
+//! No manager, no hang: the arbiter runs in a process of its own, is
+//! SIGKILLed while two capped allocations share a simulated GPU, and every
+//! workload goes on (its gate opens after the gate timeout, once, with a
+//! log line) and finishes; a new arbiter then takes the allocations over
+//! again and their caps hold once more.
+//!
+//! The arbiter process is this test executable itself, re-run with only its
+//! ignored `role` test selected and `TESSERA_E2E_ROLE=arbiter`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_e2e::SimNode;
+use tessera_e2e::bench::compute::{
+    AllocFiles, AllocSpec, BusyMeter, Scenario, Workload, create_allocation,
+};
+use tessera_manager::arbiter::{Arbiter, ArbiterConfig, OpenFiles};
+
+const ROLE_ENV: &str = "TESSERA_E2E_ROLE";
+const ARGS_ENV: &str = "TESSERA_E2E_ARGS";
+
+/// The arbiter child: arbitrates the allocations whose control and state
+/// paths it is given (alternating, separated by newlines), says so, and
+/// runs until killed.
+#[test]
+#[ignore = "entry point of the arbiter child process that the other test starts"]
+fn role() {
+    if std::env::var(ROLE_ENV).as_deref() != Ok("arbiter") {
+        return;
+    }
+    let args = std::env::var(ARGS_ENV).unwrap_or_default();
+    let paths: Vec<&str> = args.lines().collect();
+    let arbiter = Arbiter::new(ArbiterConfig::default()).expect("default configuration");
+    for pair in paths.chunks(2) {
+        let files = OpenFiles::open(pair[0].as_ref(), pair[1].as_ref()).expect("allocation files");
+        arbiter
+            .add_allocation(Arc::new(files), 0)
+            .expect("arbitrating the allocation");
+    }
+    println!("arbitrating");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn start_arbiter(files: &[AllocFiles]) -> Child {
+    let args: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            [
+                f.control.display().to_string(),
+                f.state.display().to_string(),
+            ]
+        })
+        .collect();
+    let mut child = Command::new(std::env::current_exe().expect("own executable"))
+        .args([
+            "role",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE_ENV, "arbiter")
+        .env(ARGS_ENV, args.join("\n"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the arbiter process");
+    let out = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(out).lines();
+    let ready = lines.any(|l| l.is_ok_and(|l| l.contains("arbitrating")));
+    assert!(ready, "the arbiter process did not start");
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    child
+}
+
+fn measure(node: &SimNode, pids: &[u32], span: Duration) -> (Vec<f64>, f64) {
+    BusyMeter::start(node, 0, pids.to_vec()).run_for(span)
+}
+
+#[test]
+fn killing_the_arbiter_stops_no_workload_and_a_new_one_takes_over() {
+    let node = SimNode::builder().devices(1).build();
+    let files: Vec<AllocFiles> = (0..2)
+        .map(|i| create_allocation(&node, 0, &format!("killed-{i}"), AllocSpec::guaranteed(30)))
+        .collect();
+    let mut arbiter = start_arbiter(&files);
+
+    let sc = Scenario::new(
+        "killed",
+        vec![AllocSpec::guaranteed(30); 2],
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+    );
+    let log_dir = tempfile::tempdir().expect("a log directory");
+    let mut workloads: Vec<Workload> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            Workload::spawn_with(&node, f, 0, &sc, 12.0, |c| {
+                c.env("TESSERA_LOG", "info").env(
+                    "TESSERA_LOG_FILE",
+                    log_dir.path().join(format!("hook-{i}.log")),
+                );
+            })
+        })
+        .collect();
+    for w in &mut workloads {
+        assert!(
+            w.wait_line("ready", Duration::from_secs(20)).is_some(),
+            "workload did not start: {:?}",
+            w.seen
+        );
+    }
+    let pids: Vec<u32> = workloads.iter().map(Workload::pid).collect();
+
+    // Governed: each is held to its 30%.
+    std::thread::sleep(Duration::from_millis(500));
+    let (governed, _) = measure(&node, &pids, Duration::from_secs(2));
+    for (i, got) in governed.iter().enumerate() {
+        assert!(
+            (got - 30.0).abs() <= 3.0,
+            "allocation {i} governed: {got:.2}%"
+        );
+    }
+
+    // The arbiter dies. Within the gate timeout (2 s) the gates open: the
+    // workloads run on, sharing the whole GPU.
+    let killed_at = Instant::now();
+    arbiter.kill().expect("SIGKILL the arbiter");
+    arbiter.wait().expect("reap the arbiter");
+    std::thread::sleep(Duration::from_millis(2_500));
+    let (free, gpu) = measure(&node, &pids, Duration::from_secs(2));
+    let logs = || {
+        (0..2)
+            .map(|i| {
+                std::fs::read_to_string(log_dir.path().join(format!("hook-{i}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    assert!(
+        gpu >= 90.0,
+        "after the kill the GPU is busy {gpu:.2}%: {free:?}\n{}",
+        logs()
+    );
+    for (i, got) in free.iter().enumerate() {
+        assert!(*got >= 30.0, "allocation {i} running free got {got:.2}%");
+    }
+    assert!(killed_at.elapsed() < Duration::from_secs(6));
+
+    // A new arbiter takes the allocations over: the caps hold again.
+    let mut arbiter = start_arbiter(&files);
+    std::thread::sleep(Duration::from_millis(500));
+    let (again, _) = measure(&node, &pids, Duration::from_secs(2));
+    for (i, got) in again.iter().enumerate() {
+        assert!(
+            (got - 30.0).abs() <= 3.0,
+            "allocation {i} rejoined: {got:.2}%"
+        );
+    }
+
+    for w in workloads {
+        w.finish(Duration::from_secs(30))
+            .expect("every workload finishes");
+    }
+    let _ = arbiter.kill();
+    let _ = arbiter.wait();
+
+    // Each process said once that it ran free, and once that it rejoined.
+    for i in 0..2 {
+        let log = std::fs::read_to_string(log_dir.path().join(format!("hook-{i}.log")))
+            .unwrap_or_default();
+        let free = log.matches("no arbiter heartbeat").count();
+        let back = log.matches("arbiter is back").count();
+        // The allocation that held the grant when the arbiter died never
+        // waited, so it never needed to run free.
+        assert!(free <= 1 && back == free, "process {i}: log\n{log}");
+    }
+    let total_free: usize = (0..2)
+        .map(|i| {
+            std::fs::read_to_string(log_dir.path().join(format!("hook-{i}.log")))
+                .unwrap_or_default()
+                .matches("no arbiter heartbeat")
+                .count()
+        })
+        .sum();
+    assert!(total_free >= 1, "no process reported running free");
+}
