@@ -2,6 +2,7 @@
 //! it which allocations exist and asks it what share each achieved. The
 //! arbiter itself (per-GPU time slices) plugs in behind [`Arbitration`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::daemon::LiveAllocation;
@@ -15,6 +16,12 @@ pub trait Arbitration: Send + Sync + 'static {
     /// Share of `gpu_uuid`'s time the allocation held over the recent
     /// window, in ppm; `None` when no arbiter measures it.
     fn achieved_ppm(&self, id: &str, gpu_uuid: &str) -> Option<u32>;
+    /// [`Self::achieved_ppm`] of every arbitrated (allocation id, GPU UUID)
+    /// at once: a status or a scrape asks once, however many allocations
+    /// there are. The default asks nothing and knows nothing.
+    fn achieved_all(&self) -> HashMap<(String, String), u32> {
+        HashMap::new()
+    }
     /// Stops every arbiter thread (manager shutdown).
     fn shutdown(&self) {}
 }

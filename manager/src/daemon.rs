@@ -384,7 +384,11 @@ impl Core {
         Ok(self.allocation_pb(&live))
     }
 
-    fn slot_status(&self, live: &LiveAllocation) -> pb::AllocationStatus {
+    fn slot_status(
+        &self,
+        live: &LiveAllocation,
+        achieved: &HashMap<(String, String), u32>,
+    ) -> pb::AllocationStatus {
         let rec = live.record();
         let n = live.control.n_devices();
         let devices = (0..n)
@@ -394,9 +398,9 @@ impl Core {
                     memory_limit_bytes: live.control.memory_limit(i),
                     memory_used_bytes: live.state.reserved(i),
                     compute_share_ppm: live.control.compute_share_ppm(i),
-                    compute_achieved_ppm: self
-                        .arbitration
-                        .achieved_ppm(&rec.id, &uuid)
+                    compute_achieved_ppm: achieved
+                        .get(&(rec.id.clone(), uuid.clone()))
+                        .copied()
                         .unwrap_or(0),
                     wait_ns_total: live.state.gate_wait_ns(i),
                     oom_refused_total: live.state.oom_refused(i),
@@ -423,6 +427,11 @@ impl Core {
 
     /// GetNodeStatus.
     pub fn node_status(&self) -> pb::NodeStatus {
+        self.node_status_with(&self.arbitration.achieved_all())
+    }
+
+    /// The status, with the arbiter's achieved shares asked for once.
+    fn node_status_with(&self, achieved: &HashMap<(String, String), u32>) -> pb::NodeStatus {
         let allocs = self.live_list();
         let health = self.health.lock().clone();
         let samples = self.samples.read().clone();
@@ -464,7 +473,10 @@ impl Core {
             hostname: self.config.hostname.clone(),
             driver_version: self.driver_version.clone(),
             gpus,
-            allocations: allocs.iter().map(|l| self.slot_status(l)).collect(),
+            allocations: allocs
+                .iter()
+                .map(|l| self.slot_status(l, achieved))
+                .collect(),
             unix_ms: now_unix_ms(),
         }
     }
@@ -484,7 +496,8 @@ impl Core {
 
     /// The metrics exposition.
     pub fn metrics_text(&self) -> String {
-        let status = self.node_status();
+        let achieved = self.arbitration.achieved_all();
+        let status = self.node_status_with(&achieved);
         let findings = self.findings.lock().clone();
         let allocs = self.live_list();
         let gpus = self
@@ -539,10 +552,9 @@ impl Core {
                     memory_limit_bytes: d.memory_limit_bytes,
                     memory_used_bytes: d.memory_used_bytes,
                     compute_share_ratio: f64::from(d.compute_share_ppm) / 1e6,
-                    compute_achieved_ratio: self
-                        .arbitration
-                        .achieved_ppm(&rec.id, &g.uuid)
-                        .map(|p| f64::from(p) / 1e6),
+                    compute_achieved_ratio: achieved
+                        .get(&(rec.id.clone(), g.uuid.clone()))
+                        .map(|p| f64::from(*p) / 1e6),
                     processes: a.processes.len() as u64,
                     wait_seconds_total: d.wait_ns_total as f64 / 1e9,
                     oom_refused_total: d.oom_refused_total,

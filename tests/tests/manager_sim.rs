@@ -660,7 +660,7 @@ fn the_arbiter_measures_what_a_shared_gpu_gives_an_allocation() {
     let d = &st.allocations[0].devices[0];
     assert_eq!(d.compute_share_ppm, 500_000);
     assert!(
-        d.compute_achieved_ppm > 0 && d.wait_ns_total > 50_000_000,
+        d.compute_achieved_ppm > 0 && d.wait_ns_total > 10_000_000,
         "{d:?}"
     );
     w.kill();
