@@ -189,7 +189,12 @@ pub fn render(st: &pb::NodeStatus) -> String {
                 ),
                 format!(
                     "{} / {}",
-                    format_ppm(d.compute_achieved_ppm),
+                    // A whole GPU is not arbitrated: nothing is measured.
+                    if d.compute_share_ppm >= 1_000_000 && d.compute_achieved_ppm == 0 {
+                        "-".to_owned()
+                    } else {
+                        format_ppm(d.compute_achieved_ppm)
+                    },
                     format_ppm(d.compute_share_ppm)
                 ),
                 format!("{:.1}s", d.wait_ns_total as f64 / 1e9),
@@ -388,6 +393,15 @@ pub(crate) mod tests {
         let header = t.lines().find(|l| l.starts_with("GPU ")).unwrap();
         let col = header.find("HEALTH").unwrap();
         assert_eq!(&gpu0[col..], "ok");
+    }
+
+    #[test]
+    fn a_whole_gpu_has_no_measured_share() {
+        let mut st = sample();
+        st.allocations[0].devices[0].compute_share_ppm = 1_000_000;
+        st.allocations[0].devices[0].compute_achieved_ppm = 0;
+        let t = render(&st);
+        assert!(t.contains("- / 100%"), "{t}");
     }
 
     #[test]
