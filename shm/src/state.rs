@@ -239,8 +239,12 @@ impl State {
                 // Reclaiming at join means a new process finds the quota its
                 // dead predecessors held already returned. It runs with our
                 // own slot as the claimant, so should we die mid-way the
-                // next joiner can take the claim over.
-                self.reclaim_dead(live, Some(m));
+                // next joiner can take the claim over. Only slots holding
+                // memory are checked: a liveness check is a system call per
+                // slot, and when hundreds of processes start at once none of
+                // them holds anything yet. Dead slots that hold nothing cost
+                // only a slot; the manager's reaper frees them.
+                self.reclaim(live, Some(m), true);
                 return Ok(m);
             }
         }
@@ -248,6 +252,11 @@ impl State {
     }
 
     /// Reserves `bytes` on `dev` for `m`, refusing anything over `limit`.
+    ///
+    /// One operation per member and device at a time: a slot's intent word
+    /// has room for one, so threads of one process that allocate
+    /// concurrently must serialise their calls (the hook holds a lock per
+    /// device around them; it is not on the launch path).
     pub fn reserve(&self, m: Member, dev: usize, bytes: u64, limit: u64) -> Result<(), Refused> {
         let delta = i64::try_from(bytes).map_err(|_| Refused::TooLarge(bytes))?;
         let r = self.apply(m.slot, dev, delta, Some(limit));
@@ -408,6 +417,26 @@ impl State {
     /// abandoned reclaim. `by` is the caller's own membership (a hook), or
     /// `None` for the manager. Returns what was reclaimed.
     pub fn reclaim_dead(&self, live: &dyn Liveness, by: Option<Member>) -> Vec<Reclaimed> {
+        self.reclaim(live, by, false)
+    }
+
+    /// Whether a slot holds memory on any device (a pending operation of
+    /// its own counts: it may be about to).
+    fn holds_anything(&self, slot: usize) -> bool {
+        (0..MAX_DEVICES).any(|d| {
+            self.slot_usage(slot, d) != 0
+                || Reserved::unpack(self.map.devices[d].reserved.load(Ordering::Acquire))
+                    .pending
+                    .is_some_and(|(s, _)| s == slot)
+        })
+    }
+
+    fn reclaim(
+        &self,
+        live: &dyn Liveness,
+        by: Option<Member>,
+        holding_only: bool,
+    ) -> Vec<Reclaimed> {
         let (by_slot, by_gen) = match by {
             Some(m) => (m.slot as u32, gen_low(m.generation)),
             None => (MANAGER_RECLAIMER, 0),
@@ -419,6 +448,9 @@ impl State {
             let (generation, identity) = match Owner::unpack(word) {
                 Owner::Free { .. } => continue,
                 Owner::Alive { generation, .. } => {
+                    if holding_only && !self.holds_anything(i) {
+                        continue;
+                    }
                     let id = self.identity(i);
                     if live.check(&id) != Some(false) {
                         continue;

@@ -101,6 +101,27 @@ fn dead_process_quota_returns_at_next_join() {
     st.audit().unwrap();
 }
 
+/// A joiner checks only slots that hold memory (a liveness check is a
+/// system call); dead slots holding nothing wait for the manager's reaper.
+#[test]
+fn join_reclaims_holders_and_leaves_empty_slots_to_the_reaper() {
+    let (_d, st) = setup();
+    let live = Fake::default();
+    let holder = st.join(&ident(80), &live).unwrap();
+    let _idle = st.join(&ident(81), &live).unwrap();
+    st.reserve(holder, 0, 4096, LIMIT).unwrap();
+    live.kill(80);
+    live.kill(81);
+    st.join(&ident(82), &live).unwrap();
+    assert_eq!(st.reserved(0), 0);
+    let pids: Vec<u32> = st.processes(1).iter().map(|p| p.identity.pid).collect();
+    assert!(pids.contains(&81) && !pids.contains(&80), "{pids:?}");
+    let reaped = st.reclaim_dead(&live, None);
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(reaped[0].identity.pid, 81);
+    assert_eq!(st.processes(1).len(), 1);
+}
+
 /// Simulates a process killed after writing its intent but before the
 /// admission CAS: nothing was admitted, so nothing must be charged.
 #[test]
@@ -347,6 +368,8 @@ fn sigkilled_processes_leave_nothing_held() {
     assert_eq!(st.reserved(0), 0);
     st.audit().unwrap();
     st.reserve(me, 0, LIMIT, LIMIT).unwrap();
+    // Children killed before they held anything are the reaper's to free.
+    st.reclaim_dead(&LocalLiveness::thorough(), None);
     assert_eq!(st.processes(1).len(), 1);
     let _: Member = me;
 }
