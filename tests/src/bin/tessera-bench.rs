@@ -1,10 +1,10 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|all [--calls N] [--runs N]`.
+//! tessera-bench -- sim|hook|compute|all [--calls N] [--runs N]`.
 
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench;
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N]\nsections: sim (simulated driver launch cost), hook (shim cost per call, join time), all";
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N]\nsections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), all";
 
 fn main() -> Result<()> {
     let mut sections = Vec::new();
@@ -33,6 +33,10 @@ fn main() -> Result<()> {
         }
         if matches!(s.as_str(), "hook" | "all") {
             tables.extend(bench::hook::tables(calls, runs).map_err(anyhow::Error::msg)?);
+        }
+        if matches!(s.as_str(), "compute" | "all") {
+            let measure = std::time::Duration::from_secs(10);
+            tables.extend(bench::compute::tables(measure).map_err(anyhow::Error::msg)?);
         }
         if tables.is_empty() {
             bail!("unknown section {s}\n{USAGE}");
