@@ -993,6 +993,17 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_drain_report_is_not_charged() {
+        // Reports arrive 3 ms after the work ended (a slow wake-up); the
+        // charge ends when the work did, so the cap still yields 30% busy
+        // rather than 30% of held time padded with reporting delays.
+        let mut w = World::new(cfg(), vec![(client(1, MS, 2), 300_000, Policy::Guaranteed)]);
+        w.drain_report_ns = 3 * MS;
+        w.run_until(11 * S);
+        near("capped", w.busy(1, 2 * S, 11 * S), 30.0, 1.0);
+    }
+
+    #[test]
     fn hand_overs_are_reported() {
         let mut w = World::new(
             cfg(),
@@ -1016,5 +1027,10 @@ mod tests {
             handovers.iter().all(|&ns| ns <= 2 * MS + 300 * US),
             "{handovers:?}"
         );
+        // Alone and capped, the GPU idles between grants: no hand-overs.
+        let mut w = World::new(cfg(), vec![(client(1, MS, 2), 300_000, Policy::Guaranteed)]);
+        w.run_until(2 * S);
+        assert!(w.grants_of(1).len() > 20);
+        assert!(!w.events.iter().any(|e| matches!(e, Event::Handover { .. })));
     }
 }
