@@ -523,6 +523,8 @@ mod tests {
         granted: bool,
         wakes_at: u64,
         inflight: VecDeque<u64>,
+        /// End of its last kernel: when its drain is done.
+        last_end: u64,
         launches: u64,
         /// Kernels that ran: (start, end).
         ran: Vec<(u64, u64)>,
@@ -565,12 +567,9 @@ mod tests {
             if c.stuck {
                 return None;
             }
-            // The report says when the last kernel ended.
-            match c.inflight.back() {
-                None => Some(self.now),
-                Some(&end) if end + self.report_ns <= self.now => Some(end),
-                Some(_) => None,
-            }
+            // The report, `report_ns` after the last kernel ended, says
+            // when it ended.
+            (c.last_end + self.report_ns <= self.now).then_some(c.last_end)
         }
     }
 
@@ -603,6 +602,7 @@ mod tests {
             granted: false,
             wakes_at: 0,
             inflight: VecDeque::new(),
+            last_end: 0,
             launches: 0,
             ran: Vec::new(),
             stuck: false,
@@ -646,6 +646,7 @@ mod tests {
                             let stop = start + c.kernel_ns;
                             self.engine_free = stop;
                             c.inflight.push_back(stop);
+                            c.last_end = stop;
                             c.ran.push((start, stop));
                             c.launches += 1;
                         }
@@ -685,9 +686,7 @@ mod tests {
                     if let Some(&e) = c.inflight.front() {
                         at(e);
                     }
-                    if let Some(&e) = c.inflight.back() {
-                        at(e + self.drain_report_ns);
-                    }
+                    at(c.last_end + self.drain_report_ns);
                     at(c.wakes_at);
                     at(c.from);
                     at(c.until);
