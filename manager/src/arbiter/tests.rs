@@ -404,3 +404,52 @@ fn percentiles_are_nearest_rank() {
     assert_eq!(percentile(&v, 100.0), Some(100));
     assert_eq!(percentile(&v, 0.0), Some(1));
 }
+
+#[test]
+fn processes_of_one_allocation_share_its_grant() {
+    let _s = serial();
+    let arb = Arbiter::new(ArbiterConfig::default()).unwrap();
+    let a = alloc("two-procs", 500_000, Policy::Burst);
+    let b = alloc("one-proc", 500_000, Policy::Burst);
+    arb.add_allocation(a.files(), 0).unwrap();
+    arb.add_allocation(b.files(), 0).unwrap();
+    let engine = Arc::new(Engine::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let k = Duration::from_millis(1);
+    // Two processes of `a` count in one slot of the engine's books.
+    let workers = [
+        saturate(process(&a, 111, None), engine.clone(), 0, k, stop.clone()),
+        saturate(process(&a, 112, None), engine.clone(), 0, k, stop.clone()),
+        saturate(process(&b, 113, None), engine.clone(), 1, k, stop.clone()),
+    ];
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = busy_over(&engine, 2, Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    eprintln!("busy {busy:?}");
+    // A grant per process would give `a` two thirds.
+    let total: f64 = busy.iter().sum();
+    within("a's part", busy[0] / total * 100.0, 50.0, 8.0);
+}
+
+#[test]
+fn shares_and_policies_are_reread_from_the_control_file() {
+    let _s = serial();
+    let arb = Arbiter::new(ArbiterConfig::default()).unwrap();
+    let a = alloc("reread", 200_000, Policy::Burst);
+    arb.add_allocation(a.files(), 0).unwrap();
+    let rw = Control::open_rw(&a.dir.join("control")).unwrap();
+    rw.set_compute_share(0, 400_000).unwrap();
+    rw.set_policy(0, Policy::Guaranteed).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let s = &arb.stats()[0];
+        if s.target_ppm == 400_000 && s.policy == Policy::Guaranteed {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "still {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
