@@ -19,8 +19,10 @@
 //! - **Wait.** Otherwise the process counts itself in `waiters` (demand), and
 //!   sleeps on the grant word with `FUTEX_WAIT`, which works on the
 //!   read-only mapping of the control file.
-//! - **Drain.** A per-process drainer thread per device sleeps on the same
-//!   word. When the epoch its process last submitted under has ended, it
+//! - **Drain.** A per-process drainer thread per device sleeps on the
+//!   device's `revocations` word, which the arbiter bumps after every
+//!   transition that takes the grant away (grants do not wake it). When
+//!   the epoch its process last submitted under has ended, it
 //!   synchronises what the process submitted ([`Drain`]), stores
 //!   `drained_epoch` and rings [`DeviceState::drain_signal`]. The arbiter
 //!   moves the grant on only when every live process that submitted under
@@ -141,6 +143,12 @@ impl Control {
         // old word (see the module docs).
         fence(Ordering::SeqCst);
         futex_wake_all(word);
+        if flags & grant::GRANTED == 0 {
+            // After the word: a drainer reads the counter, then the word.
+            let rev = &self.device(dev).revocations;
+            rev.fetch_add(1, Ordering::AcqRel);
+            futex_wake_all(rev);
+        }
         Ok(new)
     }
 
@@ -192,6 +200,13 @@ pub struct Undrained {
 }
 
 impl State {
+    /// The slots a compute gate was ever set up in (the rest never
+    /// submitted work, waited or drained).
+    fn gate_slot_range(&self) -> &[crate::layout::Slot] {
+        let n = (self.raw().header.gate_slots.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
+        &self.raw().slots[..n]
+    }
+
     /// Processes with a thread blocked at device `dev`'s gate. The shared
     /// counter is only a filter: what counts are the live slots' own bits,
     /// so a count left behind by a killed process is not demand.
@@ -200,8 +215,7 @@ impl State {
             return 0;
         }
         let bit = 1u32 << dev;
-        self.raw()
-            .slots
+        self.gate_slot_range()
             .iter()
             .filter(|s| {
                 matches!(
@@ -218,7 +232,7 @@ impl State {
         if dev >= MAX_DEVICES {
             return 0;
         }
-        self.raw().slots.iter().fold(0u64, |acc, s| {
+        self.gate_slot_range().iter().fold(0u64, |acc, s| {
             acc.wrapping_add(s.devices[dev].launches.load(Ordering::Relaxed))
         })
     }
@@ -239,7 +253,7 @@ impl State {
             return Vec::new();
         }
         let mut out = Vec::new();
-        for (i, s) in self.raw().slots.iter().enumerate() {
+        for (i, s) in self.gate_slot_range().iter().enumerate() {
             let owner = s.owner.load(Ordering::Acquire);
             if !matches!(Owner::unpack(owner), Owner::Alive { .. }) {
                 continue;
@@ -397,6 +411,12 @@ impl Gate {
         }
         // Bits a previous occupant of the slot left are not ours.
         forget_waiting(state.raw(), member.slot);
+        // Before any submission: the arbiter's scans must reach this slot.
+        state
+            .raw()
+            .header
+            .gate_slots
+            .fetch_max(member.slot as u32 + 1, Ordering::AcqRel);
         let n_devices = control.n_devices();
         Ok(Gate {
             inner: Arc::new(Inner {
@@ -452,7 +472,7 @@ impl Gate {
     pub fn stop(&self) {
         self.inner.stop.store(true, Ordering::Release);
         for dev in 0..self.inner.n_devices {
-            futex_wake_all(&self.inner.control.device(dev).grant);
+            futex_wake_all(&self.inner.control.device(dev).revocations);
         }
     }
 }
@@ -643,9 +663,13 @@ impl Inner {
     fn drainer(&self, dev: usize) {
         set_timer_slack();
         let g = &self.dev_control(dev).grant;
+        let rev = &self.dev_control(dev).revocations;
         let sd = self.slot_dev(dev);
         let ds = self.dev_state(dev);
         while !self.stop.load(Ordering::Acquire) {
+            // The counter first: a revocation after this read changes it,
+            // so the sleep below cannot miss one.
+            let r = rev.load(Ordering::Acquire);
             let w = g.load(Ordering::Acquire);
             let le = sd.launch_epoch.load(Ordering::Acquire);
             if le != grant::epoch(w) && sd.drained_epoch.load(Ordering::Relaxed) != le {
@@ -665,7 +689,9 @@ impl Inner {
                 futex_wake_all(&ds.drain_signal);
                 continue;
             }
-            futex_wait(g, w, 500_000_000);
+            // Sleeps through grants (the launching threads need the CPU
+            // then), wakes on revocations.
+            futex_wait(rev, r, 500_000_000);
         }
     }
 }
@@ -757,6 +783,19 @@ mod tests {
             assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn scans_stop_at_the_last_gate_slot() {
+        let f = files(300_000);
+        let g = gate(&f, 19, Arc::default(), Arc::default());
+        let top = g.member().slot as u32 + 1;
+        assert_eq!(f.state.raw().header.gate_slots.load(Ordering::SeqCst), top);
+        // A slot beyond it (no gate ever set up there) is not looked at.
+        let far = &f.state.slot(top as usize + 5).devices[0];
+        far.launches.store(7, Ordering::SeqCst);
+        assert_eq!(f.state.launches(0), 0);
+        g.stop();
     }
 
     #[test]
@@ -953,7 +992,13 @@ mod tests {
     fn a_killed_waiter_leaves_no_demand() {
         let f = files(300_000);
         let m = member(f.state, 16);
-        // As if the process registered at the gate, then was killed.
+        // As if the process set up its gate, registered at it, then was
+        // killed.
+        f.state
+            .raw()
+            .header
+            .gate_slots
+            .fetch_max(m.slot as u32 + 1, Ordering::SeqCst);
         f.state.device(0).waiters.fetch_add(1, Ordering::SeqCst);
         f.state
             .slot(m.slot)
@@ -985,6 +1030,13 @@ mod tests {
             Err(ShmError::ReadOnly(_))
         ));
         assert!(matches!(f.control.beat(1), Err(ShmError::ReadOnly(_))));
+        // Drainers sleep on the revocation counter: grants leave it alone.
+        let rev = || f.control.device(0).revocations.load(Ordering::SeqCst);
+        f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+        assert_eq!(rev(), 0);
+        f.arbiter.publish_grant(0, 0).unwrap();
+        f.arbiter.publish_grant(0, grant::OPEN).unwrap();
+        assert_eq!(rev(), 2);
         let e = f.arbiter.publish_grant(3, grant::GRANTED).unwrap_err();
         assert!(e.to_string().contains("device index 3"), "{e}");
         assert!(f.arbiter.set_gate_timeout(0).is_err());

@@ -85,7 +85,10 @@ pub struct DeviceControl {
     pub policy: AtomicU32,
     /// Futex word, see [`grant`].
     pub grant: AtomicU32,
-    pub _pad: u32,
+    /// Futex word the processes' drainers sleep on: bumped after every
+    /// transition that takes the grant away (revoked, or opened), so that
+    /// granting does not wake them.
+    pub revocations: AtomicU32,
     pub reserved: [u64; 5],
 }
 
@@ -108,7 +111,9 @@ pub struct StateHeader {
     pub alloc_id: [u8; ID_LEN],
     /// Where the next joiner starts probing for a free slot.
     pub join_cursor: AtomicU32,
-    pub _pad: u32,
+    /// One past the highest slot a process has set up its compute gate in:
+    /// the arbiter's scans of launch and drain records stop there.
+    pub gate_slots: AtomicU32,
     pub reserved: [u64; 5],
 }
 

@@ -45,6 +45,8 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(DeviceControl, compute_share_ppm), 72);
     assert_eq!(offset_of!(DeviceControl, policy), 76);
     assert_eq!(offset_of!(DeviceControl, grant), 80);
+    assert_eq!(offset_of!(DeviceControl, revocations), 84);
+    assert_eq!(offset_of!(StateHeader, gate_slots), 84);
     assert_eq!(offset_of!(StateFile, devices), 128);
     assert_eq!(offset_of!(StateFile, slots), 128 + 16 * 64);
     assert_eq!(offset_of!(Slot, devices), 64);

@@ -479,6 +479,8 @@ impl Driver {
                     if let Some(m) = self.members.iter().find(|m| m.id == id) {
                         m.publish(grant::GRANTED);
                     }
+                    // Deciding took time (slot scans): charge from now.
+                    self.sched.granted_at(monotonic_ns());
                 }
                 Action::Revoke(id, _) => {
                     if let Some(m) = self.members.iter_mut().find(|m| m.id == id)

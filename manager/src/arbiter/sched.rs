@@ -274,6 +274,24 @@ impl Scheduler {
         self.clients.iter().map(|c| c.id)
     }
 
+    /// Tells the scheduler when the grant it just decided was really
+    /// published (deciding took time): the holder's processes could start
+    /// no earlier, so its charge and quantum start then.
+    pub fn granted_at(&mut self, at: u64) {
+        if let Phase::Held {
+            granted_at,
+            quantum_end,
+            last_activity,
+            ..
+        } = &mut self.phase
+            && at > *granted_at
+        {
+            *quantum_end += at - *granted_at;
+            *last_activity = (*last_activity).max(at);
+            *granted_at = at;
+        }
+    }
+
     /// Events since the last call.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
@@ -989,6 +1007,48 @@ mod tests {
         w.run_until(S + 4 * MS);
         assert_eq!(w.sched.holder(), Some(2));
         assert_eq!(w.sched.clients().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn a_grant_is_charged_from_when_it_was_published() {
+        let mut s = Scheduler::new(cfg());
+        s.add(1, 500_000, Policy::Guaranteed);
+        // A process waits at the gate.
+        let waiting = vec![client(1, MS, 2)];
+        let mut view = FakeView {
+            clients: &waiting,
+            now: S,
+            report_ns: 0,
+        };
+        assert_eq!(s.step(S, &mut view), Action::Grant(1));
+        // Published 300 µs after the decision; then the process has
+        // nothing to run (no launches, not waiting): released when idle.
+        let published = S + 300 * US;
+        s.granted_at(published);
+        let mut idle = vec![client(1, MS, 2)];
+        idle[0].until = 0;
+        idle[0].granted = true;
+        let mut view = FakeView {
+            clients: &idle,
+            now: published + cfg().idle_release_ns,
+            report_ns: 0,
+        };
+        assert_eq!(s.step(view.now, &mut view), Action::Revoke(1, Reason::Idle));
+        view.now += 10 * US;
+        assert!(matches!(s.step(view.now, &mut view), Action::Wait { .. }));
+        let charged: Vec<(u64, u64)> = s
+            .take_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Charged { start, end, .. } => Some((start, end)),
+                _ => None,
+            })
+            .collect();
+        // Nothing ran: the drain ended with the revocation.
+        assert_eq!(
+            charged,
+            vec![(published, published + cfg().idle_release_ns)]
+        );
     }
 
     #[test]

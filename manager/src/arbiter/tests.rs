@@ -370,6 +370,12 @@ fn a_dead_process_does_not_hold_up_a_drain() {
         }
     }
     let m = a.state.join(&dead, &Alive).unwrap();
+    // It had set up its gate.
+    a.state
+        .raw()
+        .header
+        .gate_slots
+        .fetch_max(m.slot as u32 + 1, Ordering::SeqCst);
     arb.add_allocation(a.files(), 0).unwrap();
     arb.add_allocation(b.files(), 0).unwrap();
     // `a` asks for the GPU through a live process, gets it, and the dead
