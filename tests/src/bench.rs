@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 pub mod compute;
 pub mod hook;
+pub mod race;
 
 use crate::probe::Mode;
 use crate::sim::SimNode;

@@ -1,48 +1,305 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|all [--calls N] [--runs N]`.
+//! tessera-bench -- sim|hook|compute|race|all [--calls N] [--runs N] [--measure SECS]
+//! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
+//! measured, target, verdict) before every section's own tables.
+
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use tessera_e2e::bench;
+use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N]\nsections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), all";
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
+sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), race (processes racing one memory limit), all (a summary table, then every section)
+--measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
+
+struct Options {
+    calls: u64,
+    runs: usize,
+    measure: Duration,
+    processes: usize,
+    race_for: Duration,
+}
 
 fn main() -> Result<()> {
     let mut sections = Vec::new();
-    let mut calls: u64 = 1_000_000;
-    let mut runs: usize = 5;
+    let mut o = Options {
+        calls: 1_000_000,
+        runs: 5,
+        measure: Duration::from_secs(10),
+        processes: 16,
+        race_for: Duration::from_secs(5),
+    };
+    let secs = |v: Option<String>, what: &str| -> Result<Duration> {
+        let s: f64 = v.context(USAGE)?.parse().context(what.to_string())?;
+        if !(s.is_finite() && s > 0.0) {
+            bail!("{what} must be a positive number of seconds");
+        }
+        Ok(Duration::from_secs_f64(s))
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--calls" => calls = args.next().context(USAGE)?.parse().context("--calls")?,
-            "--runs" => runs = args.next().context(USAGE)?.parse().context("--runs")?,
+            "--calls" => o.calls = args.next().context(USAGE)?.parse().context("--calls")?,
+            "--runs" => o.runs = args.next().context(USAGE)?.parse().context("--runs")?,
+            "--processes" => {
+                o.processes = args.next().context(USAGE)?.parse().context("--processes")?;
+            }
+            "--measure" => o.measure = secs(args.next(), "--measure")?,
+            "--race-secs" => o.race_for = secs(args.next(), "--race-secs")?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
             }
             s if s.starts_with('-') => bail!("unknown option {s}\n{USAGE}"),
-            s => sections.push(s.to_string()),
+            s if ["sim", "hook", "compute", "race", "all"].contains(&s) => {
+                sections.push(s.to_string());
+            }
+            s => bail!("unknown section {s}\n{USAGE}"),
         }
     }
     if sections.is_empty() {
         bail!("{USAGE}");
     }
     for s in &sections {
+        let all = s == "all";
         let mut tables = Vec::new();
-        if matches!(s.as_str(), "sim" | "all") {
-            tables.push(bench::sim_launch_cost(calls, runs).map_err(anyhow::Error::msg)?);
+        let mut sim = None;
+        let mut hook = Vec::new();
+        let mut compute = Vec::new();
+        let mut race = None;
+        if all || s == "sim" {
+            let t = bench::sim_launch_cost(o.calls, o.runs).map_err(anyhow::Error::msg)?;
+            sim = Some(t.clone());
+            tables.push(t);
         }
-        if matches!(s.as_str(), "hook" | "all") {
-            tables.extend(bench::hook::tables(calls, runs).map_err(anyhow::Error::msg)?);
+        if all || s == "hook" {
+            hook = bench::hook::tables(o.calls, o.runs).map_err(anyhow::Error::msg)?;
+            tables.extend(hook.iter().cloned());
         }
-        if matches!(s.as_str(), "compute" | "all") {
-            let measure = std::time::Duration::from_secs(10);
-            tables.extend(bench::compute::tables(measure).map_err(anyhow::Error::msg)?);
+        if all || s == "compute" {
+            compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
+            tables.extend(compute.iter().cloned());
         }
-        if tables.is_empty() {
-            bail!("unknown section {s}\n{USAGE}");
+        if all || s == "race" {
+            let r = bench::race::race(o.processes, o.race_for).map_err(anyhow::Error::msg)?;
+            tables.push(bench::race::table(&r, o.processes, o.race_for));
+            race = Some(r);
+        }
+        if all {
+            let summary = summary(sim.as_ref(), &hook, &compute, race.as_ref(), &o)?;
+            println!("{}", summary.render());
         }
         for table in tables {
             println!("{}", table.render());
+        }
+    }
+    Ok(())
+}
+
+/// The cell of `table` in column `column`, on the first row that `pick`
+/// accepts, as a number.
+fn cell(table: &Table, pick: impl Fn(&[String]) -> bool, column: &str) -> Result<f64> {
+    let c = table
+        .columns
+        .iter()
+        .position(|n| n == column)
+        .with_context(|| format!("no column {column:?} in {:?}", table.title))?;
+    let row = table
+        .rows
+        .iter()
+        .find(|r| pick(r))
+        .with_context(|| format!("no matching row in {:?}", table.title))?;
+    row.get(c)
+        .and_then(|v| v.trim_start_matches('+').parse().ok())
+        .with_context(|| format!("{column:?} of {row:?} is not a number"))
+}
+
+fn verdict(ok: bool) -> String {
+    if ok { "ok" } else { "MISS" }.to_string()
+}
+
+/// One row per headline figure, read from the sections' tables (which keep
+/// the detail and the method).
+fn summary(
+    sim: Option<&Table>,
+    hook: &[Table],
+    compute: &[Table],
+    race: Option<&bench::race::RaceResult>,
+    o: &Options,
+) -> Result<Table> {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut push = |figure: String, measured: String, target: &str, v: String| {
+        rows.push(vec![figure, measured, target.to_string(), v]);
+    };
+    if let Some(t) = sim {
+        for mode in ["link", "dlopen", "procaddr"] {
+            let ns = cell(t, |r| r[0] == mode, "ns/call")?;
+            push(
+                format!("simulated cuLaunchKernel ({mode})"),
+                format!("{ns:.1} ns"),
+                "-",
+                "-".into(),
+            );
+        }
+    }
+    if let [calls, join, ..] = hook {
+        for (call, name, bound) in [
+            ("cuLaunchKernel", "shim added per launch", 20.0),
+            (
+                "cuMemAlloc_v2 + cuMemFree_v2",
+                "shim added per alloc/free pair",
+                1000.0,
+            ),
+        ] {
+            for mode in ["link", "dlopen", "procaddr"] {
+                let pick = |r: &[String]| r[0] == mode && r[1] == call && r[2] == "governed";
+                let added = cell(calls, pick, "added ns")?;
+                let ratio = cell(calls, pick, "ratio")?;
+                push(
+                    format!("{name} ({mode})"),
+                    format!("{added:+.1} ns (x{ratio:.3})"),
+                    if bound < 100.0 { "<= 20 ns" } else { "<= 1 us" },
+                    verdict(added <= bound),
+                );
+            }
+        }
+        for (what, p50_bound, p99_bound) in [("wall", 1000.0, 10_000.0), ("CPU", 1000.0, 10_000.0)]
+        {
+            let name = format!("released together: shim's join, {what}");
+            let pick = |r: &[String]| r[0] == name;
+            let p50 = cell(join, pick, "p50")?;
+            let p99 = cell(join, pick, "p99")?;
+            push(
+                format!("join at 256 processes, {what} p50 / p99"),
+                format!("{:.2} / {:.2} ms", p50 / 1000.0, p99 / 1000.0),
+                "< 1 / < 10 ms",
+                verdict(p50 < p50_bound && p99 < p99_bound),
+            );
+        }
+    }
+    if let Some(shares) = compute.first() {
+        compute_rows(shares, &mut push)?;
+    }
+    if let Some(r) = race {
+        push(
+            format!(
+                "memory race, {} processes, {} s: bytes over the limit",
+                o.processes,
+                o.race_for.as_secs_f64()
+            ),
+            format!(
+                "{} (peak {:.1} of {:.0} MiB, {} samples, {} admitted / {} refused)",
+                r.over_limit,
+                r.peak as f64 / (1u64 << 20) as f64,
+                r.limit as f64 / (1u64 << 20) as f64,
+                r.samples,
+                r.admitted,
+                r.refused
+            ),
+            "0",
+            verdict(r.over_limit == 0 && r.inconsistent == 0 && r.samples > 0),
+        );
+    }
+    Ok(Table {
+        title: "Summary (details in the tables below)".into(),
+        columns: ["figure", "measured", "target / bound", "verdict"]
+            .map(String::from)
+            .to_vec(),
+        rows,
+        notes: vec![
+            "shim rows: governed (in an allocation), fastest run; join: all started and waiting, then released at once; compute: achieved = busy time on the simulated GPU (ground truth).".into(),
+        ],
+    })
+}
+
+/// Rows of the compute shares table: one per scenario, target vs achieved,
+/// GPU busy, hand-over p50/p99.
+fn compute_rows(shares: &Table, push: &mut impl FnMut(String, String, &str, String)) -> Result<()> {
+    let col = |name: &str| {
+        shares
+            .columns
+            .iter()
+            .position(|c| c == name)
+            .with_context(|| format!("no column {name:?} in the compute table"))
+    };
+    let (sc, al, ach, busy, p50, p99) = (
+        col("scenario")?,
+        col("allocation")?,
+        col("achieved %")?,
+        col("GPU busy %")?,
+        col("hand-over p50 ms")?,
+        col("p99 ms")?,
+    );
+    // Scenarios: a first row with the name and the GPU's figures, then one
+    // row per further allocation.
+    let mut groups: Vec<Vec<&Vec<String>>> = Vec::new();
+    for r in &shares.rows {
+        if !r[sc].is_empty() || groups.is_empty() {
+            groups.push(Vec::new());
+        }
+        if let Some(g) = groups.last_mut() {
+            g.push(r);
+        }
+    }
+    let num = |s: &str| -> Result<f64> { s.parse().with_context(|| format!("{s:?}: no number")) };
+    for g in groups {
+        let name = &g[0][sc];
+        let gpu = num(&g[0][busy])?;
+        let mut targets = Vec::new();
+        let mut achieved = Vec::new();
+        let mut burst = false;
+        for r in &g {
+            let (policy, pct) = r[al]
+                .split_once(' ')
+                .with_context(|| format!("allocation {:?}", r[al]))?;
+            burst |= policy == "burst";
+            targets.push(num(pct.trim_end_matches('%'))?);
+            achieved.push(num(&r[ach])?);
+        }
+        let list = |v: &[f64], p: usize| {
+            v.iter()
+                .map(|x| format!("{x:.p$}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let (target, ok) = if burst {
+            let even = 100.0 / achieved.len() as f64;
+            let total: f64 = achieved.iter().sum();
+            let split_ok = achieved
+                .iter()
+                .all(|a| (a / total.max(1e-9) * 100.0 - even).abs() <= 2.0);
+            ("GPU >= 95%, even split +-2 pp", gpu >= 95.0 && split_ok)
+        } else if g.len() == 1 {
+            (
+                "share -1 pp .. share",
+                achieved[0] >= targets[0] - 1.0 && achieved[0] <= targets[0] + 0.1,
+            )
+        } else {
+            (
+                "each within 1 pp",
+                achieved
+                    .iter()
+                    .zip(&targets)
+                    .all(|(a, t)| (a - t).abs() <= 1.0),
+            )
+        };
+        push(
+            format!("compute {name}: target -> achieved %"),
+            format!(
+                "{} -> {} (GPU busy {gpu:.2}%)",
+                list(&targets, 0),
+                list(&achieved, 2)
+            ),
+            target,
+            verdict(ok),
+        );
+        if g[0][p50] != "-" {
+            push(
+                format!("compute {name}: hand-over p50 / p99"),
+                format!("{} / {} ms", g[0][p50], g[0][p99]),
+                "-",
+                "-".into(),
+            );
         }
     }
     Ok(())
