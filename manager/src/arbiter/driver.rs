@@ -25,6 +25,10 @@ const PARAMS_NS: u64 = 5_000_000;
 /// A "has work" verdict backed by live slots is trusted this long while
 /// the waiter counter does not change.
 const DEMAND_TRUST_NS: u64 = 100_000_000;
+/// A "no work" verdict despite a non-zero counter (a count no live slot's
+/// bit backs) is trusted only this long: a process sets its bit just after
+/// counting itself, and a verdict taken in between must not stand.
+const PHANTOM_TRUST_NS: u64 = 2_000_000;
 /// How often slots that have not drained are checked for dead processes.
 const LIVENESS_NS: u64 = 20_000_000;
 
@@ -116,9 +120,16 @@ impl Member {
             self.demand = None;
             return false;
         }
+        let trust = |verdict: bool| {
+            if verdict {
+                DEMAND_TRUST_NS
+            } else {
+                PHANTOM_TRUST_NS
+            }
+        };
         if let Some((c, verdict, at)) = self.demand
             && c == counter
-            && (!verdict || now.saturating_sub(at) < DEMAND_TRUST_NS)
+            && now.saturating_sub(at) < trust(verdict)
         {
             return verdict;
         }
@@ -568,5 +579,67 @@ fn set_timer_slack() {
     // only the calling thread; failure just leaves the default slack.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use tessera_shm::{ControlSpec, DeviceSpec, create_allocation_files};
+
+    #[test]
+    fn a_waiter_caught_between_counting_and_flagging_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ControlSpec::new(
+            "demand",
+            vec![DeviceSpec {
+                uuid: "GPU-00000000-0000-0000-0000-0000000000d1".into(),
+                memory_limit_bytes: 1 << 20,
+                compute_share_ppm: 300_000,
+                policy: Policy::Burst,
+            }],
+        );
+        let (c, s) = create_allocation_files(dir.path(), &spec).unwrap();
+        let files = Arc::new(super::super::OpenFiles::open(&c, &s).unwrap());
+        let state = files.state();
+        let me = ProcIdentity {
+            pid: 4242,
+            pidns: 0,
+            start_time: 0,
+        };
+        let m = state.join(&me, &LocalLiveness::quick()).unwrap();
+        state
+            .raw()
+            .header
+            .gate_slots
+            .store(m.slot as u32 + 1, Ordering::SeqCst);
+        let mut member = Member {
+            id: 1,
+            files: files.clone(),
+            dev: 0,
+            revoked_epoch: 0,
+            settle_by: None,
+            demand: None,
+            dead: Vec::new(),
+            last_liveness: 0,
+            undrained_seen: 0,
+        };
+        // Counted, not yet flagged: no demand yet.
+        state.device(0).waiters.fetch_add(1, Ordering::SeqCst);
+        let t = 1_000_000_000;
+        assert!(!member.waiting(t));
+        // Flagged; the counter did not change.
+        state
+            .slot(m.slot)
+            .gate_waiting
+            .fetch_or(1, Ordering::SeqCst);
+        assert!(
+            member.waiting(t + PHANTOM_TRUST_NS),
+            "the earlier verdict stood"
+        );
+        // A settling member (its earlier work still draining) has none.
+        member.settle_by = Some(t);
+        assert!(!member.waiting(t + PHANTOM_TRUST_NS));
     }
 }
