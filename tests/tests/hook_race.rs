@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use hook_support::*;
 use tessera_e2e::Mode;
+use tessera_e2e::bench::race::frozen;
 use tessera_shm::LocalLiveness;
 
 const LIMIT: u64 = 64 * MI;
@@ -91,43 +92,13 @@ fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers
     }
 }
 
-/// Whether every thread of `pid` is stopped (or the process is gone).
-fn stopped(pid: i32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return true;
-    };
-    tasks.flatten().all(|t| {
-        let who = format!("{pid}/task/{}", t.file_name().to_string_lossy());
-        match tessera_shm::process::stat_of(&who) {
-            Some((state, _)) => matches!(state, 'T' | 't' | 'Z' | 'X'),
-            None => true,
-        }
-    })
-}
-
 /// Stops every racer, waits until each of their threads is stopped (or
 /// gone), returns the device's ground truth and the allocation's reserved
 /// total at that instant, and lets them run again.
 fn sample(sim: &Sim, racers: &Racers) -> (u64, u64) {
     let racers = racers.lock().unwrap();
-    for &pid in racers.iter() {
-        // SAFETY: our own children, not yet reaped (removed before reaping).
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-    }
-    for &pid in racers.iter() {
-        while !stopped(pid) {
-            std::thread::yield_now();
-        }
-    }
-    let got = (sim.used(0), sim.state().reserved(0));
-    assert!(
-        racers.iter().all(|&pid| stopped(pid)),
-        "a racer ran during the sample"
-    );
-    for &pid in racers.iter() {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-    }
+    let (got, still) = frozen(&racers, || (sim.used(0), sim.state().reserved(0)));
+    assert!(still, "a racer ran during the sample");
     got
 }
 
