@@ -22,6 +22,8 @@ pub enum NodeApiError {
     Kube(#[from] kube::Error),
     #[error("kubernetes client config: {0}")]
     Config(String),
+    #[error("{0} not found")]
+    NotFound(String),
 }
 
 /// The node object, as far as labels go.
@@ -44,15 +46,19 @@ pub(crate) struct KubeNodeApi {
 }
 
 impl KubeNodeApi {
-    pub(crate) async fn new() -> Result<Self, NodeApiError> {
-        // kube's TLS client takes the process-wide rustls provider; name it,
-        // so that a second provider compiled into the binary is no ambiguity.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = kube::Client::try_default().await?;
-        Ok(Self {
+    pub(crate) fn with_client(client: kube::Client) -> Self {
+        Self {
             nodes: kube::Api::all(client),
-        })
+        }
     }
+}
+
+/// A Kubernetes client from the in-cluster config or a kubeconfig.
+pub(crate) async fn kube_client() -> Result<kube::Client, NodeApiError> {
+    // kube's TLS client takes the process-wide rustls provider; name it,
+    // so that a second provider compiled into the binary is no ambiguity.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(kube::Client::try_default().await?)
 }
 
 impl NodeApi for KubeNodeApi {

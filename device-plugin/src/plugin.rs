@@ -17,11 +17,12 @@ use tokio_stream::wrappers::UnixListenerStream;
 use crate::allocate::HostPaths;
 use crate::config::{Config, ConfigError};
 use crate::manager::{GrpcManager, ManagerApi};
-use crate::node_labels::{KubeNodeApi, NodeApiError};
-use crate::pod_resources::{GrpcPodResources, OrphanTracker, PodResourcesApi};
+use crate::node_labels::{KubeNodeApi, NodeApiError, kube_client};
+use crate::pod_resources::{GrpcPodResources, KubePodApi, OrphanTracker, PodApi, PodResourcesApi};
 use crate::registration::{file_id, register};
 use crate::service::{PluginService, plugin_options};
 use crate::state::PluginState;
+use crate::testing::FakePods;
 
 /// The extended resource the plugin advertises.
 pub const RESOURCE_NAME: &str = "tessera.dev/vgpu";
@@ -70,6 +71,9 @@ pub struct Options {
     /// Node labels to assume when the Kubernetes API is not used.
     pub static_labels: BTreeMap<String, String>,
     pub label_refresh: Duration,
+    /// Pods to read annotations from in place of the Kubernetes API (tests);
+    /// used whether or not `use_kube` is set.
+    pub fake_pods: Option<FakePods>,
     pub pod_resources_interval: Duration,
     /// An allocation without a pod for this long is deleted.
     pub orphan_grace: Duration,
@@ -98,6 +102,7 @@ impl Options {
             use_kube: false,
             static_labels: BTreeMap::new(),
             label_refresh: Duration::from_secs(60),
+            fake_pods: None,
             pod_resources_interval: Duration::from_secs(10),
             orphan_grace: Duration::from_secs(60),
             manager_grace: Duration::from_secs(30),
@@ -131,8 +136,11 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         opts.static_labels.clone(),
     ));
 
+    let mut kube = None;
     if opts.use_kube {
-        let api = Arc::new(KubeNodeApi::new().await?);
+        let client = kube_client().await?;
+        kube = Some(client.clone());
+        let api = Arc::new(KubeNodeApi::with_client(client));
         tasks.spawn(crate::node_labels::sync_loop(
             api,
             state.clone(),
@@ -157,13 +165,32 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     }
     if let Some(sock) = &opts.pod_resources_socket {
         let pods = GrpcPodResources::new(sock)?;
-        tasks.spawn(pod_resources_loop(
-            manager.clone(),
-            pods,
+        let (resource, interval, grace) = (
             opts.resource_name.clone(),
             opts.pod_resources_interval,
             opts.orphan_grace,
-        ));
+        );
+        // Pod policies need the Kubernetes API (pod annotations); without
+        // it every allocation keeps the node's policy.
+        if let Some(fake) = opts.fake_pods.clone() {
+            tasks.spawn(pod_resources_loop(
+                manager.clone(),
+                pods,
+                Some(fake),
+                resource,
+                interval,
+                grace,
+            ));
+        } else {
+            tasks.spawn(pod_resources_loop(
+                manager.clone(),
+                pods,
+                kube.map(KubePodApi::new),
+                resource,
+                interval,
+                grace,
+            ));
+        }
     }
 
     tasks.spawn(preload_loop(state.clone(), opts.host.preload_file.clone()));
@@ -394,9 +421,10 @@ async fn config_loop(
     }
 }
 
-async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi>(
+async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     manager: Arc<M>,
     pods: P,
+    pod_api: Option<A>,
     resource: String,
     interval: Duration,
     grace: Duration,
@@ -407,8 +435,14 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi>(
     let mut failing = false;
     loop {
         tick.tick().await;
-        match crate::pod_resources::sync_once(manager.as_ref(), &pods, &resource, &mut tracker)
-            .await
+        match crate::pod_resources::sync_once(
+            manager.as_ref(),
+            &pods,
+            pod_api.as_ref(),
+            &resource,
+            &mut tracker,
+        )
+        .await
         {
             Ok(r) => {
                 failing = false;

@@ -337,6 +337,46 @@ impl FakePodResources {
     }
 }
 
+// ------------------------------------------------------------------- pods
+
+/// (namespace, pod) → annotations.
+type PodAnnotations = BTreeMap<(String, String), BTreeMap<String, String>>;
+
+/// Pods' annotations, as the Kubernetes API would report them; a pod not
+/// set here is not found.
+#[derive(Clone, Default, Debug)]
+pub struct FakePods {
+    pods: Arc<Mutex<PodAnnotations>>,
+}
+
+impl FakePods {
+    /// Sets one pod's annotations.
+    pub fn set(&self, namespace: &str, pod: &str, annotations: &[(&str, &str)]) {
+        lock(&self.pods).insert(
+            (namespace.to_owned(), pod.to_owned()),
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+    }
+}
+
+impl crate::pod_resources::PodApi for FakePods {
+    async fn annotations(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> Result<BTreeMap<String, String>, crate::node_labels::NodeApiError> {
+        lock(&self.pods)
+            .get(&(namespace.to_owned(), pod.to_owned()))
+            .cloned()
+            .ok_or_else(|| {
+                crate::node_labels::NodeApiError::NotFound(format!("pod {namespace}/{pod}"))
+            })
+    }
+}
+
 // ---------------------------------------------------------------- manager
 
 #[derive(Clone)]
@@ -453,6 +493,22 @@ impl Manager for ManagerService {
         let a = allocs
             .get_mut(&r.id)
             .ok_or_else(|| Status::not_found(format!("no allocation {}", r.id)))?;
+        // As the real one: a policy may only become stricter (guaranteed
+        // is stricter than burst); UNSPECIFIED leaves it as it is.
+        let strictness = |p: i32| match mgr::ComputePolicy::try_from(p) {
+            Ok(mgr::ComputePolicy::Guaranteed) => 2,
+            Ok(mgr::ComputePolicy::Burst) => 1,
+            _ => 0,
+        };
+        if r.policy != mgr::ComputePolicy::Unspecified as i32 {
+            if strictness(r.policy) < strictness(a.policy) {
+                return Err(Status::failed_precondition(format!(
+                    "allocation {} may only become stricter",
+                    r.id
+                )));
+            }
+            a.policy = r.policy;
+        }
         a.namespace = r.namespace;
         a.pod = r.pod;
         a.container = r.container;

@@ -8,7 +8,7 @@ mod device_plugin_support;
 use std::time::{Duration, Instant};
 
 use device_plugin_support::*;
-use tessera_device_plugin::testing::FakePodResources;
+use tessera_device_plugin::testing::{FakePodResources, FakePods};
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 use tessera_proto::manager::v1::manager_client::ManagerClient;
@@ -127,5 +127,93 @@ async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
         "deleted before the grace period"
     );
     assert!(find(&node, "cli-job").is_some());
+    node.stop().await;
+}
+
+/// A node whose plugin reads pods' annotations from `pods` (in place of the
+/// Kubernetes API) and polls PodResources often.
+fn node_with_pods(node_policy: &str, pods: &FakePods) -> Node {
+    let pods = pods.clone();
+    Node::start_with(
+        status(&[("GPU-a", 80 * GI, 0, 0)]),
+        &format!("default:\n  computePolicy: {node_policy}\n  slice: {{slicesPerGpu: 8}}\n"),
+        move |o| {
+            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
+            o.pod_resources_interval = Duration::from_millis(50);
+            o.orphan_grace = Duration::from_secs(60);
+            o.fake_pods = Some(pods);
+        },
+    )
+}
+
+#[tokio::test]
+async fn an_annotated_pod_makes_its_allocation_stricter() {
+    let annotations = FakePods::default();
+    let mut node = node_with_pods("burst", &annotations);
+    node.wait_devices("8 slices", |d| d.len() == 8).await;
+    let a = allocate(&node, &["GPU-a::0"]).await;
+    let plain = allocate(&node, &["GPU-a::1"]).await;
+    assert_eq!(
+        find(&node, &a).expect("a").policy,
+        mgr::ComputePolicy::Burst as i32
+    );
+    let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
+    pods.set_pods(&[
+        ("team-a", "strict", "main", RES, strings(&["GPU-a::0"])),
+        ("team-a", "plain", "main", RES, strings(&["GPU-a::1"])),
+    ]);
+    // The Kubernetes API does not know the pods yet: owners are recorded
+    // all the same, under the node's policy.
+    wait_for("owners recorded before the pods can be read", || {
+        find(&node, &a).is_some_and(|x| x.pod == "strict")
+            && find(&node, &plain).is_some_and(|x| x.pod == "plain")
+    })
+    .await;
+    assert_eq!(
+        find(&node, &a).expect("a").policy,
+        mgr::ComputePolicy::Burst as i32
+    );
+    // Once they can be read, the annotated one turns guaranteed.
+    annotations.set(
+        "team-a",
+        "strict",
+        &[("tessera.dev/compute-policy", "guaranteed")],
+    );
+    annotations.set("team-a", "plain", &[("other", "x")]);
+    wait_for("a guaranteed", || {
+        find(&node, &a).is_some_and(|x| x.policy == mgr::ComputePolicy::Guaranteed as i32)
+    })
+    .await;
+    // A few more passes: the unannotated pod keeps the node's policy.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let p = find(&node, &plain).expect("plain");
+    assert_eq!(p.policy, mgr::ComputePolicy::Burst as i32);
+    assert_eq!(p.pod, "plain");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_looser_pod_policy_is_refused_and_the_owner_still_recorded() {
+    let annotations = FakePods::default();
+    annotations.set(
+        "team-a",
+        "loose",
+        &[("tessera.dev/compute-policy", "burst")],
+    );
+    let mut node = node_with_pods("guaranteed", &annotations);
+    node.wait_devices("8 slices", |d| d.len() == 8).await;
+    let a = allocate(&node, &["GPU-a::0"]).await;
+    let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
+    pods.set_pods(&[("team-a", "loose", "main", RES, strings(&["GPU-a::0"]))]);
+    wait_for("owner recorded", || {
+        find(&node, &a).is_some_and(|x| x.pod == "loose")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        find(&node, &a).expect("a").policy,
+        mgr::ComputePolicy::Guaranteed as i32,
+        "burst is looser than the node's guaranteed: not applied"
+    );
     node.stop().await;
 }
