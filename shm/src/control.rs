@@ -295,25 +295,7 @@ impl Control {
     fn validate(&self) -> Result<(), ShmError> {
         let h = &self.map.header;
         let path = &self.path;
-        if h.magic != CONTROL_MAGIC {
-            return Err(ShmError::BadMagic {
-                path: path.clone(),
-                found: h.magic,
-            });
-        }
-        if h.abi_version != ABI_VERSION {
-            return Err(ShmError::AbiMismatch {
-                path: path.clone(),
-                found: h.abi_version,
-                expected: ABI_VERSION,
-            });
-        }
-        if h.size as usize != std::mem::size_of::<ControlFile>() {
-            return Err(ShmError::corrupt(
-                path,
-                format!("header says {} bytes", h.size),
-            ));
-        }
+        check_header::<ControlFile>(path, CONTROL_MAGIC, h.magic, h.abi_version, h.size)?;
         let n = h.n_devices as usize;
         if n == 0 || n > MAX_DEVICES {
             return Err(ShmError::corrupt(path, format!("{n} devices")));
@@ -455,6 +437,34 @@ impl Control {
             .store(policy.to_raw(), Ordering::Release);
         Ok(())
     }
+}
+
+/// Checks the three fields every Tessera file opens with: its magic, the
+/// ABI version, and the size of `T` as the writer knew it.
+pub(crate) fn check_header<T>(
+    path: &Path,
+    magic: u64,
+    found_magic: u64,
+    abi_version: u32,
+    size: u32,
+) -> Result<(), ShmError> {
+    if found_magic != magic {
+        return Err(ShmError::BadMagic {
+            path: path.to_owned(),
+            found: found_magic,
+        });
+    }
+    if abi_version != ABI_VERSION {
+        return Err(ShmError::AbiMismatch {
+            path: path.to_owned(),
+            found: abi_version,
+            expected: ABI_VERSION,
+        });
+    }
+    if size as usize != std::mem::size_of::<T>() {
+        return Err(ShmError::corrupt(path, format!("header says {size} bytes")));
+    }
+    Ok(())
 }
 
 /// Refuses a file whose length is not exactly `size_of::<T>()`: a short one

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::ShmError;
-use crate::control::{check_exact_size, write_atomically};
+use crate::control::{check_exact_size, check_header, write_atomically};
 use crate::layout::*;
 use crate::map::Mapping;
 use crate::process::{Liveness, ProcIdentity};
@@ -123,25 +123,7 @@ impl State {
         check_exact_size::<StateFile>(&file, path)?;
         let map = Mapping::<StateFile>::new(&file, path, true)?;
         let h = &map.header;
-        if h.magic != STATE_MAGIC {
-            return Err(ShmError::BadMagic {
-                path: path.to_owned(),
-                found: h.magic,
-            });
-        }
-        if h.abi_version != ABI_VERSION {
-            return Err(ShmError::AbiMismatch {
-                path: path.to_owned(),
-                found: h.abi_version,
-                expected: ABI_VERSION,
-            });
-        }
-        if h.size as usize != std::mem::size_of::<StateFile>() {
-            return Err(ShmError::corrupt(
-                path,
-                format!("header says {} bytes", h.size),
-            ));
-        }
+        check_header::<StateFile>(path, STATE_MAGIC, h.magic, h.abi_version, h.size)?;
         let mut want = [0u8; ID_LEN];
         want[..alloc_id.len().min(ID_LEN - 1)]
             .copy_from_slice(&alloc_id.as_bytes()[..alloc_id.len().min(ID_LEN - 1)]);
