@@ -224,10 +224,16 @@ async fn a_broken_secret_is_an_error_not_a_silent_new_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keeps_answering_while_certificates_rotate() {
     let store = Arc::new(FakeStore::default());
+    // A client reads the bundle, then connects: the serving certificate may
+    // move to a new CA only once every client can have seen that CA in the
+    // bundle. With no propagation wait at all, a client that read the bundle
+    // just before a rollover and connected just after it would (rightly)
+    // fail; the real default is two minutes, here a fraction of a second.
+    let propagation = Duration::from_millis(200);
     let m = Arc::new(SelfManaged::new(
         store.clone(),
         names(),
-        lifetimes(Duration::ZERO),
+        lifetimes(propagation),
     ));
     let resolver = m.start(OffsetDateTime::now_utc()).await.expect("start");
     let addr = common::start_server(resolver.clone()).await;
@@ -251,14 +257,21 @@ async fn server_keeps_answering_while_certificates_rotate() {
             (ok, leaves.len())
         })
     };
-    // Five CA rollovers: each time the stored CA is made to look old, a tick replaces it,
-    // publishes the bundle, and swaps the serving certificate.
+    // Five CA rollovers: each time the stored CA is made to look old, a tick replaces it
+    // and publishes the bundle; once the bundle has had time to propagate, the next tick
+    // swaps the serving certificate.
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(30)).await;
         let aging = Authority::generate(DAY * 40, OffsetDateTime::now_utc()).expect("ca");
         store.put(&aging);
         let t = m.tick(OffsetDateTime::now_utc()).await.expect("tick");
-        assert!(t.rolled_ca && t.issued, "{t:?}");
+        assert!(t.rolled_ca, "{t:?}");
+        tokio::time::sleep(propagation + Duration::from_millis(20)).await;
+        let t = m.tick(OffsetDateTime::now_utc()).await.expect("tick");
+        assert!(
+            t.issued,
+            "the serving certificate moves to the new CA: {t:?}"
+        );
     }
     tokio::time::sleep(Duration::from_millis(30)).await;
     stop.store(true, Ordering::SeqCst);
