@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// `b"TSRASIM\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRASIM\0");
 /// Bumped on every incompatible change of this file.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 /// Devices a node can have.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can use the node's CUDA at the same time.
@@ -18,6 +18,11 @@ pub const MAX_PROCS: usize = 512;
 pub const NAME_LEN: usize = 64;
 /// XID events kept per device for NVML event sets.
 pub const XID_RING: usize = 64;
+/// Device memory objects shared between processes (IPC handles, exported VMM handles)
+/// that can exist at once.
+pub const MAX_SHARED: usize = 1024;
+/// Words of a [`SharedObj`]'s holder bitmap (one bit per process slot).
+pub const HOLDER_WORDS: usize = MAX_PROCS / 64;
 
 /// Buckets of the per-device busy history: 10 ms each, 20.48 s in all.
 pub const DEVICE_RING: usize = 2048;
@@ -32,12 +37,13 @@ pub struct NodeState {
     pub header: Header,
     pub devices: [DeviceState; MAX_DEVICES],
     pub procs: [ProcSlot; MAX_PROCS],
+    pub shared: [SharedObj; MAX_SHARED],
 }
 
 /// Size of the node state file in bytes.
 pub const STATE_SIZE: usize = size_of::<NodeState>();
 const _: () = assert!(
-    STATE_SIZE == 4_693_496,
+    STATE_SIZE == 4_693_496 + MAX_SHARED * 104,
     "NodeState layout changed: bump ABI_VERSION"
 );
 
@@ -55,7 +61,9 @@ pub struct Header {
     pub procs_high: AtomicU32,
     /// CLOCK_MONOTONIC ns when the node was created (energy counters start there).
     pub created_ns: AtomicU64,
-    pub _reserved: [u64; 9],
+    /// Last id given to a [`SharedObj`] (ids start at 1; 0 marks a free entry).
+    pub shared_seq: AtomicU64,
+    pub _reserved: [u64; 8],
 }
 
 /// One simulated GPU. The first block is written once at creation; the rest changes.
@@ -130,6 +138,29 @@ impl ProcSlot {
             self.busy[d].clear();
         }
     }
+}
+
+/// Device memory that more than one process may hold: an allocation exported with an IPC
+/// handle or a VMM handle exported as a file descriptor. The memory is charged once, to
+/// one holder (`charged_slot`); when that holder lets go (frees, closes, exits or is
+/// killed) while others still hold it, the charge moves to another live holder, so the
+/// device counts the memory exactly as long as some process can reach it.
+///
+/// `lock` serialises changes of one entry: the pid of the process changing it, 0 when
+/// free; a lock whose holder died is taken over.
+#[repr(C)]
+pub struct SharedObj {
+    pub lock: AtomicU64,
+    /// Non-zero while the entry is in use.
+    pub id: AtomicU64,
+    /// What importers look the object up by: the inode of its backing memfd.
+    pub key: AtomicU64,
+    pub bytes: AtomicU64,
+    pub device: AtomicU32,
+    /// Slot + 1 of the process the bytes are charged to.
+    pub charged_slot: AtomicU32,
+    /// Bit s: process slot s holds the object.
+    pub holders: [AtomicU64; HOLDER_WORDS],
 }
 
 /// Busy time per time bucket, a ring indexed by `t / BUCKET_NS`. Each word packs the

@@ -366,6 +366,7 @@ impl Node {
             )
             .is_ok()
         {
+            self.drop_shares(slot);
             s.clear_usage();
             s.owner.store(SLOT_FREE, Ordering::Release);
         }
@@ -376,7 +377,7 @@ impl Node {
     pub fn reap_dead(&self) -> usize {
         let me = u64::from(std::process::id());
         let mut reaped = 0;
-        for slot in self.slots() {
+        for (index, slot) in self.slots().iter().enumerate() {
             let owner = slot.owner.load(Ordering::Acquire);
             let pid = (owner & 0xffff_ffff) as u32;
             let dead = match owner & SLOT_STATE_MASK {
@@ -396,6 +397,7 @@ impl Node {
                     )
                     .is_ok()
             {
+                self.drop_shares(index);
                 slot.clear_usage();
                 slot.owner.store(SLOT_FREE, Ordering::Release);
                 reaped += 1;
@@ -465,6 +467,197 @@ impl Node {
                     Ok(_) => return,
                     Err(seen) => cur = seen,
                 }
+            }
+        }
+    }
+
+    // ---- memory shared between processes ----
+
+    /// Locks one shared-object entry for the calling process; a lock held by a process
+    /// that died is taken over.
+    fn lock_shared(&self, index: usize) -> SharedGuard<'_> {
+        let obj = &self.state().shared[index];
+        let me = u64::from(std::process::id());
+        let mut spins = 0u32;
+        loop {
+            match obj
+                .lock
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return SharedGuard { obj },
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 1024 == 0
+                        && !is_alive(holder as u32, 0)
+                        && obj
+                            .lock
+                            .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        return SharedGuard { obj };
+                    }
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Registers memory of `bytes` on `device`, already charged to `slot`, as shared,
+    /// keyed by `key` (the inode of its backing memfd). Returns its id, or `None` when the
+    /// table is full.
+    pub fn share_create(&self, slot: usize, device: usize, bytes: u64, key: u64) -> Option<u64> {
+        if slot >= MAX_PROCS || device >= MAX_DEVICES {
+            return None;
+        }
+        for i in 0..MAX_SHARED {
+            if self.state().shared[i].id.load(Ordering::Acquire) != 0 {
+                continue;
+            }
+            let g = self.lock_shared(i);
+            if g.obj.id.load(Ordering::Acquire) != 0 {
+                continue;
+            }
+            let id = self
+                .state()
+                .header
+                .shared_seq
+                .fetch_add(1, Ordering::AcqRel)
+                + 1;
+            for w in &g.obj.holders {
+                w.store(0, Ordering::Relaxed);
+            }
+            g.obj.holders[slot / 64].store(1 << (slot % 64), Ordering::Relaxed);
+            g.obj.key.store(key, Ordering::Relaxed);
+            g.obj.bytes.store(bytes, Ordering::Relaxed);
+            g.obj.device.store(device as u32, Ordering::Relaxed);
+            g.obj.charged_slot.store(slot as u32 + 1, Ordering::Relaxed);
+            g.obj.id.store(id, Ordering::Release);
+            return Some(id);
+        }
+        None
+    }
+
+    /// The live shared object with `key`, if any.
+    pub fn share_find(&self, key: u64) -> Option<SharedInfo> {
+        self.state().shared.iter().find_map(|o| {
+            let id = o.id.load(Ordering::Acquire);
+            (id != 0 && o.key.load(Ordering::Acquire) == key).then(|| SharedInfo {
+                id,
+                key,
+                device: o.device.load(Ordering::Relaxed) as usize,
+                bytes: o.bytes.load(Ordering::Relaxed),
+                charged_slot: o
+                    .charged_slot
+                    .load(Ordering::Relaxed)
+                    .checked_sub(1)
+                    .map(|s| s as usize),
+                holders: (0..MAX_PROCS)
+                    .filter(|&s| o.holders[s / 64].load(Ordering::Relaxed) & (1 << (s % 64)) != 0)
+                    .collect(),
+            })
+        })
+    }
+
+    /// Every live shared object (ground truth for tests).
+    pub fn shared_objects(&self) -> Vec<SharedInfo> {
+        self.state()
+            .shared
+            .iter()
+            .filter(|o| o.id.load(Ordering::Acquire) != 0)
+            .filter_map(|o| self.share_find(o.key.load(Ordering::Acquire)))
+            .collect()
+    }
+
+    fn shared_index(&self, id: u64) -> Option<usize> {
+        self.state()
+            .shared
+            .iter()
+            .position(|o| o.id.load(Ordering::Acquire) == id)
+    }
+
+    /// Adds `slot` as a holder of shared object `id` (an import): the memory is not
+    /// charged again. Returns the object's device and size, or `None` if it is gone.
+    pub fn share_join(&self, slot: usize, id: u64) -> Option<(usize, u64)> {
+        if slot >= MAX_PROCS {
+            return None;
+        }
+        let i = self.shared_index(id)?;
+        let g = self.lock_shared(i);
+        if g.obj.id.load(Ordering::Acquire) != id {
+            return None;
+        }
+        g.obj.holders[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel);
+        Some((
+            g.obj.device.load(Ordering::Relaxed) as usize,
+            g.obj.bytes.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// `slot` no longer holds shared object `id`. If the bytes were charged to it, the
+    /// charge moves to another live holder, or, when none is left, leaves the device and
+    /// the object is gone.
+    pub fn share_leave(&self, slot: usize, id: u64) {
+        if let Some(i) = self.shared_index(id) {
+            let g = self.lock_shared(i);
+            if g.obj.id.load(Ordering::Acquire) == id {
+                self.leave_locked(g.obj, slot, true);
+            }
+        }
+    }
+
+    /// With the entry locked: removes `slot` from the holders and settles the charge.
+    /// `uncharge` says whether the slot's own memory counter is to be lowered (not when
+    /// the slot is being cleared anyway).
+    fn leave_locked(&self, obj: &SharedObj, slot: usize, uncharge: bool) {
+        obj.holders[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::AcqRel);
+        if obj.charged_slot.load(Ordering::Relaxed) as usize != slot + 1 {
+            return;
+        }
+        let device = obj.device.load(Ordering::Relaxed) as usize;
+        let bytes = obj.bytes.load(Ordering::Relaxed);
+        let heir = (0..MAX_PROCS).find(|&s| {
+            obj.holders[s / 64].load(Ordering::Relaxed) & (1 << (s % 64)) != 0
+                && self.state().procs[s].owner.load(Ordering::Acquire) & SLOT_STATE_MASK
+                    == SLOT_LIVE
+        });
+        match heir {
+            Some(h) => {
+                // The heir is charged before the leaver is relieved, so the device never
+                // counts the memory less than once.
+                self.state().procs[h].memory[device].fetch_add(bytes, Ordering::SeqCst);
+                obj.charged_slot.store(h as u32 + 1, Ordering::Relaxed);
+            }
+            None => {
+                obj.charged_slot.store(0, Ordering::Relaxed);
+                obj.id.store(0, Ordering::Release);
+            }
+        }
+        if uncharge {
+            self.release_memory(slot, device, bytes);
+        }
+    }
+
+    /// A process slot is being cleared (exit, kill): it holds none of its shared objects
+    /// any more.
+    fn drop_shares(&self, slot: usize) {
+        if slot >= MAX_PROCS {
+            return;
+        }
+        let bit = 1u64 << (slot % 64);
+        for i in 0..MAX_SHARED {
+            let o = &self.state().shared[i];
+            if o.id.load(Ordering::Acquire) == 0
+                || o.holders[slot / 64].load(Ordering::Acquire) & bit == 0
+            {
+                continue;
+            }
+            let g = self.lock_shared(i);
+            if g.obj.id.load(Ordering::Acquire) != 0 {
+                self.leave_locked(g.obj, slot, false);
             }
         }
     }
@@ -703,6 +896,31 @@ pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
     }
 }
 
+/// Unlocks a shared-object entry when dropped.
+struct SharedGuard<'a> {
+    obj: &'a SharedObj,
+}
+
+impl Drop for SharedGuard<'_> {
+    fn drop(&mut self) {
+        self.obj.lock.store(0, Ordering::Release);
+    }
+}
+
+/// A shared device memory object, as the node state records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedInfo {
+    pub id: u64,
+    pub key: u64,
+    /// Physical device index.
+    pub device: usize,
+    pub bytes: u64,
+    /// The process slot the bytes are charged to.
+    pub charged_slot: Option<usize>,
+    /// Process slots holding it.
+    pub holders: Vec<usize>,
+}
+
 /// Static facts about a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -888,6 +1106,63 @@ mod tests {
         let p = n.process(std::process::id()).expect("me");
         assert_eq!(p.busy_ns[0], 3_000_000);
         assert_eq!(p.launches[0], 3);
+    }
+
+    /// Forges a live slot owned by `pid` (with start time 0: any process with that pid).
+    fn forge_slot(n: &Node, index: usize, pid: u32) {
+        let slot = &n.state().procs[index];
+        slot.owner
+            .store(SLOT_LIVE | u64::from(pid), Ordering::SeqCst);
+        n.state()
+            .header
+            .procs_high
+            .fetch_max(index as u32 + 1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn shared_memory_is_charged_once_and_moves_to_the_last_holder() {
+        let (_d, n) = node(1, 1000);
+        let a = n.attach().expect("attach");
+        let b = a + 1;
+        forge_slot(&n, b, std::process::id());
+        assert!(n.reserve_memory(a, 0, 300));
+        let id = n.share_create(a, 0, 300, 77).expect("a free entry");
+        assert_eq!(n.share_join(b, id), Some((0, 300)));
+        assert_eq!(n.memory_used(0), 300, "an import is not charged again");
+        let info = n.share_find(77).expect("listed");
+        assert_eq!(
+            (info.holders.clone(), info.charged_slot),
+            (vec![a, b], Some(a))
+        );
+        // The exporter lets go: the importer now carries the charge.
+        n.share_leave(a, id);
+        assert_eq!(n.memory_used(0), 300);
+        assert_eq!(n.state().procs[a].memory[0].load(Ordering::SeqCst), 0);
+        assert_eq!(n.state().procs[b].memory[0].load(Ordering::SeqCst), 300);
+        n.share_leave(b, id);
+        assert_eq!(n.memory_used(0), 0);
+        assert!(n.share_find(77).is_none());
+        assert_eq!(n.share_join(b, id), None, "gone for good");
+    }
+
+    #[test]
+    fn a_dead_holder_hands_its_shared_charge_on() {
+        let (_d, n) = node(1, 1000);
+        let me = n.attach().expect("attach");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("wait");
+        let ds = me + 3;
+        forge_slot(&n, ds, dead);
+        n.state().procs[ds].memory[0].store(400, Ordering::SeqCst);
+        let id = n.share_create(ds, 0, 400, 5).expect("entry");
+        n.share_join(me, id).expect("join");
+        assert_eq!(n.reap_dead(), 1);
+        assert_eq!(n.memory_used(0), 400, "still reachable by the importer");
+        assert_eq!(n.share_find(5).expect("alive").charged_slot, Some(me));
+        n.detach(me);
+        assert_eq!(n.memory_used(0), 0);
+        assert!(n.shared_objects().is_empty());
     }
 
     #[test]
