@@ -487,7 +487,7 @@ impl Node {
                 Ok(_) => return SharedGuard { obj },
                 Err(holder) => {
                     spins += 1;
-                    if spins % 1024 == 0
+                    if spins.is_multiple_of(1024)
                         && !is_alive(holder as u32, 0)
                         && obj
                             .lock
