@@ -15,9 +15,11 @@ use tessera_shm::{Control, LocalLiveness, Member, ProcIdentity, Refused, ShmErro
 
 use crate::config::{AllocFiles, Config};
 use crate::devices::{DeviceMap, format_uuid, same_uuid};
-use crate::ledger::{Ledger, Vmm};
+use crate::ledger::{GraphMem, Ledger, PoolBooks, Vmm, growth};
 use crate::log::{self, Level};
 use crate::table::{call_real, real};
+
+const CUDA_SUCCESS: CUresult = CUresult::CUDA_SUCCESS;
 
 const UNKNOWN: u8 = 0;
 const PASS: u8 = 1;
@@ -302,6 +304,33 @@ pub struct Governed {
     pub pools: Mutex<HashMap<usize, Option<CUdevice>>>,
     /// VMM physical allocations and their mappings.
     pub vmm: Mutex<Vmm>,
+    /// Stream-ordered pools and graph memory: what the driver keeps for
+    /// this process beyond its live allocations, charged until released.
+    pub books: Mutex<PoolBooks>,
+    /// A pool allocation was freed since the pools were last reconciled:
+    /// the driver may give the memory back at the next synchronisation.
+    pub pool_slack: AtomicBool,
+    /// The process has used graph memory (an allocation node, a captured
+    /// stream-ordered allocation): graph launches are accounted.
+    pub graph_memory: AtomicBool,
+    /// The driver's pool and graph-memory queries (set once the real
+    /// driver is loaded; tests install a fake).
+    pool_driver: OnceLock<&'static dyn PoolDriver>,
+}
+
+/// What the pool and graph-memory accounting asks the driver. Handles and
+/// devices are the driver's (`CUmemoryPool` as an address, `CUdevice`).
+pub trait PoolDriver: Sync + std::fmt::Debug {
+    /// `(reserved, used)`: `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`; `None` if the driver cannot say.
+    fn pool_usage(&self, pool: usize) -> Option<(u64, u64)>;
+    /// `cuMemPoolTrimTo(pool, 0)`: release every byte not in use.
+    fn pool_trim(&self, pool: usize);
+    /// `(reserved, used)` of the device's graph memory
+    /// (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`, `..._USED_MEM_CURRENT`).
+    fn graph_usage(&self, device: CUdevice) -> Option<(u64, u64)>;
+    /// `cuDeviceGraphMemTrim(device)`.
+    fn graph_trim(&self, device: CUdevice);
 }
 
 /// Contexts and what each was charged.
@@ -320,6 +349,34 @@ pub struct Primary {
     pub ctx: usize,
     pub index: Option<usize>,
     pub charged: u64,
+}
+
+/// The refusals of one admission, however many tries it took: the
+/// device's `oom_refused` counter goes up by exactly one for an admission
+/// finally refused, and not at all for one that got its memory.
+#[derive(Debug, Default)]
+struct Tries {
+    over_limit: u64,
+    refused_other: bool,
+}
+
+impl Tries {
+    fn done(self, g: &Governed, dev: usize, ok: bool) -> Result<(), CUresult> {
+        let counted = self.over_limit;
+        let keep = u64::from(!ok && counted > 0);
+        if counted > keep
+            && let Some(d) = g.files.state.raw().devices.get(dev)
+        {
+            d.oom_refused.fetch_sub(counted - keep, Ordering::Relaxed);
+        }
+        if ok {
+            Ok(())
+        } else if self.refused_other && counted == 0 && g.member().is_none() {
+            Err(CUDA_REFUSED)
+        } else {
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
 }
 
 fn pack(m: Member) -> u64 {
@@ -345,7 +402,20 @@ impl Governed {
             contexts: Mutex::new(Contexts::default()),
             pools: Mutex::new(HashMap::new()),
             vmm: Mutex::new(Vmm::default()),
+            books: Mutex::new(PoolBooks::default()),
+            pool_slack: AtomicBool::new(false),
+            graph_memory: AtomicBool::new(false),
+            pool_driver: OnceLock::new(),
         }
+    }
+
+    /// Installs the driver the pool accounting asks (once).
+    pub fn set_pool_driver(&self, d: &'static dyn PoolDriver) {
+        let _ = self.pool_driver.set(d);
+    }
+
+    pub fn pool_driver(&self) -> Option<&'static dyn PoolDriver> {
+        self.pool_driver.get().copied()
     }
 
     pub fn member(&self) -> Option<Member> {
@@ -385,9 +455,11 @@ impl Governed {
     }
 
     /// Reserves `bytes` on device `index` before the driver allocates.
-    /// Over the limit, the quota of dead processes is reclaimed and the
-    /// reservation tried once more. A device outside the allocation has a
-    /// limit of 0.
+    /// Over the limit, the quota of dead processes is reclaimed, and this
+    /// process's own pools and graph memory are trimmed of what they keep
+    /// unused (a program that frees and allocates again must not see an
+    /// out-of-memory a smaller GPU would not give it), and the reservation
+    /// tried again. A device outside the allocation has a limit of 0.
     pub fn reserve(&self, index: Option<usize>, bytes: u64) -> Result<(), CUresult> {
         if bytes == 0 {
             return Ok(());
@@ -395,17 +467,35 @@ impl Governed {
         let Some(dev) = index else {
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         };
-        let m = self.member().ok_or(CUDA_REFUSED)?;
+        let mut tries = Tries::default();
+        if self.try_quota(dev, bytes, &mut tries).is_ok() {
+            return tries.done(self, dev, true);
+        }
+        let room = match self.pool_driver() {
+            Some(drv) => self.make_room(drv, &mut self.books.lock(), dev),
+            None => false,
+        };
+        let ok = room && self.try_quota(dev, bytes, &mut tries).is_ok();
+        tries.done(self, dev, ok)
+    }
+
+    /// One reservation on `dev`, and once more after reclaiming the quota
+    /// of dead processes. Counts the refusals in `tries`.
+    fn try_quota(&self, dev: usize, bytes: u64, tries: &mut Tries) -> Result<(), Refused> {
+        let Some(m) = self.member() else {
+            tries.refused_other = true;
+            return Err(Refused::NoDevice(dev));
+        };
         let state = &self.files.state;
-        let limit = self.files.control.memory_limit(dev);
         let _op = self.op_locks[dev].lock();
-        match state.reserve(m, dev, bytes, limit) {
+        match state.reserve(m, dev, bytes, self.files.control.memory_limit(dev)) {
             Ok(()) => Ok(()),
             Err(e @ Refused::OverLimit { .. }) => {
+                tries.over_limit += 1;
                 let back = state.reclaim_dead(&self.files.live, Some(m));
                 if back.is_empty() {
                     crate::log!(Level::Info, "device {dev}: refused: {e}");
-                    return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+                    return Err(e);
                 }
                 for r in &back {
                     crate::log!(
@@ -416,24 +506,415 @@ impl Governed {
                         r.freed
                     );
                 }
-                match state.reserve(m, dev, bytes, self.files.control.memory_limit(dev)) {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        // One refused allocation counts once, not per try.
-                        state
-                            .device(dev)
-                            .oom_refused
-                            .fetch_sub(1, Ordering::Relaxed);
-                        crate::log!(Level::Info, "device {dev}: refused: {e}");
-                        Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+                let r = state.reserve(m, dev, bytes, self.files.control.memory_limit(dev));
+                if let Err(e) = r {
+                    if matches!(e, Refused::OverLimit { .. }) {
+                        tries.over_limit += 1;
                     }
+                    crate::log!(Level::Info, "device {dev}: refused: {e}");
                 }
+                r
             }
             Err(e) => {
+                tries.refused_other = true;
                 crate::log!(Level::Info, "device {dev}: refused: {e}");
-                Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+                Err(e)
             }
         }
+    }
+
+    /// Charges `bytes` the device already holds for this process (memory a
+    /// pool or a graph launch took beyond what was reserved for it, which
+    /// cannot be undone), whatever the limit: the books say what the device
+    /// holds. Logged: it means a route took more than it was admitted for.
+    fn force(&self, dev: usize, bytes: u64) {
+        let Some(m) = self.member() else { return };
+        let _op = self.op_locks[dev].lock();
+        match self.files.state.reserve(m, dev, bytes, u64::MAX) {
+            Ok(()) => crate::log!(
+                Level::Warn,
+                "device {dev}: the driver took {bytes} bytes more than admitted; charged"
+            ),
+            Err(e) => crate::log!(Level::Error, "device {dev}: charge failed: {e}"),
+        }
+    }
+
+    /// Moves a pool's or graph memory's charge to `target` bytes (what the
+    /// driver says it holds): a surplus is returned, a shortfall charged
+    /// whatever the limit.
+    fn settle_charge(&self, dev: Option<usize>, charged: &mut u64, target: u64) {
+        if *charged > target {
+            self.release(dev, *charged - target);
+            *charged = target;
+        } else if target > *charged {
+            if let Some(d) = dev {
+                self.force(d, target - *charged);
+            }
+            *charged = target;
+        }
+    }
+
+    /// Brings pool `id`'s charge to what the driver says it has reserved.
+    /// Returns `(reserved, used)`, or `None` when the driver cannot say.
+    fn reconcile_pool(
+        &self,
+        drv: &dyn PoolDriver,
+        books: &mut PoolBooks,
+        id: u64,
+    ) -> Option<(u64, u64)> {
+        let p = books.pools.get_mut(&id)?;
+        if p.destroyed {
+            return None;
+        }
+        let (reserved, used) = drv.pool_usage(p.handle)?;
+        let (dev, mut charged) = (p.dev, p.charged);
+        self.settle_charge(dev, &mut charged, reserved);
+        p.charged = charged;
+        Some((reserved, used))
+    }
+
+    /// Brings the graph-memory charge of `device` to what the driver says
+    /// it has reserved.
+    fn reconcile_graph(&self, drv: &dyn PoolDriver, books: &mut PoolBooks, device: CUdevice) {
+        let Some((reserved, _)) = drv.graph_usage(device) else {
+            return;
+        };
+        let dev = self.index_of(device);
+        let g = books
+            .graph
+            .entry(device)
+            .or_insert(GraphMem { dev, charged: 0 });
+        let mut charged = g.charged;
+        self.settle_charge(dev, &mut charged, reserved);
+        g.charged = charged;
+    }
+
+    /// Every pool's charge brought to what the driver holds (after a
+    /// synchronisation, where pools give back what exceeds their release
+    /// threshold, or before the memory view is shown).
+    pub fn reconcile_pools(&self) {
+        let Some(drv) = self.pool_driver() else {
+            return;
+        };
+        let mut books = self.books.lock();
+        self.pool_slack.store(false, Ordering::Release);
+        let ids: Vec<u64> = books.pools.keys().copied().collect();
+        for id in ids {
+            self.reconcile_pool(drv, &mut books, id);
+        }
+    }
+
+    /// Trims this process's pools and graph memory on `dev` of what they
+    /// keep unused, and returns the quota. Whether anything came back.
+    fn make_room(&self, drv: &dyn PoolDriver, books: &mut PoolBooks, dev: usize) -> bool {
+        let before = books.charged_on(dev);
+        for id in books.pools_on(dev) {
+            if let Some(p) = books.pools.get(&id) {
+                drv.pool_trim(p.handle);
+            }
+            self.reconcile_pool(drv, books, id);
+        }
+        let graphs: Vec<CUdevice> = books
+            .graph
+            .iter()
+            .filter(|(_, g)| g.dev == Some(dev))
+            .map(|(&d, _)| d)
+            .collect();
+        for device in graphs {
+            drv.graph_trim(device);
+            books.trim_epoch += 1;
+            self.reconcile_graph(drv, books, device);
+        }
+        let after = books.charged_on(dev);
+        if after < before {
+            crate::log!(
+                Level::Info,
+                "device {dev}: trimmed own pools and graph memory: {} bytes back",
+                before - after
+            );
+        }
+        after < before
+    }
+
+    /// Admission of an allocation of `bytes` from pool `pool` on `device`:
+    /// the pool is charged what it must grow by (what its unused reserve
+    /// lacks), then, after the driver's call, exactly what it holds. If
+    /// it grew by more than admitted and the rest does not fit, `undo(ptr)`
+    /// frees the allocation again and the caller gets out-of-memory.
+    /// `ptr` reads the allocation's address after a successful call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_alloc(
+        &self,
+        drv: &dyn PoolDriver,
+        pool: usize,
+        device: CUdevice,
+        bytes: u64,
+        call: impl FnOnce() -> CUresult,
+        ptr: impl FnOnce() -> u64,
+        undo: impl FnOnce(u64),
+    ) -> CUresult {
+        let index = self.index_of(device);
+        let mut books = self.books.lock();
+        let id = books.pool(pool, index, device);
+        let mut tries = Tries::default();
+        let mut grow = 0;
+        let mut admitted = false;
+        for attempt in 0..2 {
+            let charged = books.pools.get(&id).map_or(0, |p| p.charged);
+            let (reserved, used) = self
+                .reconcile_pool(drv, &mut books, id)
+                .unwrap_or((charged, charged));
+            grow = growth(reserved, used, bytes);
+            if grow == 0 {
+                admitted = true;
+                break;
+            }
+            let Some(dev) = index else { break };
+            if self.try_quota(dev, grow, &mut tries).is_ok() {
+                admitted = true;
+                break;
+            }
+            if attempt == 0 && !self.make_room(drv, &mut books, dev) {
+                break;
+            }
+        }
+        if let Some(dev) = index
+            && let Err(e) = tries.done(self, dev, admitted)
+        {
+            return e;
+        }
+        if !admitted {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        let r = call();
+        let Some(p) = books.pools.get_mut(&id) else {
+            return r;
+        };
+        if r != CUDA_SUCCESS {
+            self.release(index, grow);
+            return r;
+        }
+        p.charged += grow;
+        let (handle, dev, charged) = (p.handle, p.dev, p.charged);
+        let addr = ptr();
+        let held = drv
+            .pool_usage(handle)
+            .map_or(charged, |(reserved, _)| reserved);
+        if held > charged {
+            // Grew by more than its reserve lacked (fragmentation, the
+            // driver's granularity): admit the rest, or undo.
+            let fits = dev.is_some_and(|d| {
+                let mut t = Tries::default();
+                let ok = self.try_quota(d, held - charged, &mut t).is_ok();
+                let _ = t.done(self, d, ok);
+                ok
+            });
+            if !fits {
+                undo(addr);
+                drv.pool_trim(handle);
+                self.reconcile_pool(drv, &mut books, id);
+                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        } else if held < charged {
+            self.release(dev, charged - held);
+        }
+        if let Some(p) = books.pools.get_mut(&id) {
+            p.charged = held;
+        }
+        books.live.insert(addr, (id, bytes));
+        r
+    }
+
+    /// A free of `ptr` if it came from a pool: `None` when it did not (the
+    /// caller frees it its own way). The pool keeps the memory, charged,
+    /// until the driver says it gave it back; a destroyed pool's memory
+    /// returns with the free.
+    pub fn pool_free(&self, ptr: u64, call: impl FnOnce() -> CUresult) -> Option<CUresult> {
+        let mut books = self.books.lock();
+        let (id, bytes) = books.live.remove(&ptr)?;
+        let r = call();
+        if r != CUDA_SUCCESS {
+            books.live.insert(ptr, (id, bytes));
+            return Some(r);
+        }
+        let destroyed = books.pools.get(&id).is_none_or(|p| p.destroyed);
+        if destroyed {
+            let left = books.live_bytes(id);
+            if let Some(p) = books.pools.get_mut(&id) {
+                let (dev, mut charged) = (p.dev, p.charged);
+                self.settle_charge(dev, &mut charged, left);
+                p.charged = charged;
+            }
+            if left == 0 {
+                books.pools.remove(&id);
+            }
+        } else {
+            self.pool_slack.store(true, Ordering::Release);
+        }
+        Some(r)
+    }
+
+    /// `cuMemPoolDestroy`: the driver releases the pool's unused reserve at
+    /// once; memory of live allocations stays until they are freed.
+    pub fn pool_destroy(&self, pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+        let mut books = self.books.lock();
+        let r = call();
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        let Some(id) = books.destroyed(pool) else {
+            return r;
+        };
+        let left = books.live_bytes(id);
+        if let Some(p) = books.pools.get_mut(&id) {
+            let (dev, mut charged) = (p.dev, p.charged);
+            self.settle_charge(dev, &mut charged, left);
+            p.charged = charged;
+        }
+        if left == 0 {
+            books.pools.remove(&id);
+        }
+        r
+    }
+
+    /// A pool operation that may release memory (`cuMemPoolTrimTo`, a
+    /// lowered release threshold): the call, then the pool reconciled.
+    pub fn pool_changed(&self, pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+        let r = call();
+        if r == CUDA_SUCCESS
+            && let Some(drv) = self.pool_driver()
+        {
+            let mut books = self.books.lock();
+            if let Some(&id) = books.by_handle.get(&pool) {
+                self.reconcile_pool(drv, &mut books, id);
+            }
+        }
+        r
+    }
+
+    /// A graph gained an allocation node of `bytes` on `device`.
+    pub fn graph_alloc_node(&self, graph: usize, device: CUdevice, bytes: u64) {
+        self.graph_memory.store(true, Ordering::Release);
+        let mut books = self.books.lock();
+        let list = books.graphs.entry(graph).or_default();
+        crate::ledger::add_bytes(list, device, bytes);
+    }
+
+    /// `graph` copied into `to` (a clone, or an instantiation: `exec`).
+    pub fn graph_copied(&self, graph: usize, to: usize, exec: bool) {
+        if !self.graph_memory.load(Ordering::Acquire) {
+            return;
+        }
+        let mut books = self.books.lock();
+        let Some(bytes) = books.graphs.get(&graph).cloned() else {
+            return;
+        };
+        if exec {
+            books.execs.insert(
+                to,
+                crate::ledger::ExecRec {
+                    bytes,
+                    mapped_at: None,
+                },
+            );
+        } else {
+            books.graphs.insert(to, bytes);
+        }
+    }
+
+    /// A graph or an executable graph destroyed.
+    pub fn graph_gone(&self, handle: usize, exec: bool) {
+        if !self.graph_memory.load(Ordering::Acquire) {
+            return;
+        }
+        let mut books = self.books.lock();
+        if exec {
+            books.execs.remove(&handle);
+        } else {
+            books.graphs.remove(&handle);
+        }
+    }
+
+    /// Launch or upload of `exec`: the memory its allocation nodes map is
+    /// admitted first (what the device's graph memory would have to grow
+    /// by, unless an earlier launch since the last trim mapped it already);
+    /// after the call, the charge follows what the driver has reserved.
+    pub fn graph_launch(&self, exec: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+        if !self.graph_memory.load(Ordering::Acquire) {
+            return call();
+        }
+        let Some(drv) = self.pool_driver() else {
+            return call();
+        };
+        let mut books = self.books.lock();
+        let Some(e) = books.execs.get(&exec).cloned() else {
+            drop(books);
+            return call();
+        };
+        let mapped = e.mapped_at == Some(books.trim_epoch);
+        let mut admitted: Vec<(Option<usize>, u64)> = Vec::new();
+        if !mapped {
+            for &(device, bytes) in &e.bytes {
+                self.reconcile_graph(drv, &mut books, device);
+                let (reserved, used) = drv.graph_usage(device).unwrap_or((0, 0));
+                let grow = growth(reserved, used, bytes);
+                let index = self.index_of(device);
+                let ok = match index {
+                    _ if grow == 0 => true,
+                    None => false,
+                    Some(dev) => {
+                        let mut t = Tries::default();
+                        let mut ok = self.try_quota(dev, grow, &mut t).is_ok();
+                        if !ok && self.make_room(drv, &mut books, dev) {
+                            ok = self.try_quota(dev, grow, &mut t).is_ok();
+                        }
+                        let _ = t.done(self, dev, ok);
+                        ok
+                    }
+                };
+                if !ok {
+                    for (index, grow) in admitted {
+                        self.release(index, grow);
+                    }
+                    return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+                }
+                let g = books.graph.entry(device).or_insert(GraphMem {
+                    dev: index,
+                    charged: 0,
+                });
+                g.charged += grow;
+                admitted.push((index, grow));
+            }
+        }
+        let r = call();
+        if r != CUDA_SUCCESS {
+            for (&(device, _), &(index, grow)) in e.bytes.iter().zip(&admitted) {
+                if let Some(g) = books.graph.get_mut(&device) {
+                    g.charged -= grow;
+                }
+                self.release(index, grow);
+            }
+            return r;
+        }
+        for &(device, _) in &e.bytes {
+            self.reconcile_graph(drv, &mut books, device);
+        }
+        let epoch = books.trim_epoch;
+        if let Some(x) = books.execs.get_mut(&exec) {
+            x.mapped_at = Some(epoch);
+        }
+        r
+    }
+
+    /// `cuDeviceGraphMemTrim` by the program: mappings are gone, charges
+    /// follow the driver.
+    pub fn graph_trimmed(&self, device: CUdevice) {
+        let Some(drv) = self.pool_driver() else {
+            return;
+        };
+        let mut books = self.books.lock();
+        books.trim_epoch += 1;
+        self.reconcile_graph(drv, &mut books, device);
     }
 
     /// Returns `bytes` on device `index` reserved earlier by this process.
@@ -548,8 +1029,8 @@ extern "C" fn at_exit() {
 
 // Every lock of the governor is held across fork(), so the child never
 // inherits one that a thread of the parent, absent in the child, held.
-// The order is the one the wrappers nest them in: contexts, pools, VMM,
-// the per-device operation locks, the ledger's shards.
+// The order is the one the wrappers nest them in: contexts, pools, pool
+// books, VMM, the per-device operation locks, the ledger's shards.
 
 extern "C" fn fork_prepare() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -558,6 +1039,7 @@ extern "C" fn fork_prepare() {
         std::mem::forget(g.join_lock.lock());
         std::mem::forget(g.contexts.lock());
         std::mem::forget(g.pools.lock());
+        std::mem::forget(g.books.lock());
         std::mem::forget(g.vmm.lock());
         for l in &g.op_locks {
             std::mem::forget(l.lock());
@@ -585,6 +1067,7 @@ unsafe fn unlock_all(g: &Governed) {
             l.force_unlock(Default::default());
         }
         g.vmm.force_unlock(Default::default());
+        g.books.force_unlock(Default::default());
         g.pools.force_unlock(Default::default());
         g.contexts.force_unlock(Default::default());
         g.join_lock.force_unlock(Default::default());
@@ -625,6 +1108,7 @@ extern "C" fn fork_child() {
             *g.contexts.data_ptr() = Contexts::default();
             (*g.pools.data_ptr()).clear();
             (*g.vmm.data_ptr()).clear();
+            (*g.books.data_ptr()).clear();
             unlock_all(g);
             ESTABLISH.force_unlock(Default::default());
         }
@@ -764,5 +1248,245 @@ pub(crate) mod tests {
         assert_eq!(g.files.view(Some(0), 1 << 40), (1000, 250));
         assert_eq!(g.files.view(Some(0), 500), (500, 250));
         assert_eq!(g.files.view(None, 1 << 40), (0, 0));
+    }
+
+    /// A driver's pools as the CUDA documentation describes them: a pool
+    /// takes from the device what its unused reserve lacks (rounded up to
+    /// `grain`), keeps freed memory, gives back what exceeds its release
+    /// threshold at a synchronisation, and all unused memory when trimmed.
+    #[derive(Debug, Default)]
+    struct FakePools {
+        // pool → (reserved, used, threshold)
+        pools: Mutex<HashMap<usize, (u64, u64, u64)>>,
+        graph: Mutex<(u64, u64)>,
+        grain: u64,
+    }
+
+    impl FakePools {
+        fn new(grain: u64) -> &'static FakePools {
+            Box::leak(Box::new(FakePools {
+                grain,
+                ..FakePools::default()
+            }))
+        }
+        fn alloc(&self, pool: usize, bytes: u64) {
+            let mut p = self.pools.lock();
+            let e = p.entry(pool).or_default();
+            let lack = growth(e.0, e.1, bytes);
+            if lack > 0 {
+                e.0 += lack.div_ceil(self.grain.max(1)) * self.grain.max(1);
+            }
+            e.1 += bytes;
+        }
+        fn free(&self, pool: usize, bytes: u64) {
+            self.pools.lock().get_mut(&pool).unwrap().1 -= bytes;
+        }
+        fn threshold(&self, pool: usize, t: u64) {
+            self.pools.lock().entry(pool).or_default().2 = t;
+        }
+        fn sync(&self) {
+            for e in self.pools.lock().values_mut() {
+                e.0 = e.0.min(e.1.max(e.2));
+            }
+        }
+        /// Ground truth: what the device holds for pools and graphs.
+        fn held(&self) -> u64 {
+            self.pools.lock().values().map(|e| e.0).sum::<u64>() + self.graph.lock().0
+        }
+    }
+
+    impl PoolDriver for FakePools {
+        fn pool_usage(&self, pool: usize) -> Option<(u64, u64)> {
+            self.pools
+                .lock()
+                .get(&pool)
+                .map(|e| (e.0, e.1))
+                .or(Some((0, 0)))
+        }
+        fn pool_trim(&self, pool: usize) {
+            if let Some(e) = self.pools.lock().get_mut(&pool) {
+                e.0 = e.1;
+            }
+        }
+        fn graph_usage(&self, _device: CUdevice) -> Option<(u64, u64)> {
+            Some(*self.graph.lock())
+        }
+        fn graph_trim(&self, _device: CUdevice) {
+            let mut g = self.graph.lock();
+            g.0 = g.1;
+        }
+    }
+
+    fn pool_alloc(g: &Governed, d: &FakePools, pool: usize, bytes: u64) -> CUresult {
+        g.pool_alloc(
+            d,
+            pool,
+            0,
+            bytes,
+            || {
+                d.alloc(pool, bytes);
+                CUresult::CUDA_SUCCESS
+            },
+            || (pool as u64) << 32 | d.pools.lock()[&pool].1,
+            |_| d.free(pool, bytes),
+        )
+    }
+
+    #[test]
+    fn pool_memory_counts_until_the_pool_gives_it_back() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(1);
+        g.set_pool_driver(d);
+        d.threshold(1, u64::MAX);
+        assert_eq!(pool_alloc(&g, d, 1, 768), CUresult::CUDA_SUCCESS);
+        let ptr = 1 << 32 | 768;
+        assert_eq!(g.files.state.reserved(0), 768);
+        let r = g.pool_free(ptr, || {
+            d.free(1, 768);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(r, Some(CUresult::CUDA_SUCCESS));
+        d.sync();
+        g.reconcile_pools();
+        // The pool keeps it (its threshold is maximal): still charged.
+        assert_eq!(g.files.state.reserved(0), 768);
+        assert_eq!(d.held(), 768);
+        // Allocating again from the pool reuses the reserve: no growth.
+        assert_eq!(pool_alloc(&g, d, 1, 768), CUresult::CUDA_SUCCESS);
+        assert_eq!(g.files.state.reserved(0), 768);
+        g.pool_free(1 << 32 | 768, || {
+            d.free(1, 768);
+            CUresult::CUDA_SUCCESS
+        });
+        // Plain memory past what is left: the pool is trimmed first, and
+        // the program gets its memory (no spurious out-of-memory).
+        assert_eq!(g.reserve(Some(0), 768), Ok(()));
+        assert_eq!(d.held(), 0);
+        assert_eq!(g.files.state.reserved(0), 768);
+        assert_eq!(g.files.state.oom_refused(0), 0, "no refusal was final");
+        // And past the limit for real: refused, counted once.
+        assert_eq!(
+            g.reserve(Some(0), 300),
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(g.files.state.oom_refused(0), 1);
+        g.files.state.audit().unwrap();
+    }
+
+    #[test]
+    fn many_pools_that_keep_everything_stay_under_the_limit() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(1);
+        g.set_pool_driver(d);
+        for pool in 1..=10usize {
+            d.threshold(pool, u64::MAX);
+            assert_eq!(pool_alloc(&g, d, pool, 400), CUresult::CUDA_SUCCESS);
+            let held = d.pools.lock()[&pool].1;
+            g.pool_free((pool as u64) << 32 | held, || {
+                d.free(pool, 400);
+                CUresult::CUDA_SUCCESS
+            });
+            d.sync();
+            assert!(d.held() <= 1000, "pool {pool}: device holds {}", d.held());
+            assert_eq!(g.files.state.reserved(0), d.held());
+        }
+        // Live allocations cannot be trimmed: past the limit is refused.
+        assert_eq!(pool_alloc(&g, d, 1, 700), CUresult::CUDA_SUCCESS);
+        assert_eq!(
+            pool_alloc(&g, d, 2, 400),
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert!(d.held() <= 1000);
+        g.files.state.audit().unwrap();
+    }
+
+    #[test]
+    fn a_pool_that_grows_by_more_than_admitted_is_undone_if_the_rest_does_not_fit() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(256);
+        g.set_pool_driver(d);
+        // 100 bytes take a 256-byte grain: charged 256.
+        assert_eq!(pool_alloc(&g, d, 1, 100), CUresult::CUDA_SUCCESS);
+        assert_eq!(g.files.state.reserved(0), 256);
+        assert_eq!(g.reserve(Some(0), 700), Ok(()));
+        // 44 left; 100 more fit in the pool's reserve: no growth.
+        assert_eq!(pool_alloc(&g, d, 1, 100), CUresult::CUDA_SUCCESS);
+        assert_eq!(g.files.state.reserved(0), 956);
+        // 40 admitted (44 left), but the grain makes it 256: undone.
+        assert_eq!(pool_alloc(&g, d, 1, 96), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(d.pools.lock()[&1].1, 200, "the allocation was freed");
+        assert!(d.held() + 700 <= 1000);
+        assert_eq!(g.files.state.reserved(0), d.held() + 700);
+        g.files.state.audit().unwrap();
+    }
+
+    #[test]
+    fn a_destroyed_pool_keeps_its_live_allocations_charged_until_freed() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(1);
+        g.set_pool_driver(d);
+        d.threshold(5, u64::MAX);
+        pool_alloc(&g, d, 5, 300);
+        pool_alloc(&g, d, 5, 200);
+        g.pool_free(5 << 32 | 300, || {
+            d.free(5, 300);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(g.files.state.reserved(0), 500);
+        g.pool_destroy(5, || {
+            // The driver frees the reserve; the handle is no longer the
+            // pool's (it lives on under another name until its last free).
+            d.pool_trim(5);
+            let e = d.pools.lock().remove(&5).unwrap();
+            d.pools.lock().insert(1005, e);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(g.files.state.reserved(0), 200, "the reserve went back");
+        // The handle comes back for a new pool while 200 still live.
+        pool_alloc(&g, d, 5, 100);
+        assert_eq!(g.files.state.reserved(0), 300);
+        let freed = g.pool_free(5 << 32 | 500, || {
+            d.pools.lock().remove(&1005);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(freed, Some(CUresult::CUDA_SUCCESS));
+        assert_eq!(g.files.state.reserved(0), 100);
+        assert_eq!(g.pool_free(0xdead, || CUresult::CUDA_SUCCESS), None);
+        g.files.state.audit().unwrap();
+    }
+
+    #[test]
+    fn graph_memory_is_charged_at_launch_and_returned_when_trimmed() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(1);
+        g.set_pool_driver(d);
+        let launch = |g: &Governed| {
+            g.graph_launch(0xe, || {
+                let mut m = d.graph.lock();
+                m.1 = 600;
+                m.0 = m.0.max(600);
+                CUresult::CUDA_SUCCESS
+            })
+        };
+        g.graph_alloc_node(0x9, 0, 600);
+        g.graph_copied(0x9, 0xe, true);
+        assert_eq!(launch(&g), CUresult::CUDA_SUCCESS);
+        assert_eq!(g.files.state.reserved(0), 600);
+        // Mapped already: a second launch takes nothing more, even with
+        // too little left for a first one.
+        assert_eq!(g.reserve(Some(0), 400), Ok(()));
+        assert_eq!(launch(&g), CUresult::CUDA_SUCCESS);
+        assert_eq!(g.files.state.reserved(0), 1000);
+        // The graph's allocation freed, the program allocates: the graph
+        // memory is trimmed to make room.
+        d.graph.lock().1 = 0;
+        g.release(Some(0), 400);
+        assert_eq!(g.reserve(Some(0), 900), Ok(()));
+        assert_eq!(d.held(), 0);
+        assert_eq!(g.files.state.reserved(0), 900);
+        // Relaunch needs its 600 again: refused, nothing launched.
+        assert_eq!(launch(&g), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(g.files.state.reserved(0), 900);
+        g.files.state.audit().unwrap();
     }
 }

@@ -2,7 +2,9 @@
 //! with the device and bytes it was charged, so a free returns exactly what
 //! its allocation reserved, and a destroyed context returns what the driver
 //! freed with it; and each VMM physical allocation with its references and
-//! mappings ([`Vmm`]), since the driver frees it only when both are gone.
+//! mappings ([`Vmm`]), since the driver frees it only when both are gone;
+//! and the memory the driver keeps for the process beyond its live
+//! allocations, stream-ordered pools and graph memory ([`PoolBooks`]).
 //!
 //! Alloc and free are not the launch path, but they are frequent: the map is
 //! split into shards behind uncontended `parking_lot` locks, hashed with a
@@ -157,6 +159,18 @@ pub struct Vmm {
     handles: HashMap<u64, VmmHandle>,
     /// Mapped ranges by start address: (size, handle).
     maps: BTreeMap<u64, (u64, u64)>,
+    /// Sparse or deferred-mapping array regions mapped onto a handle
+    /// (`cuMemMapArrayAsync`): region → handle.
+    array_maps: HashMap<ArrayRegion, u64>,
+}
+
+/// One region of a sparse or deferred-mapping array that
+/// `cuMemMapArrayAsync` maps: the array (or mipmapped array), and the
+/// subresource's words (type, level, layer, offsets, extents) as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ArrayRegion {
+    pub array: usize,
+    pub sub: [u64; 8],
 }
 
 impl Vmm {
@@ -215,6 +229,40 @@ impl Vmm {
         freed
     }
 
+    /// An array region mapped onto `handle`: one more mapping that keeps
+    /// the physical allocation alive. A region mapped again first drops
+    /// its previous mapping (what the driver does); that may free one.
+    pub fn array_mapped(&mut self, region: ArrayRegion, handle: u64) -> Option<VmmHandle> {
+        let freed = self.array_unmapped(region);
+        if let Some(h) = self.handles.get_mut(&handle) {
+            h.mappings += 1;
+            self.array_maps.insert(region, handle);
+        }
+        freed
+    }
+
+    /// An array region unmapped: the allocation the driver freed with it.
+    pub fn array_unmapped(&mut self, region: ArrayRegion) -> Option<VmmHandle> {
+        let handle = self.array_maps.remove(&region)?;
+        let h = self.handles.get_mut(&handle)?;
+        h.mappings = h.mappings.saturating_sub(1);
+        self.freed(handle)
+    }
+
+    /// An array destroyed: every region of it is unmapped.
+    pub fn array_destroyed(&mut self, array: usize) -> Vec<VmmHandle> {
+        let regions: Vec<ArrayRegion> = self
+            .array_maps
+            .keys()
+            .filter(|r| r.array == array)
+            .copied()
+            .collect();
+        regions
+            .into_iter()
+            .filter_map(|r| self.array_unmapped(r))
+            .collect()
+    }
+
     fn freed(&mut self, handle: u64) -> Option<VmmHandle> {
         match self.handles.get(&handle) {
             Some(h) if h.refs == 0 && h.mappings == 0 => self.handles.remove(&handle),
@@ -226,6 +274,156 @@ impl Vmm {
     pub fn clear(&mut self) {
         self.handles.clear();
         self.maps.clear();
+        self.array_maps.clear();
+    }
+}
+
+/// A memory pool's charge: the bytes the allocation was charged for what the
+/// pool has taken from the device, live allocations and retained reserve
+/// alike. Kept at least what the driver says the pool has reserved
+/// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) after every operation the shim
+/// sees, and brought down to it whenever the shim asks again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolRec {
+    /// The pool's handle while the program may still use it.
+    pub handle: usize,
+    /// The allocation's index of the pool's device (`None`: a device
+    /// outside the allocation, whose limit is 0).
+    pub dev: Option<usize>,
+    /// The pool's device as the driver numbers it.
+    pub device: i32,
+    /// Bytes charged.
+    pub charged: u64,
+    /// Destroyed while allocations from it lived: the driver keeps their
+    /// memory until each is freed, and `charged` is theirs.
+    pub destroyed: bool,
+}
+
+/// A device's graph memory (the memory graph allocation nodes use), charged
+/// like a pool: at least the driver's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphMem {
+    pub dev: Option<usize>,
+    pub charged: u64,
+}
+
+/// An instantiated graph whose allocation nodes take memory when launched.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecRec {
+    /// Bytes of its allocation nodes per device (`CUdevice`).
+    pub bytes: Vec<(i32, u64)>,
+    /// The graph-memory trim epoch of its last launch or upload: memory a
+    /// launch mapped stays mapped for the next until a trim.
+    pub mapped_at: Option<u64>,
+}
+
+/// Memory the driver keeps for the process beyond what a free returns at
+/// once: stream-ordered pools and graph memory. Pools are known by an id of
+/// the shim's own (a destroyed pool's handle may be handed out again while
+/// its allocations live on).
+#[derive(Debug, Default)]
+pub struct PoolBooks {
+    pub pools: HashMap<u64, PoolRec>,
+    /// Live pool handle → pool id.
+    pub by_handle: HashMap<usize, u64>,
+    next_id: u64,
+    /// Live allocations from pools: pointer → (pool id, bytes).
+    pub live: HashMap<u64, (u64, u64)>,
+    /// Graph memory per device (`CUdevice`).
+    pub graph: HashMap<i32, GraphMem>,
+    /// Graphs with allocation nodes: graph handle → bytes per device.
+    pub graphs: HashMap<usize, Vec<(i32, u64)>>,
+    /// Instantiated graphs with allocation nodes.
+    pub execs: HashMap<usize, ExecRec>,
+    /// Counts graph-memory trims (the program's or the shim's).
+    pub trim_epoch: u64,
+}
+
+/// How much a pool must take from the device to hand out `bytes` more: what
+/// its unused reserve lacks.
+pub fn growth(reserved: u64, used: u64, bytes: u64) -> u64 {
+    used.saturating_add(bytes).saturating_sub(reserved)
+}
+
+/// Adds `bytes` on `device` to a per-device list.
+pub fn add_bytes(list: &mut Vec<(i32, u64)>, device: i32, bytes: u64) {
+    match list.iter_mut().find(|(d, _)| *d == device) {
+        Some((_, b)) => *b = b.saturating_add(bytes),
+        None => list.push((device, bytes)),
+    }
+}
+
+impl PoolBooks {
+    /// The id of the live pool `handle`, registering it on first sight.
+    pub fn pool(&mut self, handle: usize, dev: Option<usize>, device: i32) -> u64 {
+        if let Some(&id) = self.by_handle.get(&handle) {
+            return id;
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_handle.insert(handle, id);
+        self.pools.insert(
+            id,
+            PoolRec {
+                handle,
+                dev,
+                device,
+                charged: 0,
+                destroyed: false,
+            },
+        );
+        id
+    }
+
+    /// Bytes of live allocations from pool `id`.
+    pub fn live_bytes(&self, id: u64) -> u64 {
+        self.live
+            .values()
+            .filter(|(p, _)| *p == id)
+            .map(|(_, b)| b)
+            .sum()
+    }
+
+    /// The program destroyed pool `handle`: it is no longer reachable by
+    /// its handle. Returns its id.
+    pub fn destroyed(&mut self, handle: usize) -> Option<u64> {
+        let id = self.by_handle.remove(&handle)?;
+        if let Some(p) = self.pools.get_mut(&id) {
+            p.destroyed = true;
+        }
+        Some(id)
+    }
+
+    /// The live pools on device index `dev`.
+    pub fn pools_on(&self, dev: usize) -> Vec<u64> {
+        self.pools
+            .iter()
+            .filter(|(_, p)| p.dev == Some(dev) && !p.destroyed)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Every charge of this process on device index `dev`: pools and graph
+    /// memory.
+    pub fn charged_on(&self, dev: usize) -> u64 {
+        let pools: u64 = self
+            .pools
+            .values()
+            .filter(|p| p.dev == Some(dev))
+            .map(|p| p.charged)
+            .sum();
+        let graph: u64 = self
+            .graph
+            .values()
+            .filter(|g| g.dev == Some(dev))
+            .map(|g| g.charged)
+            .sum();
+        pools + graph
+    }
+
+    /// Forgets everything (a forked child holds none of it).
+    pub fn clear(&mut self) {
+        *self = PoolBooks::default();
     }
 }
 
@@ -305,5 +503,77 @@ mod tests {
         v.mapped(0x40_0000, 10, 99);
         assert!(v.unmapped(0, u64::MAX).is_empty());
         assert!(v.handles.is_empty() && v.maps.is_empty());
+    }
+
+    #[test]
+    fn array_mappings_keep_a_released_handle_alive_until_unmapped_or_destroyed() {
+        let mut v = Vmm::default();
+        let region = |array, level| ArrayRegion {
+            array,
+            sub: [1, level, 0, 0, 0, 0, 0, 0],
+        };
+        v.created(1, 0, 2 << 20);
+        assert_eq!(v.array_mapped(region(0xa, 0), 1), None);
+        assert_eq!(v.array_mapped(region(0xa, 1), 1), None);
+        assert_eq!(v.released(1), None, "still backs two regions");
+        assert_eq!(v.array_unmapped(region(0xa, 0)), None);
+        assert_eq!(v.array_unmapped(region(0xa, 0)), None, "unmapped once");
+        let freed = v.array_destroyed(0xa);
+        assert_eq!(freed.len(), 1);
+        assert_eq!(freed[0].bytes, 2 << 20);
+        // Mapping a region again replaces its mapping.
+        v.created(2, 0, 10);
+        v.created(3, 0, 20);
+        v.array_mapped(region(0xb, 0), 2);
+        v.released(2);
+        let gone = v.array_mapped(region(0xb, 0), 3);
+        assert_eq!(gone.map(|h| h.bytes), Some(10));
+        // Mapping an unknown handle (not ours) changes nothing.
+        assert_eq!(v.array_mapped(region(0xc, 0), 99), None);
+        assert!(v.array_destroyed(0xc).is_empty());
+    }
+
+    #[test]
+    fn a_pool_grows_only_by_what_its_reserve_lacks() {
+        assert_eq!(growth(0, 0, 100), 100);
+        assert_eq!(growth(768, 0, 768), 0, "a freed reserve is reused");
+        assert_eq!(growth(768, 500, 768), 500);
+        assert_eq!(growth(100, 100, 0), 0);
+        assert_eq!(growth(u64::MAX, 0, u64::MAX), 0);
+    }
+
+    #[test]
+    fn pools_are_known_by_id_even_when_a_handle_comes_back() {
+        let mut b = PoolBooks::default();
+        let a = b.pool(0x10, Some(0), 0);
+        assert_eq!(b.pool(0x10, Some(0), 0), a, "same live handle, same pool");
+        b.live.insert(0x1000, (a, 64));
+        b.pools.get_mut(&a).unwrap().charged = 64;
+        assert_eq!(b.destroyed(0x10), Some(a));
+        assert_eq!(b.destroyed(0x10), None);
+        // The driver hands the same handle out for a new pool.
+        let c = b.pool(0x10, Some(1), 1);
+        assert_ne!(a, c);
+        assert_eq!(b.live_bytes(a), 64);
+        assert_eq!(b.live_bytes(c), 0);
+        assert_eq!(
+            b.pools_on(0),
+            Vec::<u64>::new(),
+            "destroyed pools are not trimmed"
+        );
+        assert_eq!(b.pools_on(1), vec![c]);
+        b.graph.insert(
+            0,
+            GraphMem {
+                dev: Some(0),
+                charged: 10,
+            },
+        );
+        assert_eq!(b.charged_on(0), 74);
+        let mut l = Vec::new();
+        add_bytes(&mut l, 0, 5);
+        add_bytes(&mut l, 1, 7);
+        add_bytes(&mut l, 0, 5);
+        assert_eq!(l, vec![(0, 10), (1, 7)]);
     }
 }
