@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod image;
 pub mod layout;
 pub mod libs;
 pub mod module;
