@@ -17,6 +17,50 @@ pub const ENV_CC: &str = "TESSERA_SIM_CC";
 pub const ENV_NAME: &str = "TESSERA_SIM_NAME";
 /// Seed of the devices' UUIDs (decimal or 0x-hex u64); default derived from the host name.
 pub const ENV_SEED: &str = "TESSERA_SIM_SEED";
+/// The CUDA version the simulated driver reports (`cuDriverGetVersion`), per process:
+/// `12.9` or `12090` form, 12.0 to 13.9; default [`DEFAULT_DRIVER_VERSION`].
+pub const ENV_DRIVER_VERSION: &str = "TESSERA_SIM_DRIVER_VERSION";
+/// CUDA 12.9, what the simulator's headers are.
+pub const DEFAULT_DRIVER_VERSION: i32 = 12090;
+
+/// The driver version this process reports: [`ENV_DRIVER_VERSION`] if set, else 12.9.
+/// Accepts `major.minor` (`13.0`) or CUDA's integer form (`13000`); majors 12 and 13.
+pub fn driver_version_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<i32, ConfigError> {
+    let Some(v) = lookup(ENV_DRIVER_VERSION) else {
+        return Ok(DEFAULT_DRIVER_VERSION);
+    };
+    let bad = || {
+        invalid(
+            ENV_DRIVER_VERSION,
+            &v,
+            "must look like 12.9 or 12090 (CUDA 12.0 to 13.9)",
+        )
+    };
+    let t = v.trim();
+    let version = match t.split_once('.') {
+        Some((major, minor)) => {
+            let major: i32 = major.parse().map_err(|_| bad())?;
+            let minor: i32 = minor.parse().map_err(|_| bad())?;
+            if !(0..=9).contains(&minor) {
+                return Err(bad());
+            }
+            major * 1000 + minor * 10
+        }
+        None => {
+            let n: i32 = t.parse().map_err(|_| bad())?;
+            if n % 10 != 0 || (n % 1000) / 10 > 9 {
+                return Err(bad());
+            }
+            n
+        }
+    };
+    if !(12000..=13090).contains(&version) {
+        return Err(bad());
+    }
+    Ok(version)
+}
 
 /// A configuration value that cannot be used; names the variable and the value.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -225,6 +269,34 @@ mod tests {
         assert!(parse_size("12Qi").is_err());
         assert!(parse_size("-5").is_err());
         assert!(parse_size("99999999999999Ti").is_err());
+    }
+
+    #[test]
+    fn driver_version() {
+        let v = |s: Option<&str>| {
+            driver_version_from_lookup(|k| {
+                assert_eq!(k, ENV_DRIVER_VERSION);
+                s.map(str::to_string)
+            })
+        };
+        assert_eq!(v(None), Ok(12090));
+        assert_eq!(v(Some("13.0")), Ok(13000));
+        assert_eq!(v(Some(" 12.4 ")), Ok(12040));
+        assert_eq!(v(Some("13020")), Ok(13020));
+        for bad in [
+            "", "13", "11.8", "14.0", "12.10", "12095", "1e4", "-12.0", "12.x",
+        ] {
+            assert!(
+                matches!(
+                    v(Some(bad)),
+                    Err(ConfigError::Invalid {
+                        var: ENV_DRIVER_VERSION,
+                        ..
+                    })
+                ),
+                "{bad:?} accepted"
+            );
+        }
     }
 
     #[test]

@@ -11,8 +11,22 @@ use tessera_sim::node::parse_bus_id;
 use crate::runtime::{self, Runtime, rt};
 use crate::{CuResult, guard, put};
 
-/// The driver version the simulated driver reports (that of the headers it is built from).
+/// The driver version the simulated driver reports by default (that of the headers it is
+/// built from); `TESSERA_SIM_DRIVER_VERSION` changes it per process ([`driver_version`]).
 pub const DRIVER_VERSION: c_int = CUDA_VERSION as c_int;
+
+/// The driver version this process reports, read once from `TESSERA_SIM_DRIVER_VERSION`.
+/// A bad value is `CUDA_ERROR_OPERATING_SYSTEM` from every call that needs it, with one
+/// line on stderr.
+pub fn driver_version() -> CuResult<c_int> {
+    static VERSION: std::sync::OnceLock<CuResult<c_int>> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        tessera_sim::config::driver_version_from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
+            eprintln!("tessera-sim libcuda: {e}");
+            CUresult::CUDA_ERROR_OPERATING_SYSTEM
+        })
+    })
+}
 
 /// `cuInit`: maps the node state and joins the node. `Flags` must be 0.
 /// `CUDA_ERROR_NO_DEVICE` when `CUDA_VISIBLE_DEVICES` leaves no device (later calls then
@@ -41,7 +55,7 @@ pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresult {
     // SAFETY: the caller passes a writable pointer or null (rejected).
-    guard(|| unsafe { put(driverVersion, DRIVER_VERSION) })
+    guard(|| unsafe { put(driverVersion, driver_version()?) })
 }
 
 /// `cuDeviceGet`.

@@ -11,6 +11,9 @@
 //! variant is preferred where one exists. An unknown name is `CUDA_ERROR_NOT_FOUND` with
 //! `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`; a name whose every ABI is newer than
 //! `cudaVersion` is `CUDA_ERROR_NOT_FOUND` with `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+//!
+//! The version asked for is capped at the driver's own (`TESSERA_SIM_DRIVER_VERSION`,
+//! 12.9 by default): ABIs introduced in CUDA 13 are handed out only by a 13.x driver.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
@@ -25,6 +28,7 @@ use crate::errors::*;
 use crate::graph::*;
 use crate::launch::*;
 use crate::memory::*;
+use crate::missing::*;
 use crate::module::*;
 use crate::pool::*;
 use crate::stream::*;
@@ -147,6 +151,10 @@ entries! {
     "cuMemHostUnregister" 4000: PFN_cuMemHostUnregister_v4000 = cuMemHostUnregister;
     "cuMemAllocManaged" 6000: PFN_cuMemAllocManaged_v6000 = cuMemAllocManaged;
     "cuPointerGetAttribute" 4000: PFN_cuPointerGetAttribute_v4000 = cuPointerGetAttribute;
+    "cuPointerGetAttributes" 7000: PFN_cuPointerGetAttributes_v7000 = cuPointerGetAttributes;
+    "cuDeviceGetP2PAttribute" 8000: PFN_cuDeviceGetP2PAttribute_v8000 = cuDeviceGetP2PAttribute;
+    "cuCtxEnablePeerAccess" 4000: PFN_cuCtxEnablePeerAccess_v4000 = cuCtxEnablePeerAccess;
+    "cuCtxDisablePeerAccess" 4000: PFN_cuCtxDisablePeerAccess_v4000 = cuCtxDisablePeerAccess;
 
     "cuMemAllocAsync" 11020: PFN_cuMemAllocAsync_v11020 = cuMemAllocAsync;
     "cuMemAllocAsync" 11020 pt: PFN_cuMemAllocAsync_v11020_ptsz = cuMemAllocAsync_ptsz;
@@ -379,13 +387,21 @@ fn get_proc(
     }
     // SAFETY: non-null, and the caller passes a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    // A driver hands out only the ABIs it has: asked for a newer CUDA than it is, it
+    // answers as itself (a 12.9 driver gives a CUDA 13 runtime the 12.9 ABIs).
+    let version = version.min(crate::device::driver_version()?);
     let (ptr, st, rc) = match resolve(name, version, flags) {
         Ok(p) => (
             p,
             CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS,
             Ok(()),
         ),
-        Err((e, st)) => (std::ptr::null(), st, Err(e)),
+        Err((e, st)) => {
+            if crate::export::tracing() {
+                eprintln!("tessera-sim libcuda: cuGetProcAddress {name} {version} {flags}: {st:?}");
+            }
+            (std::ptr::null(), st, Err(e))
+        }
     };
     // SAFETY: `pfn` is non-null and writable by the caller's contract; `status` is
     // optional and written only when non-null.
@@ -428,23 +444,18 @@ pub unsafe extern "C" fn cuGetProcAddress(
     guard(|| get_proc(symbol, pfn, cudaVersion, flags, std::ptr::null_mut()))
 }
 
-/// `cuGetExportTable`: the driver's private tables (which the CUDA runtime library needs)
-/// do not exist here; the runtime library cannot run on the simulated driver.
+/// `cuGetExportTable`: the driver's private tables that NVIDIA's CUDA runtime asks for
+/// ([`crate::export`]); an unknown id is `CUDA_ERROR_INVALID_VALUE` and one line on stderr.
 ///
 /// # Safety
-/// `ppExportTable` must be null or writable.
+/// `ppExportTable` must be null or writable; `pExportTableId` null or a valid `CUuuid`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(
     ppExportTable: *mut *const c_void,
-    _pExportTableId: *const CUuuid,
+    pExportTableId: *const CUuuid,
 ) -> CUresult {
-    guard(|| {
-        if !ppExportTable.is_null() {
-            // SAFETY: non-null out pointer from the caller.
-            unsafe { ppExportTable.write(std::ptr::null()) };
-        }
-        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
-    })
+    // SAFETY: the caller's pointers, checked for null inside.
+    guard(|| unsafe { crate::export::get(ppExportTable, pExportTableId) })
 }
 
 #[cfg(test)]

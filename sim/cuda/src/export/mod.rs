@@ -1,0 +1,273 @@
+//! `cuGetExportTable`: the driver's private tables that NVIDIA's CUDA runtime (`libcudart`,
+//! shared or linked into a framework) asks for before it does anything else.
+//!
+//! The tables are undocumented. What is known about them (their GUIDs, sizes and what
+//! some entries do) comes from public reverse-engineering, ZLUDA's `dark_api` above all,
+//! and from what the 12.x runtime was seen to ask for on this simulator
+//! (`TESSERA_SIM_TRACE_EXPORT=1`); the code here is ours. A table is an array of
+//! pointer-sized slots; most start with their own size in bytes (slot 0), one starts
+//! directly with a function. Each table lives in its own file; `docs/simulator.md` lists
+//! every entry and what it does here.
+//!
+//! A slot we do not implement holds a stub that writes one line to stderr (once per
+//! slot) and returns `CUDA_ERROR_NOT_SUPPORTED`: a caller that uses it gets an error
+//! code, never a jump to null. An unknown table id is `CUDA_ERROR_INVALID_VALUE` with one
+//! line on stderr (once per id).
+
+pub mod context_checks;
+pub mod context_storage;
+pub mod cudart;
+pub mod device_ext;
+pub mod integrity;
+pub mod tools;
+
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use tessera_ffi::cuda::{CUresult, CUuuid};
+
+use crate::CuResult;
+
+/// Environment variable: when set (to anything but `0`), every table request is logged.
+pub const ENV_TRACE: &str = "TESSERA_SIM_TRACE_EXPORT";
+
+/// A table's slots, shared with C as a plain array of pointers.
+#[repr(transparent)]
+pub struct Slots<const N: usize>(pub [*const c_void; N]);
+
+// SAFETY: the slots are written once at compile time (function addresses and a size) and
+// only read afterwards; the pointers themselves are never dereferenced by Rust.
+unsafe impl<const N: usize> Sync for Slots<N> {}
+
+impl<const N: usize> Slots<N> {
+    /// The address the runtime receives.
+    pub fn as_ptr(&'static self) -> *const c_void {
+        self.0.as_ptr().cast()
+    }
+}
+
+/// Slot 0 of a sized table: the table's size in bytes, stored as a pointer-sized value.
+pub const fn size_slot(slots: usize) -> *const c_void {
+    (slots * size_of::<usize>()) as *const c_void
+}
+
+/// One known table.
+pub struct Table {
+    /// A short name for logs and docs (ZLUDA's name where it has one).
+    pub name: &'static str,
+    /// The table's id, in the byte order `CUuuid` carries it.
+    pub guid: [u8; 16],
+    /// Its slots.
+    pub ptr: fn() -> *const c_void,
+}
+
+/// Parses `XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX` into the 16 bytes in written order (the
+/// order in which the runtime passes the id). Compile-time, so a typo fails the build.
+pub const fn guid(s: &str) -> [u8; 16] {
+    let b = s.as_bytes();
+    assert!(b.len() == 36, "a GUID is 36 characters");
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    let mut n = 0;
+    while i < b.len() {
+        if b[i] == b'-' {
+            i += 1;
+            continue;
+        }
+        let hi = hex(b[i]);
+        let lo = hex(b[i + 1]);
+        out[n] = (hi << 4) | lo;
+        n += 1;
+        i += 2;
+    }
+    assert!(n == 16, "a GUID has 32 hex digits");
+    out
+}
+
+const fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        b'A'..=b'F' => c - b'A' + 10,
+        _ => panic!("not a hex digit"),
+    }
+}
+
+/// Every table this driver hands out.
+pub static TABLES: &[Table] = &[
+    Table {
+        name: "CUDART_INTERFACE",
+        guid: cudart::GUID,
+        ptr: || cudart::TABLE.as_ptr(),
+    },
+    Table {
+        name: "TOOLS_TLS",
+        guid: tools::TLS_GUID,
+        ptr: || tools::TLS.as_ptr(),
+    },
+    Table {
+        name: "TOOLS_RUNTIME_CALLBACK_HOOKS",
+        guid: tools::HOOKS_GUID,
+        ptr: || tools::HOOKS.as_ptr(),
+    },
+    Table {
+        name: "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+        guid: context_storage::GUID,
+        ptr: || context_storage::TABLE.as_ptr(),
+    },
+    Table {
+        name: "DEVICE_EXTENDED_RT",
+        guid: device_ext::GUID,
+        ptr: || device_ext::TABLE.as_ptr(),
+    },
+    Table {
+        name: "INTEGRITY_CHECK",
+        guid: integrity::GUID,
+        ptr: || integrity::TABLE.as_ptr(),
+    },
+    Table {
+        name: "CONTEXT_CHECKS",
+        guid: context_checks::GUID,
+        ptr: || context_checks::TABLE.as_ptr(),
+    },
+];
+
+/// Formats an id as the runtime's bytes, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_guid(g: &[u8; 16]) -> String {
+    let h: Vec<String> = g.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Whether [`ENV_TRACE`] asks for table requests and failed symbol lookups to be logged.
+pub fn tracing() -> bool {
+    std::env::var_os(ENV_TRACE).is_some_and(|v| v != "0")
+}
+
+/// Writes `line` to stderr the first time `key` is seen in this process.
+pub fn log_once(key: String, line: impl FnOnce() -> String) {
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded: a hostile caller looping over random ids must not grow this forever.
+    let set = seen.get_or_insert_with(HashSet::new);
+    if set.len() < 256 && set.insert(key) {
+        eprintln!("tessera-sim libcuda: {}", line());
+    }
+}
+
+/// Looks `id` up; `None` for an id this driver does not know.
+pub fn find(id: &[u8; 16]) -> Option<&'static Table> {
+    TABLES.iter().find(|t| &t.guid == id)
+}
+
+/// The body of `cuGetExportTable`.
+///
+/// # Safety
+/// `out` must be null or writable; `id` null or a valid `CUuuid`.
+pub unsafe fn get(out: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
+    if out.is_null() || id.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller passes a valid CUuuid (16 bytes, any values).
+    let bytes: [u8; 16] = unsafe { (*id).bytes }.map(|b| b as u8);
+    match find(&bytes) {
+        Some(t) => {
+            if tracing() {
+                eprintln!(
+                    "tessera-sim libcuda: cuGetExportTable {} ({})",
+                    format_guid(&bytes),
+                    t.name
+                );
+            }
+            // SAFETY: `out` is non-null and writable by the caller's contract.
+            unsafe { out.write((t.ptr)()) };
+            Ok(())
+        }
+        None => {
+            log_once(format!("table {}", format_guid(&bytes)), || {
+                format!(
+                    "cuGetExportTable: unknown table {} (CUDA_ERROR_INVALID_VALUE)",
+                    format_guid(&bytes)
+                )
+            });
+            // SAFETY: as above.
+            unsafe { out.write(std::ptr::null()) };
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+/// The stub in every slot we do not implement. `T` numbers the table (its index in
+/// [`TABLES`]), `I` the slot. It takes no arguments: with the C calling convention on
+/// x86-64 and aarch64 the caller owns its arguments, so ignoring them is sound whatever
+/// the real entry's signature.
+pub extern "C" fn unimplemented<const T: usize, const I: usize>() -> CUresult {
+    let name = TABLES.get(T).map_or("?", |t| t.name);
+    log_once(format!("slot {T} {I}"), || {
+        format!("export table {name} entry {I} is not implemented (CUDA_ERROR_NOT_SUPPORTED)")
+    });
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// The stub for slot `I` of table `T`, as a slot value.
+pub const fn stub<const T: usize, const I: usize>() -> *const c_void {
+    unimplemented::<T, I> as *const c_void
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guids_parse_in_written_order() {
+        assert_eq!(
+            guid("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"),
+            [
+                0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
+                0x9d, 0xf9
+            ]
+        );
+        assert_eq!(
+            format_guid(&cudart::GUID),
+            "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"
+        );
+    }
+
+    #[test]
+    fn ids_are_unique_and_tables_found() {
+        for (i, a) in TABLES.iter().enumerate() {
+            assert!(
+                TABLES[i + 1..].iter().all(|b| b.guid != a.guid),
+                "{}",
+                a.name
+            );
+            assert!(std::ptr::eq(find(&a.guid).expect("found"), a));
+            assert!(!(a.ptr)().is_null());
+        }
+    }
+
+    #[test]
+    fn unknown_id_is_an_error_not_a_crash() {
+        let id = CUuuid { bytes: [7; 16] };
+        let mut out: *const c_void = 0x10usize as *const c_void;
+        // SAFETY: valid pointers to locals.
+        let rc = unsafe { get(&mut out, &id) };
+        assert_eq!(rc, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert!(out.is_null());
+        // SAFETY: null arguments are rejected before any use.
+        let rc = unsafe { get(std::ptr::null_mut(), &id) };
+        assert_eq!(rc, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_stub_returns_not_supported() {
+        assert_eq!(unimplemented::<0, 3>(), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+}
