@@ -20,11 +20,11 @@ enum Cmd {
     /// The node manager daemon: GPU inventory, allocations, metrics, the manager API.
     Manager(tessera_manager::ManagerArgs),
     /// This node's GPUs and allocations (usage, limits, shares), as a table or JSON.
-    Status(tessera_manager::cli::status::StatusArgs),
+    Status(tessera_client::status::StatusArgs),
     /// `tessera status`, live.
-    Top(tessera_manager::cli::top::TopArgs),
+    Top(tessera_client::top::TopArgs),
     /// Run a command under the shim with its own GPU slice, without Kubernetes.
-    Run(tessera_manager::cli::run::RunArgs),
+    Run(tessera_client::run::RunArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
     Demo(tessera_demo::DemoArgs),
     /// One demo workload (a CUDA client run under the shim by `tessera demo`).

@@ -1,7 +1,7 @@
 //! `tessera status` and `tessera top`: the node's GPUs and allocations, once or live.
 
-use tessera_manager::cli::status::{StatusArgs, status};
-use tessera_manager::cli::top::{TopArgs, top};
+use tessera_client::status::{StatusArgs, status};
+use tessera_client::top::{TopArgs, top};
 
 pub fn status_main(args: StatusArgs) -> anyhow::Result<()> {
     status(&args)?;

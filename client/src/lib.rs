@@ -1,15 +1,20 @@
 //! The client side of the manager: `tessera status`, `tessera top` and
-//! `tessera run`. Each command is a function the `tessera` binary calls
-//! with its parsed arguments; rendering is pure and tested on its own.
+//! `tessera run`, with their flags, and the connection to the manager's
+//! socket ([`connect`]). Each command is a function the `tessera` binary
+//! calls with its parsed arguments; rendering is pure and tested on its own.
+//! The manager (the server) is not a dependency: only its API, in
+//! `tessera-proto`, and the shared contract.
 
+pub mod connect;
 pub mod run;
 pub mod status;
 pub mod top;
 
+pub use connect::{ClientError, connect};
+
 use std::path::PathBuf;
 
-use crate::client::ClientError;
-use crate::units::UnitError;
+use tessera_contract::units::UnitError;
 
 /// What a client command can fail with.
 #[derive(Debug, thiserror::Error)]

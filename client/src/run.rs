@@ -10,10 +10,12 @@ use std::process::ExitStatus;
 
 use tessera_proto::manager::v1 as pb;
 
-use super::{CliError, SocketArg, runtime};
-use crate::client;
-use crate::config::CONTAINER_HOOK_LIBRARY;
-use crate::units::{parse_share_ppm, parse_size};
+use tessera_contract::Policy;
+use tessera_contract::labels::RunOwner;
+use tessera_contract::paths::CONTAINER_HOOK_LIBRARY;
+use tessera_contract::units::{parse_share_ppm, parse_size};
+
+use crate::{CliError, SocketArg, connect as client, runtime};
 
 /// `tessera run` arguments.
 #[derive(clap::Args, Debug, Clone)]
@@ -40,46 +42,14 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// The `tessera run` process behind an allocation, from its labels, so
-/// the manager can delete the allocation should that process die without
-/// doing so itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunOwner {
-    pub pid: u32,
-    pub pidns: u64,
-    pub start_time: u64,
-}
-
-impl RunOwner {
-    /// Labels: `source=cli`, `cli-pid`, `cli-pidns`, `cli-start`.
-    pub fn labels(&self) -> [(String, String); 4] {
-        [
-            ("source".into(), "cli".into()),
-            ("cli-pid".into(), self.pid.to_string()),
-            ("cli-pidns".into(), self.pidns.to_string()),
-            ("cli-start".into(), self.start_time.to_string()),
-        ]
-    }
-
-    pub fn from_labels(labels: &std::collections::BTreeMap<String, String>) -> Option<Self> {
-        if labels.get("source").map(String::as_str) != Some("cli") {
-            return None;
-        }
-        Some(RunOwner {
-            pid: labels.get("cli-pid")?.parse().ok()?,
-            pidns: labels.get("cli-pidns")?.parse().ok()?,
-            start_time: labels.get("cli-start")?.parse().ok()?,
-        })
-    }
-
-    /// This process.
-    pub fn current() -> Self {
-        let me = tessera_shm::ProcIdentity::current();
-        RunOwner {
-            pid: me.pid,
-            pidns: me.pidns,
-            start_time: me.start_time,
-        }
+/// This process, as the owner of the allocation it creates (the manager
+/// deletes the allocation should it die without doing so).
+fn current_owner() -> RunOwner {
+    let me = tessera_shm::ProcIdentity::current();
+    RunOwner {
+        pid: me.pid,
+        pidns: me.pidns,
+        start_time: me.start_time,
     }
 }
 
@@ -127,9 +97,9 @@ pub fn request(
     let share = parse_share_ppm(&args.compute)?;
     let policy = match args.policy.as_deref() {
         None => pb::ComputePolicy::Unspecified,
-        Some(p) => match crate::config::parse_policy(p) {
-            Some(tessera_shm::Policy::Guaranteed) => pb::ComputePolicy::Guaranteed,
-            Some(tessera_shm::Policy::Burst) => pb::ComputePolicy::Burst,
+        Some(p) => match Policy::parse(p) {
+            Some(Policy::Guaranteed) => pb::ComputePolicy::Guaranteed,
+            Some(Policy::Burst) => pb::ComputePolicy::Burst,
             None => {
                 return Err(CliError::Usage(format!(
                     "bad --policy {p:?}: use guaranteed or burst"
@@ -137,7 +107,7 @@ pub fn request(
             }
         },
     };
-    let mut labels: HashMap<String, String> = RunOwner::current().labels().into_iter().collect();
+    let mut labels: HashMap<String, String> = current_owner().labels().into_iter().collect();
     if let Some(cmd) = args.command.first() {
         let name = cmd.rsplit('/').next().unwrap_or(cmd);
         labels.insert("command".to_owned(), name.chars().take(200).collect());
@@ -355,7 +325,7 @@ mod tests {
 
     #[test]
     fn gpus_by_index_uuid_and_prefix() {
-        let st = crate::cli::status::tests::sample();
+        let st = crate::status::tests::sample();
         assert_eq!(resolve_gpu(&st, "1").unwrap().uuid, "GPU-b");
         assert_eq!(resolve_gpu(&st, "GPU-a").unwrap().index, 0);
         let e = resolve_gpu(&st, "7").unwrap_err().to_string();
@@ -369,7 +339,7 @@ mod tests {
 
     #[test]
     fn the_request_carries_limits_policy_and_labels() {
-        let st = crate::cli::status::tests::sample();
+        let st = crate::status::tests::sample();
         let a = args(&[
             "--compute",
             "30%",
@@ -404,7 +374,7 @@ mod tests {
 
     #[test]
     fn run_owner_labels_round_trip() {
-        let me = RunOwner::current();
+        let me = current_owner();
         assert_eq!(me.pid, std::process::id());
         let labels = me.labels().into_iter().collect();
         assert_eq!(RunOwner::from_labels(&labels), Some(me));

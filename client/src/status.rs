@@ -4,9 +4,9 @@
 use serde_json::{Value, json};
 use tessera_proto::manager::v1 as pb;
 
-use super::{CliError, SocketArg, runtime};
-use crate::client;
-use crate::units::{format_bytes, format_ppm};
+use tessera_contract::units::{format_bytes, format_ppm};
+
+use crate::{CliError, SocketArg, connect as client, runtime};
 
 /// `tessera status` arguments.
 #[derive(clap::Args, Debug, Clone)]

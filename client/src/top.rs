@@ -7,9 +7,9 @@ use std::io::{IsTerminal, Write};
 use futures::StreamExt;
 use tessera_proto::manager::v1 as pb;
 
-use super::{CliError, SocketArg, runtime};
-use crate::client;
-use crate::units::parse_duration;
+use tessera_contract::units::parse_duration;
+
+use crate::{CliError, SocketArg, connect as client, runtime};
 
 /// `tessera top` arguments.
 #[derive(clap::Args, Debug, Clone)]
@@ -59,7 +59,7 @@ pub fn top(args: &TopArgs) -> Result<(), CliError> {
             let frame = format!(
                 "{}{}",
                 frame_prefix(tty, shown == 0),
-                super::status::render(&status)
+                crate::status::render(&status)
             );
             if out
                 .write_all(frame.as_bytes())

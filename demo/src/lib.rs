@@ -169,7 +169,7 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     let mut client = rt.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            match tessera_manager::client::connect(&socket).await {
+            match tessera_client::connect(&socket).await {
                 Ok(c) => return Ok(c),
                 Err(e) if Instant::now() > deadline => {
                     let log = std::fs::read_to_string(&manager_log).unwrap_or_default();
@@ -370,7 +370,7 @@ fn spawn_workload(
         cmd.arg("--oversubscribe-every").arg(s.to_string());
     }
     let hook_s = hook.display().to_string();
-    for (k, v) in tessera_manager::cli::run::child_env(alloc, &hook_s, None) {
+    for (k, v) in tessera_client::run::child_env(alloc, &hook_s, None) {
         cmd.env(k, v);
     }
     let mut child = cmd

@@ -10,18 +10,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use tessera_shm::Policy;
 
-use crate::units::{UnitError, parse_duration};
+use tessera_contract::units::{UnitError, parse_duration};
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/tessera";
 /// Default host path of the hook library handed to containers.
 pub const DEFAULT_HOOK_LIBRARY: &str = "/var/lib/tessera/lib/libtessera.so";
-/// Where containers see the hook library.
-pub const CONTAINER_HOOK_LIBRARY: &str = "/usr/local/lib/tessera/libtessera.so";
-/// Where containers see their allocation's control file.
-pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
-/// Where containers see their allocation's state file.
-pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
 /// Default listen address of the metrics endpoint (dcgm-exporter's port).
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9400";
 /// XIDs caused by the application, not the GPU: the same list NVIDIA's own
@@ -226,7 +220,7 @@ impl Config {
             c.slices_per_gpu = n;
         }
         if let Some(p) = pick(args.default_policy.clone(), file.default_policy) {
-            c.default_policy = parse_policy(&p).ok_or_else(|| {
+            c.default_policy = Policy::parse(&p).ok_or_else(|| {
                 invalid("defaultPolicy", format!("{p:?}: use guaranteed or burst"))
             })?;
         }
@@ -278,7 +272,7 @@ impl Config {
             c.backstop_kill = k;
         }
         if let Some(s) = pick(args.backstop_slack.clone(), file.backstop_slack) {
-            c.backstop_slack_bytes = crate::units::parse_size(&s)
+            c.backstop_slack_bytes = tessera_contract::units::parse_size(&s)
                 .map_err(|e: UnitError| invalid("backstopSlack", e.to_string()))?;
         }
         if let Some(q) = dur(
@@ -295,7 +289,7 @@ impl Config {
                 .map_err(|e| invalid("quantum", e.to_string()))?;
         }
         if let Some(s) = pick(args.context_overhead.clone(), file.context_overhead) {
-            c.context_overhead_bytes = crate::units::parse_size(&s)
+            c.context_overhead_bytes = tessera_contract::units::parse_size(&s)
                 .map_err(|e: UnitError| invalid("contextOverhead", e.to_string()))?;
         }
         if c.socket.as_os_str().is_empty() {
@@ -360,23 +354,6 @@ fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
             format!("{s:?}: use HOST:PORT (e.g. 0.0.0.0:9400), a port, or off"),
         )
     })
-}
-
-/// `guaranteed` or `burst`.
-pub fn parse_policy(s: &str) -> Option<Policy> {
-    match s.to_ascii_lowercase().as_str() {
-        "guaranteed" => Some(Policy::Guaranteed),
-        "burst" => Some(Policy::Burst),
-        _ => None,
-    }
-}
-
-/// The lower-case name of a policy, as configs and the CLI spell it.
-pub fn policy_name(p: Policy) -> &'static str {
-    match p {
-        Policy::Guaranteed => "guaranteed",
-        Policy::Burst => "burst",
-    }
 }
 
 /// The kernel's hostname, or `localhost` if it cannot be read.

@@ -6,29 +6,48 @@
 //! - [`gpu`], [`nvml`], [`cuda_info`]: the GPU inventory behind a small
 //!   trait, over NVML (and the CUDA driver for SM counts).
 //! - [`health`]: XID events and lost devices → healthy or not, and back.
-//! - [`alloc`]: allocation requests, their validation and their records on disk.
-//! - [`procfs`]: host pids of the allocations' processes, from `/proc`.
-//! - [`backstop`]: NVML's view of GPU processes against the allocations.
-//! - [`metrics`]: the Prometheus exposition and its HTTP responder.
-//! - [`daemon`], [`service`]: the running manager and its gRPC API.
-//! - [`client`], [`cli`]: the client side (`tessera status`, `top`, `run`).
+//! - [`alloc`]: allocation requests and their validation; [`store`]: their
+//!   records on disk and the open files of the ones served; [`wire`]: their
+//!   form in the API.
+//! - [`arbiter`]: compute-time slices, behind the [`arbiter::Arbitration`]
+//!   trait it owns (it knows allocations only as their files).
+//! - [`core`]: the shared state and the allocation operations;
+//!   [`report`]: node status and metrics from it.
+//! - [`reaper`] (with [`procfs`]): host pids of the allocations' processes,
+//!   dead ones reclaimed; [`sampler`] (with [`backstop`]): samples, health
+//!   and NVML's view of GPU processes against the allocations.
+//! - [`listeners`] (gRPC socket, [`metrics`] over HTTP), [`service`] (the
+//!   gRPC API) and [`daemon`] (start, serve, stop) put it together.
+//!
+//! The client side (`tessera status`, `top`, `run`) is the `tessera-client`
+//! crate; what every part shares is `tessera-contract`.
+//!
+//! Modules depend downwards only (no cycle): daemon → listeners →
+//! {service, metrics} → report → core; reaper and sampler → core; core →
+//! {store, wire, arbiter} → alloc → {gpu, config}. The arbiter imports
+//! nothing of the manager (config holds its `ArbiterConfig`).
 
 pub mod alloc;
 pub mod arbiter;
-pub mod arbitration;
 pub mod backstop;
-pub mod cli;
-pub mod client;
 pub mod config;
+pub mod core;
 pub mod cuda_info;
 pub mod daemon;
+pub mod error;
 pub mod gpu;
 pub mod health;
+pub mod listeners;
 pub mod metrics;
 pub mod nvml;
 pub mod procfs;
+pub mod reaper;
+pub mod report;
+pub mod sampler;
 pub mod service;
-pub mod units;
+pub mod store;
+pub mod wire;
 
 pub use config::{Config, ConfigError, ManagerArgs};
-pub use daemon::{Manager, ManagerError};
+pub use daemon::Manager;
+pub use error::ManagerError;

@@ -10,7 +10,7 @@ use tessera_proto::manager::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::alloc::AllocError;
-use crate::daemon::Core;
+use crate::core::Core;
 
 /// Default and smallest refresh of WatchNodeStatus.
 const WATCH_DEFAULT: Duration = Duration::from_secs(1);

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_manager::arbitration::NoArbiter;
-use tessera_manager::client;
+use tessera_client as client;
+use tessera_manager::arbiter::NoArbiter;
 use tessera_manager::gpu::fake::FakeGpu;
 use tessera_manager::gpu::{GpuEvent, GpuProcess, GpuSample};
 use tessera_manager::{Config, Manager, ManagerError};
@@ -784,7 +784,7 @@ async fn start_up_errors_are_clear() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gone() {
-    use tessera_manager::cli::run::RunOwner;
+    use tessera_contract::labels::RunOwner;
     let dir = tempfile::tempdir().unwrap();
     let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
     let u0 = gpu.uuid(0);

@@ -18,30 +18,9 @@ pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 0;
 /// Default wait for a silent arbiter before a gate runs free.
 pub const DEFAULT_GATE_TIMEOUT_NS: u64 = 2_000_000_000;
 
-/// Compute policy of one device of an allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Policy {
-    /// The share is a hard cap, even on an idle GPU.
-    Guaranteed,
-    /// The share is a floor; idle time goes to whoever has work.
-    Burst,
-}
-
-impl Policy {
-    pub fn to_raw(self) -> u32 {
-        match self {
-            Policy::Guaranteed => POLICY_GUARANTEED,
-            Policy::Burst => POLICY_BURST,
-        }
-    }
-    pub fn from_raw(raw: u32) -> Option<Self> {
-        match raw {
-            POLICY_GUARANTEED => Some(Policy::Guaranteed),
-            POLICY_BURST => Some(Policy::Burst),
-            _ => None,
-        }
-    }
-}
+/// Compute policy of one device of an allocation (defined with its names
+/// in the shared contract).
+pub use tessera_contract::Policy;
 
 /// One GPU of an allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,9 +26,7 @@ pub const STATE_MAGIC: u64 = u64::from_le_bytes(*b"TESSSTA\0");
 pub const ABI_VERSION: u32 = 1;
 
 /// Compute policy values stored in [`DeviceControl::policy`].
-pub const POLICY_GUARANTEED: u32 = 1;
-/// See [`POLICY_GUARANTEED`].
-pub const POLICY_BURST: u32 = 2;
+pub use tessera_contract::policy::{POLICY_BURST, POLICY_GUARANTEED};
 
 /// Bits of the grant word ([`DeviceControl::grant`]), the futex the gate waits on.
 pub mod grant {

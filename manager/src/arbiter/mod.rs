@@ -23,8 +23,6 @@ use std::time::Duration;
 use tessera_shm::gate::monotonic_ns;
 use tessera_shm::{Control, Policy, ShmError, State};
 
-use crate::arbitration::Arbitration;
-use crate::daemon::LiveAllocation;
 use driver::{Cmd, Driver, Shared, lock};
 use sched::SchedConfig;
 
@@ -192,15 +190,6 @@ impl AllocationFiles for OpenFiles {
     }
     fn state(&self) -> &State {
         &self.state
-    }
-}
-
-impl AllocationFiles for LiveAllocation {
-    fn control(&self) -> &Control {
-        LiveAllocation::control(self)
-    }
-    fn state(&self) -> &State {
-        LiveAllocation::state(self)
     }
 }
 
@@ -451,15 +440,49 @@ impl Drop for Arbiter {
     }
 }
 
+/// What the manager needs from the compute arbiter: it says which
+/// allocations exist (as their files, [`AllocationFiles`]) and asks what
+/// share each achieved. The arbiter owns this seam; the manager's types
+/// reach it only through the traits.
+pub trait Arbitration: Send + Sync + 'static {
+    /// Starts arbitrating allocation `id` (on each of its GPUs).
+    fn add(&self, id: &str, files: Arc<dyn AllocationFiles>);
+    /// Stops arbitrating an allocation that is being deleted.
+    fn remove(&self, id: &str);
+    /// Share of `gpu_uuid`'s time the allocation held over the recent
+    /// window, in ppm; `None` when no arbiter measures it.
+    fn achieved_ppm(&self, id: &str, gpu_uuid: &str) -> Option<u32>;
+    /// [`Self::achieved_ppm`] of every arbitrated (allocation id, GPU UUID)
+    /// at once: a status or a scrape asks once, however many allocations
+    /// there are. The default asks nothing and knows nothing.
+    fn achieved_all(&self) -> HashMap<(String, String), u32> {
+        HashMap::new()
+    }
+    /// Stops every arbiter thread (manager shutdown).
+    fn shutdown(&self) {}
+}
+
+/// No arbitration: allocations with a whole GPU need none (their grant is
+/// created open); others run free once their gate times out.
+#[derive(Debug, Default)]
+pub struct NoArbiter;
+
+impl Arbitration for NoArbiter {
+    fn add(&self, _id: &str, _files: Arc<dyn AllocationFiles>) {}
+    fn remove(&self, _id: &str) {}
+    fn achieved_ppm(&self, _id: &str, _gpu_uuid: &str) -> Option<u32> {
+        None
+    }
+}
+
 /// The manager's seam: every device of an allocation is arbitrated on its
 /// GPU; failures are logged (the allocation's gates then open after their
 /// timeout rather than stall).
 impl Arbitration for Arbiter {
-    fn add(&self, alloc: &Arc<LiveAllocation>) {
-        let files: Arc<dyn AllocationFiles> = alloc.clone();
-        for dev in 0..alloc.control().n_devices() {
+    fn add(&self, id: &str, files: Arc<dyn AllocationFiles>) {
+        for dev in 0..files.control().n_devices() {
             if let Err(e) = self.add_allocation(Arc::clone(&files), dev) {
-                tracing::error!(alloc = %alloc.id(), dev, "cannot arbitrate: {e}");
+                tracing::error!(alloc = %id, dev, "cannot arbitrate: {e}");
             }
         }
     }

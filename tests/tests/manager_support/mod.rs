@@ -38,9 +38,9 @@ struct ManagerCli {
 #[derive(Parser)]
 #[command(name = "tessera")]
 enum ClientCli {
-    Status(tessera_manager::cli::status::StatusArgs),
-    Top(tessera_manager::cli::top::TopArgs),
-    Run(tessera_manager::cli::run::RunArgs),
+    Status(tessera_client::status::StatusArgs),
+    Top(tessera_client::top::TopArgs),
+    Run(tessera_client::run::RunArgs),
 }
 
 /// The body of the `role` test: runs the role and exits, never returning
@@ -109,9 +109,9 @@ fn cli_role(args: Vec<String>) -> i32 {
         }
     };
     let result = match cli {
-        ClientCli::Status(a) => tessera_manager::cli::status::status(&a).map(|()| 0),
-        ClientCli::Top(a) => tessera_manager::cli::top::top(&a).map(|()| 0),
-        ClientCli::Run(a) => tessera_manager::cli::run::run(&a),
+        ClientCli::Status(a) => tessera_client::status::status(&a).map(|()| 0),
+        ClientCli::Top(a) => tessera_client::top::top(&a).map(|()| 0),
+        ClientCli::Run(a) => tessera_client::run::run(&a),
     };
     match result {
         Ok(code) => code,
@@ -545,7 +545,7 @@ pub fn node_status(socket: &Path) -> tessera_proto::manager::v1::NodeStatus {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut c = tessera_manager::client::connect(socket)
+        let mut c = tessera_client::connect(socket)
             .await
             .expect("connect to the manager");
         c.get_node_status(tessera_proto::manager::v1::NodeStatusRequest {})
@@ -567,7 +567,7 @@ pub fn with_client<T>(
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut c = tessera_manager::client::connect(socket)
+        let mut c = tessera_client::connect(socket)
             .await
             .expect("connect to the manager");
         f(&mut c).await

@@ -1,0 +1,9 @@
+//! Where an allocation's files appear inside a container (the device plugin
+//! and `tessera run` mount or hand them there; the shim looks there).
+
+/// The shim inside a container.
+pub const CONTAINER_HOOK_LIBRARY: &str = "/usr/local/lib/tessera/libtessera.so";
+/// The allocation's control file inside a container (read-only mount).
+pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
+/// The allocation's state file inside a container.
+pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";

@@ -1,0 +1,274 @@
+//! The manager's shared state ([`Core`]) and the allocation operations its
+//! API serves: create, delete, list, set the owner, and reload after a
+//! restart. The threads that keep it current are [`crate::reaper`] and
+//! [`crate::sampler`]; what it reports is [`crate::report`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+use tessera_proto::manager::v1 as pb;
+
+use crate::alloc::{self, AllocError, AllocationRecord};
+use crate::arbiter::Arbitration;
+use crate::backstop::Finding;
+use crate::config::Config;
+use crate::error::ManagerError;
+use crate::gpu::{GpuBackend, GpuInfo, GpuSample};
+use crate::health::{GpuHealth, HealthPolicy};
+use crate::procfs::Resolver;
+use crate::store::{LiveAllocation, Store};
+use crate::wire;
+
+pub(crate) fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Everything the threads and servers share.
+pub struct Core {
+    pub(crate) config: Config,
+    pub(crate) gpus: Vec<GpuInfo>,
+    pub(crate) driver_version: String,
+    pub(crate) backend: Arc<dyn GpuBackend>,
+    pub(crate) health_policy: HealthPolicy,
+    pub(crate) health: Mutex<Vec<GpuHealth>>,
+    pub(crate) samples: RwLock<Vec<Option<GpuSample>>>,
+    pub(crate) allocs: RwLock<BTreeMap<String, Arc<LiveAllocation>>>,
+    /// Serialises create, delete and owner changes, so capacity checks and
+    /// the files on disk agree.
+    pub(crate) writes: Mutex<()>,
+    pub(crate) store: Store,
+    pub(crate) findings: Mutex<Vec<Finding>>,
+    pub(crate) arbitration: Arc<dyn Arbitration>,
+    pub(crate) changes: tokio::sync::watch::Sender<u64>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) resolver: Resolver,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").field("gpus", &self.gpus).finish()
+    }
+}
+
+impl Core {
+    /// The shared state of a manager over `backend`'s GPUs.
+    pub(crate) fn new(
+        config: Config,
+        gpus: Vec<GpuInfo>,
+        driver_version: String,
+        backend: Arc<dyn GpuBackend>,
+        store: Store,
+        arbitration: Arc<dyn Arbitration>,
+    ) -> Core {
+        let (changes, _) = tokio::sync::watch::channel(0u64);
+        let n = gpus.len();
+        Core {
+            health_policy: HealthPolicy {
+                ignored_xids: config.ignored_xids.clone(),
+                xid_recovery: config.xid_recovery,
+            },
+            config,
+            gpus,
+            driver_version,
+            backend,
+            health: Mutex::new(vec![GpuHealth::default(); n]),
+            samples: RwLock::new(vec![None; n]),
+            allocs: RwLock::new(BTreeMap::new()),
+            writes: Mutex::new(()),
+            store,
+            findings: Mutex::new(Vec::new()),
+            arbitration,
+            changes,
+            stop: AtomicBool::new(false),
+            resolver: Resolver::host(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
+    pub(crate) fn notify(&self) {
+        self.changes.send_modify(|v| *v += 1);
+    }
+
+    /// Subscribes to changes of health or allocations.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    pub fn allocation(&self, id: &str) -> Option<Arc<LiveAllocation>> {
+        self.allocs.read().get(id).cloned()
+    }
+
+    pub(crate) fn live_list(&self) -> Vec<Arc<LiveAllocation>> {
+        self.allocs.read().values().cloned().collect()
+    }
+
+    /// The wire form of an allocation: paths, mounts and environment.
+    pub fn allocation_pb(&self, live: &LiveAllocation) -> pb::Allocation {
+        wire::allocation(live, &self.config.hook_library)
+    }
+
+    /// CreateAllocation: idempotent for the same id and request.
+    pub fn create(&self, req: &pb::CreateAllocationRequest) -> Result<pb::Allocation, AllocError> {
+        let _w = self.writes.lock();
+        let id = if req.id.is_empty() {
+            alloc::generate_id()
+        } else {
+            req.id.clone()
+        };
+        let rec = alloc::normalize(
+            req,
+            id,
+            &self.gpus,
+            self.config.default_policy,
+            now_unix_ms(),
+        )?;
+        if let Some(existing) = self.allocation(&rec.id) {
+            if existing.record().same_request(&rec) {
+                return Ok(self.allocation_pb(&existing));
+            }
+            return Err(AllocError::Conflict(format!(
+                "allocation {} already exists with a different request; delete it first or \
+                 choose another id",
+                rec.id
+            )));
+        }
+        {
+            let health = self.health.lock();
+            for d in &rec.devices {
+                if let Some(i) = self.gpus.iter().position(|g| g.uuid == d.gpu_uuid)
+                    && !health[i].healthy()
+                {
+                    return Err(AllocError::Precondition(format!(
+                        "GPU {} (index {i}) is unhealthy: {}",
+                        d.gpu_uuid,
+                        health[i].reason()
+                    )));
+                }
+            }
+        }
+        let existing: Vec<AllocationRecord> = self.live_list().iter().map(|l| l.record()).collect();
+        alloc::check_capacity(&rec, &self.gpus, existing.iter())?;
+        let spec = rec.control_spec(self.config.context_overhead_bytes);
+        self.store.create(&rec, &spec)?;
+        let dir = self.store.alloc_dir(&rec.id);
+        let live = match LiveAllocation::open(rec.clone(), dir) {
+            Ok(l) => Arc::new(l),
+            Err(e) => {
+                let _ = self.store.remove(&rec.id);
+                return Err(e);
+            }
+        };
+        self.allocs.write().insert(rec.id.clone(), live.clone());
+        self.arbitration.add(&rec.id, live.clone());
+        tracing::info!(
+            id = %rec.id,
+            devices = rec.devices.len(),
+            policy = rec.policy.name(),
+            "allocation created"
+        );
+        self.notify();
+        Ok(self.allocation_pb(&live))
+    }
+
+    /// DeleteAllocation.
+    pub fn delete(&self, id: &str) -> Result<(), AllocError> {
+        let _w = self.writes.lock();
+        let Some(live) = self.allocs.write().remove(id) else {
+            return Err(AllocError::NotFound(format!("no allocation {id:?}")));
+        };
+        self.arbitration.remove(id);
+        let procs = live.state().processes(live.control().n_devices()).len();
+        drop(live);
+        self.store.remove(id)?;
+        tracing::info!(id, processes_left = procs, "allocation deleted");
+        self.notify();
+        Ok(())
+    }
+
+    pub fn list(&self) -> Vec<pb::Allocation> {
+        self.live_list()
+            .iter()
+            .map(|l| self.allocation_pb(l))
+            .collect()
+    }
+
+    /// SetAllocationOwner: records the owner; a policy may only tighten.
+    pub fn set_owner(
+        &self,
+        req: &pb::SetAllocationOwnerRequest,
+    ) -> Result<pb::Allocation, AllocError> {
+        let _w = self.writes.lock();
+        let live = self
+            .allocation(&req.id)
+            .ok_or_else(|| AllocError::NotFound(format!("no allocation {:?}", req.id)))?;
+        let mut rec = live.record();
+        if let Some(p) = alloc::policy_from_pb(req.policy)? {
+            if !alloc::is_stricter_or_same(rec.policy, p) {
+                return Err(AllocError::Precondition(format!(
+                    "allocation {} is {}; a policy may only become stricter, not {}",
+                    rec.id,
+                    rec.policy.name(),
+                    p.name()
+                )));
+            }
+            rec.policy = p;
+        }
+        rec.namespace = req.namespace.clone();
+        rec.pod = req.pod.clone();
+        rec.container = req.container.clone();
+        self.store.save(&rec)?;
+        for i in 0..live.control().n_devices() {
+            live.control().set_policy(i, rec.policy)?;
+        }
+        live.set_record(rec);
+        self.notify();
+        Ok(self.allocation_pb(&live))
+    }
+
+    /// Loads every allocation on disk (manager restart).
+    pub(crate) fn reload(&self) -> Result<(), ManagerError> {
+        let (records, broken) = self.store.load_all()?;
+        for q in broken {
+            tracing::error!(
+                from = %q.from.display(),
+                kept_at = %q.to.display(),
+                reason = %q.reason,
+                "allocation directory unreadable; moved aside"
+            );
+        }
+        for rec in records {
+            let id = rec.id.clone();
+            for d in &rec.devices {
+                if !self.gpus.iter().any(|g| g.uuid == d.gpu_uuid) {
+                    tracing::warn!(allocation = %id, gpu = %d.gpu_uuid, "allocation names a GPU not on this node");
+                }
+            }
+            let dir = self.store.alloc_dir(&id);
+            match LiveAllocation::open(rec, dir.clone()).map(Arc::new) {
+                Ok(live) => {
+                    let procs = live.state().processes(live.control().n_devices()).len();
+                    tracing::info!(allocation = %id, processes = procs, "allocation reloaded");
+                    self.arbitration.add(&id, live.clone());
+                    self.allocs.write().insert(id, live);
+                }
+                Err(e) => {
+                    tracing::error!(allocation = %id, error = %e, "allocation files unusable; left in place, not served");
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! What the manager reports: the node status the API returns and the
+//! metrics exposition, both from one snapshot of [`Core`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessera_proto::manager::v1 as pb;
+
+use crate::alloc;
+use crate::backstop::Reason;
+use crate::core::{Core, now_unix_ms};
+use crate::gpu::GpuInfo;
+use crate::metrics::{self, AllocMetrics, GpuMetrics, MetricsSnapshot};
+use crate::store::LiveAllocation;
+
+impl Core {
+    fn slot_status(
+        &self,
+        live: &LiveAllocation,
+        achieved: &HashMap<(String, String), u32>,
+    ) -> pb::AllocationStatus {
+        let rec = live.record();
+        let n = live.control().n_devices();
+        let devices = (0..n)
+            .map(|i| {
+                let uuid = live.control().uuid(i).to_owned();
+                pb::AllocationDeviceStatus {
+                    memory_limit_bytes: live.control().memory_limit(i),
+                    memory_used_bytes: live.state().reserved(i),
+                    compute_share_ppm: live.control().compute_share_ppm(i),
+                    compute_achieved_ppm: achieved
+                        .get(&(rec.id.clone(), uuid.clone()))
+                        .copied()
+                        .unwrap_or(0),
+                    wait_ns_total: live.state().gate_wait_ns(i),
+                    oom_refused_total: live.state().oom_refused(i),
+                    gpu_uuid: uuid,
+                }
+            })
+            .collect();
+        let processes = live
+            .state()
+            .processes(n)
+            .into_iter()
+            .map(|p| pb::ProcessStatus {
+                host_pid: p.host_pid,
+                container_pid: p.identity.pid,
+                memory_used_bytes: p.usage,
+            })
+            .collect();
+        pb::AllocationStatus {
+            allocation: Some(self.allocation_pb(live)),
+            devices,
+            processes,
+        }
+    }
+
+    /// GetNodeStatus.
+    pub fn node_status(&self) -> pb::NodeStatus {
+        self.node_status_with(&self.arbitration.achieved_all())
+    }
+
+    /// The status, with the arbiter's achieved shares asked for once.
+    pub(crate) fn node_status_with(
+        &self,
+        achieved: &HashMap<(String, String), u32>,
+    ) -> pb::NodeStatus {
+        let allocs = self.live_list();
+        let health = self.health.lock().clone();
+        let samples = self.samples.read().clone();
+        let gpus = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let s = samples.get(i).copied().flatten().unwrap_or_default();
+                let (mem, ppm) = allocs
+                    .iter()
+                    .flat_map(|a| a.record().devices)
+                    .filter(|d| d.gpu_uuid == g.uuid)
+                    .fold((0u64, 0u64), |(m, p), d| {
+                        (m + d.memory_limit_bytes, p + u64::from(d.compute_share_ppm))
+                    });
+                pb::GpuStatus {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_bytes: g.memory_total_bytes,
+                    memory_used_bytes: s.memory_used_bytes,
+                    sm_count: g.sm_count,
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    numa_node: g.numa_node,
+                    compute_capability_major: g.compute_capability.0,
+                    compute_capability_minor: g.compute_capability.1,
+                    healthy: health[i].healthy(),
+                    unhealthy_reason: health[i].reason(),
+                    utilization_percent: s.utilization_percent,
+                    temperature_c: s.temperature_c,
+                    power_mw: s.power_mw,
+                    compute_allocated_ppm: u32::try_from(ppm).unwrap_or(u32::MAX),
+                    memory_allocated_bytes: mem,
+                }
+            })
+            .collect();
+        pb::NodeStatus {
+            hostname: self.config.hostname.clone(),
+            driver_version: self.driver_version.clone(),
+            gpus,
+            allocations: allocs
+                .iter()
+                .map(|l| self.slot_status(l, achieved))
+                .collect(),
+            unix_ms: now_unix_ms(),
+        }
+    }
+
+    /// Slices an allocation's device stands for: what the device plugin
+    /// said, or else what its memory and compute amount to in this node's
+    /// slice size (the larger of the two, rounded up).
+    fn slices_of(&self, d: &alloc::DeviceRecord, gpu: &GpuInfo) -> u32 {
+        if d.slices > 0 {
+            return d.slices;
+        }
+        let s = u64::from(self.config.slices_per_gpu);
+        let by_mem = (d.memory_limit_bytes * s).div_ceil(gpu.memory_total_bytes.max(1));
+        let by_compute = (u64::from(d.compute_share_ppm) * s).div_ceil(1_000_000);
+        by_mem.max(by_compute).min(s) as u32
+    }
+
+    /// The metrics exposition.
+    pub fn metrics_text(&self) -> String {
+        let achieved = self.arbitration.achieved_all();
+        let status = self.node_status_with(&achieved);
+        let findings = self.findings.lock().clone();
+        let allocs = self.live_list();
+        let gpus = self
+            .gpus
+            .iter()
+            .zip(&status.gpus)
+            .map(|(g, s)| {
+                let mut ungoverned = BTreeMap::new();
+                for r in [Reason::NoShim, Reason::OtherGpu, Reason::OverLimit] {
+                    let n = findings
+                        .iter()
+                        .filter(|f| f.gpu_uuid == g.uuid && f.reason == r)
+                        .count();
+                    ungoverned.insert(r.label(), n as u64);
+                }
+                GpuMetrics {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.name.clone(),
+                    memory_used_bytes: s.memory_used_bytes,
+                    memory_total_bytes: g.memory_total_bytes,
+                    utilization_ratio: f64::from(s.utilization_percent) / 100.0,
+                    temperature_celsius: s.temperature_c,
+                    power_watts: f64::from(s.power_mw) / 1000.0,
+                    slices_allocated: allocs
+                        .iter()
+                        .flat_map(|a| a.record().devices)
+                        .filter(|d| d.gpu_uuid == g.uuid)
+                        .map(|d| self.slices_of(&d, g))
+                        .sum(),
+                    slices_total: self.config.slices_per_gpu,
+                    healthy: s.healthy,
+                    ungoverned,
+                }
+            })
+            .collect();
+        let mut alloc_rows = Vec::new();
+        for a in &status.allocations {
+            let Some(rec) = &a.allocation else { continue };
+            for d in &a.devices {
+                let Some(g) = self.gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
+                    continue;
+                };
+                alloc_rows.push(AllocMetrics {
+                    gpu_index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.name.clone(),
+                    allocation: rec.id.clone(),
+                    namespace: rec.namespace.clone(),
+                    pod: rec.pod.clone(),
+                    container: rec.container.clone(),
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    memory_used_bytes: d.memory_used_bytes,
+                    compute_share_ratio: f64::from(d.compute_share_ppm) / 1e6,
+                    compute_achieved_ratio: achieved
+                        .get(&(rec.id.clone(), g.uuid.clone()))
+                        .map(|p| f64::from(*p) / 1e6),
+                    processes: a.processes.len() as u64,
+                    wait_seconds_total: d.wait_ns_total as f64 / 1e9,
+                    oom_refused_total: d.oom_refused_total,
+                });
+            }
+        }
+        metrics::render(&MetricsSnapshot {
+            hostname: status.hostname,
+            gpus,
+            allocations: alloc_rows,
+        })
+    }
+}
