@@ -1,8 +1,14 @@
 //! CUDA arrays and mipmapped arrays: charged to the device by their size (width × height ×
 //! depth × element size, every level of a mipmap), with no backing bytes — copies to and
 //! from arrays are not simulated.
+//!
+//! Sparse (`CUDA_ARRAY3D_SPARSE`) and deferred-mapping (`CUDA_ARRAY3D_DEFERRED_MAPPING`)
+//! arrays cost nothing when created, as on a GPU: their memory is whatever physical
+//! allocations (`cuMemCreate` handles, charged there) `cuMemMapArrayAsync` binds to them.
+//! A binding keeps its handle's memory alive until it is unmapped or the array destroyed.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 
@@ -15,8 +21,37 @@ pub struct Array {
     pub device: usize,
     pub ctx_id: u64,
     pub desc: CUDA_ARRAY3D_DESCRIPTOR,
-    /// Bytes charged for it (0 for a level of a mipmapped array, charged with the mipmap).
+    /// Bytes charged for it (0 for a level of a mipmapped array, charged with the mipmap,
+    /// and for sparse and deferred-mapping arrays, backed by what is mapped into them).
     pub charged: u64,
+    /// A level of a mipmapped array (destroyed with it, never alone).
+    pub level: bool,
+}
+
+/// Sparse or deferred-mapping arrays are backed only by what is mapped into them.
+pub const UNBACKED_FLAGS: u32 = CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING;
+
+/// Where a `cuMemMapArrayAsync` binding sits: the array or mipmapped array handle and the
+/// subresource (type, level or layer, offsets).
+type BindingKey = (usize, u32, [u64; 5]);
+
+/// Live bindings of memory handles to sparse or deferred-mapping arrays.
+static BINDINGS: Mutex<BTreeMap<BindingKey, u64>> = Mutex::new(BTreeMap::new());
+
+fn bindings() -> MutexGuard<'static, BTreeMap<BindingKey, u64>> {
+    BINDINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Unbinds everything mapped into the array or mipmapped array `resource`.
+fn unbind_all(rt: &Runtime, resource: usize) {
+    let handles: Vec<u64> = {
+        let mut b = bindings();
+        let keys: Vec<BindingKey> = b.keys().filter(|k| k.0 == resource).copied().collect();
+        keys.iter().filter_map(|k| b.remove(k)).collect()
+    };
+    for h in handles {
+        crate::vmm::unbind(rt, h);
+    }
 }
 
 #[derive(Debug)]
@@ -74,12 +109,19 @@ fn level_desc(d: &CUDA_ARRAY3D_DESCRIPTOR, level: u32) -> CUDA_ARRAY3D_DESCRIPTO
 fn create(rt: &Runtime, desc: CUDA_ARRAY3D_DESCRIPTOR) -> CuResult<usize> {
     let ctx = current()?;
     let bytes = array_bytes(&desc)?;
-    rt.charge(ctx.device, bytes)?;
+    // Sparse and deferred-mapping arrays are backed when memory is mapped into them.
+    let charge = if desc.Flags & UNBACKED_FLAGS != 0 {
+        0
+    } else {
+        bytes
+    };
+    rt.charge(ctx.device, charge)?;
     Ok(ARRAYS.insert(Arc::new(Array {
         device: ctx.device,
         ctx_id: ctx.id,
         desc,
-        charged: bytes,
+        charged: charge,
+        level: false,
     })))
 }
 
@@ -149,9 +191,10 @@ pub unsafe extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
         let rt = rt()?;
         let a = ARRAYS
             .get(hArray as usize)
-            .filter(|a| a.charged > 0)
+            .filter(|a| !a.level)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         ARRAYS.remove(hArray as usize);
+        unbind_all(rt, hArray as usize);
         rt.uncharge(a.device, a.charged);
         Ok(())
     })
@@ -229,6 +272,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
                 .checked_add(array_bytes(&level_desc(&d, l))?)
                 .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         }
+        if d.Flags & UNBACKED_FLAGS != 0 {
+            total = 0;
+        }
         rt.charge(ctx.device, total)?;
         let levels = (0..numMipmapLevels)
             .map(|l| {
@@ -237,6 +283,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
                     ctx_id: ctx.id,
                     desc: level_desc(&d, l),
                     charged: 0,
+                    level: true,
                 }))
             })
             .collect();
@@ -276,10 +323,11 @@ pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
     })
 }
 
-fn destroy_mipmap(rt: &Runtime, m: &Mipmap) {
+fn destroy_mipmap(rt: &Runtime, handle: usize, m: &Mipmap) {
     for l in &m.levels {
         ARRAYS.remove(*l);
     }
+    unbind_all(rt, handle);
     rt.uncharge(m.device, m.charged);
 }
 
@@ -294,7 +342,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
         let m = MIPMAPS
             .remove(hMipmappedArray as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        destroy_mipmap(rt, &m);
+        destroy_mipmap(rt, hMipmappedArray as usize, &m);
         Ok(())
     })
 }
@@ -302,11 +350,174 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArr
 /// Frees the arrays of a destroyed context.
 pub fn free_context(rt: &Runtime, ctx_id: u64) {
     for m in MIPMAPS.remove_where(|m| m.ctx_id == ctx_id) {
-        destroy_mipmap(rt, &m);
+        destroy_mipmap(rt, crate::registry::handle_of(&m), &m);
     }
     for a in ARRAYS.remove_where(|a| a.ctx_id == ctx_id) {
+        unbind_all(rt, crate::registry::handle_of(&a));
         rt.uncharge(a.device, a.charged);
     }
+}
+
+/// The device and flags of a sparse/deferred array or mipmapped array handle.
+fn unbacked_resource(info: &CUarrayMapInfo) -> CuResult<(usize, usize)> {
+    // SAFETY: reading the union member the resource type names; handles are checked
+    // against the registries before use.
+    let (handle, array) = unsafe {
+        match info.resourceType {
+            CUresourcetype::CU_RESOURCE_TYPE_ARRAY => (info.resource.array as usize, true),
+            CUresourcetype::CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => {
+                (info.resource.mipmap as usize, false)
+            }
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    let (device, flags) = if array {
+        let a = ARRAYS
+            .get(handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        (a.device, a.desc.Flags)
+    } else {
+        let m = MIPMAPS
+            .get(handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let first = ARRAYS
+            .get(
+                *m.levels
+                    .first()
+                    .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
+            )
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        (m.device, first.desc.Flags)
+    };
+    if flags & UNBACKED_FLAGS == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok((handle, device))
+}
+
+fn binding_key(handle: usize, info: &CUarrayMapInfo) -> BindingKey {
+    // SAFETY: both subresource forms are plain integers; reading the one the type names.
+    let sub = unsafe {
+        if info.subresourceType
+            == CUarraySparseSubresourceType::CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL
+        {
+            let m = info.subresource.miptail;
+            [u64::from(m.layer), m.offset, 0, 0, 0]
+        } else {
+            let l = info.subresource.sparseLevel;
+            [
+                u64::from(l.level),
+                u64::from(l.layer),
+                u64::from(l.offsetX),
+                u64::from(l.offsetY),
+                u64::from(l.offsetZ),
+            ]
+        }
+    };
+    (handle, info.subresourceType.0, sub)
+}
+
+fn map_array(infos: *mut CUarrayMapInfo, count: std::ffi::c_uint) -> CuResult<()> {
+    let rt = rt()?;
+    if count > 0 && infos.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..count as usize {
+        // SAFETY: the caller passes `count` entries.
+        let info = unsafe { &*infos.add(i) };
+        let (handle, device) = unbacked_resource(info)?;
+        let key = binding_key(handle, info);
+        match info.memOperationType {
+            CUmemOperationType::CU_MEM_OPERATION_TYPE_MAP => {
+                if info.memHandleType != CUmemHandleType::CU_MEM_HANDLE_TYPE_GENERIC {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                // SAFETY: the generic handle is the union's only member.
+                let mem = unsafe { info.memHandle.memHandle };
+                if crate::vmm::handle_size(mem).is_none_or(|s| info.offset >= s) {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                if crate::vmm::bind(mem)? != device {
+                    crate::vmm::unbind(rt, mem);
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                if let Some(old) = bindings().insert(key, mem) {
+                    crate::vmm::unbind(rt, old);
+                }
+            }
+            CUmemOperationType::CU_MEM_OPERATION_TYPE_UNMAP => {
+                if let Some(old) = bindings().remove(&key) {
+                    crate::vmm::unbind(rt, old);
+                }
+            }
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemMapArrayAsync`: binds (or unbinds) `cuMemCreate` memory to tiles or mip tails
+/// of sparse arrays and to deferred-mapping arrays. The memory is the handle's, charged
+/// at `cuMemCreate`; the array itself never is. Done at once (stream order is kept
+/// trivially: nothing reads arrays).
+///
+/// # Safety
+/// `mapInfoList` must point to `count` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMapArrayAsync(
+    mapInfoList: *mut CUarrayMapInfo,
+    count: std::ffi::c_uint,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        crate::stream::resolve(hStream, false)?;
+        map_array(mapInfoList, count)
+    })
+}
+
+/// `cuMemMapArrayAsync_ptsz`.
+///
+/// # Safety
+/// As `cuMemMapArrayAsync`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMapArrayAsync_ptsz(
+    mapInfoList: *mut CUarrayMapInfo,
+    count: std::ffi::c_uint,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        crate::stream::resolve(hStream, true)?;
+        map_array(mapInfoList, count)
+    })
+}
+
+/// `cuArrayGetMemoryRequirements`: what a deferred-mapping array needs mapped (its size
+/// rounded to the VMM granularity, aligned to it).
+///
+/// # Safety
+/// `memoryRequirements` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
+    memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
+    array: CUarray,
+    device: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        rt.device(device)?;
+        let a = ARRAYS
+            .get(array as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let g = crate::vmm::GRANULARITY;
+        let size = crate::memory::round_up(array_bytes(&a.desc)?, g)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: all-zero is a valid requirements struct.
+        let mut r: CUDA_ARRAY_MEMORY_REQUIREMENTS = unsafe { std::mem::zeroed() };
+        r.size = size as usize;
+        r.alignment = g as usize;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(memoryRequirements, r) }
+    })
 }
 
 #[cfg(test)]

@@ -1,35 +1,112 @@
-//! CUDA graphs: create, add kernel and empty nodes, instantiate, launch, destroy. A graph
-//! launch queues its kernels, one after another, on the stream's device engine.
+//! CUDA graphs: create, add kernel, empty and memory nodes, instantiate, launch, destroy.
+//! A graph launch queues its kernels, one after another, on the stream's device engine.
+//!
+//! Graph memory follows the driver's semantics: an allocation node's address is fixed
+//! when the node is created (no memory yet); physical memory is reserved for the device's
+//! graph memory when an executable graph is uploaded or launched, and stays reserved
+//! after the allocations are freed (by a free node, `cuMemFreeAsync` or `cuMemFree`) so
+//! later launches reuse it, until `cuDeviceGraphMemTrim` returns what no live graph
+//! allocation uses. The reserve is charged to the device; the graph memory attributes
+//! report it (`USED` = live graph allocations, `RESERVED` = charged).
 
-use std::ffi::{c_char, c_uint};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 
 use crate::launch::Shape;
+use crate::memory::{Alloc, Kind, PAGE, allocs, arena, commit, round_up};
 use crate::module::{ANY_DEVICE, Function, function};
 use crate::registry::Registry;
-use crate::runtime::rt;
-use crate::stream::resolve;
-use crate::{CuResult, get, guard};
+use crate::runtime::{Runtime, rt};
+use crate::stream::{Target, resolve};
+use crate::{CuResult, get, guard, put};
 
 #[derive(Debug, Default)]
 pub struct Graph {
     /// Node handles in insertion order (a valid topological order: dependencies must exist
     /// before a node that names them).
     pub nodes: Mutex<Vec<usize>>,
+    /// Live executable graphs instantiated from it (at most one if it has memory nodes).
+    pub execs: AtomicU32,
 }
 
 #[derive(Debug)]
 pub struct GraphNode {
     pub graph: usize,
     pub kernel: Option<(Arc<Function>, u64)>,
+    pub mem: Option<MemOp>,
+}
+
+/// What a memory node does.
+#[derive(Debug, Clone)]
+pub enum MemOp {
+    Alloc(Arc<GraphAlloc>),
+    /// Frees the graph allocation at this address.
+    Free(u64),
 }
 
 #[derive(Debug)]
 pub struct GraphExec {
     /// Kernels with their durations, in launch order.
     pub kernels: Vec<(Arc<Function>, u64)>,
+    /// Memory nodes in node order.
+    pub mem: Vec<MemOp>,
+    /// The graph it was instantiated from.
+    pub graph: usize,
+}
+
+/// The allocation of one graph allocation node: a fixed address range, mapped while the
+/// allocation is live (from the launch that allocates it to its free).
+#[derive(Debug)]
+pub struct GraphAlloc {
+    /// Physical device index.
+    pub device: usize,
+    pub bytes: u64,
+    pub va_len: u64,
+    pub dptr: u64,
+    pub live: AtomicBool,
+}
+
+impl GraphAlloc {
+    /// The allocation was freed (its mapping is gone): it no longer uses graph memory.
+    pub fn freed(&self, _rt: &Runtime) {
+        if self.live.swap(false, Ordering::AcqRel) {
+            let mut g = graph_mem();
+            let m = g.entry(self.device).or_default();
+            m.used = m.used.saturating_sub(self.bytes);
+        }
+    }
+}
+
+/// One device's graph memory in this process.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GraphMem {
+    /// Bytes of live graph allocations.
+    pub used: u64,
+    /// Bytes charged to the device for graph allocations.
+    pub reserved: u64,
+    pub used_high: u64,
+    pub reserved_high: u64,
+}
+
+static GRAPH_MEM: Mutex<BTreeMap<usize, GraphMem>> = Mutex::new(BTreeMap::new());
+/// Every graph allocation ever made by a node, by address.
+static GRAPH_ALLOCS: Mutex<BTreeMap<u64, Arc<GraphAlloc>>> = Mutex::new(BTreeMap::new());
+
+fn graph_mem() -> MutexGuard<'static, BTreeMap<usize, GraphMem>> {
+    GRAPH_MEM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn graph_allocs() -> MutexGuard<'static, BTreeMap<u64, Arc<GraphAlloc>>> {
+    GRAPH_ALLOCS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// This process's graph memory on physical `device` (ground truth for tests).
+pub fn graph_mem_of(device: usize) -> GraphMem {
+    graph_mem().get(&device).copied().unwrap_or_default()
 }
 
 pub static GRAPHS: Registry<Graph> = Registry::new();
@@ -77,6 +154,17 @@ fn add_node(
     ndeps: usize,
     kernel: Option<(Arc<Function>, u64)>,
 ) -> CuResult<()> {
+    add_any_node(ph, graph, deps, ndeps, kernel, None)
+}
+
+fn add_any_node(
+    ph: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    kernel: Option<(Arc<Function>, u64)>,
+    mem: Option<MemOp>,
+) -> CuResult<()> {
     rt()?;
     let g = GRAPHS
         .get(graph as usize)
@@ -95,6 +183,7 @@ fn add_node(
     let h = NODES.insert(Arc::new(GraphNode {
         graph: graph as usize,
         kernel,
+        mem,
     }));
     nodes.push(h);
     // SAFETY: checked non-null above.
@@ -219,14 +308,25 @@ fn instantiate(ph: *mut CUgraphExec, graph: CUgraph) -> CuResult<()> {
     if ph.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let kernels = g
+    let nodes: Vec<Arc<GraphNode>> = g
         .nodes
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(|n| NODES.get(*n)?.kernel.clone())
+        .filter_map(|n| NODES.get(*n))
         .collect();
-    let h = EXECS.insert(Arc::new(GraphExec { kernels }));
+    let kernels = nodes.iter().filter_map(|n| n.kernel.clone()).collect();
+    let mem: Vec<MemOp> = nodes.iter().filter_map(|n| n.mem.clone()).collect();
+    // As the driver: a graph with memory nodes has at most one executable at a time.
+    if !mem.is_empty() && g.execs.load(Ordering::Acquire) > 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    g.execs.fetch_add(1, Ordering::AcqRel);
+    let h = EXECS.insert(Arc::new(GraphExec {
+        kernels,
+        mem,
+        graph: graph as usize,
+    }));
     // SAFETY: checked non-null above.
     unsafe { ph.write(h as CUgraphExec) };
     Ok(())
@@ -351,6 +451,7 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
     {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    run_memory_nodes(rt, &e, &t)?;
     for (_, d) in &e.kernels {
         t.submit(rt, *d)?;
     }
@@ -379,14 +480,380 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(
 }
 
 fn upload(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {
-    rt()?;
-    EXECS
+    let rt = rt()?;
+    let e = EXECS
         .get(exec as usize)
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    resolve(stream, per_thread).map(|_| ())
+    resolve(stream, per_thread)?;
+    // Uploading reserves the graph's memory, as its first launch would.
+    let mut need: BTreeMap<usize, u64> = BTreeMap::new();
+    for op in &e.mem {
+        if let MemOp::Alloc(a) = op {
+            *need.entry(a.device).or_default() += a.bytes;
+        }
+    }
+    for (device, bytes) in need {
+        reserve_graph_memory(rt, device, bytes)?;
+    }
+    Ok(())
 }
 
-/// `cuGraphUpload`: nothing to upload; validates its arguments.
+/// Makes sure the device's graph memory has room for `extra` more bytes of live graph
+/// allocations, charging the device for what the reserve has to grow by.
+fn reserve_graph_memory(rt: &Runtime, device: usize, extra: u64) -> CuResult<()> {
+    let mut g = graph_mem();
+    let m = g.entry(device).or_default();
+    let want = m.used.saturating_add(extra);
+    if want > m.reserved {
+        rt.charge(device, want - m.reserved)?;
+        m.reserved = want;
+        m.reserved_high = m.reserved_high.max(m.reserved);
+    }
+    Ok(())
+}
+
+/// Runs a launch's memory nodes: maps its allocations and unmaps what it frees, after
+/// reserving (and charging) the peak the graph needs at once.
+fn run_memory_nodes(rt: &Runtime, e: &GraphExec, t: &Target) -> CuResult<()> {
+    if e.mem.is_empty() {
+        return Ok(());
+    }
+    // Validate and find each device's peak first, so a refused launch changes nothing.
+    let mut running: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+    let mut allocated: Vec<u64> = Vec::new();
+    let known = graph_allocs();
+    for op in &e.mem {
+        match op {
+            MemOp::Alloc(a) => {
+                // Launching again before the last launch's allocation was freed.
+                if a.live.load(Ordering::Acquire) || allocated.contains(&a.dptr) {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                allocated.push(a.dptr);
+                let r = running.entry(a.device).or_default();
+                r.0 += a.bytes;
+                r.1 = r.1.max(r.0);
+            }
+            MemOp::Free(p) => {
+                let a = known.get(p).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+                if !(a.live.load(Ordering::Acquire) || allocated.contains(p)) {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                allocated.retain(|x| x != p);
+                let r = running.entry(a.device).or_default();
+                r.0 = r.0.saturating_sub(a.bytes);
+            }
+        }
+    }
+    drop(known);
+    for (&device, &(_, peak)) in &running {
+        rt.check_device(device)?;
+        reserve_graph_memory(rt, device, peak)?;
+    }
+    let ctx = t.ctx();
+    for op in &e.mem {
+        match op {
+            MemOp::Alloc(a) => {
+                commit(a.dptr, a.va_len)?;
+                a.live.store(true, Ordering::Release);
+                {
+                    let mut g = graph_mem();
+                    let m = g.entry(a.device).or_default();
+                    m.used += a.bytes;
+                    m.used_high = m.used_high.max(m.used);
+                }
+                allocs().insert(
+                    a.dptr,
+                    Alloc {
+                        base: a.dptr,
+                        size: a.bytes,
+                        va_len: a.va_len,
+                        device: a.device,
+                        ctx_id: ctx.id,
+                        kind: Kind::Graph(a.clone()),
+                        charged: 0,
+                        accessible: true,
+                        shared: 0,
+                    },
+                );
+            }
+            MemOp::Free(p) => {
+                crate::memory::free_device(rt, *p)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A new graph allocation of `bytes` on physical `device`: its address range, with no
+/// memory behind it until a launch maps it.
+pub fn new_graph_alloc(device: usize, bytes: u64) -> CuResult<Arc<GraphAlloc>> {
+    if bytes == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let va_len = round_up(bytes, PAGE).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let dptr = arena()?.reserve(va_len, crate::vmm::GRANULARITY)?;
+    let a = Arc::new(GraphAlloc {
+        device,
+        bytes,
+        va_len,
+        dptr,
+        live: AtomicBool::new(false),
+    });
+    graph_allocs().insert(dptr, a.clone());
+    Ok(a)
+}
+
+/// Adds an allocation node for `bytes` on physical `device` after `deps`; returns the
+/// node and its address.
+pub fn add_alloc_node(
+    graph: CUgraph,
+    deps: &[CUgraphNode],
+    device: usize,
+    bytes: u64,
+) -> CuResult<(CUgraphNode, u64)> {
+    let a = new_graph_alloc(device, bytes)?;
+    let dptr = a.dptr;
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    add_any_node(
+        &mut node,
+        graph,
+        deps.as_ptr(),
+        deps.len(),
+        None,
+        Some(MemOp::Alloc(a)),
+    )?;
+    Ok((node, dptr))
+}
+
+/// Adds a free node for the graph allocation at `dptr` after `deps`.
+pub fn add_free_node(graph: CUgraph, deps: &[CUgraphNode], dptr: u64) -> CuResult<CUgraphNode> {
+    if !graph_allocs().contains_key(&dptr) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    add_any_node(
+        &mut node,
+        graph,
+        deps.as_ptr(),
+        deps.len(),
+        None,
+        Some(MemOp::Free(dptr)),
+    )?;
+    Ok(node)
+}
+
+/// Is `dptr` the address of a graph allocation (for `cuMemFreeAsync` in capture)?
+pub fn is_graph_alloc(dptr: u64) -> bool {
+    graph_allocs().contains_key(&dptr)
+}
+
+fn deps_slice<'a>(deps: *const CUgraphNode, n: usize) -> CuResult<&'a [CUgraphNode]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if deps.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller of the export passes `n` node handles at `deps`.
+    Ok(unsafe { std::slice::from_raw_parts(deps, n) })
+}
+
+/// `cuGraphAddMemAllocNode`: the address is chosen now and written to `dptr` of the
+/// parameters; memory is reserved at upload or launch.
+///
+/// # Safety
+/// Pointers must be null or valid; `dependencies` holds `numDependencies` handles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    phGraphNode: *mut CUgraphNode,
+    hGraph: CUgraph,
+    dependencies: *const CUgraphNode,
+    numDependencies: usize,
+    nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        if nodeParams.is_null() || phGraphNode.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null; the caller passes valid, writable parameters.
+        let p = unsafe { &mut *nodeParams };
+        if p.poolProps.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            || p.poolProps.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let device = rt
+            .device(p.poolProps.location.id)
+            .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?
+            .index;
+        let deps = deps_slice(dependencies, numDependencies)?;
+        let (node, dptr) = add_alloc_node(hGraph, deps, device, p.bytesize as u64)?;
+        p.dptr = dptr;
+        // SAFETY: checked non-null above.
+        unsafe { phGraphNode.write(node) };
+        Ok(())
+    })
+}
+
+/// `cuGraphAddMemFreeNode`: `dptr` must be a graph allocation.
+///
+/// # Safety
+/// Pointers must be null or valid; `dependencies` holds `numDependencies` handles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    phGraphNode: *mut CUgraphNode,
+    hGraph: CUgraph,
+    dependencies: *const CUgraphNode,
+    numDependencies: usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        if phGraphNode.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let deps = deps_slice(dependencies, numDependencies)?;
+        let node = add_free_node(hGraph, deps, dptr)?;
+        // SAFETY: checked non-null above.
+        unsafe { phGraphNode.write(node) };
+        Ok(())
+    })
+}
+
+/// `cuGraphMemAllocNodeGetParams`.
+///
+/// # Safety
+/// `params_out` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    hNode: CUgraphNode,
+    params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let n = NODES
+            .get(hNode as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let Some(MemOp::Alloc(a)) = &n.mem else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        if params_out.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: all-zero is a valid CUDA_MEM_ALLOC_NODE_PARAMS (null pointers, zeros).
+        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = rt.ordinal(a.device);
+        p.bytesize = a.bytes as usize;
+        p.dptr = a.dptr;
+        // SAFETY: checked non-null above.
+        unsafe { params_out.write(p) };
+        Ok(())
+    })
+}
+
+/// `cuGraphMemFreeNodeGetParams`.
+///
+/// # Safety
+/// `dptr_out` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
+    hNode: CUgraphNode,
+    dptr_out: *mut CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let n = NODES
+            .get(hNode as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let Some(MemOp::Free(p)) = &n.mem else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(dptr_out, *p) }
+    })
+}
+
+/// `cuDeviceGraphMemTrim`: returns reserved graph memory that no live graph allocation
+/// uses.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let d = rt.device(device)?.index;
+        let mut g = graph_mem();
+        let m = g.entry(d).or_default();
+        if m.reserved > m.used {
+            rt.uncharge(d, m.reserved - m.used);
+            m.reserved = m.used;
+        }
+        Ok(())
+    })
+}
+
+/// `cuDeviceGetGraphMemAttribute`: used/reserved, current and high (cuuint64_t).
+///
+/// # Safety
+/// `value` must be null or valid for writing a cuuint64_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    device: CUdevice,
+    attr: CUgraphMem_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let m = graph_mem_of(rt.device(device)?.index);
+        use CUgraphMem_attribute as A;
+        let v = match attr {
+            A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT => m.used,
+            A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => m.used_high,
+            A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT => m.reserved,
+            A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => m.reserved_high,
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: the caller passes a writable cuuint64_t or null (rejected).
+        unsafe { put(value.cast::<u64>(), v) }
+    })
+}
+
+/// `cuDeviceSetGraphMemAttribute`: only the high watermarks, and only reset (to 0).
+///
+/// # Safety
+/// `value` must be null or point to a cuuint64_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    device: CUdevice,
+    attr: CUgraphMem_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let d = rt.device(device)?.index;
+        // SAFETY: the caller passes null (rejected) or a valid cuuint64_t.
+        let v = *unsafe { get(value.cast::<u64>()) }?;
+        if v != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        use CUgraphMem_attribute as A;
+        let mut g = graph_mem();
+        let m = g.entry(d).or_default();
+        match attr {
+            A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => m.used_high = m.used,
+            A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => m.reserved_high = m.reserved,
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    })
+}
+
+/// `cuGraphUpload`: reserves the graph's memory, as its first launch would.
 ///
 /// # Safety
 /// Handles are checked; no pointers are dereferenced.
@@ -415,9 +882,12 @@ pub unsafe extern "C" fn cuGraphUpload_ptsz(
 pub unsafe extern "C" fn cuGraphExecDestroy(hGraphExec: CUgraphExec) -> CUresult {
     guard(|| {
         rt()?;
-        EXECS
+        let e = EXECS
             .remove(hGraphExec as usize)
-            .map(|_| ())
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if let Some(g) = GRAPHS.get(e.graph) {
+            g.execs.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
     })
 }

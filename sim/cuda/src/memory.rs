@@ -190,6 +190,13 @@ pub enum Kind {
         handle: u64,
         offset: u64,
     },
+    /// Another process's allocation opened with `cuIpcOpenMemHandle` (shared object `id`;
+    /// charged to its exporter, never here).
+    Ipc {
+        id: u64,
+    },
+    /// An allocation of a graph memory node; the device's graph memory holds the charge.
+    Graph(Arc<crate::graph::GraphAlloc>),
 }
 
 /// One live range of device memory.
@@ -207,6 +214,9 @@ pub struct Alloc {
     /// Bytes charged to the device for this allocation itself.
     pub charged: u64,
     pub accessible: bool,
+    /// Non-zero once exported with an IPC handle: the node's shared object that now
+    /// carries `charged` (see `share`).
+    pub shared: u64,
 }
 
 static ALLOCS: Mutex<BTreeMap<u64, Alloc>> = Mutex::new(BTreeMap::new());
@@ -215,10 +225,13 @@ pub fn allocs() -> MutexGuard<'static, BTreeMap<u64, Alloc>> {
     ALLOCS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Allocates device memory for `ctx`, charging `charge` bytes to the device first.
+/// Allocates device memory on physical `device` for `ctx` (a stream-ordered allocation's
+/// device is its pool's, not necessarily the context's), charging `charge` bytes to the
+/// device first.
 pub fn alloc_device(
     rt: &Runtime,
     ctx: &Context,
+    device: usize,
     bytes: u64,
     kind: Kind,
     charge: u64,
@@ -226,10 +239,10 @@ pub fn alloc_device(
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    rt.check_device(ctx.device)?;
+    rt.check_device(device)?;
     let va_len = round_up(bytes, PAGE).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     if charge > 0 {
-        rt.charge(ctx.device, charge)?;
+        rt.charge(device, charge)?;
     }
     let mapped = arena().and_then(|a| {
         let base = a.reserve(va_len, PAGE)?;
@@ -239,7 +252,7 @@ pub fn alloc_device(
     let base = match mapped {
         Ok(b) => b,
         Err(e) => {
-            rt.uncharge(ctx.device, charge);
+            rt.uncharge(device, charge);
             return Err(e);
         }
     };
@@ -249,34 +262,51 @@ pub fn alloc_device(
             base,
             size: bytes,
             va_len,
-            device: ctx.device,
+            device,
             ctx_id: ctx.id,
             kind,
             charged: charge,
             accessible: true,
+            shared: 0,
         },
     );
     Ok(base)
 }
 
 /// Unmaps an allocation taken out of the table and returns its charge.
-fn release(rt: &Runtime, a: &Alloc) {
+pub(crate) fn release(rt: &Runtime, a: &Alloc) {
     decommit(a.base, a.va_len);
-    if let Ok(ar) = arena() {
+    // A graph allocation's address belongs to its graph node for the graph's lifetime.
+    if !matches!(a.kind, Kind::Graph(_))
+        && let Ok(ar) = arena()
+    {
         ar.release(a.base, a.va_len);
     }
-    rt.uncharge(a.device, a.charged);
-    if let Kind::Pool(p) = &a.kind {
-        p.give_back(rt, a.size);
+    if a.shared != 0 {
+        crate::ipc::forget_export(a.base);
+        // The shared object carries the charge; it leaves the device with its last holder.
+        crate::share::leave(rt, a.shared);
+    } else {
+        rt.uncharge(a.device, a.charged);
+    }
+    match &a.kind {
+        Kind::Pool(p) => p.give_back(rt, a.size),
+        Kind::Ipc { id } => {
+            crate::ipc::forget_open(a.base);
+            crate::share::leave(rt, *id);
+        }
+        Kind::Graph(g) => g.freed(rt),
+        _ => {}
     }
 }
 
-/// Frees the allocation starting exactly at `base` (not a VMM mapping).
+/// Frees the allocation starting exactly at `base` (not a VMM mapping, not an IPC
+/// mapping: those are unmapped with `cuMemUnmap` and `cuIpcCloseMemHandle`).
 pub fn free_device(rt: &Runtime, base: u64) -> CuResult<Alloc> {
     let a = {
         let mut t = allocs();
         match t.get(&base) {
-            Some(a) if !matches!(a.kind, Kind::VmmMapping { .. }) => {}
+            Some(a) if !matches!(a.kind, Kind::VmmMapping { .. } | Kind::Ipc { .. }) => {}
             _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
         t.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
@@ -620,7 +650,7 @@ fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize, kind: Kind) -> CuResult<()
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let bytes = bytesize as u64;
-    let base = alloc_device(rt, &ctx, bytes, kind, bytes)?;
+    let base = alloc_device(rt, &ctx, ctx.device, bytes, kind, bytes)?;
     // SAFETY: checked non-null above.
     unsafe { dptr.write(base) };
     Ok(())
@@ -666,7 +696,7 @@ fn mem_alloc_pitch(
     let bytes = p
         .checked_mul(height as u64)
         .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-    let base = alloc_device(rt, &ctx, bytes, Kind::Pitch, bytes)?;
+    let base = alloc_device(rt, &ctx, ctx.device, bytes, Kind::Pitch, bytes)?;
     // SAFETY: both checked non-null above.
     unsafe {
         dptr.write(base);

@@ -133,12 +133,21 @@ fn alloc_from(
     if dptr.is_null() || bytesize == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if pool.device != t.ctx().device {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
     let bytes = bytesize as u64;
+    // The memory lives where the pool is, whatever the stream's or the current
+    // context's device (every device may use every pool here).
+    if let Some(graph) = t.capturing() {
+        // Captured: the allocation becomes a graph allocation node (the driver makes
+        // captured stream-ordered allocations graph memory, not pool memory).
+        let (node, base) =
+            crate::graph::add_alloc_node(graph as CUgraph, &t.capture_deps(), pool.device, bytes)?;
+        t.captured(node);
+        // SAFETY: checked non-null above.
+        unsafe { dptr.write(base) };
+        return Ok(());
+    }
     pool.take(rt, bytes)?;
-    match alloc_device(rt, t.ctx(), bytes, Kind::Pool(pool.clone()), 0) {
+    match alloc_device(rt, t.ctx(), pool.device, bytes, Kind::Pool(pool.clone()), 0) {
         Ok(base) => {
             // SAFETY: checked non-null above.
             unsafe { dptr.write(base) };
@@ -159,6 +168,7 @@ fn alloc_async(
 ) -> CuResult<()> {
     let rt = rt()?;
     let t = resolve(stream, ptsz)?;
+    // The current pool of the stream's device, not of the current context's.
     let d = rt
         .local(t.ctx().device)
         .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
@@ -224,7 +234,14 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 
 fn free_async(dptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> CuResult<()> {
     let rt = rt()?;
-    resolve(stream, ptsz)?;
+    let t = resolve(stream, ptsz)?;
+    if let Some(graph) = t.capturing() {
+        // Captured: a free node (of a graph allocation; other memory cannot be freed in
+        // a graph).
+        let node = crate::graph::add_free_node(graph as CUgraph, &t.capture_deps(), dptr)?;
+        t.captured(node);
+        return Ok(());
+    }
     match find(dptr) {
         Some(a) if a.base == dptr => free_device(rt, dptr).map(|_| ()),
         _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),

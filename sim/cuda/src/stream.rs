@@ -5,8 +5,8 @@
 
 use std::cell::RefCell;
 use std::ffi::c_uint;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 use tessera_sim::clock::{now_ns, sleep_until};
@@ -26,6 +26,26 @@ pub struct StreamState {
     pub id: u64,
     /// Completion time (CLOCK_MONOTONIC ns) of the last work queued on the stream.
     pub last_end: AtomicU64,
+    /// The capture in progress on the stream, if any.
+    pub capture: Mutex<Option<Capture>>,
+}
+
+/// A stream capture: the graph being built and the node later work depends on.
+#[derive(Debug)]
+pub struct Capture {
+    pub graph: usize,
+    pub id: u64,
+    /// The last captured node (captured work is a chain), as a one-element array so
+    /// `cuStreamGetCaptureInfo` can hand out a pointer to it.
+    pub deps: Vec<usize>,
+}
+
+static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
+
+impl StreamState {
+    fn capture(&self) -> MutexGuard<'_, Option<Capture>> {
+        self.capture.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Default for StreamState {
@@ -33,6 +53,7 @@ impl Default for StreamState {
         StreamState {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             last_end: AtomicU64::new(0),
+            capture: Mutex::new(None),
         }
     }
 }
@@ -88,9 +109,33 @@ impl Target {
         self.state().last_end.load(Ordering::Acquire)
     }
 
+    /// The graph being captured on this stream, if any.
+    pub fn capturing(&self) -> Option<usize> {
+        self.state().capture().as_ref().map(|c| c.graph)
+    }
+
+    /// What a node captured now depends on.
+    pub fn capture_deps(&self) -> Vec<CUgraphNode> {
+        self.state()
+            .capture()
+            .as_ref()
+            .map(|c| c.deps.iter().map(|&d| d as CUgraphNode).collect())
+            .unwrap_or_default()
+    }
+
+    /// A node was added to the capture: later captured work depends on it.
+    pub fn captured(&self, node: CUgraphNode) {
+        if let Some(c) = self.state().capture().as_mut() {
+            c.deps = vec![node as usize];
+        }
+    }
+
     /// Waits for the stream's work; a synchronisation point for memory pools.
     pub fn synchronize(&self, rt: &Runtime) -> CuResult<()> {
         self.ctx().check()?;
+        if self.capturing().is_some() {
+            return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         sleep_until(self.last_end());
         crate::memory::trim_pools_after_sync(rt, self.ctx().device);
         Ok(())
@@ -335,11 +380,128 @@ stream_fn! {
     }
 }
 
+fn capture_status(t: &Target) -> CUstreamCaptureStatus {
+    if t.capturing().is_some() {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    } else {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    }
+}
+
 stream_fn! {
-    /// `cuStreamIsCapturing`: stream capture is not simulated, so never capturing.
-    fn cuStreamIsCapturing / cuStreamIsCapturing_ptsz (captureStatus: *mut CUstreamCaptureStatus) => |_rt: &Runtime, _t: Target| {
+    /// `cuStreamIsCapturing`.
+    fn cuStreamIsCapturing / cuStreamIsCapturing_ptsz (captureStatus: *mut CUstreamCaptureStatus) => |_rt: &Runtime, t: Target| {
         // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(captureStatus, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) }
+        unsafe { put(captureStatus, capture_status(&t)) }
+    }
+}
+
+fn begin_capture(t: &Target, mode: CUstreamCaptureMode) -> CuResult<()> {
+    if mode.0 > 2 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // As the driver: the legacy default stream cannot be captured.
+    if matches!(t, Target::Legacy(_)) {
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let mut c = t.state().capture();
+    if c.is_some() {
+        return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
+    }
+    let graph = crate::graph::GRAPHS.insert(Arc::new(crate::graph::Graph::default()));
+    *c = Some(Capture {
+        graph,
+        id: NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed),
+        deps: Vec::new(),
+    });
+    Ok(())
+}
+
+stream_fn! {
+    /// `cuStreamBeginCapture_v2`: stream-ordered allocations and frees on the stream
+    /// become graph memory nodes until `cuStreamEndCapture` (kernels launched meanwhile
+    /// still run at once: see docs/simulator.md).
+    fn cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz (mode: CUstreamCaptureMode) => |_rt: &Runtime, t: Target| {
+        begin_capture(&t, mode)
+    }
+}
+
+stream_fn! {
+    /// `cuStreamBeginCapture` (CUDA 10.0: global mode).
+    fn cuStreamBeginCapture / cuStreamBeginCapture_ptsz () => |_rt: &Runtime, t: Target| {
+        begin_capture(&t, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+    }
+}
+
+stream_fn! {
+    /// `cuStreamEndCapture`: the captured graph.
+    fn cuStreamEndCapture / cuStreamEndCapture_ptsz (phGraph: *mut CUgraph) => |_rt: &Runtime, t: Target| {
+        if phGraph.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = t.state().capture().take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+        // SAFETY: checked non-null above.
+        unsafe { phGraph.write(c.graph as CUgraph) };
+        Ok(())
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetCaptureInfo` (CUDA 10.1).
+    fn cuStreamGetCaptureInfo / cuStreamGetCaptureInfo_ptsz (status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t) => |_rt: &Runtime, t: Target| {
+        let cid = t.state().capture().as_ref().map_or(0, |c| c.id);
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(status, capture_status(&t))? };
+        if !id.is_null() && cid != 0 {
+            // SAFETY: non-null, writable by the caller's contract.
+            unsafe { id.write(cid) };
+        }
+        Ok(())
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetCaptureInfo_v2`: the dependency array stays valid until the next
+    /// capture operation on the stream, as the driver's.
+    fn cuStreamGetCaptureInfo_v2 / cuStreamGetCaptureInfo_v2_ptsz (status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(status, capture_status(&t))? };
+        let c = t.state().capture();
+        if let Some(c) = c.as_ref() {
+            // SAFETY: each optional output is written only when non-null (writable by contract).
+            unsafe {
+                if !id.is_null() { id.write(c.id); }
+                if !graph.is_null() { graph.write(c.graph as CUgraph); }
+                // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
+                if !deps.is_null() { deps.write(c.deps.as_ptr().cast()); }
+                if !ndeps.is_null() { ndeps.write(c.deps.len()); }
+            }
+        }
+        Ok(())
+    }
+}
+
+stream_fn! {
+    /// `cuStreamGetCaptureInfo_v3`: as `_v2`; captured dependencies carry no edge data.
+    fn cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz (status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, ndeps: *mut usize) => |_rt: &Runtime, t: Target| {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(status, capture_status(&t))? };
+        if !edges.is_null() {
+            // SAFETY: non-null, writable by the caller's contract.
+            unsafe { edges.write(std::ptr::null()) };
+        }
+        let c = t.state().capture();
+        if let Some(c) = c.as_ref() {
+            // SAFETY: each optional output is written only when non-null (writable by contract).
+            unsafe {
+                if !id.is_null() { id.write(c.id); }
+                if !graph.is_null() { graph.write(c.graph as CUgraph); }
+                // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
+                if !deps.is_null() { deps.write(c.deps.as_ptr().cast()); }
+                if !ndeps.is_null() { ndeps.write(c.deps.len()); }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -504,6 +666,8 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         rt.check_device(e.ctx.device)?;
         sleep_until(e.time.load(Ordering::Acquire));
+        // A synchronisation point for memory pools, as stream and context syncs are.
+        crate::memory::trim_pools_after_sync(rt, e.ctx.device);
         Ok(())
     })
 }

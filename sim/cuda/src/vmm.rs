@@ -7,6 +7,14 @@
 //! share bytes. A mapping is inaccessible until `cuMemSetAccess` (copies into it fail,
 //! and touching it faults, as on the device). Memory returns to the device once the
 //! handle is released and its last mapping is gone.
+//!
+//! A handle created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` among its requested
+//! handle types can be exported as a file descriptor (a duplicate of its memfd) and
+//! imported in another process (after passing the descriptor, e.g. over a Unix socket)
+//! or this one: the import is a new handle to the same pages. The memory is counted once
+//! on the device, whoever holds it: exporting makes it a shared object of the node
+//! (`share`), which keeps the charge until its last holder lets go and moves it to a
+//! remaining holder when the one charged goes first.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -31,8 +39,10 @@ struct Phys {
     prop: Prop,
     /// Handle references (`cuMemCreate`, `cuMemRetainAllocationHandle`) not yet released.
     handle_refs: u32,
-    /// Live mappings of the handle.
+    /// Live mappings of the handle (memory mappings and sparse array bindings).
     mappings: u32,
+    /// The node's shared object carrying the charge, once exported or when imported.
+    share: Option<u64>,
 }
 
 /// The properties a handle was created with, its Windows-only pointer cleared.
@@ -62,8 +72,147 @@ fn maybe_free(rt: &Runtime, table: &mut BTreeMap<u64, Phys>, handle: u64) {
         && p.mappings == 0
         && let Some(p) = table.remove(&handle)
     {
-        rt.uncharge(p.device, p.size);
+        match p.share {
+            Some(id) => crate::share::leave(rt, id),
+            None => rt.uncharge(p.device, p.size),
+        }
     }
+}
+
+/// A sparse or deferred-mapping array binds `handle`: it keeps the memory alive.
+pub fn bind(handle: u64) -> CuResult<usize> {
+    let mut t = phys();
+    let p = t
+        .get_mut(&handle)
+        .filter(|p| p.handle_refs > 0)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    p.mappings += 1;
+    Ok(p.device)
+}
+
+/// The size of a handle's memory.
+pub fn handle_size(handle: u64) -> Option<u64> {
+    phys().get(&handle).map(|p| p.size)
+}
+
+/// An array binding of `handle` is gone.
+pub fn unbind(rt: &Runtime, handle: u64) {
+    let mut t = phys();
+    if let Some(p) = t.get_mut(&handle) {
+        p.mappings = p.mappings.saturating_sub(1);
+    }
+    maybe_free(rt, &mut t, handle);
+}
+
+const POSIX_FD: u32 = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+
+/// `cuMemExportToShareableHandle`: a POSIX file descriptor (a new one each call, the
+/// caller's to close) for a handle created with that handle type requested.
+///
+/// # Safety
+/// `shareableHandle` must be null or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareableHandle: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handleType: CUmemAllocationHandleType,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        if shareableHandle.is_null() || flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if handleType.0 != POSIX_FD {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let mut t = phys();
+        let p = t
+            .get_mut(&handle)
+            .filter(|p| p.handle_refs > 0)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if p.prop.0.requestedHandleTypes.0 & POSIX_FD == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if p.share.is_none() {
+            let (key, _) = crate::share::inode(p.fd.as_raw_fd())?;
+            p.share = Some(crate::share::create(rt, p.device, p.size, key)?);
+        }
+        // SAFETY: duplicating our own open memfd; the result is checked.
+        let fd = unsafe { libc::fcntl(p.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(CUresult::CUDA_ERROR_OPERATING_SYSTEM);
+        }
+        // SAFETY: checked non-null; for this handle type the output is an int.
+        unsafe { shareableHandle.cast::<i32>().write(fd) };
+        Ok(())
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: a new handle to the memory behind an exported POSIX
+/// file descriptor (passed as the pointer-sized value of the `int`, as the driver takes
+/// it). The descriptor stays the caller's; an unknown one is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// No pointer is dereferenced except `handle` (null or writable).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    osHandle: *mut c_void,
+    shHandleType: CUmemAllocationHandleType,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        if handle.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if shHandleType.0 != POSIX_FD {
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let raw =
+            i32::try_from(osHandle as usize).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if raw < 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (key, len) = crate::share::inode(raw)?;
+        let (id, device, size) = crate::share::join_by_key(rt, key)?;
+        let fail = |e| {
+            crate::share::leave(rt, id);
+            Err(e)
+        };
+        if len < size || rt.local(device).is_none() {
+            return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: duplicating the caller's descriptor so the handle owns its own.
+        let fd = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return fail(CUresult::CUDA_ERROR_OPERATING_SYSTEM);
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: all-zero is a valid CUmemAllocationProp (null pointer, zero fields).
+        let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = CUmemAllocationHandleType(POSIX_FD);
+        prop.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = rt.ordinal(device);
+        let h = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        phys().insert(
+            h,
+            Phys {
+                device,
+                size,
+                fd,
+                prop: Prop(prop),
+                handle_refs: 1,
+                mappings: 0,
+                share: Some(id),
+            },
+        );
+        // SAFETY: checked non-null above.
+        unsafe { handle.write(h) };
+        Ok(())
+    })
 }
 
 fn check_prop(rt: &Runtime, prop: &CUmemAllocationProp) -> CuResult<usize> {
@@ -144,6 +293,7 @@ pub unsafe extern "C" fn cuMemCreate(
                 prop: Prop(prop),
                 handle_refs: 1,
                 mappings: 0,
+                share: None,
             },
         );
         // SAFETY: checked non-null above.
@@ -349,6 +499,7 @@ pub unsafe extern "C" fn cuMemMap(
                 kind: Kind::VmmMapping { handle, offset },
                 charged: 0,
                 accessible: false,
+                shared: 0,
             },
         );
         Ok(())
