@@ -26,6 +26,7 @@ use crate::copy::*;
 use crate::device::*;
 use crate::errors::*;
 use crate::graph::*;
+use crate::ipc::*;
 use crate::launch::*;
 use crate::memory::*;
 use crate::missing::*;
@@ -323,6 +324,35 @@ entries! {
     "cuGraphUpload" 11010: PFN_cuGraphUpload_v11010 = cuGraphUpload;
     "cuGraphUpload" 11010 pt: PFN_cuGraphUpload_v11010_ptsz = cuGraphUpload_ptsz;
     "cuGraphExecDestroy" 10000: PFN_cuGraphExecDestroy_v10000 = cuGraphExecDestroy;
+    // Memory routes shared between processes, graph memory, capture, sparse arrays.
+    "cuIpcGetMemHandle" 4010: PFN_cuIpcGetMemHandle_v4010 = cuIpcGetMemHandle;
+    "cuIpcOpenMemHandle" 4010: PFN_cuIpcOpenMemHandle_v4010 = cuIpcOpenMemHandle;
+    "cuIpcOpenMemHandle" 11000: PFN_cuIpcOpenMemHandle_v11000 = cuIpcOpenMemHandle_v2;
+    "cuIpcCloseMemHandle" 4010: PFN_cuIpcCloseMemHandle_v4010 = cuIpcCloseMemHandle;
+    "cuMemExportToShareableHandle" 10020: PFN_cuMemExportToShareableHandle_v10020 = cuMemExportToShareableHandle;
+    "cuMemImportFromShareableHandle" 10020: PFN_cuMemImportFromShareableHandle_v10020 = cuMemImportFromShareableHandle;
+    "cuMemMapArrayAsync" 11010: PFN_cuMemMapArrayAsync_v11010 = cuMemMapArrayAsync;
+    "cuMemMapArrayAsync" 11010 pt: PFN_cuMemMapArrayAsync_v11010_ptsz = cuMemMapArrayAsync_ptsz;
+    "cuArrayGetMemoryRequirements" 11060: PFN_cuArrayGetMemoryRequirements_v11060 = cuArrayGetMemoryRequirements;
+    "cuGraphAddMemAllocNode" 11040: PFN_cuGraphAddMemAllocNode_v11040 = cuGraphAddMemAllocNode;
+    "cuGraphAddMemFreeNode" 11040: PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode;
+    "cuGraphMemAllocNodeGetParams" 11040: PFN_cuGraphMemAllocNodeGetParams_v11040 = cuGraphMemAllocNodeGetParams;
+    "cuGraphMemFreeNodeGetParams" 11040: PFN_cuGraphMemFreeNodeGetParams_v11040 = cuGraphMemFreeNodeGetParams;
+    "cuDeviceGraphMemTrim" 11040: PFN_cuDeviceGraphMemTrim_v11040 = cuDeviceGraphMemTrim;
+    "cuDeviceGetGraphMemAttribute" 11040: PFN_cuDeviceGetGraphMemAttribute_v11040 = cuDeviceGetGraphMemAttribute;
+    "cuDeviceSetGraphMemAttribute" 11040: PFN_cuDeviceSetGraphMemAttribute_v11040 = cuDeviceSetGraphMemAttribute;
+    "cuStreamBeginCapture" 10000: PFN_cuStreamBeginCapture_v10000 = cuStreamBeginCapture;
+    "cuStreamBeginCapture" 10000 pt: PFN_cuStreamBeginCapture_v10000_ptsz = cuStreamBeginCapture_ptsz;
+    "cuStreamBeginCapture" 10010: PFN_cuStreamBeginCapture_v10010 = cuStreamBeginCapture_v2;
+    "cuStreamBeginCapture" 10010 pt: PFN_cuStreamBeginCapture_v10010_ptsz = cuStreamBeginCapture_v2_ptsz;
+    "cuStreamEndCapture" 10000: PFN_cuStreamEndCapture_v10000 = cuStreamEndCapture;
+    "cuStreamEndCapture" 10000 pt: PFN_cuStreamEndCapture_v10000_ptsz = cuStreamEndCapture_ptsz;
+    "cuStreamGetCaptureInfo" 10010: PFN_cuStreamGetCaptureInfo_v10010 = cuStreamGetCaptureInfo;
+    "cuStreamGetCaptureInfo" 10010 pt: PFN_cuStreamGetCaptureInfo_v10010_ptsz = cuStreamGetCaptureInfo_ptsz;
+    "cuStreamGetCaptureInfo" 11030: PFN_cuStreamGetCaptureInfo_v11030 = cuStreamGetCaptureInfo_v2;
+    "cuStreamGetCaptureInfo" 11030 pt: PFN_cuStreamGetCaptureInfo_v11030_ptsz = cuStreamGetCaptureInfo_v2_ptsz;
+    "cuStreamGetCaptureInfo" 12030: PFN_cuStreamGetCaptureInfo_v12030 = cuStreamGetCaptureInfo_v3;
+    "cuStreamGetCaptureInfo" 12030 pt: PFN_cuStreamGetCaptureInfo_v12030_ptsz = cuStreamGetCaptureInfo_v3_ptsz;
 }
 
 /// The table, built once.
