@@ -1,0 +1,185 @@
+//! Device handles: counting devices and looking them up by index, UUID, serial or bus ID.
+
+use super::*;
+
+/// What an `nvmlDevice_t` points to: one static slot per possible device.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DeviceSlot {
+    index: u32,
+}
+
+static SLOTS: [DeviceSlot; MAX_DEVICES] = {
+    let mut s = [const { DeviceSlot { index: 0 } }; MAX_DEVICES];
+    let mut i = 0;
+    while i < MAX_DEVICES {
+        s[i].index = i as u32;
+        i += 1;
+    }
+    s
+};
+
+pub(crate) fn handle(index: u32) -> nvmlDevice_t {
+    (&SLOTS[index as usize] as *const DeviceSlot)
+        .cast_mut()
+        .cast()
+}
+
+/// The device index a handle names, if it is one of ours and the device exists.
+pub(crate) fn index_of(node: &Node, d: nvmlDevice_t) -> NvResult<u32> {
+    let base = SLOTS.as_ptr() as usize;
+    let p = d as usize;
+    let size = size_of::<DeviceSlot>();
+    if p < base || p >= base + MAX_DEVICES * size || !(p - base).is_multiple_of(size) {
+        return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let i = ((p - base) / size) as u32;
+    if i >= node.device_count() {
+        return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(i)
+}
+
+/// A device query that works on a lost device too (identity).
+pub(crate) fn device(d: nvmlDevice_t) -> NvResult<(&'static Node, u32)> {
+    let node = node()?;
+    Ok((node, index_of(node, d)?))
+}
+
+/// A device query that needs the device to be reachable.
+pub(crate) fn live(d: nvmlDevice_t) -> NvResult<(&'static Node, u32)> {
+    let (node, i) = device(d)?;
+    if node.is_lost(i as usize) {
+        return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
+    }
+    Ok((node, i))
+}
+
+pub(crate) fn info(node: &Node, i: u32) -> NvResult<DeviceInfo> {
+    node.device_info(i)
+        .map_err(|_| nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT)
+}
+
+fn count(c: *mut c_uint) -> NvResult<()> {
+    let node = node()?;
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(c, node.device_count()) }
+}
+
+/// `nvmlDeviceGetCount_v2`.
+///
+/// # Safety
+/// `deviceCount` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(deviceCount: *mut c_uint) -> nvmlReturn_t {
+    guard(|| count(deviceCount))
+}
+
+/// `nvmlDeviceGetCount`.
+///
+/// # Safety
+/// `deviceCount` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(deviceCount: *mut c_uint) -> nvmlReturn_t {
+    guard(|| count(deviceCount))
+}
+
+fn by_index(index: c_uint, out: *mut nvmlDevice_t) -> NvResult<()> {
+    let node = node()?;
+    if index >= node.device_count() {
+        return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(out, handle(index)) }
+}
+
+/// `nvmlDeviceGetHandleByIndex_v2`.
+///
+/// # Safety
+/// `device` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_index(index, device))
+}
+
+/// `nvmlDeviceGetHandleByIndex`.
+///
+/// # Safety
+/// `device` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_index(index, device))
+}
+
+fn c_arg<'a>(s: *const c_char) -> NvResult<std::borrow::Cow<'a, str>> {
+    if s.is_null() {
+        return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and the caller passes a NUL-terminated string.
+    Ok(unsafe { CStr::from_ptr(s) }.to_string_lossy())
+}
+
+/// `nvmlDeviceGetHandleByUUID`.
+///
+/// # Safety
+/// `uuid` must be null or a C string; `device` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let node = node()?;
+        let want = c_arg(uuid)?;
+        for i in 0..node.device_count() {
+            if info(node, i)?.uuid.eq_ignore_ascii_case(want.trim()) {
+                // SAFETY: the caller passes a writable pointer or null (rejected).
+                return unsafe { put(device, handle(i)) };
+            }
+        }
+        Err(nvmlReturn_t::NVML_ERROR_NOT_FOUND)
+    })
+}
+
+fn by_bus_id(bus: *const c_char, out: *mut nvmlDevice_t) -> NvResult<()> {
+    let node = node()?;
+    let want = parse_bus_id(&c_arg(bus)?).ok_or(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT)?;
+    for i in 0..node.device_count() {
+        let d = info(node, i)?;
+        if (d.pci_domain, d.pci_bus, d.pci_device) == want {
+            // SAFETY: the caller passes a writable pointer or null (rejected).
+            return unsafe { put(out, handle(i)) };
+        }
+    }
+    Err(nvmlReturn_t::NVML_ERROR_NOT_FOUND)
+}
+
+/// `nvmlDeviceGetHandleByPciBusId_v2`.
+///
+/// # Safety
+/// `pciBusId` must be null or a C string; `device` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    pciBusId: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_bus_id(pciBusId, device))
+}
+
+/// `nvmlDeviceGetHandleByPciBusId`.
+///
+/// # Safety
+/// `pciBusId` must be null or a C string; `device` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    pciBusId: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| by_bus_id(pciBusId, device))
+}
