@@ -69,6 +69,7 @@ pub struct Files {
 impl Files {
     /// Opens and checks both files; the error is the line to print.
     pub fn open(a: &AllocFiles) -> Result<Files, ShmError> {
+        crate::config::check_regular(a)?;
         let control = Control::open(&a.control)?;
         let state = State::open(&a.state, control.alloc_id())?;
         Ok(Files {
@@ -281,7 +282,11 @@ fn establish(files: &'static Files) -> Result<&'static Governed, CUresult> {
             v.index
         );
     }
-    let g = GOVERNED.get_or_init(|| Governed::new(files, devices));
+    let g = GOVERNED.get_or_init(|| {
+        let g = Governed::new(files, devices);
+        g.set_pool_driver(&crate::cuda::REAL_POOLS);
+        g
+    });
     STATUS.store(GOVERNED_OK, Ordering::Release);
     g.ensure_member()
 }
@@ -792,6 +797,12 @@ impl Governed {
         r
     }
 
+    /// Whether the process has used graph memory (graph launches are then
+    /// accounted).
+    pub fn graph_memory_used(&self) -> bool {
+        self.graph_memory.load(Ordering::Acquire)
+    }
+
     /// A graph gained an allocation node of `bytes` on `device`.
     pub fn graph_alloc_node(&self, graph: usize, device: CUdevice, bytes: u64) {
         self.graph_memory.store(true, Ordering::Release);
@@ -963,19 +974,43 @@ impl Governed {
         Ok((self.index_of(dev), ctx))
     }
 
-    /// The allocation's index of the device work on `stream` runs on. With
-    /// one visible device no driver call is needed; otherwise it is the
-    /// current context's device (a stream of another context is attributed
-    /// to the current one).
-    pub fn device_of_stream(&self, _stream: CUstream) -> Option<usize> {
+    /// The allocation's index of the device work on `stream` runs on.
+    pub fn device_of_stream(&self, stream: CUstream) -> Option<usize> {
         if self.devices.single() {
             return self.devices.only();
         }
-        let mut dev: CUdevice = 0;
-        if call_real!(cuCtxGetDevice(&mut dev)) != CUresult::CUDA_SUCCESS {
-            return None;
+        self.index_of(self.stream_device(stream).ok()?)
+    }
+
+    /// The device work on `stream` runs on, whatever the current context:
+    /// a stream belongs to the context it was created in. The null, legacy
+    /// and per-thread streams are the current context's.
+    // The stream is an opaque handle the driver checks; the shim never
+    // dereferences it.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn stream_device(&self, stream: CUstream) -> Result<CUdevice, CUresult> {
+        if self.devices.single() {
+            return Ok(self.devices.visible()[0].device);
         }
-        self.index_of(dev)
+        let mut dev: CUdevice = 0;
+        if (stream as usize) > 2 {
+            // CUDA 12.8 answers directly; older drivers through the
+            // stream's context, made current for one query.
+            if call_real!(cuStreamGetDevice(stream, &mut dev)) == CUDA_SUCCESS {
+                return Ok(dev);
+            }
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            if call_real!(cuStreamGetCtx(stream, &mut ctx)) == CUDA_SUCCESS && !ctx.is_null() {
+                check(call_real!(cuCtxPushCurrent_v2(ctx)))?;
+                let r = call_real!(cuCtxGetDevice(&mut dev));
+                let mut popped: CUcontext = std::ptr::null_mut();
+                let _ = call_real!(cuCtxPopCurrent_v2(&mut popped));
+                check(r)?;
+                return Ok(dev);
+            }
+        }
+        check(call_real!(cuCtxGetDevice(&mut dev)))?;
+        Ok(dev)
     }
 
     /// Bytes this process holds on every device, from its slot.

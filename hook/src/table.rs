@@ -15,7 +15,10 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use tessera_ffi::cuda::*;
-use tessera_ffi::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlReturn_t};
+use tessera_ffi::nvml::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
+};
 
 /// Which real library a symbol lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -272,6 +275,47 @@ symbols! {
             ["cuDeviceGetDefaultMemPool" @ 11020]: PFN_cuDeviceGetDefaultMemPool_v11020;
         cuda fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult ["cuDeviceGetMemPool" @ 11020]: PFN_cuDeviceGetMemPool_v11020;
 
+        cuda fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult ["cuMemPoolTrimTo" @ 11020]: PFN_cuMemPoolTrimTo_v11020;
+        cuda fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult
+            ["cuMemPoolSetAttribute" @ 11020]: PFN_cuMemPoolSetAttribute_v11020;
+        // Synchronisation: where pools give back what exceeds their threshold.
+        cuda fn cuStreamSynchronize(stream: CUstream) -> CUresult ["cuStreamSynchronize" @ 2000]: PFN_cuStreamSynchronize_v2000;
+        cuda fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult ["cuStreamSynchronize" @ 7000 ptsz]: PFN_cuStreamSynchronize_v7000_ptsz;
+        cuda fn cuCtxSynchronize() -> CUresult ["cuCtxSynchronize" @ 2000]: PFN_cuCtxSynchronize_v2000;
+        cuda fn cuEventSynchronize(event: CUevent) -> CUresult ["cuEventSynchronize" @ 2000]: PFN_cuEventSynchronize_v2000;
+
+        // Graph memory: allocation nodes, mapped when a graph is launched.
+        cuda fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult
+            ["cuGraphAddMemAllocNode" @ 11040]: PFN_cuGraphAddMemAllocNode_v11040;
+        cuda fn cuGraphClone(clone: *mut CUgraph, graph: CUgraph) -> CUresult ["cuGraphClone" @ 10000]: PFN_cuGraphClone_v10000;
+        cuda fn cuGraphDestroy(graph: CUgraph) -> CUresult ["cuGraphDestroy" @ 10000]: PFN_cuGraphDestroy_v10000;
+        cuda fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult
+            ["cuGraphInstantiate" @ 10000]: PFN_cuGraphInstantiate_v10000;
+        cuda fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult
+            ["cuGraphInstantiate" @ 11000]: PFN_cuGraphInstantiate_v11000;
+        cuda fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CUresult
+            ["cuGraphInstantiateWithFlags" @ 11040]: PFN_cuGraphInstantiateWithFlags_v11040;
+        cuda fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult
+            ["cuGraphInstantiateWithParams" @ 12000]: PFN_cuGraphInstantiateWithParams_v12000;
+        cuda fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult
+            ["cuGraphInstantiateWithParams" @ 12000 ptsz]: PFN_cuGraphInstantiateWithParams_v12000_ptsz;
+        cuda fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult ["cuGraphExecDestroy" @ 10000]: PFN_cuGraphExecDestroy_v10000;
+        cuda fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult ["cuGraphUpload" @ 11010]: PFN_cuGraphUpload_v11010;
+        cuda fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult ["cuGraphUpload" @ 11010 ptsz]: PFN_cuGraphUpload_v11010_ptsz;
+        cuda fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult ["cuDeviceGraphMemTrim" @ 11040]: PFN_cuDeviceGraphMemTrim_v11040;
+
+        // IPC and imported memory: counted once, at the exporter.
+        cuda fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult ["cuIpcGetMemHandle" @ 4010]: PFN_cuIpcGetMemHandle_v4010;
+        cuda fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: CUmemAllocationHandleType, flags: c_ulonglong) -> CUresult
+            ["cuMemExportToShareableHandle" @ 10020]: PFN_cuMemExportToShareableHandle_v10020;
+        cuda fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
+            ["cuIpcOpenMemHandle" @ 4010]: PFN_cuIpcOpenMemHandle_v4010;
+        cuda fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
+            ["cuIpcOpenMemHandle" @ 11000]: PFN_cuIpcOpenMemHandle_v11000;
+        cuda fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult ["cuIpcCloseMemHandle" @ 4010]: PFN_cuIpcCloseMemHandle_v4010;
+        cuda fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, kind: CUmemAllocationHandleType) -> CUresult
+            ["cuMemImportFromShareableHandle" @ 10020]: PFN_cuMemImportFromShareableHandle_v10020;
+
         // Virtual memory management: physical allocations.
         cuda fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong) -> CUresult
             ["cuMemCreate" @ 10020]: PFN_cuMemCreate_v10020;
@@ -291,6 +335,10 @@ symbols! {
         cuda fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult
             ["cuMipmappedArrayCreate" @ 5000]: PFN_cuMipmappedArrayCreate_v5000;
         cuda fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult ["cuMipmappedArrayDestroy" @ 5000]: PFN_cuMipmappedArrayDestroy_v5000;
+        cuda fn cuMemMapArrayAsync(list: *mut CUarrayMapInfo, count: c_uint, stream: CUstream) -> CUresult
+            ["cuMemMapArrayAsync" @ 11010]: PFN_cuMemMapArrayAsync_v11010;
+        cuda fn cuMemMapArrayAsync_ptsz(list: *mut CUarrayMapInfo, count: c_uint, stream: CUstream) -> CUresult
+            ["cuMemMapArrayAsync" @ 11010 ptsz]: PFN_cuMemMapArrayAsync_v11010_ptsz;
 
         // Work submission: each passes the compute gate first.
         cuda fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult
@@ -319,6 +367,27 @@ symbols! {
         nvml fn nvmlInitWithFlags(flags: c_uint) -> nvmlReturn_t ["nvmlInitWithFlags" @ 0];
         nvml fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t ["nvmlDeviceGetMemoryInfo" @ 0];
         nvml fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t ["nvmlDeviceGetMemoryInfo" @ 0];
+        // NVML: only the allocation's GPUs, processes and activity.
+        nvml fn nvmlDeviceGetCount(n: *mut c_uint) -> nvmlReturn_t ["nvmlDeviceGetCount" @ 0];
+        nvml fn nvmlDeviceGetCount_v2(n: *mut c_uint) -> nvmlReturn_t ["nvmlDeviceGetCount" @ 0];
+        nvml fn nvmlDeviceGetHandleByIndex(index: c_uint, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleByIndex" @ 0];
+        nvml fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleByIndex" @ 0];
+        nvml fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleByUUID" @ 0];
+        nvml fn nvmlDeviceGetHandleByPciBusId(bus: *const c_char, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleByPciBusId" @ 0];
+        nvml fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleByPciBusId" @ 0];
+        nvml fn nvmlDeviceGetHandleBySerial(serial: *const c_char, out: *mut nvmlDevice_t) -> nvmlReturn_t ["nvmlDeviceGetHandleBySerial" @ 0];
+        nvml fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t ["nvmlDeviceGetIndex" @ 0];
+        nvml fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t ["nvmlDeviceGetComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t ["nvmlDeviceGetGraphicsRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetGraphicsRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetGraphicsRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t ["nvmlDeviceGetMPSComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetMPSComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetMPSComputeRunningProcesses" @ 0];
+        nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong) -> nvmlReturn_t ["nvmlDeviceGetProcessUtilization" @ 0];
+        nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, util: *mut nvmlUtilization_t) -> nvmlReturn_t ["nvmlDeviceGetUtilizationRates" @ 0];
     }
     used {
         cuda fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
@@ -330,7 +399,13 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
-        cuda fn cuCtxSynchronize() -> CUresult;
+        // Pool and graph-memory accounting, the device of a stream.
+        cuda fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
+        cuda fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
+        cuda fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+        cuda fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext) -> CUresult;
+        cuda fn cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) -> CUresult;
+        cuda fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult;
         cuda fn cuDeviceGetAttribute(value: *mut c_int, attr: CUdevice_attribute, dev: CUdevice) -> CUresult;
         nvml fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
     }

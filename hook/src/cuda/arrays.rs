@@ -1,6 +1,7 @@
 //! Arrays, sized from their descriptors (see sizes.rs).
 
 use super::*;
+use crate::ledger::ArrayRegion;
 
 /// Sparse and deferred-mapping arrays have no memory of their own until
 /// mapped onto `cuMemCreate` allocations, which are counted.
@@ -110,9 +111,96 @@ pub unsafe fn cuArray3DCreate(
 
 pub unsafe fn cuArrayDestroy(handle: CUarray) -> CUresult {
     let g = governed_or!(call_real!(cuArrayDestroy(handle)));
-    free(g, Key::Array(handle as usize), || {
+    let r = free(g, Key::Array(handle as usize), || {
         call_real!(cuArrayDestroy(handle))
-    })
+    });
+    if r == OK {
+        array_gone(g, handle as usize);
+    }
+    r
+}
+
+/// A destroyed sparse or deferred-mapping array no longer maps the VMM
+/// allocations that backed it: those the driver freed with it return.
+fn array_gone(g: &Governed, array: usize) {
+    let freed = g.vmm.lock().array_destroyed(array);
+    for h in freed {
+        g.release(Some(h.dev), h.bytes);
+    }
+}
+
+/// `cuMemMapArrayAsync`: a sparse or deferred-mapping array is backed by
+/// physical allocations from `cuMemCreate`, which are what is charged; so
+/// a map operation is one more mapping that keeps its allocation alive (a
+/// handle released while it backs an array is not freed), and an unmap
+/// may free one. Counted once the driver accepted the list.
+fn map_array(g: &Governed, list: *const CUarrayMapInfo, count: c_uint, r: CUresult) -> CUresult {
+    if r != OK || list.is_null() {
+        return r;
+    }
+    let mut freed = Vec::new();
+    let mut vmm = g.vmm.lock();
+    for i in 0..count as usize {
+        // SAFETY: the driver accepted `count` readable entries.
+        let m = unsafe { &*list.add(i) };
+        // SAFETY: both union members are one handle-sized word.
+        let array = unsafe { m.resource.array } as usize;
+        // SAFETY: the subresource union is 32 plain bytes, read as words.
+        let words: [u64; 4] = unsafe { std::mem::transmute(m.subresource) };
+        let region = ArrayRegion {
+            array,
+            sub: [
+                u64::from(m.subresourceType.0),
+                words[0],
+                words[1],
+                words[2],
+                words[3],
+                0,
+                0,
+                0,
+            ],
+        };
+        if m.memOperationType == CUmemOperationType::CU_MEM_OPERATION_TYPE_MAP {
+            // SAFETY: a generic handle is the union's only member.
+            let handle = unsafe { m.memHandle.memHandle };
+            freed.extend(vmm.array_mapped(region, handle));
+        } else if m.memOperationType == CUmemOperationType::CU_MEM_OPERATION_TYPE_UNMAP {
+            freed.extend(vmm.array_unmapped(region));
+        }
+    }
+    drop(vmm);
+    for h in freed {
+        g.release(Some(h.dev), h.bytes);
+    }
+    r
+}
+
+pub unsafe fn cuMemMapArrayAsync(
+    list: *mut CUarrayMapInfo,
+    count: c_uint,
+    stream: CUstream,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemMapArrayAsync(list, count, stream)));
+    map_array(
+        g,
+        list,
+        count,
+        call_real!(cuMemMapArrayAsync(list, count, stream)),
+    )
+}
+
+pub unsafe fn cuMemMapArrayAsync_ptsz(
+    list: *mut CUarrayMapInfo,
+    count: c_uint,
+    stream: CUstream,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemMapArrayAsync_ptsz(list, count, stream)));
+    map_array(
+        g,
+        list,
+        count,
+        call_real!(cuMemMapArrayAsync_ptsz(list, count, stream)),
+    )
 }
 
 pub unsafe fn cuMipmappedArrayCreate(
@@ -150,7 +238,11 @@ pub unsafe fn cuMipmappedArrayCreate(
 
 pub unsafe fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) -> CUresult {
     let g = governed_or!(call_real!(cuMipmappedArrayDestroy(handle)));
-    free(g, Key::Mipmapped(handle as usize), || {
+    let r = free(g, Key::Mipmapped(handle as usize), || {
         call_real!(cuMipmappedArrayDestroy(handle))
-    })
+    });
+    if r == OK {
+        array_gone(g, handle as usize);
+    }
+    r
 }

@@ -161,18 +161,27 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
     ))
 }
 
-pub unsafe fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
+/// A graph launch: the gate, then the memory its allocation nodes map
+/// (one atomic load when the process never used graph memory).
+fn graph_launch(exec: CUgraphExec, stream: CUstream, call: impl FnOnce() -> CUresult) -> CUresult {
+    match governor::for_launch() {
+        Launch::Pass => call(),
+        Launch::Gate(g) => match gate::before_submit(g, stream) {
+            Ok(()) => g.graph_launch(exec as usize, call),
+            Err(e) => e,
+        },
+        Launch::Refuse => CUDA_REFUSED,
     }
-    call_real!(cuGraphLaunch(exec, stream))
+}
+
+pub unsafe fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    graph_launch(exec, stream, || call_real!(cuGraphLaunch(exec, stream)))
 }
 
 pub unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuGraphLaunch_ptsz(exec, stream))
+    graph_launch(exec, stream, || {
+        call_real!(cuGraphLaunch_ptsz(exec, stream))
+    })
 }
 
 pub unsafe fn cuLaunch(f: CUfunction) -> CUresult {

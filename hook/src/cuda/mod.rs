@@ -11,7 +11,8 @@
 //! finds every body as `crate::cuda::<name>`: `init` (cuInit and the
 //! `cuGetProcAddress` route), `view` (the container's view of memory),
 //! `context`, `memory` (linear and managed), `pools` (stream-ordered
-//! memory and pools), `vmm` (virtual memory management), `arrays`,
+//! memory and pools), `graphs` (graph memory), `ipc` (IPC and imported
+//! memory), `vmm` (virtual memory management), `arrays`,
 //! `launch` (the gate before every submission). The helpers below are the
 //! admission steps they share.
 
@@ -94,15 +95,22 @@ fn admit_current(
 
 /// A free: forget the allocation, let the driver free it, and return its
 /// quota only once the driver did (the record is restored if it did not).
+/// A pointer from a pool stays charged to its pool (see pools.rs).
 fn free(g: &Governed, key: Key, call: impl FnOnce() -> CUresult) -> CUresult {
-    let rec = g.ledger.remove(key);
-    let r = call();
-    if let Some(rec) = rec {
-        if r == OK {
-            g.release(Some(rec.dev), rec.bytes);
-        } else {
-            g.ledger.insert(key, rec);
+    let Some(rec) = g.ledger.remove(key) else {
+        let mut call = Some(call);
+        if let Key::Ptr(p) = key
+            && let Some(r) = g.pool_free(p, || call.take().map_or(OK, |c| c()))
+        {
+            return r;
         }
+        return call.take().map_or(OK, |c| c());
+    };
+    let r = call();
+    if r == OK {
+        g.release(Some(rec.dev), rec.bytes);
+    } else {
+        g.ledger.insert(key, rec);
     }
     r
 }
@@ -130,7 +138,9 @@ unsafe fn out<T: Copy + Default>(p: *const T) -> T {
 
 mod arrays;
 mod context;
+mod graphs;
 mod init;
+mod ipc;
 mod launch;
 mod memory;
 mod pools;
@@ -141,7 +151,9 @@ mod vmm;
 
 pub use arrays::*;
 pub use context::*;
+pub use graphs::*;
 pub use init::*;
+pub use ipc::*;
 pub use launch::*;
 pub use memory::*;
 pub use pools::*;

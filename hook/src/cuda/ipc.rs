@@ -1,0 +1,212 @@
+//! IPC and imported memory. Memory another process shares (a legacy IPC
+//! handle, a VMM allocation exported as a file descriptor or fabric handle)
+//! is counted once, by the process that allocated it: opening or importing
+//! it charges nothing, and mapping an imported VMM handle charges nothing
+//! (the VMM books count only handles this process created).
+//!
+//! An import is allowed only from a process of the same allocation: every
+//! export by a governed process is registered in the allocation's exports
+//! list, a file beside the state file (`<state>.exports`, private to the
+//! container in a cluster, to the run's directory under `tessera run`), and
+//! an import whose handle is not in that list is refused with
+//! `CUDA_ERROR_NOT_PERMITTED`. A tenant can only add to its own list, and
+//! only handles it holds; what this cannot see is in docs/hook.md.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+
+use super::*;
+
+/// The allocation's exports list.
+fn exports_path(g: &Governed) -> std::path::PathBuf {
+    let mut p = g.files.state.path().as_os_str().to_owned();
+    p.push(".exports");
+    p.into()
+}
+
+/// Opens the exports list without following links or blocking, and only
+/// if it is a regular file.
+fn open_exports(g: &Governed, write: bool) -> Option<std::fs::File> {
+    let path = exports_path(g);
+    let f = std::fs::OpenOptions::new()
+        .read(!write)
+        .append(write)
+        .create(write)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| {
+            if write {
+                crate::log!(Level::Warn, "{}: {e}", path.display());
+            }
+        })
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.file_type().is_file() || meta.len() > MAX_EXPORTS {
+        crate::log!(
+            Level::Warn,
+            "{}: not a regular file, or over {MAX_EXPORTS} bytes",
+            path.display()
+        );
+        return None;
+    }
+    Some(f)
+}
+
+const MAX_EXPORTS: u64 = 16 << 20;
+
+/// Records an export (one line, appended in one write).
+fn register(g: &Governed, key: &str) {
+    if let Some(mut f) = open_exports(g, true) {
+        let _ = f.write_all(format!("{key}\n").as_bytes());
+    }
+}
+
+/// Whether a process of this allocation exported `key`.
+fn exported_here(g: &Governed, key: &str) -> bool {
+    let mut text = String::new();
+    match open_exports(g, false) {
+        Some(mut f) => f.read_to_string(&mut text).is_ok() && text.lines().any(|l| l == key),
+        None => false,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ipc_key(h: &CUipcMemHandle) -> String {
+    let bytes: Vec<u8> = h.reserved.iter().map(|&b| b as u8).collect();
+    format!("ipc:{}", hex(&bytes))
+}
+
+/// The identity of an open file: what a descriptor passed between
+/// processes keeps.
+fn fd_key(fd: c_int) -> Option<String> {
+    // SAFETY: fstat writes into a zeroed stat buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the descriptor is only read.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then(|| format!("fd:{}:{}", st.st_dev, st.st_ino))
+}
+
+/// The key of a shareable handle as `cuMemExportToShareableHandle` writes
+/// it / `cuMemImportFromShareableHandle` takes it (`os_handle` is the
+/// descriptor itself for POSIX descriptors, a pointer to the 64 bytes for
+/// fabric handles). `None`: a kind the shim cannot identify.
+fn shareable_key(
+    kind: CUmemAllocationHandleType,
+    os_handle: *const c_void,
+    exported: bool,
+) -> Option<String> {
+    use CUmemAllocationHandleType as T;
+    if kind == T::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        let fd = if exported {
+            // SAFETY: the driver wrote an int there.
+            unsafe { *(os_handle as *const c_int) }
+        } else {
+            os_handle as usize as c_int
+        };
+        fd_key(fd)
+    } else if kind == T::CU_MEM_HANDLE_TYPE_FABRIC && !os_handle.is_null() {
+        // SAFETY: a fabric handle is 64 bytes, written by the driver or
+        // passed by the caller.
+        let h = unsafe { &*(os_handle as *const CUmemFabricHandle) };
+        Some(format!("fabric:{}", hex(&h.data)))
+    } else {
+        None
+    }
+}
+
+pub unsafe fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult {
+    let g = governed_or!(call_real!(cuIpcGetMemHandle(handle, dptr)));
+    let r = call_real!(cuIpcGetMemHandle(handle, dptr));
+    if r == OK && !handle.is_null() {
+        // SAFETY: the driver succeeded and wrote it.
+        register(g, &ipc_key(unsafe { &*handle }));
+    }
+    r
+}
+
+pub unsafe fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemExportToShareableHandle(
+        shareable, handle, kind, flags
+    )));
+    let r = call_real!(cuMemExportToShareableHandle(shareable, handle, kind, flags));
+    if r == OK
+        && !shareable.is_null()
+        && let Some(key) = shareable_key(kind, shareable, true)
+    {
+        register(g, &key);
+    }
+    r
+}
+
+/// An import is let through only if a process of this allocation exported
+/// it; nothing is charged.
+fn import(
+    g: &Governed,
+    key: Option<String>,
+    what: &str,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match key {
+        Some(k) if exported_here(g, &k) => call(),
+        _ => {
+            crate::log!(
+                Level::Warn,
+                "{what}: refused: not exported by a process of allocation {}",
+                g.files.control.alloc_id()
+            );
+            CUresult::CUDA_ERROR_NOT_PERMITTED
+        }
+    }
+}
+
+pub unsafe fn cuIpcOpenMemHandle(
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuIpcOpenMemHandle(pdptr, handle, flags)));
+    import(g, Some(ipc_key(&handle)), "cuIpcOpenMemHandle", || {
+        call_real!(cuIpcOpenMemHandle(pdptr, handle, flags))
+    })
+}
+
+pub unsafe fn cuIpcOpenMemHandle_v2(
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuIpcOpenMemHandle_v2(pdptr, handle, flags)));
+    import(g, Some(ipc_key(&handle)), "cuIpcOpenMemHandle", || {
+        call_real!(cuIpcOpenMemHandle_v2(pdptr, handle, flags))
+    })
+}
+
+pub unsafe fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
+    // Nothing was charged for the mapping: nothing to return.
+    let _g = governed_or!(call_real!(cuIpcCloseMemHandle(dptr)));
+    call_real!(cuIpcCloseMemHandle(dptr))
+}
+
+pub unsafe fn cuMemImportFromShareableHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    kind: CUmemAllocationHandleType,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemImportFromShareableHandle(
+        handle, os_handle, kind
+    )));
+    import(
+        g,
+        shareable_key(kind, os_handle, false),
+        "cuMemImportFromShareableHandle",
+        || call_real!(cuMemImportFromShareableHandle(handle, os_handle, kind)),
+    )
+}
