@@ -225,10 +225,22 @@ pub fn allocs() -> MutexGuard<'static, BTreeMap<u64, Alloc>> {
     ALLOCS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Allocates device memory for `ctx` on its device, charging `charge` bytes to the device
+/// first.
+pub fn alloc_device(
+    rt: &Runtime,
+    ctx: &Context,
+    bytes: u64,
+    kind: Kind,
+    charge: u64,
+) -> CuResult<u64> {
+    alloc_device_on(rt, ctx, ctx.device, bytes, kind, charge)
+}
+
 /// Allocates device memory on physical `device` for `ctx` (a stream-ordered allocation's
 /// device is its pool's, not necessarily the context's), charging `charge` bytes to the
 /// device first.
-pub fn alloc_device(
+pub fn alloc_device_on(
     rt: &Runtime,
     ctx: &Context,
     device: usize,
@@ -650,7 +662,7 @@ fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize, kind: Kind) -> CuResult<()
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let bytes = bytesize as u64;
-    let base = alloc_device(rt, &ctx, ctx.device, bytes, kind, bytes)?;
+    let base = alloc_device(rt, &ctx, bytes, kind, bytes)?;
     // SAFETY: checked non-null above.
     unsafe { dptr.write(base) };
     Ok(())
@@ -696,7 +708,7 @@ fn mem_alloc_pitch(
     let bytes = p
         .checked_mul(height as u64)
         .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-    let base = alloc_device(rt, &ctx, ctx.device, bytes, Kind::Pitch, bytes)?;
+    let base = alloc_device(rt, &ctx, bytes, Kind::Pitch, bytes)?;
     // SAFETY: both checked non-null above.
     unsafe {
         dptr.write(base);

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 
-use crate::memory::{Kind, alloc_device, find, free_device};
+use crate::memory::{Kind, alloc_device_on, find, free_device};
 use crate::registry::{Registry, handle_of};
 use crate::runtime::{Runtime, rt};
 use crate::stream::resolve;
@@ -147,7 +147,7 @@ fn alloc_from(
         return Ok(());
     }
     pool.take(rt, bytes)?;
-    match alloc_device(rt, t.ctx(), pool.device, bytes, Kind::Pool(pool.clone()), 0) {
+    match alloc_device_on(rt, t.ctx(), pool.device, bytes, Kind::Pool(pool.clone()), 0) {
         Ok(base) => {
             // SAFETY: checked non-null above.
             unsafe { dptr.write(base) };
