@@ -270,3 +270,56 @@ pub fn seed(name: &str) -> u64 {
     eprintln!("{name}: HOOK_TEST_SEED={s}");
     s
 }
+
+/// `memclient` (hook_support/memclient.c): a small driver client for the
+/// memory-isolation tests, linked with `-lcuda`, compiled once per build.
+pub fn memclient() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let src = include_str!("memclient.c");
+        let dir = tessera_e2e::paths::work_dir();
+        // One binary per source text: a changed client is rebuilt.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in src.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        let out = dir.join(format!("memclient-{h:016x}"));
+        if !out.is_file() {
+            let tmp = dir.join(format!(".memclient-{}", std::process::id()));
+            let lib = tessera_e2e::paths::sim_lib_dir();
+            cc(
+                src,
+                &tmp,
+                &[&format!("-L{}", lib.dir.display()), "-lcuda", "-lnvidia-ml"],
+            );
+            std::fs::rename(&tmp, &out).expect("moving memclient into place");
+        }
+        out
+    })
+}
+
+impl Sim {
+    /// `memclient` against this node with the shim, governed when `governed`.
+    pub fn client(&self, governed: bool) -> Conv {
+        Conv::start(self.command(memclient(), governed))
+    }
+}
+
+/// Sends `line` and returns its answer, panicking if the client died.
+pub fn ask(c: &mut Conv, line: &str) -> Line {
+    c.ask(line, std::time::Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{line}: client gone ({e:?})"))
+}
+
+/// Sends `line` and returns its answer, which must be `ok`.
+pub fn ok(c: &mut Conv, line: &str) -> Line {
+    let l = ask(c, line);
+    assert!(l.ok, "{line}: {}", l.raw);
+    l
+}
+
+/// Sends `line`; its answer must be the error `error`.
+pub fn refused(c: &mut Conv, line: &str, error: &str) {
+    let l = ask(c, line);
+    assert_eq!(l.error.as_deref(), Some(error), "{line}: {}", l.raw);
+}

@@ -1,0 +1,394 @@
+/* memclient: a small CUDA driver client for the memory-isolation tests of
+ * the shim (hook_pools, hook_graph_memory, hook_ipc, hook_race). It links
+ * -lcuda and reads one command per line (or per argument) and answers one
+ * line each, in the probe's format: "ok <cmd> key=value ..." or
+ * "err <cmd> <CUDA_ERROR_NAME>". Objects it makes are kept in numbered
+ * tables and named by number in later commands.
+ *
+ * Written from the driver API's published ABI (cuda.h); no NVIDIA header
+ * is needed.
+ *
+ *   init                           cuInit, primary context of device 0 current
+ *   ctx <dev>                      make device <dev>'s primary context current
+ *   stream <dev>                   a stream in device <dev>'s primary context -> s=
+ *   pool <dev> <threshold>         cuMemPoolCreate on <dev>, release threshold -> p=
+ *   default-pool <dev> <threshold> the device's default pool, threshold set -> p=
+ *   set-pool <dev> <p>             cuDeviceSetMemPool
+ *   async <bytes> <s>              cuMemAllocAsync on stream <s> (-1: null) -> h=
+ *   from-pool <bytes> <p> <s>      cuMemAllocFromPoolAsync -> h=
+ *   alloc <bytes>                  cuMemAlloc -> h=
+ *   free-async <h> <s>             cuMemFreeAsync
+ *   free <h>                       cuMemFree
+ *   sync | sync-stream <s>         cuCtxSynchronize / cuStreamSynchronize
+ *   trim <p> <keep>                cuMemPoolTrimTo
+ *   destroy-pool <p>               cuMemPoolDestroy
+ *   pool-usage <p>                 reserved= used= (the driver's attributes)
+ *   meminfo                        free= total= (cuMemGetInfo)
+ *   graph-node <bytes> <dev>       a graph with one allocation node, instantiated -> e= h=
+ *   capture <bytes> <s>            capture cuMemAllocAsync on <s>, instantiate -> e= h=
+ *   launch <e> <s>                 cuGraphLaunch
+ *   upload <e> <s>                 cuGraphUpload
+ *   graph-trim <dev>               cuDeviceGraphMemTrim
+ *   exec-destroy <e>               cuGraphExecDestroy
+ *   ipc-get <h>                    cuIpcGetMemHandle -> handle=<hex>
+ *   ipc-open <hex>                 cuIpcOpenMemHandle_v2 -> h=
+ *   ipc-close <h>                  cuIpcCloseMemHandle
+ *   vmm-export <bytes> <dev>       cuMemCreate (POSIX fd shareable) + export -> v= fd= pid=
+ *   vmm-import <pid> <fd> <bytes>  open /proc/<pid>/fd/<fd>, import, map -> v= h=
+ *   vmm-release <v>                cuMemRelease
+ *   sparse <width> <bytes> <dev>   sparse 2D array, a VMM allocation mapped onto its
+ *                                  first tile, the handle released -> a= v=
+ *   array-destroy <a>              cuArrayDestroy
+ *   sleep <ms>
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUstream, *CUmemoryPool, *CUgraph, *CUgraphNode, *CUgraphExec, *CUarray;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int allocType, handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+typedef struct {
+    int type, requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct {
+    size_t Width, Height, Depth;
+    int Format;
+    unsigned NumChannels, Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct {
+    int resourceType;
+    union { void *mipmap; CUarray array; } resource;
+    int subresourceType;
+    union {
+        struct { unsigned level, layer, offsetX, offsetY, offsetZ, extentWidth, extentHeight, extentDepth; } sparseLevel;
+        struct { unsigned layer; unsigned long long offset, size; } miptail;
+    } subresource;
+    int memOperationType;
+    int memHandleType;
+    union { CUmemGenericAllocationHandle memHandle; } memHandle;
+    unsigned long long offset;
+    unsigned deviceBitMask, flags, reserved[2];
+} CUarrayMapInfo;
+
+CUresult cuInit(unsigned);
+CUresult cuGetErrorName(CUresult, const char **);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxPushCurrent_v2(CUcontext);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
+CUresult cuCtxSynchronize(void);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
+CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphUpload(CUgraphExec, CUstream);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMemMapArrayAsync(CUarrayMapInfo *, unsigned, CUstream);
+
+#define MAXN 4096
+static CUcontext ctxs[16];
+static CUstream streams[MAXN];
+static CUmemoryPool pools[MAXN];
+static CUdeviceptr ptrs[MAXN];
+static CUgraphExec execs[MAXN];
+static CUmemGenericAllocationHandle vmms[MAXN];
+static CUarray arrays[MAXN];
+static int nstreams, npools, nptrs, nexecs, nvmms, narrays;
+
+static int check(const char *cmd, CUresult r) {
+    if (r == 0) return 1;
+    const char *name = 0;
+    if (cuGetErrorName(r, &name) != 0 || !name) name = "CUDA_ERROR_UNKNOWN";
+    printf("err %s %s\n", cmd, name);
+    return 0;
+}
+#define CK(call) check(cmd, (call))
+
+static CUstream stream_of(long s) { return (s < 0 || s >= nstreams) ? 0 : streams[s]; }
+
+static CUresult ctx_of(int dev) {
+    if (dev < 0 || dev >= 16) return 101; /* CUDA_ERROR_INVALID_DEVICE */
+    if (!ctxs[dev]) {
+        CUdevice d;
+        CUresult r = cuDeviceGet(&d, dev);
+        if (r) return r;
+        r = cuDevicePrimaryCtxRetain(&ctxs[dev], d);
+        if (r) return r;
+    }
+    return 0;
+}
+
+static void run(char *line) {
+    char cmd[64] = "";
+    long long a = 0, b = 0, c = 0;
+    char word[256] = "";
+    if (sscanf(line, "%63s", cmd) != 1) return;
+    const char *rest = line + strlen(cmd);
+    if (!strcmp(cmd, "init")) {
+        if (CK(cuInit(0)) && CK(ctx_of(0)) && CK(cuCtxSetCurrent(ctxs[0]))) printf("ok init pid=%d\n", getpid());
+    } else if (!strcmp(cmd, "ctx")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(ctx_of(a)) && CK(cuCtxSetCurrent(ctxs[a]))) printf("ok ctx dev=%lld\n", a);
+    } else if (!strcmp(cmd, "stream")) {
+        sscanf(rest, "%lld", &a);
+        CUcontext old;
+        if (CK(ctx_of(a)) && CK(cuCtxPushCurrent_v2(ctxs[a]))) {
+            int ok = CK(cuStreamCreate(&streams[nstreams], 0));
+            cuCtxPopCurrent_v2(&old);
+            if (ok) printf("ok stream s=%d\n", nstreams++);
+        }
+    } else if (!strcmp(cmd, "pool") || !strcmp(cmd, "default-pool")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        unsigned long long t = (unsigned long long)b;
+        int ok;
+        if (!strcmp(cmd, "pool")) {
+            CUmemPoolProps p;
+            memset(&p, 0, sizeof p);
+            p.allocType = 1; /* PINNED */
+            p.location.type = 1; /* DEVICE */
+            p.location.id = (int)a;
+            ok = CK(cuMemPoolCreate(&pools[npools], &p));
+        } else {
+            CUdevice d;
+            ok = CK(cuDeviceGet(&d, (int)a)) && CK(cuDeviceGetDefaultMemPool(&pools[npools], d));
+        }
+        if (ok && CK(cuMemPoolSetAttribute(pools[npools], 4 /* RELEASE_THRESHOLD */, &t)))
+            printf("ok %s p=%d\n", cmd, npools++);
+    } else if (!strcmp(cmd, "set-pool")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        CUdevice d;
+        if (CK(cuDeviceGet(&d, (int)a)) && CK(cuDeviceSetMemPool(d, pools[b]))) printf("ok set-pool\n");
+    } else if (!strcmp(cmd, "async")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        if (CK(cuMemAllocAsync(&ptrs[nptrs], (size_t)a, stream_of(b)))) printf("ok async h=%d\n", nptrs++);
+    } else if (!strcmp(cmd, "from-pool")) {
+        sscanf(rest, "%lld %lld %lld", &a, &b, &c);
+        if (CK(cuMemAllocFromPoolAsync(&ptrs[nptrs], (size_t)a, pools[b], stream_of(c))))
+            printf("ok from-pool h=%d\n", nptrs++);
+    } else if (!strcmp(cmd, "alloc")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuMemAlloc_v2(&ptrs[nptrs], (size_t)a))) printf("ok alloc h=%d\n", nptrs++);
+    } else if (!strcmp(cmd, "free-async")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        if (CK(cuMemFreeAsync(ptrs[a], stream_of(b)))) printf("ok free-async\n");
+    } else if (!strcmp(cmd, "free")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuMemFree_v2(ptrs[a]))) printf("ok free\n");
+    } else if (!strcmp(cmd, "sync")) {
+        if (CK(cuCtxSynchronize())) printf("ok sync\n");
+    } else if (!strcmp(cmd, "sync-stream")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuStreamSynchronize(stream_of(a)))) printf("ok sync-stream\n");
+    } else if (!strcmp(cmd, "trim")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        if (CK(cuMemPoolTrimTo(pools[a], (size_t)b))) printf("ok trim\n");
+    } else if (!strcmp(cmd, "destroy-pool")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuMemPoolDestroy(pools[a]))) printf("ok destroy-pool\n");
+    } else if (!strcmp(cmd, "pool-usage")) {
+        sscanf(rest, "%lld", &a);
+        unsigned long long r = 0, u = 0;
+        if (CK(cuMemPoolGetAttribute(pools[a], 5, &r)) && CK(cuMemPoolGetAttribute(pools[a], 7, &u)))
+            printf("ok pool-usage reserved=%llu used=%llu\n", r, u);
+    } else if (!strcmp(cmd, "meminfo")) {
+        size_t f = 0, t = 0;
+        if (CK(cuMemGetInfo_v2(&f, &t))) printf("ok meminfo free=%zu total=%zu\n", f, t);
+    } else if (!strcmp(cmd, "graph-node")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        CUgraph g;
+        CUgraphNode n;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.poolProps.allocType = 1;
+        p.poolProps.location.type = 1;
+        p.poolProps.location.id = (int)b;
+        p.bytesize = (size_t)a;
+        if (CK(cuGraphCreate(&g, 0)) && CK(cuGraphAddMemAllocNode(&n, g, 0, 0, &p)) &&
+            CK(cuGraphInstantiateWithFlags(&execs[nexecs], g, 0))) {
+            ptrs[nptrs] = p.dptr;
+            printf("ok graph-node e=%d h=%d\n", nexecs++, nptrs++);
+        }
+    } else if (!strcmp(cmd, "capture")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        CUgraph g;
+        CUstream s = stream_of(b);
+        if (CK(cuStreamBeginCapture_v2(s, 2 /* RELAXED */)) && CK(cuMemAllocAsync(&ptrs[nptrs], (size_t)a, s)) &&
+            CK(cuStreamEndCapture(s, &g)) && CK(cuGraphInstantiateWithFlags(&execs[nexecs], g, 0)))
+            printf("ok capture e=%d h=%d\n", nexecs++, nptrs++);
+    } else if (!strcmp(cmd, "launch") || !strcmp(cmd, "upload")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        CUresult r = !strcmp(cmd, "launch") ? cuGraphLaunch(execs[a], stream_of(b)) : cuGraphUpload(execs[a], stream_of(b));
+        if (CK(r)) printf("ok %s\n", cmd);
+    } else if (!strcmp(cmd, "graph-trim")) {
+        sscanf(rest, "%lld", &a);
+        CUdevice d;
+        if (CK(cuDeviceGet(&d, (int)a)) && CK(cuDeviceGraphMemTrim(d))) printf("ok graph-trim\n");
+    } else if (!strcmp(cmd, "exec-destroy")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuGraphExecDestroy(execs[a]))) printf("ok exec-destroy\n");
+    } else if (!strcmp(cmd, "ipc-get")) {
+        sscanf(rest, "%lld", &a);
+        CUipcMemHandle h;
+        if (CK(cuIpcGetMemHandle(&h, ptrs[a]))) {
+            printf("ok ipc-get handle=");
+            for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
+            printf("\n");
+        }
+    } else if (!strcmp(cmd, "ipc-open")) {
+        sscanf(rest, "%255s", word);
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        for (int i = 0; i < 64 && word[2 * i] && word[2 * i + 1]; i++) {
+            unsigned v;
+            sscanf(word + 2 * i, "%2x", &v);
+            h.reserved[i] = (char)v;
+        }
+        if (CK(cuIpcOpenMemHandle_v2(&ptrs[nptrs], h, 1))) printf("ok ipc-open h=%d\n", nptrs++);
+    } else if (!strcmp(cmd, "ipc-close")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuIpcCloseMemHandle(ptrs[a]))) printf("ok ipc-close\n");
+    } else if (!strcmp(cmd, "vmm-export")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        p.type = 1;
+        p.requestedHandleTypes = 1; /* POSIX_FILE_DESCRIPTOR */
+        p.location.type = 1;
+        p.location.id = (int)b;
+        int fd = -1;
+        if (CK(cuMemCreate(&vmms[nvmms], (size_t)a, &p, 0)) &&
+            CK(cuMemExportToShareableHandle(&fd, vmms[nvmms], 1, 0)))
+            printf("ok vmm-export v=%d fd=%d pid=%d\n", nvmms++, fd, getpid());
+    } else if (!strcmp(cmd, "vmm-import")) {
+        sscanf(rest, "%lld %lld %lld", &a, &b, &c);
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%lld/fd/%lld", a, b);
+        int fd = open(path, O_RDWR);
+        if (fd < 0) fd = open(path, O_RDONLY);
+        CUdeviceptr va;
+        if (fd < 0) {
+            printf("err vmm-import open\n");
+        } else if (CK(cuMemImportFromShareableHandle(&vmms[nvmms], (void *)(uintptr_t)fd, 1)) &&
+                   CK(cuMemAddressReserve(&va, (size_t)c, 0, 0, 0)) && CK(cuMemMap(va, (size_t)c, 0, vmms[nvmms], 0))) {
+            ptrs[nptrs] = va;
+            printf("ok vmm-import v=%d h=%d\n", nvmms++, nptrs++);
+        }
+    } else if (!strcmp(cmd, "vmm-release")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuMemRelease(vmms[a]))) printf("ok vmm-release\n");
+    } else if (!strcmp(cmd, "sparse")) {
+        sscanf(rest, "%lld %lld %lld", &a, &b, &c);
+        CUDA_ARRAY3D_DESCRIPTOR d;
+        memset(&d, 0, sizeof d);
+        d.Width = (size_t)a;
+        d.Height = (size_t)a;
+        d.Format = 0x03; /* UNSIGNED_INT32 */
+        d.NumChannels = 1;
+        d.Flags = 64; /* SPARSE */
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        p.type = 1;
+        p.location.type = 1;
+        p.location.id = (int)c;
+        p.usage = 1; /* CU_MEM_CREATE_USAGE_TILE_POOL */
+        CUarrayMapInfo m;
+        memset(&m, 0, sizeof m);
+        if (CK(cuArray3DCreate_v2(&arrays[narrays], &d)) && CK(cuMemCreate(&vmms[nvmms], (size_t)b, &p, 0))) {
+            m.resourceType = 0x01; /* CU_RESOURCE_TYPE_ARRAY */
+            m.resource.array = arrays[narrays];
+            m.subresourceType = 0; /* SPARSE_LEVEL */
+            m.subresource.sparseLevel.extentWidth = 128;
+            m.subresource.sparseLevel.extentHeight = 128;
+            m.subresource.sparseLevel.extentDepth = 1;
+            m.memOperationType = 1; /* MAP */
+            m.memHandleType = 0; /* GENERIC */
+            m.memHandle.memHandle = vmms[nvmms];
+            m.deviceBitMask = 1;
+            if (CK(cuMemMapArrayAsync(&m, 1, 0)) && CK(cuCtxSynchronize()) && CK(cuMemRelease(vmms[nvmms])))
+                printf("ok sparse a=%d v=%d\n", narrays++, nvmms++);
+        }
+    } else if (!strcmp(cmd, "array-destroy")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuArrayDestroy(arrays[a]))) printf("ok array-destroy\n");
+    } else if (!strcmp(cmd, "sleep")) {
+        sscanf(rest, "%lld", &a);
+        struct timespec ts = {a / 1000, (a % 1000) * 1000000};
+        nanosleep(&ts, 0);
+        printf("ok sleep\n");
+    } else {
+        printf("err %s UNKNOWN_COMMAND\n", cmd);
+    }
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1) {
+        for (int i = 1; i < argc; i++) run(argv[i]);
+        return 0;
+    }
+    char line[1024];
+    while (fgets(line, sizeof line, stdin)) run(line);
+    return 0;
+}
