@@ -89,8 +89,8 @@ fn freeing_and_allocating_again_never_sees_a_spurious_out_of_memory() {
     ok(&mut c, "stream 0");
     ok(&mut c, &format!("default-pool 0 {}", u64::MAX));
     ok(&mut c, &format!("pool 0 {}", u64::MAX));
-    let mut h = 0;
     for round in 0..20 {
+        let h = round;
         // Alternate routes: the default pool, a pool of its own, plain
         // memory; 56 of 64 MiB each time, never synchronising.
         let line = match round % 3 {
@@ -105,7 +105,6 @@ fn freeing_and_allocating_again_never_sees_a_spurious_out_of_memory() {
         } else {
             ok(&mut c, &format!("free-async {h} 0"));
         }
-        h += 1;
     }
     assert_eq!(sim.state().oom_refused(0), 0);
     assert!(c.finish().success());
