@@ -10,6 +10,10 @@
 //! ```
 //!
 //! Durations: a number (decimals allowed) with `ns`, `us`, `ms` or `s`; a bare `0`.
+//!
+//! Real kernels (from cubins, PTX and fat binaries, see [`crate::image`]) carry no
+//! duration: they get [`KernelTime`]'s model, a fixed cost plus a cost per thread of the
+//! launch, set by `TESSERA_SIM_KERNEL_TIME` (default `2us+5ps/thread`).
 
 use std::collections::HashMap;
 
@@ -20,17 +24,131 @@ pub enum Cost {
     Fixed(u64),
     /// This many ns per block of the grid (`gridDimX * gridDimY * gridDimZ`).
     PerBlock(u64),
+    /// A real kernel: the duration model of [`KernelTime`].
+    Modelled(KernelTime),
 }
 
 impl Cost {
-    /// Duration in ns of a launch with `blocks` blocks.
+    /// Duration in ns of a launch with `blocks` blocks of
+    /// [`ASSUMED_BLOCK_THREADS`] threads (for callers that do not know the block size).
     #[inline]
     pub fn duration(self, blocks: u64) -> u64 {
+        self.launch(blocks, ASSUMED_BLOCK_THREADS)
+    }
+
+    /// Duration in ns of a launch of `blocks` blocks of `threads` threads each.
+    #[inline]
+    pub fn launch(self, blocks: u64, threads: u64) -> u64 {
         match self {
             Cost::Fixed(ns) => ns,
             Cost::PerBlock(ns) => ns.saturating_mul(blocks),
+            Cost::Modelled(m) => m.duration(blocks.saturating_mul(threads)),
         }
     }
+}
+
+/// The block size [`Cost::duration`] assumes for modelled kernels.
+pub const ASSUMED_BLOCK_THREADS: u64 = 256;
+
+/// The variable that sets the duration model of real kernels.
+pub const KERNEL_TIME_VAR: &str = "TESSERA_SIM_KERNEL_TIME";
+
+/// The longest a modelled kernel runs: a huge grid must not stall a device for days.
+pub const MAX_MODELLED_NS: u64 = 10_000_000_000;
+
+/// How long a real kernel runs on the simulated device: `base + threads × per_thread`,
+/// where `threads` is the whole launch (grid blocks × threads per block), at most
+/// [`MAX_MODELLED_NS`]. Written `<base>+<per>/thread` (`2us+5ps/thread`, the default: a
+/// few µs for a small kernel, ~7 µs for an elementwise kernel over a million elements,
+/// about what an H100 takes), or just `<base>` or `<per>/thread`. Units `ps`, `ns`, `us`,
+/// `ms`, `s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelTime {
+    pub base_ns: u64,
+    pub per_thread_ps: u64,
+}
+
+impl Default for KernelTime {
+    fn default() -> Self {
+        KernelTime {
+            base_ns: 2_000,
+            per_thread_ps: 5,
+        }
+    }
+}
+
+impl KernelTime {
+    /// Duration in ns of a launch of `threads` threads in all.
+    #[inline]
+    pub fn duration(self, threads: u64) -> u64 {
+        let per = u128::from(threads) * u128::from(self.per_thread_ps) / 1000;
+        (u128::from(self.base_ns) + per).min(u128::from(MAX_MODELLED_NS)) as u64
+    }
+
+    /// Parses `<base>+<per>/thread`, `<base>` or `<per>/thread`.
+    pub fn parse(text: &str) -> Result<KernelTime, String> {
+        let mut model = KernelTime {
+            base_ns: 0,
+            per_thread_ps: 0,
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return Err("empty kernel time".into());
+        }
+        for (i, part) in text.split('+').enumerate() {
+            let part = part.trim();
+            if let Some(per) = part.strip_suffix("/thread") {
+                if model.per_thread_ps != 0 || i > 1 {
+                    return Err(format!("{part:?}: one per-thread term at most"));
+                }
+                model.per_thread_ps = parse_ps(per).map_err(|e| format!("{part:?}: {e}"))?;
+            } else if i == 0 {
+                model.base_ns = parse_ps(part).map_err(|e| format!("{part:?}: {e}"))? / 1000;
+            } else {
+                return Err(format!(
+                    "{part:?}: expected <base>+<per>/thread, e.g. 2us+5ps/thread"
+                ));
+            }
+        }
+        Ok(model)
+    }
+
+    /// The model `TESSERA_SIM_KERNEL_TIME` sets (the default when it is unset).
+    pub fn from_env() -> Result<KernelTime, String> {
+        match std::env::var(KERNEL_TIME_VAR) {
+            Err(std::env::VarError::NotPresent) => Ok(KernelTime::default()),
+            Err(_) => Err(format!("{KERNEL_TIME_VAR} is not UTF-8")),
+            Ok(v) => KernelTime::parse(&v).map_err(|e| format!("{KERNEL_TIME_VAR}={v}: {e}")),
+        }
+    }
+}
+
+/// Parses `0`, `5ps`, `1.5ns`, `2us`, ... into picoseconds.
+fn parse_ps(text: &str) -> Result<u64, &'static str> {
+    if text == "0" {
+        return Ok(0);
+    }
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or("a duration needs a unit (ps, ns, us, ms, s)")?;
+    let (number, unit) = text.split_at(split);
+    let scale: f64 = match unit {
+        "ps" => 1.0,
+        "ns" => 1e3,
+        "us" => 1e6,
+        "ms" => 1e9,
+        "s" => 1e12,
+        _ => return Err("unknown unit (use ps, ns, us, ms or s)"),
+    };
+    if number.is_empty() || number.matches('.').count() > 1 {
+        return Err("bad number");
+    }
+    let value: f64 = number.parse().map_err(|_| "bad number")?;
+    let ps = (value * scale).round();
+    if !(0.0..=1e18).contains(&ps) {
+        return Err("out of range");
+    }
+    Ok(ps as u64)
 }
 
 /// A parsed module: kernel names and their costs, in declaration order.
@@ -149,6 +267,48 @@ mod tests {
         assert_eq!(m.get("grid"), Some(Cost::PerBlock(2_000)));
         assert_eq!(m.get("grid").map(|c| c.duration(10)), Some(20_000));
         assert_eq!(m.get("missing"), None);
+    }
+
+    #[test]
+    fn kernel_time_model() {
+        let d = KernelTime::default();
+        assert_eq!(d, KernelTime::parse("2us+5ps/thread").unwrap());
+        // 2 µs + 1 Mi threads × 5 ps.
+        assert_eq!(d.duration(1 << 20), 2_000 + 5_242);
+        assert_eq!(Cost::Modelled(d).launch(4096, 256), 2_000 + 5_242);
+        assert_eq!(Cost::Modelled(d).duration(4096), 2_000 + 5_242);
+        assert_eq!(Cost::Fixed(7).launch(4096, 256), 7);
+        assert_eq!(Cost::PerBlock(3).launch(10, 1024), 30);
+        // A grid of 2^31 × 65535 × 65535 blocks of 1024 threads stops at the cap.
+        let huge = (1u64 << 31) * 65535 * 65535;
+        assert_eq!(Cost::Modelled(d).launch(huge, 1024), MAX_MODELLED_NS);
+        for (text, base, per) in [
+            ("1ms", 1_000_000, 0),
+            ("0.5ns/thread", 0, 500),
+            ("0+1ns/thread", 0, 1000),
+            (" 3us + 2ps/thread ", 3_000, 2),
+        ] {
+            assert_eq!(
+                KernelTime::parse(text),
+                Ok(KernelTime {
+                    base_ns: base,
+                    per_thread_ps: per
+                }),
+                "{text}"
+            );
+        }
+        for bad in [
+            "",
+            "fast",
+            "1ms+2ms",
+            "1ps/thread+1ps/thread",
+            "2us+",
+            "5/thread",
+            "-1us",
+            "1us/block",
+        ] {
+            assert!(KernelTime::parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Kernel launches: `cuLaunchKernel`, `cuLaunchKernelEx`, `cuLaunchCooperativeKernel`,
 //! `cuLaunchCooperativeKernelMultiDevice`, `cuLaunchHostFunc`. A launch queues the
-//! kernel's simulated duration on its stream's device engine and returns at once.
+//! kernel's simulated duration on its stream's device engine and returns at once: the
+//! explicit duration of a simulated module's kernel, or for a real kernel (cubin, PTX, fat
+//! binary) the model `base + grid threads × per-thread cost` (`TESSERA_SIM_KERNEL_TIME`,
+//! see `tessera_sim::module::KernelTime`).
 
 use std::ffi::{c_uint, c_void};
 
@@ -42,6 +45,12 @@ impl Shape {
         }
         Ok(u64::from(gx) * u64::from(gy) * u64::from(gz))
     }
+
+    /// Threads per block.
+    #[inline]
+    pub fn threads(&self) -> u64 {
+        self.block.iter().map(|d| u64::from(*d)).product()
+    }
 }
 
 /// Validates everything about a launch without queuing it; returns the target stream and
@@ -68,6 +77,10 @@ fn prepare(
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let blocks = shape.blocks()?;
+    if shape.threads() > u64::from(func.max_block()) {
+        // More threads than the kernel's registers (or its .maxntid) allow per block.
+        return Err(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    }
     if cooperative {
         let sms = rt
             .node
@@ -79,7 +92,7 @@ fn prepare(
             return Err(CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
         }
     }
-    Ok((t, func.cost.duration(blocks)))
+    Ok((t, func.cost.launch(blocks, shape.threads())))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,16 +1,32 @@
-//! Modules, functions and (CUDA 12) libraries and kernels, loaded from the simulated
-//! module format of `tessera_sim::module` (plain text: `kernel <name> <duration>` lines).
-//! Anything else (a real cubin, fatbin or PTX) is `CUDA_ERROR_INVALID_IMAGE`.
+//! Modules, functions and (CUDA 12) libraries and kernels.
+//!
+//! An image is one of: the simulated module text of `tessera_sim::module` (`kernel <name>
+//! <duration>` lines, explicit durations), or what real programs load — a fat binary (its
+//! `__fatBinC_Wrapper_t` or the container itself), a cubin, or PTX text — parsed by
+//! `tessera_sim::image` for kernel names, globals and resource hints; real kernels run for
+//! the duration model of `tessera_sim::module::KernelTime` (`TESSERA_SIM_KERNEL_TIME`).
+//!
+//! Images arrive as bare pointers. They are copied out with `process_vm_readv` on this
+//! process, which fails (`EFAULT`) instead of faulting on unmapped memory, reading exactly
+//! the extent the image's headers claim, so a truncated or garbage image is an error code
+//! and one line on stderr, never a crash. A fat binary's entry is decompressed and parsed
+//! when a kernel or global is first asked for (as the driver's lazy loading does), so a
+//! framework that registers hundreds of fat binaries at start pays only for what it uses.
+//!
+//! Globals get real device memory (charged to the device) when first looked up, holding
+//! their initial values, so a program can copy to and from them.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_ffi::cuda::*;
-use tessera_sim::module::{Cost, ModuleSpec, parse_module};
+use tessera_sim::image::{self, Extent, FATBIN_MAGIC, Global, ImageError, WRAPPER_MAGIC};
+use tessera_sim::module::{Cost, KernelTime, ModuleSpec, parse_module};
 
 use crate::registry::{Registry, handle_of};
-use crate::runtime::{current, rt};
+use crate::runtime::{Runtime, current, rt};
 use crate::{CuResult, guard, put};
 
 pub static MODULES: Registry<Module> = Registry::new();
@@ -20,22 +36,468 @@ pub static LIBRARIES: Registry<Library> = Registry::new();
 /// A function not bound to a device (a kernel of a context-independent library).
 pub const ANY_DEVICE: usize = usize::MAX;
 
+/// Longest text image read (PTX of a large program is a few MiB).
+const MAX_TEXT: usize = 64 << 20;
+/// Most containers a version-2 fat binary wrapper may list.
+const MAX_WRAPPED: usize = 4096;
+
+/// One line on stderr for a rejected image or a bad setting: without it a framework shows
+/// only an error code. The driver's one other place that writes is `cuInit`.
+fn log(what: &str, e: impl std::fmt::Display) {
+    eprintln!("tessera-sim libcuda: {what}: {e}");
+}
+
+// ---- what an image holds ----
+
+/// One kernel as a module knows it.
+#[derive(Debug, Clone)]
+pub struct KernelSpec {
+    pub name: String,
+    pub cost: Cost,
+    pub regs: Option<u32>,
+    pub shared: Option<u32>,
+    pub local: Option<u32>,
+    pub max_threads: Option<u32>,
+}
+
+/// Kernels and globals of an image, once parsed.
+#[derive(Debug, Default)]
+pub struct Contents {
+    pub kernels: Vec<KernelSpec>,
+    pub globals: Vec<Global>,
+    /// The image's architecture (`90`), when it says.
+    pub arch: Option<u32>,
+}
+
+impl Contents {
+    fn kernel(&self, name: &str) -> Option<&KernelSpec> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+}
+
+#[derive(Debug)]
+enum Source {
+    /// Parsed at load: the simulated text, a cubin, PTX.
+    Ready,
+    /// Fat binary entries chosen for the device, parsed on first use.
+    Entries(Vec<image::fatbin::Entry<'static>>),
+}
+
+/// The code of a module or library: shared by a library's per-context modules.
+#[derive(Debug)]
+pub struct Code {
+    source: Source,
+    model: KernelTime,
+    contents: OnceLock<Result<Contents, CUresult>>,
+}
+
+impl Code {
+    fn ready(contents: Contents) -> Code {
+        Code {
+            source: Source::Ready,
+            model: KernelTime::default(),
+            contents: OnceLock::from(Ok(contents)),
+        }
+    }
+
+    /// The kernels and globals, parsing fat binary entries the first time.
+    pub fn contents(&self) -> CuResult<&Contents> {
+        let parsed = self.contents.get_or_init(|| {
+            let Source::Entries(entries) = &self.source else {
+                return Err(CUresult::CUDA_ERROR_INVALID_IMAGE);
+            };
+            let mut all = Contents::default();
+            for e in entries {
+                let img = e.image().map_err(|err| {
+                    log("fat binary entry", &err);
+                    CUresult::CUDA_ERROR_INVALID_IMAGE
+                })?;
+                merge(&mut all, img, self.model);
+            }
+            Ok(all)
+        });
+        parsed.as_ref().map_err(|e| *e)
+    }
+}
+
+fn merge(all: &mut Contents, img: image::Image, model: KernelTime) {
+    all.arch = all.arch.or(img.arch);
+    for k in img.kernels {
+        if all.kernel(&k.name).is_none() {
+            all.kernels.push(KernelSpec {
+                name: k.name,
+                cost: Cost::Modelled(model),
+                regs: k.regs,
+                shared: k.shared,
+                local: k.local,
+                max_threads: k.max_threads,
+            });
+        }
+    }
+    for g in img.globals {
+        if !all.globals.iter().any(|h| h.name == g.name) {
+            all.globals.push(g);
+        }
+    }
+}
+
+fn from_spec(spec: &ModuleSpec) -> Contents {
+    Contents {
+        kernels: spec
+            .kernels
+            .iter()
+            .map(|(name, cost)| KernelSpec {
+                name: name.clone(),
+                cost: *cost,
+                regs: None,
+                shared: None,
+                local: None,
+                max_threads: None,
+            })
+            .collect(),
+        globals: Vec::new(),
+        arch: None,
+    }
+}
+
+/// The duration model of real kernels, read once per process.
+fn kernel_time() -> CuResult<KernelTime> {
+    static MODEL: OnceLock<Result<KernelTime, String>> = OnceLock::new();
+    MODEL
+        .get_or_init(KernelTime::from_env)
+        .clone()
+        .map_err(|e| {
+            log("kernel time", e);
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        })
+}
+
+fn image_error(e: &ImageError) -> CUresult {
+    match e {
+        ImageError::NoBinaryForGpu { .. } => CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU,
+        ImageError::Ptx { .. } => CUresult::CUDA_ERROR_INVALID_PTX,
+        _ => CUresult::CUDA_ERROR_INVALID_IMAGE,
+    }
+}
+
+/// The bytes of an image, by kind, as read from the program's memory.
+#[derive(Debug)]
+pub enum Raw {
+    /// A fat binary container, cubin, or a text without its NUL.
+    Bytes(Vec<u8>),
+    /// The containers a fat binary wrapper points to.
+    Containers(Vec<Vec<u8>>),
+}
+
+/// Parses what [`read_image`] (or a file) gave, for a device of compute capability
+/// `arch` (`major * 10 + minor`).
+pub fn code_of(raw: Raw, arch: u32) -> CuResult<Code> {
+    let containers = match raw {
+        Raw::Containers(c) => c,
+        Raw::Bytes(b) if b.starts_with(&FATBIN_MAGIC.to_le_bytes()) => vec![b],
+        Raw::Bytes(b) if b.starts_with(&image::ELF_MAGIC) || image::looks_like_ptx(&b) => {
+            let model = kernel_time()?;
+            let img = image::parse(&b, arch).map_err(|e| {
+                log("image", &e);
+                image_error(&e)
+            })?;
+            let mut contents = Contents::default();
+            merge(&mut contents, img, model);
+            return Ok(Code {
+                model,
+                ..Code::ready(contents)
+            });
+        }
+        Raw::Bytes(b) => {
+            let text = std::str::from_utf8(&b).map_err(|_| {
+                log(
+                    "image",
+                    "neither a fat binary, cubin, PTX nor a simulated module",
+                );
+                CUresult::CUDA_ERROR_INVALID_IMAGE
+            })?;
+            let spec = parse_module(text).map_err(|e| {
+                log("simulated module", e);
+                CUresult::CUDA_ERROR_INVALID_IMAGE
+            })?;
+            return Ok(Code::ready(from_spec(&spec)));
+        }
+    };
+    let model = kernel_time()?;
+    let mut entries = Vec::new();
+    for c in &containers {
+        let fb = image::fatbin::Fatbin::parse(c).map_err(|e| {
+            log("fat binary", &e);
+            image_error(&e)
+        })?;
+        let entry = fb.select(arch).map_err(|e| {
+            log("fat binary", &e);
+            image_error(&e)
+        })?;
+        entries.push(entry.clone().into_owned());
+    }
+    Ok(Code {
+        source: Source::Entries(entries),
+        model,
+        contents: OnceLock::new(),
+    })
+}
+
+// ---- reading images from pointers ----
+
+/// Copies `len` bytes at `addr` of this process, or fails if any of them is not mapped.
+fn read_mem(addr: usize, len: usize) -> CuResult<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    if len == 0 {
+        return Ok(out);
+    }
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: len,
+    };
+    // SAFETY: reads this process's own memory into `out` (len bytes, owned); the kernel
+    // checks the source range and reports EFAULT instead of faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n == len as isize {
+        return Ok(out);
+    }
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    if n < 0 && matches!(errno, Some(libc::ENOSYS) | Some(libc::EPERM)) {
+        // The call is filtered (a seccomp profile): trust the pointer, as the driver does.
+        // SAFETY: the caller of the driver promised `len` readable bytes at `addr`.
+        return Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec());
+    }
+    Err(CUresult::CUDA_ERROR_INVALID_IMAGE)
+}
+
+fn read_u32(addr: usize) -> CuResult<u32> {
+    let b = read_mem(addr, 4)?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn read_u64(addr: usize) -> CuResult<u64> {
+    let b = read_mem(addr, 8)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b);
+    Ok(u64::from_le_bytes(a))
+}
+
+/// Reads the image an entry point was given: follows a fat binary wrapper to its
+/// containers, reads containers and cubins to the extent their headers give, and texts
+/// (PTX, the simulated format) to their NUL.
+pub fn read_image(image: *const c_void) -> CuResult<Raw> {
+    if image.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let addr = image as usize;
+    let fail = |e: ImageError| {
+        log("image", &e);
+        image_error(&e)
+    };
+    let magic = read_u32(addr).inspect_err(|_| log("image", "unreadable"))?;
+    if magic == WRAPPER_MAGIC {
+        let version = read_u32(addr + 4)?;
+        let data = read_u64(addr + 8)? as usize;
+        let list = read_u64(addr + 16)? as usize;
+        let mut containers = Vec::new();
+        match version {
+            1 => containers.push(read_extent(data).map_err(fail)?),
+            2 => {
+                // Version 2 (relocatable device code): a null-terminated list of prelinked
+                // containers.
+                for i in 0..MAX_WRAPPED {
+                    let p = read_u64(list + i * 8)? as usize;
+                    if p == 0 {
+                        break;
+                    }
+                    containers.push(read_extent(p).map_err(fail)?);
+                }
+                if containers.is_empty() && data != 0 {
+                    containers.push(read_extent(data).map_err(fail)?);
+                }
+            }
+            v => {
+                return Err(fail(ImageError::Field {
+                    what: "fat binary wrapper version",
+                    value: v.into(),
+                }));
+            }
+        }
+        return Ok(Raw::Containers(containers));
+    }
+    read_extent(addr).map(Raw::Bytes).map_err(fail)
+}
+
+/// Reads one image at `addr` to the extent its headers claim.
+fn read_extent(addr: usize) -> Result<Vec<u8>, ImageError> {
+    let unreadable = ImageError::Truncated("image memory is not readable");
+    if addr == 0 {
+        return Err(unreadable);
+    }
+    let mut have = read_mem(addr, 4).map_err(|_| unreadable.clone())?;
+    loop {
+        match image::extent(&have)? {
+            Extent::Known(n) => {
+                return read_mem(addr, n as usize).map_err(|_| unreadable);
+            }
+            Extent::AtLeast(n) => {
+                if n as usize <= have.len() {
+                    return Err(ImageError::Truncated("image header"));
+                }
+                have = read_mem(addr, n as usize).map_err(|_| unreadable.clone())?;
+            }
+            Extent::NulTerminated => return read_text(addr),
+        }
+    }
+}
+
+/// Reads a NUL-terminated text in pages (the text may end just before unmapped memory).
+fn read_text(addr: usize) -> Result<Vec<u8>, ImageError> {
+    let mut text = Vec::new();
+    let mut at = addr;
+    while text.len() < MAX_TEXT {
+        // Never read across a page boundary in one call: the next page may not exist.
+        let chunk = 4096 - at % 4096;
+        let bytes = read_mem(at, chunk)
+            .map_err(|_| ImageError::Truncated("text without a terminating NUL"))?;
+        if let Some(n) = bytes.iter().position(|&b| b == 0) {
+            text.extend_from_slice(&bytes[..n]);
+            return Ok(text);
+        }
+        text.extend_from_slice(&bytes);
+        at += chunk;
+    }
+    Err(ImageError::TooLarge(MAX_TEXT as u64))
+}
+
+/// The device's compute capability as `major * 10 + minor`.
+fn arch_of(rt: &Runtime, device: usize) -> u32 {
+    rt.node
+        .device_info(device as u32)
+        .map(|i| i.cc_major * 10 + i.cc_minor)
+        .unwrap_or(90)
+}
+
+// ---- modules and functions ----
+
 #[derive(Debug)]
 pub struct Module {
     pub ctx_id: u64,
-    /// Function handles by kernel name, in declaration order (set once, right after the
-    /// module has its handle, which the functions record).
-    pub functions: OnceLock<Vec<(String, usize)>>,
+    pub device: usize,
+    pub code: Arc<Code>,
+    /// Function handles made so far, by kernel name (the same name gives the same handle).
+    functions: Mutex<Vec<(String, usize)>>,
+    /// The globals' device memory (base, name → address and size), once looked up.
+    globals: Mutex<Option<Globals>>,
+}
+
+#[derive(Debug)]
+struct Globals {
+    base: Option<u64>,
+    at: HashMap<String, (u64, u64)>,
 }
 
 impl Module {
-    pub fn function(&self, name: &str) -> Option<usize> {
-        self.functions
-            .get()?
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, h)| *h)
+    fn new(ctx_id: u64, device: usize, code: Arc<Code>) -> Module {
+        Module {
+            ctx_id,
+            device,
+            code,
+            functions: Mutex::new(Vec::new()),
+            globals: Mutex::new(None),
+        }
     }
+
+    /// The function handle of a kernel, made on first request.
+    pub fn function(&self, name: &str, self_handle: usize) -> CuResult<usize> {
+        let mut made = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, h)) = made.iter().find(|(n, _)| n == name) {
+            return Ok(*h);
+        }
+        let spec = self
+            .code
+            .contents()?
+            .kernel(name)
+            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let h = new_function(spec, self.device, self.ctx_id, self_handle, 0);
+        made.push((name.to_string(), h));
+        Ok(h)
+    }
+
+    /// A global's device address and size, allocating every global of the module the
+    /// first time.
+    fn global(&self, rt: &Runtime, name: &str) -> CuResult<(u64, u64)> {
+        let contents = self.code.contents()?;
+        let mut g = self.globals.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(allocate_globals(rt, self.ctx_id, &contents.globals)?);
+        }
+        g.as_ref()
+            .and_then(|g| g.at.get(name).copied())
+            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)
+    }
+
+    fn release(&self, rt: &Runtime) {
+        for (_, f) in self
+            .functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            FUNCTIONS.remove(f);
+        }
+        if let Some(Globals { base: Some(b), .. }) = self
+            .globals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            // Gone already when the context was destroyed first.
+            let _ = crate::memory::free_device(rt, b);
+        }
+    }
+}
+
+/// One block of device memory for all of a module's globals, 256-byte aligned each,
+/// holding their initial values.
+fn allocate_globals(rt: &Runtime, ctx_id: u64, globals: &[Global]) -> CuResult<Globals> {
+    let mut at = HashMap::new();
+    let mut offset = 0u64;
+    let mut places = Vec::with_capacity(globals.len());
+    for g in globals {
+        places.push(offset);
+        offset = offset
+            .checked_add(g.size.div_ceil(256) * 256)
+            .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    }
+    if offset == 0 {
+        return Ok(Globals { base: None, at });
+    }
+    let ctx = crate::context::CONTEXTS
+        .all()
+        .into_iter()
+        .find(|c| c.id == ctx_id)
+        .ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)?;
+    let base = crate::memory::alloc_device(rt, &ctx, offset, crate::memory::Kind::Plain, offset)?;
+    for (g, off) in globals.iter().zip(places) {
+        let addr = base + off;
+        if !g.init.is_empty() {
+            // SAFETY: `addr..addr + init.len()` lies inside the allocation just made
+            // (init is at most the global's size), which is mapped read-write.
+            unsafe {
+                std::ptr::copy_nonoverlapping(g.init.as_ptr(), addr as *mut u8, g.init.len())
+            };
+        }
+        at.insert(g.name.clone(), (addr, g.size));
+    }
+    Ok(Globals {
+        base: Some(base),
+        at,
+    })
 }
 
 #[derive(Debug)]
@@ -46,93 +508,68 @@ pub struct Function {
     pub ctx_id: u64,
     /// The handle of the module it came from (0 for library kernels).
     pub module: usize,
+    /// The handle of the library it came from (0 for module functions).
+    pub library: usize,
+    pub regs: Option<u32>,
+    pub shared: Option<u32>,
+    pub local: Option<u32>,
+    pub max_threads: Option<u32>,
     pub max_dynamic_shared: AtomicI32,
 }
 
-#[derive(Debug)]
-pub struct Library {
-    pub functions: Vec<(String, usize)>,
+impl Function {
+    /// Largest block a launch of this function may use.
+    pub fn max_block(&self) -> u32 {
+        let by_regs = self
+            .regs
+            .filter(|r| *r > 0)
+            .map_or(1024, |r| (REGS_PER_SM / r / 32 * 32).max(32));
+        self.max_threads.unwrap_or(1024).min(1024).min(by_regs)
+    }
 }
 
-/// Longest module text read (a text without a NUL in its first MiB is not one of ours).
-const MAX_IMAGE: usize = 1 << 20;
-
-/// Reads a NUL-terminated module text.
-///
-/// # Safety
-/// `image` must point to readable memory up to its NUL terminator (or `MAX_IMAGE` bytes).
-pub unsafe fn image_text(image: *const c_void) -> CuResult<String> {
-    if image.is_null() {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    let p = image.cast::<u8>();
-    let mut len = 0;
-    // SAFETY: reading byte by byte up to the terminator, within what the caller promises.
-    while len < MAX_IMAGE && unsafe { p.add(len).read() } != 0 {
-        len += 1;
-    }
-    if len == MAX_IMAGE {
-        return Err(CUresult::CUDA_ERROR_INVALID_IMAGE);
-    }
-    // SAFETY: the `len` bytes before the terminator were just read.
-    let bytes = unsafe { std::slice::from_raw_parts(p, len) };
-    String::from_utf8(bytes.to_vec()).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
-}
-
-fn parse(text: &str) -> CuResult<ModuleSpec> {
-    parse_module(text).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
-}
-
-fn register_functions(
-    spec: &ModuleSpec,
+fn new_function(
+    spec: &KernelSpec,
     device: usize,
     ctx_id: u64,
     module: usize,
-) -> Vec<(String, usize)> {
-    spec.kernels
-        .iter()
-        .map(|(name, cost)| {
-            let h = FUNCTIONS.insert(Arc::new(Function {
-                name: CString::new(name.as_str()).unwrap_or_default(),
-                cost: *cost,
-                device,
-                ctx_id,
-                module,
-                max_dynamic_shared: AtomicI32::new(0),
-            }));
-            (name.clone(), h)
-        })
-        .collect()
+    library: usize,
+) -> usize {
+    FUNCTIONS.insert(Arc::new(Function {
+        name: CString::new(spec.name.as_str()).unwrap_or_default(),
+        cost: spec.cost,
+        device,
+        ctx_id,
+        module,
+        library,
+        regs: spec.regs,
+        shared: spec.shared,
+        local: spec.local,
+        max_threads: spec.max_threads,
+        max_dynamic_shared: AtomicI32::new(0),
+    }))
 }
 
-fn load(module: *mut CUmodule, text: CuResult<String>) -> CuResult<()> {
-    rt()?;
+fn load(module: *mut CUmodule, raw: CuResult<Raw>) -> CuResult<()> {
+    let rt = rt()?;
     let ctx = current()?;
     if module.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let spec = parse(&text?)?;
-    let m = Arc::new(Module {
-        ctx_id: ctx.id,
-        functions: OnceLock::new(),
-    });
-    let handle = MODULES.insert(m.clone());
-    let _ = m
-        .functions
-        .set(register_functions(&spec, ctx.device, ctx.id, handle));
+    let code = code_of(raw?, arch_of(rt, ctx.device))?;
+    let handle = MODULES.insert(Arc::new(Module::new(ctx.id, ctx.device, Arc::new(code))));
     // SAFETY: checked non-null above.
     unsafe { module.write(handle as CUmodule) };
     Ok(())
 }
 
-/// `cuModuleLoadData`: `image` is a NUL-terminated simulated module text.
+/// `cuModuleLoadData`: a fat binary (wrapper or container), cubin, PTX or simulated text.
 ///
 /// # Safety
-/// `module` must be null or writable; `image` null or a NUL-terminated buffer.
+/// `module` must be null or writable; `image` null or an image.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    // SAFETY: the caller passes a NUL-terminated image or null (rejected).
-    guard(|| load(module, unsafe { image_text(image) }))
+    guard(|| load(module, read_image(image)))
 }
 
 /// `cuModuleLoadDataEx`: JIT options are accepted and ignored (nothing is compiled).
@@ -147,11 +584,10 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     _options: *mut CUjit_option,
     _optionValues: *mut *mut c_void,
 ) -> CUresult {
-    // SAFETY: the caller passes a NUL-terminated image or null (rejected).
-    guard(|| load(module, unsafe { image_text(image) }))
+    guard(|| load(module, read_image(image)))
 }
 
-/// `cuModuleLoadFatBinary`: only simulated module texts load.
+/// `cuModuleLoadFatBinary`: as `cuModuleLoadData`.
 ///
 /// # Safety
 /// As `cuModuleLoadData`.
@@ -160,11 +596,10 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     module: *mut CUmodule,
     fatCubin: *const c_void,
 ) -> CUresult {
-    // SAFETY: the caller passes a NUL-terminated image or null (rejected).
-    guard(|| load(module, unsafe { image_text(fatCubin) }))
+    guard(|| load(module, read_image(fatCubin)))
 }
 
-fn read_file(fname: *const c_char) -> CuResult<String> {
+fn read_file(fname: *const c_char) -> CuResult<Raw> {
     if fname.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -172,11 +607,17 @@ fn read_file(fname: *const c_char) -> CuResult<String> {
     let path = unsafe { CStr::from_ptr(fname) }
         .to_string_lossy()
         .into_owned();
-    let bytes = std::fs::read(&path).map_err(|_| CUresult::CUDA_ERROR_FILE_NOT_FOUND)?;
-    String::from_utf8(bytes).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
+    let mut bytes = std::fs::read(&path).map_err(|_| CUresult::CUDA_ERROR_FILE_NOT_FOUND)?;
+    if !bytes.starts_with(&FATBIN_MAGIC.to_le_bytes()) && !bytes.starts_with(&image::ELF_MAGIC) {
+        // A text file may end with a NUL (NVRTC's PTX does).
+        if let Some(n) = bytes.iter().position(|&b| b == 0) {
+            bytes.truncate(n);
+        }
+    }
+    Ok(Raw::Bytes(bytes))
 }
 
-/// `cuModuleLoad`: reads a simulated module text from a file.
+/// `cuModuleLoad`: reads an image (any format `cuModuleLoadData` takes) from a file.
 ///
 /// # Safety
 /// `module` must be null or writable; `fname` null or a C string.
@@ -185,30 +626,36 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, fname: *const c_cha
     guard(|| load(module, read_file(fname)))
 }
 
-/// `cuModuleUnload`: its functions become invalid handles.
+/// `cuModuleUnload`: its functions become invalid handles and its globals are freed.
 ///
 /// # Safety
 /// Any handle value is accepted; unknown ones are reported.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
     guard(|| {
-        rt()?;
+        let rt = rt()?;
         let m = MODULES
             .remove(hmod as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        for (_, f) in m.functions.get().into_iter().flatten() {
-            FUNCTIONS.remove(*f);
-        }
+        m.release(rt);
         Ok(())
     })
 }
 
-/// Unloads the modules of a destroyed context.
+/// Unloads the modules of a destroyed context (its memory, globals included, is freed
+/// with the context).
 pub fn unload_context(ctx_id: u64) {
-    for m in MODULES.remove_where(|m| m.ctx_id == ctx_id) {
-        for (_, f) in m.functions.get().into_iter().flatten() {
-            FUNCTIONS.remove(*f);
+    let removed = MODULES.remove_where(|m| m.ctx_id == ctx_id);
+    if let Ok(rt) = rt() {
+        for m in removed {
+            m.release(rt);
         }
+    }
+    for l in LIBRARIES.all() {
+        l.modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(c, _)| *c != ctx_id);
     }
 }
 
@@ -220,7 +667,13 @@ fn c_name<'a>(name: *const c_char) -> CuResult<std::borrow::Cow<'a, str>> {
     Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy())
 }
 
-/// `cuModuleGetFunction`.
+fn module(hmod: CUmodule) -> CuResult<Arc<Module>> {
+    MODULES
+        .get(hmod as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND` for a name the module lacks.
 ///
 /// # Safety
 /// `hfunc` must be null or writable; `name` null or a C string.
@@ -232,34 +685,113 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let m = MODULES
-            .get(hmod as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = module(hmod)?;
         let name = c_name(name)?;
-        let f = m.function(&name).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let f = m.function(&name, hmod as usize)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(hfunc, f as CUfunction) }
     })
 }
 
-/// `cuModuleGetGlobal_v2`: simulated modules declare no globals.
+fn put_global(dptr: *mut CUdeviceptr, bytes: *mut usize, (addr, size): (u64, u64)) -> CuResult<()> {
+    // Either output may be null, as with the driver.
+    if !dptr.is_null() {
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { dptr.write(addr as CUdeviceptr) };
+    }
+    if !bytes.is_null() {
+        // SAFETY: as above.
+        unsafe { bytes.write(size as usize) };
+    }
+    Ok(())
+}
+
+/// `cuModuleGetGlobal_v2`: the global's device memory (allocated on first lookup, with
+/// its initial value) and size; `CUDA_ERROR_NOT_FOUND` for an unknown name.
 ///
 /// # Safety
-/// `name` must be null or a C string.
+/// `dptr` and `bytes` must be null or writable; `name` null or a C string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetGlobal_v2(
-    _dptr: *mut CUdeviceptr,
-    _bytes: *mut usize,
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
+        let rt = rt()?;
+        let m = module(hmod)?;
+        let name = c_name(name)?;
+        put_global(dptr, bytes, m.global(rt, &name)?)
+    })
+}
+
+/// `cuModuleGetFunctionCount`.
+///
+/// # Safety
+/// `count` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut c_uint, hmod: CUmodule) -> CUresult {
+    guard(|| {
         rt()?;
-        MODULES
-            .get(hmod as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        c_name(name)?;
-        Err(CUresult::CUDA_ERROR_NOT_FOUND)
+        let n = module(hmod)?.code.contents()?.kernels.len();
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(count, n as c_uint) }
+    })
+}
+
+/// `cuModuleEnumerateFunctions`: the first `numFunctions` kernels, in image order.
+///
+/// # Safety
+/// `functions` must be null or hold `numFunctions` writable handles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleEnumerateFunctions(
+    functions: *mut CUfunction,
+    numFunctions: c_uint,
+    hmod: CUmodule,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let m = module(hmod)?;
+        if functions.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let names: Vec<String> = m
+            .code
+            .contents()?
+            .kernels
+            .iter()
+            .map(|k| k.name.clone())
+            .collect();
+        if (numFunctions as usize) > names.len() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        for (i, n) in names.iter().take(numFunctions as usize).enumerate() {
+            let f = m.function(n, hmod as usize)?;
+            // SAFETY: the caller passes room for `numFunctions` handles.
+            unsafe { functions.add(i).write(f as CUfunction) };
+        }
+        Ok(())
+    })
+}
+
+/// `cuModuleGetLoadingMode`: lazy unless `CUDA_MODULE_LOADING=EAGER` (the driver's default
+/// since CUDA 12.2; fat binary entries are parsed on first use either way).
+///
+/// # Safety
+/// `mode` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode) -> CUresult {
+    guard(|| {
+        rt()?;
+        let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v == "EAGER");
+        let m = if eager {
+            CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING
+        } else {
+            CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
+        };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(mode, m) }
     })
 }
 
@@ -271,7 +803,62 @@ pub fn function(h: CUfunction) -> CuResult<Arc<Function>> {
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
-/// `cuFuncGetAttribute`: fixed, plausible values for a small kernel.
+// ---- attributes and occupancy (an H100's limits) ----
+
+const REGS_PER_SM: u32 = 65536;
+const THREADS_PER_SM: u32 = 2048;
+const BLOCKS_PER_SM: u32 = 32;
+const SHARED_PER_SM: u64 = 228 << 10;
+const SHARED_PER_BLOCK_OPTIN: i32 = 227 << 10;
+/// Shared memory a block may use without opting in.
+const SHARED_PER_BLOCK: u64 = 48 << 10;
+
+fn attribute(f: &Function, attrib: CUfunction_attribute, arch: u32) -> CuResult<c_int> {
+    use CUfunction_attribute as A;
+    Ok(match attrib {
+        A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => f.max_block() as c_int,
+        A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES => f.shared.unwrap_or(0) as c_int,
+        A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => f.local.unwrap_or(0) as c_int,
+        A::CU_FUNC_ATTRIBUTE_NUM_REGS => f.regs.unwrap_or(32) as c_int,
+        A::CU_FUNC_ATTRIBUTE_PTX_VERSION | A::CU_FUNC_ATTRIBUTE_BINARY_VERSION => arch as c_int,
+        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+            match f.max_dynamic_shared.load(Ordering::Relaxed) {
+                0 => (SHARED_PER_BLOCK as i32 - f.shared.unwrap_or(0) as i32).max(0),
+                v => v,
+            }
+        }
+        A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
+        a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => 0,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+fn set_attribute(f: &Function, attrib: CUfunction_attribute, value: c_int) -> CuResult<()> {
+    use CUfunction_attribute as A;
+    match attrib {
+        A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+            let fixed = f.shared.unwrap_or(0) as i32;
+            if value < 0 || value + fixed > SHARED_PER_BLOCK_OPTIN {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            f.max_dynamic_shared.store(value, Ordering::Relaxed);
+            Ok(())
+        }
+        a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => Ok(()),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn function_arch(rt: &Runtime, f: &Function) -> u32 {
+    let module_arch = MODULES
+        .get(f.module)
+        .and_then(|m| m.code.contents().ok().and_then(|c| c.arch));
+    let device = if f.device == ANY_DEVICE { 0 } else { f.device };
+    module_arch.unwrap_or_else(|| arch_of(rt, device))
+}
+
+/// `cuFuncGetAttribute`: registers, static shared and local memory from the image where
+/// it says (else 32 registers and none), an H100's limits otherwise.
 ///
 /// # Safety
 /// `pi` must be null or writable.
@@ -282,20 +869,9 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     hfunc: CUfunction,
 ) -> CUresult {
     guard(|| {
-        rt()?;
+        let rt = rt()?;
         let f = function(hfunc)?;
-        use CUfunction_attribute as A;
-        let v = match attrib {
-            A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
-            A::CU_FUNC_ATTRIBUTE_NUM_REGS => 32,
-            A::CU_FUNC_ATTRIBUTE_PTX_VERSION | A::CU_FUNC_ATTRIBUTE_BINARY_VERSION => 90,
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
-                f.max_dynamic_shared.load(Ordering::Relaxed)
-            }
-            A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
-            a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => 0,
-            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        };
+        let v = attribute(&f, attrib, function_arch(rt, &f))?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(pi, v) }
     })
@@ -313,19 +889,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let f = function(hfunc)?;
-        use CUfunction_attribute as A;
-        match attrib {
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
-                if !(0..=227 << 10).contains(&value) {
-                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-                }
-                f.max_dynamic_shared.store(value, Ordering::Relaxed);
-                Ok(())
-            }
-            a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => Ok(()),
-            _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        }
+        set_attribute(&*function(hfunc)?, attrib, value)
     })
 }
 
@@ -378,26 +942,312 @@ pub unsafe extern "C" fn cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction)
     })
 }
 
+/// `cuFuncIsLoaded`: always loaded (nothing is compiled or uploaded).
+///
+/// # Safety
+/// `state` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncIsLoaded(
+    state: *mut CUfunctionLoadingState,
+    hfunc: CUfunction,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        function(hfunc)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe {
+            put(
+                state,
+                CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED,
+            )
+        }
+    })
+}
+
+/// `cuFuncLoad`: nothing to do.
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncLoad(hfunc: CUfunction) -> CUresult {
+    guard(|| {
+        rt()?;
+        function(hfunc).map(|_| ())
+    })
+}
+
+/// Blocks of `block` threads with `dynamic` bytes of dynamic shared memory that fit on
+/// one SM at once (threads, blocks, registers and shared memory of an H100's SM).
+fn active_blocks(f: &Function, block: c_int, dynamic: usize) -> CuResult<c_int> {
+    if block <= 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let block = block as u32;
+    if block > f.max_block() {
+        return Ok(0);
+    }
+    let warps = block.div_ceil(32) * 32;
+    let by_threads = THREADS_PER_SM / warps;
+    let regs = f.regs.unwrap_or(32).max(1) * warps;
+    let by_regs = REGS_PER_SM / regs;
+    let shared = u64::from(f.shared.unwrap_or(0)) + dynamic as u64;
+    let by_shared = if shared == 0 {
+        BLOCKS_PER_SM
+    } else {
+        (SHARED_PER_SM / shared.div_ceil(1024).max(1) / 1024).min(u64::from(BLOCKS_PER_SM)) as u32
+    };
+    Ok(by_threads.min(by_regs).min(by_shared).min(BLOCKS_PER_SM) as c_int)
+}
+
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessor`.
+///
+/// # Safety
+/// `numBlocks` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    numBlocks: *mut c_int,
+    func: CUfunction,
+    blockSize: c_int,
+    dynamicSMemSize: usize,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let n = active_blocks(&*function(func)?, blockSize, dynamicSMemSize)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(numBlocks, n) }
+    })
+}
+
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`: the flags change nothing here.
+///
+/// # Safety
+/// `numBlocks` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    numBlocks: *mut c_int,
+    func: CUfunction,
+    blockSize: c_int,
+    dynamicSMemSize: usize,
+    _flags: c_uint,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe {
+        cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize)
+    }
+}
+
+fn potential_block_size(
+    min_grid: *mut c_int,
+    block_size: *mut c_int,
+    func: CUfunction,
+    to_dynamic: CUoccupancyB2DSize,
+    dynamic: usize,
+    limit: c_int,
+) -> CuResult<()> {
+    let rt = rt()?;
+    let f = function(func)?;
+    if min_grid.is_null() || block_size.is_null() || limit < 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut top = f.max_block() as c_int;
+    if limit > 0 {
+        top = top.min(limit);
+    }
+    let mut best = (0, 0, 0);
+    let mut size = top;
+    while size > 0 {
+        let dyn_bytes = match to_dynamic {
+            // SAFETY: the program's callback, called as the driver calls it.
+            Some(cb) => unsafe { cb(size) },
+            None => dynamic,
+        };
+        let blocks = active_blocks(&f, size, dyn_bytes)?;
+        if blocks * size > best.0 {
+            best = (blocks * size, size, blocks);
+        }
+        size = if size % 32 == 0 {
+            size - 32
+        } else {
+            size / 32 * 32
+        };
+    }
+    let sms = rt
+        .node
+        .device_info(if f.device == ANY_DEVICE {
+            0
+        } else {
+            f.device as u32
+        })
+        .map(|i| i.sms as c_int)
+        .unwrap_or(132);
+    // SAFETY: both checked non-null above; writable by the caller's contract.
+    unsafe {
+        min_grid.write(best.2 * sms);
+        block_size.write(best.1);
+    }
+    Ok(())
+}
+
+/// `cuOccupancyMaxPotentialBlockSize`: the block size with the most resident threads per
+/// SM, and the grid that fills the device with it.
+///
+/// # Safety
+/// `minGridSize` and `blockSize` must be null or writable; the callback, if any, callable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    minGridSize: *mut c_int,
+    blockSize: *mut c_int,
+    func: CUfunction,
+    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
+    dynamicSMemSize: usize,
+    blockSizeLimit: c_int,
+) -> CUresult {
+    guard(|| {
+        potential_block_size(
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+        )
+    })
+}
+
+/// `cuOccupancyMaxPotentialBlockSizeWithFlags`.
+///
+/// # Safety
+/// As `cuOccupancyMaxPotentialBlockSize`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    minGridSize: *mut c_int,
+    blockSize: *mut c_int,
+    func: CUfunction,
+    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
+    dynamicSMemSize: usize,
+    blockSizeLimit: c_int,
+    _flags: c_uint,
+) -> CUresult {
+    guard(|| {
+        potential_block_size(
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+        )
+    })
+}
+
+/// `cuOccupancyAvailableDynamicSMemPerBlock`.
+///
+/// # Safety
+/// `dynamicSmemSize` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    dynamicSmemSize: *mut usize,
+    func: CUfunction,
+    numBlocks: c_int,
+    blockSize: c_int,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let f = function(func)?;
+        if numBlocks <= 0 || blockSize <= 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if active_blocks(&f, blockSize, 0)? < numBlocks {
+            // SAFETY: the caller passes a writable pointer or null (rejected).
+            return unsafe { put(dynamicSmemSize, 0) };
+        }
+        let per_block = (SHARED_PER_SM / numBlocks as u64 / 1024 * 1024)
+            .min(SHARED_PER_BLOCK_OPTIN as u64)
+            .saturating_sub(u64::from(f.shared.unwrap_or(0)));
+        // SAFETY: as above.
+        unsafe { put(dynamicSmemSize, per_block as usize) }
+    })
+}
+
 // ---- CUDA 12 libraries ----
 
-fn library_load(library: *mut CUlibrary, text: CuResult<String>) -> CuResult<()> {
-    rt()?;
+#[derive(Debug)]
+pub struct Library {
+    pub code: Arc<Code>,
+    /// Kernel handles made so far (context-independent functions), by name.
+    kernels: Mutex<Vec<(String, usize)>>,
+    /// The library's module in each context that asked for one (`cuLibraryGetModule`,
+    /// `cuLibraryGetGlobal`).
+    modules: Mutex<Vec<(u64, usize)>>,
+}
+
+impl Library {
+    fn kernel(&self, name: &str, self_handle: usize) -> CuResult<usize> {
+        let mut made = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, h)) = made.iter().find(|(n, _)| n == name) {
+            return Ok(*h);
+        }
+        let spec = self
+            .code
+            .contents()?
+            .kernel(name)
+            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let h = new_function(spec, ANY_DEVICE, 0, 0, self_handle);
+        made.push((name.to_string(), h));
+        Ok(h)
+    }
+
+    /// The library's module in the current context, made on first request.
+    fn module(&self) -> CuResult<(usize, Arc<Module>)> {
+        let ctx = current()?;
+        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = mods
+            .iter()
+            .find(|(c, _)| *c == ctx.id)
+            .and_then(|(_, h)| MODULES.get(*h).map(|m| (*h, m)))
+        {
+            return Ok(m);
+        }
+        let m = Arc::new(Module::new(ctx.id, ctx.device, self.code.clone()));
+        let h = MODULES.insert(m.clone());
+        mods.retain(|(c, _)| *c != ctx.id);
+        mods.push((ctx.id, h));
+        Ok((h, m))
+    }
+}
+
+fn library(h: CUlibrary) -> CuResult<Arc<Library>> {
+    LIBRARIES
+        .get(h as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+fn library_load(library: *mut CUlibrary, raw: CuResult<Raw>) -> CuResult<()> {
+    let rt = rt()?;
     if library.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let spec = parse(&text?)?;
-    let functions = register_functions(&spec, ANY_DEVICE, 0, 0);
-    let h = LIBRARIES.insert(Arc::new(Library { functions }));
+    // A library is not bound to a context: its entries are chosen for the current
+    // context's device, else the first visible device.
+    let device = current()
+        .map(|c| c.device)
+        .unwrap_or_else(|_| rt.devices.first().map_or(0, |d| d.index));
+    let code = code_of(raw?, arch_of(rt, device))?;
+    let h = LIBRARIES.insert(Arc::new(Library {
+        code: Arc::new(code),
+        kernels: Mutex::new(Vec::new()),
+        modules: Mutex::new(Vec::new()),
+    }));
     // SAFETY: checked non-null above.
     unsafe { library.write(h as CUlibrary) };
     Ok(())
 }
 
-/// `cuLibraryLoadData`: a context-independent library of simulated kernels; its kernels
-/// run on the device of the stream they are launched on.
+/// `cuLibraryLoadData`: a context-independent library (any image `cuModuleLoadData`
+/// takes); its kernels run on the device of the stream they are launched on.
 ///
 /// # Safety
-/// `library` must be null or writable; `code` null or a NUL-terminated module text.
+/// `library` must be null or writable; `code` null or an image.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryLoadData(
     library: *mut CUlibrary,
@@ -409,8 +1259,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _libraryOptionValues: *mut *mut c_void,
     _numLibraryOptions: c_uint,
 ) -> CUresult {
-    // SAFETY: the caller passes a NUL-terminated text or null (rejected).
-    guard(|| library_load(library, unsafe { image_text(code) }))
+    guard(|| library_load(library, read_image(code)))
 }
 
 /// `cuLibraryLoadFromFile`.
@@ -431,19 +1280,34 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     guard(|| library_load(library, read_file(fileName)))
 }
 
-/// `cuLibraryUnload`.
+/// `cuLibraryUnload`: its kernels and per-context modules go with it.
 ///
 /// # Safety
 /// Any handle value is accepted; unknown ones are reported.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
     guard(|| {
-        rt()?;
+        let rt = rt()?;
         let l = LIBRARIES
             .remove(library as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        for (_, f) in &l.functions {
-            FUNCTIONS.remove(*f);
+        for (_, f) in l
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            FUNCTIONS.remove(f);
+        }
+        for (_, m) in l
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            if let Some(m) = MODULES.remove(m) {
+                m.release(rt);
+            }
         }
         Ok(())
     })
@@ -457,23 +1321,136 @@ pub unsafe extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernel(
     pKernel: *mut CUkernel,
-    library: CUlibrary,
+    library_: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let l = LIBRARIES
-            .get(library as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let l = library(library_)?;
         let name = c_name(name)?;
-        let h = l
-            .functions
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, h)| *h)
-            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let h = l.kernel(&name, library_ as usize)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(pKernel, h as CUkernel) }
+    })
+}
+
+/// `cuLibraryGetKernelCount`.
+///
+/// # Safety
+/// `count` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, lib: CUlibrary) -> CUresult {
+    guard(|| {
+        rt()?;
+        let n = library(lib)?.code.contents()?.kernels.len();
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(count, n as c_uint) }
+    })
+}
+
+/// `cuLibraryEnumerateKernels`.
+///
+/// # Safety
+/// `kernels` must be null or hold `numKernels` writable handles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryEnumerateKernels(
+    kernels: *mut CUkernel,
+    numKernels: c_uint,
+    lib: CUlibrary,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let l = library(lib)?;
+        if kernels.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let names: Vec<String> = l
+            .code
+            .contents()?
+            .kernels
+            .iter()
+            .map(|k| k.name.clone())
+            .collect();
+        if (numKernels as usize) > names.len() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        for (i, n) in names.iter().take(numKernels as usize).enumerate() {
+            let h = l.kernel(n, lib as usize)?;
+            // SAFETY: the caller passes room for `numKernels` handles.
+            unsafe { kernels.add(i).write(h as CUkernel) };
+        }
+        Ok(())
+    })
+}
+
+/// `cuLibraryGetModule`: the library's module in the current context.
+///
+/// # Safety
+/// `pMod` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetModule(pMod: *mut CUmodule, library_: CUlibrary) -> CUresult {
+    guard(|| {
+        rt()?;
+        let (h, _) = library(library_)?.module()?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(pMod, h as CUmodule) }
+    })
+}
+
+/// `cuLibraryGetGlobal`: the global in the current context (its memory is the context's).
+///
+/// # Safety
+/// `dptr` and `bytes` must be null or writable; `name` null or a C string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    library_: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let l = library(library_)?;
+        let name = c_name(name)?;
+        let (_, m) = l.module()?;
+        put_global(dptr, bytes, m.global(rt, &name)?)
+    })
+}
+
+/// `cuLibraryGetManaged`: no image declares managed variables here.
+///
+/// # Safety
+/// `name` must be null or a C string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetManaged(
+    _dptr: *mut CUdeviceptr,
+    _bytes: *mut usize,
+    library_: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        library(library_)?;
+        c_name(name)?;
+        Err(CUresult::CUDA_ERROR_NOT_FOUND)
+    })
+}
+
+/// `cuLibraryGetUnifiedFunction`: no image has unified functions here.
+///
+/// # Safety
+/// `symbol` must be null or a C string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetUnifiedFunction(
+    _fptr: *mut *mut c_void,
+    library_: CUlibrary,
+    symbol: *const c_char,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        library(library_)?;
+        c_name(symbol)?;
+        Err(CUresult::CUDA_ERROR_NOT_FOUND)
     })
 }
 
@@ -489,5 +1466,101 @@ pub unsafe extern "C" fn cuKernelGetFunction(pFunc: *mut CUfunction, kernel: CUk
         let f = function(kernel as CUfunction)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(pFunc, handle_of(&f) as CUfunction) }
+    })
+}
+
+/// `cuKernelGetAttribute`: as `cuFuncGetAttribute` (`dev` must be a visible device).
+///
+/// # Safety
+/// `pi` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut c_int,
+    attrib: CUfunction_attribute,
+    kernel: CUkernel,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let d = rt.device(dev)?.index;
+        let f = function(kernel as CUfunction)?;
+        let arch = MODULES
+            .get(f.module)
+            .and_then(|m| m.code.contents().ok().and_then(|c| c.arch))
+            .or_else(|| {
+                LIBRARIES
+                    .get(f.library)
+                    .and_then(|l| l.code.contents().ok().and_then(|c| c.arch))
+            })
+            .unwrap_or_else(|| arch_of(rt, d));
+        let v = attribute(&f, attrib, arch)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(pi, v) }
+    })
+}
+
+/// `cuKernelSetAttribute`: as `cuFuncSetAttribute`, for every device.
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attrib: CUfunction_attribute,
+    val: c_int,
+    kernel: CUkernel,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        rt.device(dev)?;
+        set_attribute(&*function(kernel as CUfunction)?, attrib, val)
+    })
+}
+
+/// `cuKernelSetCacheConfig`: accepted, no effect.
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelSetCacheConfig(
+    kernel: CUkernel,
+    config: CUfunc_cache,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        rt.device(dev)?;
+        function(kernel as CUfunction)?;
+        if config.0 > 3 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    })
+}
+
+/// `cuKernelGetName`.
+///
+/// # Safety
+/// `name` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, hfunc: CUkernel) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuFuncGetName(name, hfunc as CUfunction) }
+}
+
+/// `cuKernelGetLibrary`.
+///
+/// # Safety
+/// `pLib` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
+    guard(|| {
+        rt()?;
+        let f = function(kernel as CUfunction)?;
+        if f.library == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(pLib, f.library as CUlibrary) }
     })
 }

@@ -258,6 +258,27 @@ entries! {
     "cuLibraryUnload" 12000: PFN_cuLibraryUnload_v12000 = cuLibraryUnload;
     "cuLibraryGetKernel" 12000: PFN_cuLibraryGetKernel_v12000 = cuLibraryGetKernel;
     "cuKernelGetFunction" 12000: PFN_cuKernelGetFunction_v12000 = cuKernelGetFunction;
+    "cuModuleGetFunctionCount" 12040: PFN_cuModuleGetFunctionCount_v12040 = cuModuleGetFunctionCount;
+    "cuModuleEnumerateFunctions" 12040: PFN_cuModuleEnumerateFunctions_v12040 = cuModuleEnumerateFunctions;
+    "cuModuleGetLoadingMode" 11070: PFN_cuModuleGetLoadingMode_v11070 = cuModuleGetLoadingMode;
+    "cuFuncIsLoaded" 12040: PFN_cuFuncIsLoaded_v12040 = cuFuncIsLoaded;
+    "cuFuncLoad" 12040: PFN_cuFuncLoad_v12040 = cuFuncLoad;
+    "cuLibraryGetKernelCount" 12040: PFN_cuLibraryGetKernelCount_v12040 = cuLibraryGetKernelCount;
+    "cuLibraryEnumerateKernels" 12040: PFN_cuLibraryEnumerateKernels_v12040 = cuLibraryEnumerateKernels;
+    "cuLibraryGetModule" 12000: PFN_cuLibraryGetModule_v12000 = cuLibraryGetModule;
+    "cuLibraryGetGlobal" 12000: PFN_cuLibraryGetGlobal_v12000 = cuLibraryGetGlobal;
+    "cuLibraryGetManaged" 12000: PFN_cuLibraryGetManaged_v12000 = cuLibraryGetManaged;
+    "cuLibraryGetUnifiedFunction" 12000: PFN_cuLibraryGetUnifiedFunction_v12000 = cuLibraryGetUnifiedFunction;
+    "cuKernelGetAttribute" 12000: PFN_cuKernelGetAttribute_v12000 = cuKernelGetAttribute;
+    "cuKernelSetAttribute" 12000: PFN_cuKernelSetAttribute_v12000 = cuKernelSetAttribute;
+    "cuKernelSetCacheConfig" 12000: PFN_cuKernelSetCacheConfig_v12000 = cuKernelSetCacheConfig;
+    "cuKernelGetName" 12030: PFN_cuKernelGetName_v12030 = cuKernelGetName;
+    "cuKernelGetLibrary" 12050: PFN_cuKernelGetLibrary_v12050 = cuKernelGetLibrary;
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor" 6050: PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050 = cuOccupancyMaxActiveBlocksPerMultiprocessor;
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" 7000: PFN_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_v7000 = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
+    "cuOccupancyMaxPotentialBlockSize" 6050: PFN_cuOccupancyMaxPotentialBlockSize_v6050 = cuOccupancyMaxPotentialBlockSize;
+    "cuOccupancyMaxPotentialBlockSizeWithFlags" 7000: PFN_cuOccupancyMaxPotentialBlockSizeWithFlags_v7000 = cuOccupancyMaxPotentialBlockSizeWithFlags;
+    "cuOccupancyAvailableDynamicSMemPerBlock" 10020: PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020 = cuOccupancyAvailableDynamicSMemPerBlock;
 
     "cuLaunchKernel" 4000: PFN_cuLaunchKernel_v4000 = cuLaunchKernel;
     "cuLaunchKernel" 7000 pt: PFN_cuLaunchKernel_v7000_ptsz = cuLaunchKernel_ptsz;
