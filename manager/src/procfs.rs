@@ -43,15 +43,9 @@ pub fn parse_nspid(status: &str) -> Option<u32> {
         .ok()
 }
 
-/// State and start time (field 22) of a `/proc/<pid>/stat` text.
-pub fn parse_stat(stat: &str) -> Option<(char, u64)> {
-    // The command name may hold spaces and ')': count from the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let start = fields.nth(22 - 4)?.parse().ok()?;
-    Some((state, start))
-}
+/// State and start time (field 22) of a `/proc/<pid>/stat` text; the
+/// parser slots' own liveness checks use too.
+pub use tessera_shm::process::parse_stat;
 
 impl ProcFs {
     /// The real `/proc`.

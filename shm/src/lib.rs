@@ -20,6 +20,7 @@ pub mod layout;
 mod map;
 pub mod process;
 pub mod state;
+pub mod sys;
 
 use std::path::{Path, PathBuf};
 

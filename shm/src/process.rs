@@ -40,7 +40,12 @@ pub fn pidns_of(who: &str) -> Option<u64> {
 
 /// Parsed `/proc/<who>/stat`: (state char, starttime).
 pub fn stat_of(who: &str) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?;
+    parse_stat(&std::fs::read_to_string(format!("/proc/{who}/stat")).ok()?)
+}
+
+/// State and start time (field 22) of a `/proc/<pid>/stat` text: the one
+/// parser of it (the manager's `/proc` scan uses it too).
+pub fn parse_stat(text: &str) -> Option<(char, u64)> {
     // The command name (field 2) may hold spaces and parentheses: fields are
     // counted from the last ')'.
     let rest = &text[text.rfind(')')? + 1..];

@@ -9,7 +9,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_shm::gate::{futex_wait, monotonic_ns};
+use tessera_shm::sys::{futex_wait, monotonic_ns, set_timer_slack};
 use tessera_shm::layout::{Owner, grant};
 use tessera_shm::{Liveness, LocalLiveness, Policy, ProcIdentity};
 
@@ -268,7 +268,9 @@ impl Driver {
 
     /// Runs until told to shut down (or the arbiter is dropped).
     pub fn run(mut self, rx: Receiver<Cmd>) {
-        set_timer_slack();
+        // Grants of a capped allocation are due at exact times, and the
+        // default 50 µs slack shows in its share.
+        set_timer_slack(1_000);
         loop {
             let now = monotonic_ns();
             self.housekeeping(now);
@@ -570,16 +572,6 @@ fn push_sample(q: &mut VecDeque<u64>, v: u64) {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Asks for precise sleeps on this thread: grants of a capped allocation
-/// are due at exact times, and the default 50 µs slack shows in its share.
-fn set_timer_slack() {
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects
-    // only the calling thread; failure just leaves the default slack.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong);
-    }
 }
 
 #[cfg(test)]

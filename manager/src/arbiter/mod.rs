@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tessera_shm::gate::monotonic_ns;
+use tessera_shm::sys::monotonic_ns;
 use tessera_shm::{Control, Policy, ShmError, State};
 
 use driver::{Cmd, Driver, Shared, lock};

@@ -1,0 +1,192 @@
+//! The arbiter's side of the gate: publishing grants, the heartbeat, and what
+//! it reads of the processes (demand, activity, undrained work).
+
+use std::sync::atomic::{AtomicU32, Ordering, fence};
+
+use super::{next_grant_word, saturating_dec};
+use crate::layout::{MAX_DEVICES, MAX_SLOTS, Owner, StateFile, grant};
+use crate::sys::futex_wake_all;
+use crate::{Control, ShmError, State};
+
+impl Control {
+    fn check_dev(&self, dev: usize) -> Result<(), ShmError> {
+        if dev >= self.n_devices() {
+            return Err(ShmError::BadSpec(format!(
+                "device index {dev}: the allocation has {} devices",
+                self.n_devices()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The current grant word of device `dev`.
+    pub fn grant_word(&self, dev: usize) -> u32 {
+        self.device(dev).grant.load(Ordering::Acquire)
+    }
+
+    /// Moves device `dev`'s grant to the next epoch with `flags` (`GRANTED`,
+    /// `OPEN`, or 0 for revoked) and wakes every gate and drainer sleeping
+    /// on it. Returns the new word. Only the arbiter calls this.
+    pub fn publish_grant(&self, dev: usize, flags: u32) -> Result<u32, ShmError> {
+        self.require_writable()?;
+        self.check_dev(dev)?;
+        let word = &self.device(dev).grant;
+        let new = next_grant_word(word.load(Ordering::Acquire), flags);
+        word.store(new, Ordering::Release);
+        // Pairs with the fence in a gate's first submission of an epoch:
+        // after it, reading `launch_epoch` sees every process that saw the
+        // old word (see the module docs).
+        fence(Ordering::SeqCst);
+        futex_wake_all(word);
+        if flags & grant::GRANTED == 0 {
+            // After the word: a drainer reads the counter, then the word.
+            let rev = &self.device(dev).revocations;
+            rev.fetch_add(1, Ordering::AcqRel);
+            futex_wake_all(rev);
+        }
+        Ok(new)
+    }
+
+    /// Records that the arbiter is alive (a `CLOCK_MONOTONIC` time).
+    pub fn beat(&self, now_ns: u64) -> Result<(), ShmError> {
+        self.require_writable()?;
+        self.raw()
+            .header
+            .arbiter_heartbeat_ns
+            .store(now_ns, Ordering::Release);
+        Ok(())
+    }
+
+    /// The arbiter's latest heartbeat; 0 = never.
+    pub fn heartbeat(&self) -> u64 {
+        self.raw()
+            .header
+            .arbiter_heartbeat_ns
+            .load(Ordering::Acquire)
+    }
+
+    /// How long a gate waits on a silent arbiter.
+    pub fn gate_timeout_ns(&self) -> u64 {
+        self.raw().header.gate_timeout_ns.load(Ordering::Acquire)
+    }
+
+    /// Changes how long gates wait on a silent arbiter.
+    pub fn set_gate_timeout(&self, ns: u64) -> Result<(), ShmError> {
+        self.require_writable()?;
+        if ns == 0 {
+            return Err(ShmError::BadSpec("gate timeout must be positive".into()));
+        }
+        self.raw()
+            .header
+            .gate_timeout_ns
+            .store(ns, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A slot whose process has not reported its work drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Undrained {
+    pub slot: usize,
+    /// The slot's owner word when read, so a later liveness verdict applies
+    /// to the same occupant.
+    pub owner: u64,
+    pub launch_epoch: u32,
+}
+
+impl State {
+    /// The slots a compute gate was ever set up in (the rest never
+    /// submitted work, waited or drained).
+    fn gate_slot_range(&self) -> &[crate::layout::Slot] {
+        let n = (self.raw().header.gate_slots.load(Ordering::Acquire) as usize).min(MAX_SLOTS);
+        &self.raw().slots[..n]
+    }
+
+    /// Processes with a thread blocked at device `dev`'s gate. The shared
+    /// counter is only a filter: what counts are the live slots' own bits,
+    /// so a count left behind by a killed process is not demand.
+    pub fn gate_waiters(&self, dev: usize) -> u32 {
+        if dev >= MAX_DEVICES || self.device(dev).waiters.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let bit = 1u32 << dev;
+        self.gate_slot_range()
+            .iter()
+            .filter(|s| {
+                matches!(
+                    Owner::unpack(s.owner.load(Ordering::Acquire)),
+                    Owner::Alive { .. }
+                ) && s.gate_waiting.load(Ordering::Acquire) & bit != 0
+            })
+            .count() as u32
+    }
+
+    /// Submissions to device `dev` by all processes: a counter whose
+    /// changes show activity (it may also drop when a slot is reused).
+    pub fn launches(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.gate_slot_range().iter().fold(0u64, |acc, s| {
+            acc.wrapping_add(s.devices[dev].launches.load(Ordering::Relaxed))
+        })
+    }
+
+    /// Total time processes spent blocked at device `dev`'s gate.
+    pub fn gate_wait_ns(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.device(dev).wait_ns.load(Ordering::Relaxed)
+    }
+
+    /// Live processes that submitted to `dev` under an epoch other than
+    /// `current` and have not drained it. Call after [`Control::publish_grant`]
+    /// moved the word to `current` (its fence orders this read).
+    pub fn undrained(&self, dev: usize, current_epoch: u32) -> Vec<Undrained> {
+        if dev >= MAX_DEVICES {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, s) in self.gate_slot_range().iter().enumerate() {
+            let owner = s.owner.load(Ordering::Acquire);
+            if !matches!(Owner::unpack(owner), Owner::Alive { .. }) {
+                continue;
+            }
+            let sd = &s.devices[dev];
+            let le = sd.launch_epoch.load(Ordering::Acquire);
+            if le != current_epoch && le != sd.drained_epoch.load(Ordering::Acquire) {
+                out.push(Undrained {
+                    slot: i,
+                    owner,
+                    launch_epoch: le,
+                });
+            }
+        }
+        out
+    }
+
+    /// The doorbell processes ring after draining device `dev`.
+    pub fn drain_signal(&self, dev: usize) -> &AtomicU32 {
+        &self.device(dev.min(MAX_DEVICES - 1)).drain_signal
+    }
+
+    /// When a process last reported a drain on device `dev` (its own
+    /// clock; the arbiter clamps it to what it observed).
+    pub fn drained_at_ns(&self, dev: usize) -> u64 {
+        self.device(dev.min(MAX_DEVICES - 1))
+            .drained_at_ns
+            .load(Ordering::Acquire)
+    }
+}
+
+/// Clears a reclaimed slot's gate bits and takes them out of the waiter
+/// counts, so a process killed at the gate leaves no phantom demand.
+pub(crate) fn forget_waiting(file: &StateFile, slot: usize) {
+    let bits = file.slots[slot].gate_waiting.swap(0, Ordering::AcqRel);
+    for dev in 0..MAX_DEVICES {
+        if bits & (1 << dev) != 0 {
+            saturating_dec(&file.devices[dev].waiters);
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! The process's side of the gate: waiting for the grant before a submission,
+//! running free when the arbiter is silent, and the drainer that reports a
+//! revoked epoch's work finished.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex};
+
+use super::{forget_waiting, saturating_dec};
+use crate::layout::{DeviceControl, DeviceState, MAX_DEVICES, MAX_SLOTS, SlotDevice, grant};
+use crate::state::Member;
+use crate::sys::{Linux, Sys};
+use crate::{Control, ShmError, State};
+
+/// How a process waits for the work it submitted to one device to finish.
+/// The hook implements it with the real driver (`cuCtxSynchronize` on each
+/// context it submitted to); tests implement it with threads.
+pub trait Drain: Send + Sync + 'static {
+    /// Returns once everything this process submitted to device `dev`
+    /// (the control file's index) before the call has finished.
+    fn drain(&self, dev: usize);
+}
+
+/// Something the gate reports once, for the hook's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateEvent {
+    /// The arbiter's heartbeat stood still: this device's gate runs free.
+    RunningFree { dev: usize, silent_ms: u64 },
+    /// The heartbeat moves again: the gate waits for grants again.
+    Rejoined { dev: usize },
+    /// The drainer thread could not start; revocations wait out the
+    /// arbiter's bounded drain instead.
+    DrainerFailed { dev: usize, error: String },
+}
+
+impl fmt::Display for GateEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GateEvent::RunningFree { dev, silent_ms } => write!(
+                f,
+                "device {dev}: no arbiter heartbeat for {silent_ms} ms; submitting without a grant until it returns"
+            ),
+            GateEvent::Rejoined { dev } => {
+                write!(f, "device {dev}: arbiter is back; waiting for grants again")
+            }
+            GateEvent::DrainerFailed { dev, error } => {
+                write!(f, "device {dev}: drainer thread failed to start: {error}")
+            }
+        }
+    }
+}
+
+/// The log callback the hook supplies.
+pub type GateLog = Arc<dyn Fn(&GateEvent) + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct DevLocal {
+    /// Running free: the arbiter was found silent.
+    free: AtomicBool,
+    /// Pid of the process that started this device's drainer (0 = none);
+    /// a forked child, which has no such thread, starts its own.
+    drainer_pid: AtomicU32,
+}
+
+struct Inner {
+    control: &'static Control,
+    state: &'static State,
+    member: Member,
+    n_devices: usize,
+    drain: Arc<dyn Drain>,
+    log: GateLog,
+    /// Clock, sleeps and wake-ups (never on the hot path).
+    sys: Arc<dyn Sys>,
+    devs: [DevLocal; MAX_DEVICES],
+    /// Threads of this process blocked at each device's gate; the slot's
+    /// bit is set while the count is non-zero.
+    waiting: Mutex<[u32; MAX_DEVICES]>,
+    /// The heartbeat value last seen and when (own clock).
+    hb_seen: AtomicU64,
+    hb_seen_at: AtomicU64,
+    /// Drainers exit when set (tests; a real process just exits).
+    stop: AtomicBool,
+}
+
+/// One process's gate for every device of its allocation. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("alloc", &self.inner.control.alloc_id())
+            .field("member", &self.inner.member)
+            .finish()
+    }
+}
+
+impl Gate {
+    /// A gate for the process that joined `state` as `member`. The files
+    /// live as long as the process (the hook keeps them in statics).
+    pub fn new(
+        control: &'static Control,
+        state: &'static State,
+        member: Member,
+        drain: Arc<dyn Drain>,
+        log: GateLog,
+    ) -> Result<Self, ShmError> {
+        Self::with_sys(control, state, member, drain, log, Arc::new(Linux))
+    }
+
+    /// [`Gate::new`] with the system calls `sys` (a test double).
+    pub fn with_sys(
+        control: &'static Control,
+        state: &'static State,
+        member: Member,
+        drain: Arc<dyn Drain>,
+        log: GateLog,
+        sys: Arc<dyn Sys>,
+    ) -> Result<Self, ShmError> {
+        if member.slot >= MAX_SLOTS {
+            return Err(ShmError::BadSpec(format!(
+                "slot {} out of range",
+                member.slot
+            )));
+        }
+        if state.raw().header.alloc_id != control.raw().header.alloc_id {
+            return Err(ShmError::BadSpec(format!(
+                "state file {} does not belong to allocation {}",
+                state.path().display(),
+                control.alloc_id()
+            )));
+        }
+        // Bits a previous occupant of the slot left are not ours.
+        forget_waiting(state.raw(), member.slot);
+        // Before any submission: the arbiter's scans must reach this slot.
+        state
+            .raw()
+            .header
+            .gate_slots
+            .fetch_max(member.slot as u32 + 1, Ordering::AcqRel);
+        let n_devices = control.n_devices();
+        Ok(Gate {
+            inner: Arc::new(Inner {
+                control,
+                state,
+                member,
+                n_devices,
+                drain,
+                log,
+                sys,
+                devs: Default::default(),
+                waiting: Mutex::new([0; MAX_DEVICES]),
+                hb_seen: AtomicU64::new(0),
+                hb_seen_at: AtomicU64::new(0),
+                stop: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Called before every submission of work to device `dev` (the control
+    /// file's index). Returns when the process may submit: at once while its
+    /// allocation holds the grant (one atomic load), after a wait otherwise.
+    /// Devices outside the allocation are not governed.
+    #[inline]
+    pub fn before_submit(&self, dev: usize) {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return;
+        }
+        let w = i.control.device(dev).grant.load(Ordering::Acquire);
+        let sd = i.slot_dev(dev);
+        if grant::may_submit(w)
+            && (w & grant::OPEN != 0 || sd.launch_epoch.load(Ordering::Relaxed) == grant::epoch(w))
+        {
+            count_launch(sd);
+            return;
+        }
+        i.submit_slow(&self.inner, dev);
+    }
+
+    /// Whether device `dev`'s gate currently runs free (arbiter silent).
+    pub fn running_free(&self, dev: usize) -> bool {
+        dev < MAX_DEVICES && self.inner.devs[dev].free.load(Ordering::Relaxed)
+    }
+
+    /// The membership this gate records in.
+    pub fn member(&self) -> Member {
+        self.inner.member
+    }
+
+    /// Stops this gate's drainer threads (within their poll period). A real
+    /// process never needs this; tests that stand threads in for processes
+    /// do.
+    pub fn stop(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        for dev in 0..self.inner.n_devices {
+            self.inner
+                .sys
+                .futex_wake_all(&self.inner.control.device(dev).revocations);
+        }
+    }
+}
+
+#[inline]
+fn count_launch(sd: &SlotDevice) {
+    // Owner-only word: a plain load and store, no locked instruction. Two
+    // threads racing may lose a count, never the fact that it moved.
+    let n = sd.launches.load(Ordering::Relaxed);
+    sd.launches.store(n.wrapping_add(1), Ordering::Relaxed);
+}
+
+impl Inner {
+    #[inline]
+    fn slot_dev(&self, dev: usize) -> &SlotDevice {
+        &self.state.slot(self.member.slot).devices[dev]
+    }
+
+    fn dev_control(&self, dev: usize) -> &DeviceControl {
+        self.control.device(dev)
+    }
+
+    fn dev_state(&self, dev: usize) -> &DeviceState {
+        self.state.device(dev)
+    }
+
+    /// Everything but the common case: first submission of an epoch,
+    /// waiting for the grant, running free.
+    #[cold]
+    #[inline(never)]
+    fn submit_slow(&self, me: &Arc<Inner>, dev: usize) {
+        let g = &self.dev_control(dev).grant;
+        let sd = self.slot_dev(dev);
+        let mut waited_since: Option<u64> = None;
+        loop {
+            let w = g.load(Ordering::Acquire);
+            if grant::may_submit(w) {
+                if w & grant::GRANTED != 0 && w & grant::OPEN == 0 {
+                    // Record the epoch, then make sure it is still current
+                    // (the Dekker pair in the module docs).
+                    sd.launch_epoch.store(grant::epoch(w), Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    if g.load(Ordering::Relaxed) != w {
+                        continue;
+                    }
+                    self.ensure_drainer(me, dev);
+                }
+                self.stop_waiting(dev, waited_since);
+                self.note_rejoined(dev);
+                count_launch(sd);
+                return;
+            }
+            let now = self.sys.monotonic_ns();
+            if let Some(silent) = self.arbiter_silent_for(now) {
+                self.stop_waiting(dev, waited_since);
+                if !self.devs[dev].free.swap(true, Ordering::AcqRel) {
+                    (self.log)(&GateEvent::RunningFree {
+                        dev,
+                        silent_ms: silent / 1_000_000,
+                    });
+                }
+                // Record the epoch we ran under, so the arbiter, once back,
+                // waits for this work to drain before granting anyone.
+                let e = grant::epoch(w);
+                if sd.launch_epoch.load(Ordering::Relaxed) != e {
+                    sd.launch_epoch.store(e, Ordering::Relaxed);
+                }
+                self.ensure_drainer(me, dev);
+                count_launch(sd);
+                return;
+            }
+            self.note_rejoined(dev);
+            if waited_since.is_none() {
+                self.start_waiting(dev);
+                waited_since = Some(now);
+                continue; // the word may have moved while we registered
+            }
+            // Look at the heartbeat several times per timeout: silence is
+            // judged from the last time we saw it move, so a waiter that
+            // slept through the arbiter's last beats would otherwise wait
+            // up to twice the timeout.
+            let timeout = self.control.gate_timeout_ns().max(1);
+            let seen_at = self.hb_seen_at.load(Ordering::Acquire);
+            let left = (seen_at.saturating_add(timeout))
+                .saturating_sub(now)
+                .clamp(1, (timeout / 8).max(1));
+            self.sys.futex_wait(g, w, left);
+        }
+    }
+
+    /// How long the arbiter has been silent, if longer than the gate
+    /// timeout. Judged by whether the heartbeat *value* moved, on this
+    /// process's own clock.
+    fn arbiter_silent_for(&self, now: u64) -> Option<u64> {
+        let hb = self.control.heartbeat();
+        let seen = self.hb_seen.load(Ordering::Acquire);
+        let seen_at = self.hb_seen_at.load(Ordering::Acquire);
+        if seen_at == 0 || hb != seen {
+            self.hb_seen.store(hb, Ordering::Release);
+            self.hb_seen_at.store(now, Ordering::Release);
+            return None;
+        }
+        let silent = now.saturating_sub(seen_at);
+        (silent >= self.control.gate_timeout_ns()).then_some(silent)
+    }
+
+    fn note_rejoined(&self, dev: usize) {
+        if self.devs[dev].free.load(Ordering::Relaxed)
+            && self.devs[dev].free.swap(false, Ordering::AcqRel)
+        {
+            (self.log)(&GateEvent::Rejoined { dev });
+        }
+    }
+
+    fn start_waiting(&self, dev: usize) {
+        let mut counts = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        counts[dev] += 1;
+        if counts[dev] == 1 {
+            // Counter first, bit second: a process killed in between leaves
+            // a count no live bit backs, which readers ignore.
+            self.dev_state(dev).waiters.fetch_add(1, Ordering::AcqRel);
+            self.state
+                .slot(self.member.slot)
+                .gate_waiting
+                .fetch_or(1 << dev, Ordering::AcqRel);
+        }
+    }
+
+    fn stop_waiting(&self, dev: usize, since: Option<u64>) {
+        let Some(since) = since else { return };
+        {
+            let mut counts = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            counts[dev] = counts[dev].saturating_sub(1);
+            if counts[dev] == 0 {
+                let prev = self
+                    .state
+                    .slot(self.member.slot)
+                    .gate_waiting
+                    .fetch_and(!(1 << dev), Ordering::AcqRel);
+                if prev & (1 << dev) != 0 {
+                    saturating_dec(&self.dev_state(dev).waiters);
+                }
+            }
+        }
+        let waited = self.sys.monotonic_ns().saturating_sub(since);
+        self.dev_state(dev)
+            .wait_ns
+            .fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// Starts this process's drainer for `dev` unless it runs already.
+    fn ensure_drainer(&self, me: &Arc<Inner>, dev: usize) {
+        let pid = std::process::id();
+        let slot = &self.devs[dev].drainer_pid;
+        let cur = slot.load(Ordering::Acquire);
+        if cur == pid
+            || slot
+                .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let inner = Arc::clone(me);
+        let spawned = std::thread::Builder::new()
+            .name(format!("tessera-drain{dev}"))
+            .spawn(move || inner.drainer(dev));
+        if let Err(e) = spawned {
+            (self.log)(&GateEvent::DrainerFailed {
+                dev,
+                error: e.to_string(),
+            });
+        }
+    }
+
+    /// The drainer: sleeps on the grant word; when the epoch this process
+    /// last submitted under is over, waits for that work and says so.
+    fn drainer(&self, dev: usize) {
+        // The drainer's `cuCtxSynchronize` sleeps until the work ends: the
+        // default 50 µs of timer slack would show as idle time charged to
+        // the allocation.
+        self.sys.set_timer_slack(1_000);
+        let g = &self.dev_control(dev).grant;
+        let rev = &self.dev_control(dev).revocations;
+        let sd = self.slot_dev(dev);
+        let ds = self.dev_state(dev);
+        while !self.stop.load(Ordering::Acquire) {
+            // The counter first: a revocation after this read changes it,
+            // so the sleep below cannot miss one.
+            let r = rev.load(Ordering::Acquire);
+            let w = g.load(Ordering::Acquire);
+            let le = sd.launch_epoch.load(Ordering::Acquire);
+            if le != grant::epoch(w) && sd.drained_epoch.load(Ordering::Relaxed) != le {
+                // A thread that loaded the old word just before the
+                // revocation may still be on its way into the driver:
+                // let it get there, and catch it with a second pass.
+                std::thread::yield_now();
+                let before = sd.launches.load(Ordering::Relaxed);
+                self.drain.drain(dev);
+                if sd.launches.load(Ordering::Relaxed) != before {
+                    std::thread::yield_now();
+                    self.drain.drain(dev);
+                }
+                ds.drained_at_ns
+                    .fetch_max(self.sys.monotonic_ns(), Ordering::AcqRel);
+                sd.drained_epoch.store(le, Ordering::Release);
+                ds.drain_signal.fetch_add(1, Ordering::AcqRel);
+                self.sys.futex_wake_all(&ds.drain_signal);
+                continue;
+            }
+            // Sleeps through grants (the launching threads need the CPU
+            // then), wakes on revocations.
+            self.sys.futex_wait(rev, r, 500_000_000);
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The gate's protocol with threads standing in for processes, over real
+//! files in a temporary directory.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::state::Member;
+use crate::sys::Sys;
+use crate::{
+    Control, ControlSpec, DeviceSpec, Policy, ProcIdentity, ShmError, State,
+    create_allocation_files,
+};
+
+struct Files {
+    arbiter: Control,
+    control: &'static Control,
+    state: &'static State,
+}
+
+fn files(share_ppm: u32) -> Files {
+    // Leaked like the hook's statics: gates and drainers outlive tests.
+    let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    let spec = ControlSpec::new(
+        "alloc-g",
+        vec![DeviceSpec {
+            uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
+            memory_limit_bytes: 1 << 30,
+            compute_share_ppm: share_ppm,
+            policy: Policy::Guaranteed,
+        }],
+    );
+    let (c, s) = create_allocation_files(dir.path(), &spec).unwrap();
+    Files {
+        arbiter: Control::open_rw(&c).unwrap(),
+        control: Box::leak(Box::new(Control::open(&c).unwrap())),
+        state: Box::leak(Box::new(State::open(&s, "alloc-g").unwrap())),
+    }
+}
+
+fn member(state: &State, pid: u32) -> Member {
+    // start_time 0: no liveness verdict, so joins never reclaim these.
+    let me = ProcIdentity {
+        pid,
+        pidns: 0,
+        start_time: 0,
+    };
+    state.join(&me, &crate::LocalLiveness::quick()).unwrap()
+}
+
+/// Stands in for the driver: counts drains, and can hold them (work
+/// still in flight) until released.
+#[derive(Default)]
+struct FakeDrain {
+    calls: AtomicUsize,
+    hold: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Drain for FakeDrain {
+    fn drain(&self, _dev: usize) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut held = self.hold.lock().unwrap();
+        while *held {
+            held = self.cv.wait(held).unwrap();
+        }
+    }
+}
+
+impl FakeDrain {
+    fn set_hold(&self, on: bool) {
+        *self.hold.lock().unwrap() = on;
+        self.cv.notify_all();
+    }
+}
+
+fn gate(f: &Files, pid: u32, drain: Arc<FakeDrain>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+    let m = member(f.state, pid);
+    Gate::new(
+        f.control,
+        f.state,
+        m,
+        drain,
+        Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
+    )
+    .unwrap()
+}
+
+fn until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn scans_stop_at_the_last_gate_slot() {
+    let f = files(300_000);
+    let g = gate(&f, 19, Arc::default(), Arc::default());
+    let top = g.member().slot as u32 + 1;
+    assert_eq!(f.state.raw().header.gate_slots.load(Ordering::SeqCst), top);
+    // A slot beyond it (no gate ever set up there) is not looked at.
+    let far = &f.state.slot(top as usize + 5).devices[0];
+    far.launches.store(7, Ordering::SeqCst);
+    assert_eq!(f.state.launches(0), 0);
+    g.stop();
+}
+
+#[test]
+fn open_grant_passes_and_counts() {
+    let f = files(1_000_000);
+    let g = gate(&f, 11, Arc::default(), Arc::default());
+    for _ in 0..5 {
+        g.before_submit(0);
+    }
+    let sd = &f.state.slot(g.member().slot).devices[0];
+    assert_eq!(sd.launches.load(Ordering::Relaxed), 5);
+    // Whole GPU: no epoch bookkeeping, nothing to drain.
+    assert_eq!(sd.launch_epoch.load(Ordering::Relaxed), 0);
+    assert_eq!(f.state.launches(0), 5);
+    // Out-of-range devices are not governed and not counted.
+    g.before_submit(7);
+    assert_eq!(f.state.launches(0), 5);
+}
+
+#[test]
+fn closed_gate_waits_for_the_grant_and_counts_demand() {
+    let f = files(300_000);
+    f.arbiter.beat(monotonic_ns()).unwrap();
+    let g = gate(&f, 12, Arc::default(), Arc::default());
+    let passed = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (g, passed) = (g.clone(), Arc::clone(&passed));
+        std::thread::spawn(move || {
+            g.before_submit(0);
+            passed.store(true, Ordering::SeqCst);
+        })
+    };
+    until("the waiter to register", Duration::from_secs(5), || {
+        f.state.gate_waiters(0) == 1
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!passed.load(Ordering::SeqCst), "passed a closed gate");
+    let w = f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    t.join().unwrap();
+    assert!(passed.load(Ordering::SeqCst));
+    assert_eq!(f.state.gate_waiters(0), 0);
+    assert_eq!(f.state.device(0).waiters.load(Ordering::SeqCst), 0);
+    assert!(f.state.gate_wait_ns(0) >= 20_000_000);
+    let sd = &f.state.slot(g.member().slot).devices[0];
+    assert_eq!(sd.launch_epoch.load(Ordering::SeqCst), grant::epoch(w));
+    g.stop();
+}
+
+#[test]
+fn revocation_is_drained_before_it_reports() {
+    let f = files(300_000);
+    f.arbiter.beat(monotonic_ns()).unwrap();
+    let drain = Arc::new(FakeDrain::default());
+    let a = gate(&f, 13, Arc::clone(&drain), Arc::default());
+    let b = gate(&f, 14, Arc::clone(&drain), Arc::default());
+    let granted = f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    a.before_submit(0);
+    a.before_submit(0);
+    // b submits nothing under this grant: nothing of it to wait for.
+    drain.set_hold(true);
+    let bell = f.state.drain_signal(0).load(Ordering::SeqCst);
+    let revoked = f.arbiter.publish_grant(0, 0).unwrap();
+    let pending = f.state.undrained(0, grant::epoch(revoked));
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].slot, a.member().slot);
+    assert_eq!(pending[0].launch_epoch, grant::epoch(granted));
+    until(
+        "the drainer to start draining",
+        Duration::from_secs(5),
+        || drain.calls.load(Ordering::SeqCst) >= 1,
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        f.state.undrained(0, grant::epoch(revoked)).len(),
+        1,
+        "reported drained while work was in flight"
+    );
+    let released = monotonic_ns();
+    drain.set_hold(false);
+    until("the drain to be reported", Duration::from_secs(5), || {
+        f.state.undrained(0, grant::epoch(revoked)).is_empty()
+    });
+    assert!(f.state.drain_signal(0).load(Ordering::SeqCst) > bell);
+    let at = f.state.drained_at_ns(0);
+    assert!(at >= released && at <= monotonic_ns(), "drained at {at}");
+    assert_eq!(drain.calls.load(Ordering::SeqCst), 1, "one drain per epoch");
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn silent_arbiter_opens_the_gate_once_and_it_rejoins() {
+    let f = files(300_000);
+    f.arbiter.set_gate_timeout(150_000_000).unwrap();
+    f.arbiter.beat(monotonic_ns()).unwrap();
+    let log: Arc<Mutex<Vec<GateEvent>>> = Arc::default();
+    let g = gate(&f, 15, Arc::default(), Arc::clone(&log));
+    let t0 = Instant::now();
+    g.before_submit(0);
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(g.running_free(0));
+    for _ in 0..100 {
+        g.before_submit(0);
+    }
+    match log.lock().unwrap().as_slice() {
+        [GateEvent::RunningFree { dev: 0, silent_ms }] => assert!(*silent_ms >= 150),
+        other => panic!("expected one RunningFree, got {other:?}"),
+    }
+    assert_eq!(log.lock().unwrap().len(), 1, "said once");
+    // Free-running submissions are recorded under the current epoch.
+    let sd = &f.state.slot(g.member().slot).devices[0];
+    assert_eq!(sd.launches.load(Ordering::Relaxed), 101);
+    // The arbiter returns: the next submission waits for a grant again.
+    let passed = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let beater = {
+        let stop = Arc::clone(&stop);
+        let c = Control::open_rw(f.arbiter.path()).unwrap();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                c.beat(monotonic_ns()).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let before = f.control.heartbeat();
+    until("the arbiter's first beat", Duration::from_secs(5), || {
+        f.control.heartbeat() != before
+    });
+    let revoked = f.arbiter.publish_grant(0, 0).unwrap();
+    let t = {
+        let (g, passed) = (g.clone(), Arc::clone(&passed));
+        std::thread::spawn(move || {
+            g.before_submit(0);
+            passed.store(true, Ordering::SeqCst);
+        })
+    };
+    until("the gate to rejoin", Duration::from_secs(5), || {
+        f.state.gate_waiters(0) == 1
+    });
+    assert!(!g.running_free(0));
+    // The work it submitted while free is drained for the new arbiter.
+    until("the free-run work to drain", Duration::from_secs(5), || {
+        f.state.undrained(0, grant::epoch(revoked)).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!passed.load(Ordering::SeqCst), "rejoined gate did not wait");
+    f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    t.join().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    beater.join().unwrap();
+    let events = log.lock().unwrap().clone();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[1], GateEvent::Rejoined { dev: 0 });
+    g.stop();
+}
+
+/// The system calls with a clock of their own: time moves only when the
+/// gate sleeps on the grant word (by the whole timeout it asked for, as if
+/// nobody woke it), so the gate's timing is exact whatever the machine's
+/// load. Every wait is recorded; other words (the drainer's) get the real
+/// futex, so a real thread sleeps there and `stop()` wakes it.
+struct FakeSys {
+    now: AtomicU64,
+    /// The grant word whose waits are faked, by address.
+    grant: usize,
+    /// Timeouts the gate asked for on the grant word, in order.
+    waits: Mutex<Vec<u64>>,
+    /// Runs before each faked wait sleeps, with the wait's index: what the
+    /// arbiter does meanwhile.
+    meanwhile: Mutex<Box<dyn FnMut(usize) + Send>>,
+}
+
+impl FakeSys {
+    fn new(grant: &AtomicU32, meanwhile: impl FnMut(usize) + Send + 'static) -> Arc<Self> {
+        Arc::new(FakeSys {
+            now: AtomicU64::new(1_000_000_000),
+            grant: grant.as_ptr() as usize,
+            waits: Mutex::default(),
+            meanwhile: Mutex::new(Box::new(meanwhile)),
+        })
+    }
+}
+
+impl Sys for FakeSys {
+    fn monotonic_ns(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+    fn futex_wait(&self, word: &AtomicU32, expected: u32, timeout_ns: u64) {
+        if word.as_ptr() as usize != self.grant {
+            return crate::sys::futex_wait(word, expected, timeout_ns);
+        }
+        let n = {
+            let mut w = self.waits.lock().unwrap();
+            w.push(timeout_ns);
+            w.len() - 1
+        };
+        (self.meanwhile.lock().unwrap())(n);
+        if word.load(Ordering::SeqCst) == expected {
+            self.now.fetch_add(timeout_ns, Ordering::SeqCst);
+        }
+    }
+    fn futex_wake_all(&self, word: &AtomicU32) {
+        crate::sys::futex_wake_all(word)
+    }
+    fn set_timer_slack(&self, _ns: u64) {}
+}
+
+fn fake_gate(f: &Files, pid: u32, sys: Arc<FakeSys>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+    let m = member(f.state, pid);
+    Gate::with_sys(
+        f.control,
+        f.state,
+        m,
+        Arc::new(FakeDrain::default()),
+        Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
+        sys,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_waiter_runs_free_exactly_one_timeout_after_the_heartbeat_last_moved() {
+    const T: u64 = 800_000_000;
+    const BEATS: usize = 5;
+    let f = files(300_000);
+    f.arbiter.set_gate_timeout(T).unwrap();
+    f.arbiter.beat(1).unwrap();
+    // The arbiter beats during the first waits (it never grants), then dies.
+    let arbiter = Control::open_rw(f.arbiter.path()).unwrap();
+    let sys = FakeSys::new(&f.control.device(0).grant, move |n| {
+        if n < BEATS {
+            arbiter.beat(2 + n as u64).unwrap();
+        }
+    });
+    let log: Arc<Mutex<Vec<GateEvent>>> = Arc::default();
+    let g = fake_gate(&f, 20, Arc::clone(&sys), Arc::clone(&log));
+    g.before_submit(0);
+    assert!(g.running_free(0));
+    let waits = sys.waits.lock().unwrap().clone();
+    // Every sleep is at most an eighth of the timeout, so silence is seen
+    // within an eighth of it: here exactly, as the clock lands on it.
+    assert!(waits.iter().all(|&w| w > 0 && w <= T / 8), "{waits:?}");
+    // The beat of the last busy wait is seen when it returns; from then on
+    // eight sleeps of T/8 and not one more.
+    assert_eq!(waits.len(), BEATS + 8, "{waits:?}");
+    match log.lock().unwrap().as_slice() {
+        [GateEvent::RunningFree { dev: 0, silent_ms }] => {
+            assert_eq!(*silent_ms, T / 1_000_000)
+        }
+        other => panic!("expected one RunningFree, got {other:?}"),
+    }
+    g.stop();
+}
+
+#[test]
+fn time_at_a_closed_gate_is_charged_on_the_gate_clock() {
+    let f = files(300_000);
+    f.arbiter.set_gate_timeout(800_000_000).unwrap();
+    let arbiter = Control::open_rw(f.arbiter.path()).unwrap();
+    // The arbiter beats at every wait and grants at the fourth.
+    let sys = FakeSys::new(&f.control.device(0).grant, move |n| {
+        arbiter.beat(1 + n as u64).unwrap();
+        if n == 3 {
+            arbiter.publish_grant(0, grant::GRANTED).unwrap();
+        }
+    });
+    let g = fake_gate(&f, 21, Arc::clone(&sys), Arc::default());
+    let t0 = sys.monotonic_ns();
+    g.before_submit(0);
+    assert!(!g.running_free(0));
+    let waits = sys.waits.lock().unwrap().clone();
+    assert_eq!(waits.len(), 4, "{waits:?}");
+    // The woken wait took no time; the three before it took what they asked.
+    let slept: u64 = waits[..3].iter().sum();
+    assert_eq!(sys.monotonic_ns() - t0, slept);
+    assert_eq!(f.state.gate_wait_ns(0), slept);
+    assert_eq!(f.state.gate_waiters(0), 0, "left the waiter count");
+    g.stop();
+}
+
+#[test]
+fn a_killed_waiter_leaves_no_demand() {
+    let f = files(300_000);
+    let m = member(f.state, 16);
+    // As if the process set up its gate, registered at it, then was
+    // killed.
+    f.state
+        .raw()
+        .header
+        .gate_slots
+        .fetch_max(m.slot as u32 + 1, Ordering::SeqCst);
+    f.state.device(0).waiters.fetch_add(1, Ordering::SeqCst);
+    f.state
+        .slot(m.slot)
+        .gate_waiting
+        .fetch_or(1, Ordering::SeqCst);
+    assert_eq!(f.state.gate_waiters(0), 1);
+    // A counter no live bit backs is not demand...
+    f.state.device(0).waiters.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(f.state.gate_waiters(0), 1);
+    // ...and reclaiming the slot takes its bit and count away.
+    struct Dead;
+    impl crate::Liveness for Dead {
+        fn check(&self, _: &ProcIdentity) -> Option<bool> {
+            Some(false)
+        }
+    }
+    let reclaimed = f.state.reclaim_dead(&Dead, None);
+    assert_eq!(reclaimed.len(), 1);
+    assert_eq!(f.state.gate_waiters(0), 0);
+    assert_eq!(f.state.device(0).waiters.load(Ordering::SeqCst), 1);
+    assert_eq!(f.state.slot(m.slot).gate_waiting.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn arbiter_writes_need_a_writable_mapping_and_a_real_device() {
+    let f = files(300_000);
+    assert!(matches!(
+        f.control.publish_grant(0, grant::GRANTED),
+        Err(ShmError::ReadOnly(_))
+    ));
+    assert!(matches!(f.control.beat(1), Err(ShmError::ReadOnly(_))));
+    // Drainers sleep on the revocation counter: grants leave it alone.
+    let rev = || f.control.device(0).revocations.load(Ordering::SeqCst);
+    f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    assert_eq!(rev(), 0);
+    f.arbiter.publish_grant(0, 0).unwrap();
+    f.arbiter.publish_grant(0, grant::OPEN).unwrap();
+    assert_eq!(rev(), 2);
+    let e = f.arbiter.publish_grant(3, grant::GRANTED).unwrap_err();
+    assert!(e.to_string().contains("device index 3"), "{e}");
+    assert!(f.arbiter.set_gate_timeout(0).is_err());
+}
+
+#[test]
+fn epochs_grow_and_skip_zero() {
+    let w = next_grant_word(0, grant::GRANTED);
+    assert_eq!(grant::epoch(w), 1);
+    assert!(grant::may_submit(w));
+    let last = (u32::MAX >> grant::EPOCH_SHIFT) << grant::EPOCH_SHIFT;
+    let wrapped = next_grant_word(last, 0);
+    assert_eq!(grant::epoch(wrapped), 1);
+    assert!(!grant::may_submit(wrapped));
+    assert_eq!(next_grant_word(w, 0xffff_fff0) & 3, 0, "only flag bits");
+}
+
+#[test]
+fn a_gate_refuses_another_allocations_state() {
+    let f = files(300_000);
+    let dir = tempfile::tempdir().unwrap();
+    let other = ControlSpec::new("other", f.control.spec().devices);
+    let (_, s2) = create_allocation_files(dir.path(), &other).unwrap();
+    let state2: &'static State = Box::leak(Box::new(State::open(&s2, "other").unwrap()));
+    let m = member(state2, 17);
+    let e = Gate::new(
+        f.control,
+        state2,
+        m,
+        Arc::new(FakeDrain::default()),
+        Arc::new(|_: &GateEvent| {}),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("does not belong"), "{e}");
+}
