@@ -39,6 +39,14 @@
  *   sparse <width> <bytes> <dev>   sparse 2D array, a VMM allocation mapped onto its
  *                                  first tile, the handle released -> a= v=
  *   array-destroy <a>              cuArrayDestroy
+ *   nvml-init                      nvmlInit_v2
+ *   nvml-count                     n=
+ *   nvml-index <i>                 handle by index -> uuid= index=
+ *   nvml-uuid <uuid>               handle by UUID -> index=
+ *   nvml-pci <bus id>              handle by PCI bus id -> uuid=
+ *   nvml-procs <i> <v>             running compute processes (v = 1, 2 or 3) -> n= pids=pid:bytes,...
+ *   nvml-gprocs <i>                running graphics processes (v3) -> n=
+ *   nvml-util <i>                  gpu= memory=
  *   sleep <ms>
  */
 #define _GNU_SOURCE
@@ -146,6 +154,42 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
 CUresult cuMemMapArrayAsync(CUarrayMapInfo *, unsigned, CUstream);
+
+typedef int nvmlReturn_t;
+typedef void *nvmlDevice_t;
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gi, ci; } nvmlProcessInfo_t;
+typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
+nvmlReturn_t nvmlInit_v2(void);
+const char *nvmlErrorString(nvmlReturn_t);
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned);
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+
+static int ncheck(const char *cmd, nvmlReturn_t r) {
+    if (r == 0) return 1;
+    static const char *names[] = {"NVML_SUCCESS", "NVML_ERROR_UNINITIALIZED", "NVML_ERROR_INVALID_ARGUMENT",
+                                  "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_ALREADY_INITIALIZED",
+                                  "NVML_ERROR_NOT_FOUND", "NVML_ERROR_INSUFFICIENT_SIZE"};
+    if (r > 0 && r < 8) printf("err %s %s\n", cmd, names[r]);
+    else printf("err %s NVML_ERROR_%d\n", cmd, r);
+    return 0;
+}
+#define NK(call) ncheck(cmd, (call))
+
+static nvmlDevice_t nvml_index(const char *cmd, unsigned i) {
+    nvmlDevice_t d = 0;
+    if (!NK(nvmlDeviceGetHandleByIndex_v2(i, &d))) return 0;
+    return d;
+}
 
 #define MAXN 4096
 static CUcontext ctxs[16];
@@ -372,6 +416,51 @@ static void run(char *line) {
     } else if (!strcmp(cmd, "array-destroy")) {
         sscanf(rest, "%lld", &a);
         if (CK(cuArrayDestroy(arrays[a]))) printf("ok array-destroy\n");
+    } else if (!strcmp(cmd, "nvml-init")) {
+        if (NK(nvmlInit_v2())) printf("ok nvml-init\n");
+    } else if (!strcmp(cmd, "nvml-count")) {
+        unsigned n = 0;
+        if (NK(nvmlDeviceGetCount_v2(&n))) printf("ok nvml-count n=%u\n", n);
+    } else if (!strcmp(cmd, "nvml-index")) {
+        sscanf(rest, "%lld", &a);
+        nvmlDevice_t d = nvml_index(cmd, (unsigned)a);
+        char u[96];
+        unsigned i = 0;
+        if (d && NK(nvmlDeviceGetUUID(d, u, sizeof u)) && NK(nvmlDeviceGetIndex(d, &i)))
+            printf("ok nvml-index uuid=%s index=%u\n", u, i);
+    } else if (!strcmp(cmd, "nvml-uuid") || !strcmp(cmd, "nvml-pci")) {
+        sscanf(rest, "%255s", word);
+        nvmlDevice_t d = 0;
+        unsigned i = 0;
+        char u[96];
+        nvmlReturn_t r = !strcmp(cmd, "nvml-uuid") ? nvmlDeviceGetHandleByUUID(word, &d)
+                                                   : nvmlDeviceGetHandleByPciBusId_v2(word, &d);
+        if (NK(r) && NK(nvmlDeviceGetIndex(d, &i)) && NK(nvmlDeviceGetUUID(d, u, sizeof u)))
+            printf("ok %s index=%u uuid=%s\n", cmd, i, u);
+    } else if (!strcmp(cmd, "nvml-procs") || !strcmp(cmd, "nvml-gprocs")) {
+        sscanf(rest, "%lld %lld", &a, &b);
+        nvmlDevice_t d = nvml_index(cmd, (unsigned)a);
+        nvmlProcessInfo_t p[64];
+        nvmlProcessInfo_v1_t p1[64];
+        unsigned n = 64;
+        nvmlReturn_t r;
+        if (!d) return;
+        if (!strcmp(cmd, "nvml-gprocs")) r = nvmlDeviceGetGraphicsRunningProcesses_v3(d, &n, p);
+        else if (b == 1) r = nvmlDeviceGetComputeRunningProcesses(d, &n, p1);
+        else if (b == 2) r = nvmlDeviceGetComputeRunningProcesses_v2(d, &n, p);
+        else r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, p);
+        if (NK(r)) {
+            printf("ok %s n=%u pids=", cmd, n);
+            for (unsigned i = 0; i < n; i++)
+                printf("%s%u:%llu", i ? "," : "", b == 1 ? p1[i].pid : p[i].pid,
+                       b == 1 ? p1[i].usedGpuMemory : p[i].usedGpuMemory);
+            printf("\n");
+        }
+    } else if (!strcmp(cmd, "nvml-util")) {
+        sscanf(rest, "%lld", &a);
+        nvmlDevice_t d = nvml_index(cmd, (unsigned)a);
+        nvmlUtilization_t u;
+        if (d && NK(nvmlDeviceGetUtilizationRates(d, &u))) printf("ok nvml-util gpu=%u memory=%u\n", u.gpu, u.memory);
     } else if (!strcmp(cmd, "sleep")) {
         sscanf(rest, "%lld", &a);
         struct timespec ts = {a / 1000, (a % 1000) * 1000000};
