@@ -1,13 +1,20 @@
 //! What the environment says, read once: whether the process is governed
-//! (and by which files), and how the hook logs.
+//! (and by which files), and how the hook logs. The device plugin's fixed
+//! in-container paths win over the environment whenever they are mounted:
+//! a tenant's `TESSERA_CONTROL` must not point the shim at a limits file of
+//! its own making.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+use tessera_shm::ShmError;
 
 use crate::log::Level;
 
 /// Control file of a container's allocation, mounted read-only.
 pub const DEFAULT_CONTROL: &str = "/run/tessera/alloc/control";
+/// State file of a container's allocation, mounted read-write.
+pub const DEFAULT_STATE: &str = "/run/tessera/alloc/state";
 /// Env: path of the allocation's control file.
 pub const ENV_CONTROL: &str = "TESSERA_CONTROL";
 /// Env: path of the allocation's state file.
@@ -46,17 +53,29 @@ impl Config {
         pid: u32,
     ) -> Config {
         let nonempty = |k: &str| var(k).filter(|v| !v.is_empty());
-        let control = match nonempty(ENV_CONTROL) {
-            Some(p) => Some(PathBuf::from(p)),
-            None => {
-                let d = Path::new(DEFAULT_CONTROL);
-                exists(d).then(|| d.to_owned())
+        let fixed_control = Path::new(DEFAULT_CONTROL);
+        let fixed_state = Path::new(DEFAULT_STATE);
+        let mut overridden = Vec::new();
+        // The mounted path wins: only the device plugin can put a file there.
+        let control = if exists(fixed_control) {
+            if let Some(v) = nonempty(ENV_CONTROL).filter(|v| Path::new(v) != fixed_control) {
+                overridden.push(format!("{ENV_CONTROL}={v:?}"));
             }
+            Some(fixed_control.to_owned())
+        } else {
+            nonempty(ENV_CONTROL).map(PathBuf::from)
         };
         let alloc = control.map(|control| {
-            let state = nonempty(ENV_STATE)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| control.parent().unwrap_or(Path::new(".")).join("state"));
+            let state = if exists(fixed_state) {
+                if let Some(v) = nonempty(ENV_STATE).filter(|v| Path::new(v) != fixed_state) {
+                    overridden.push(format!("{ENV_STATE}={v:?}"));
+                }
+                fixed_state.to_owned()
+            } else {
+                nonempty(ENV_STATE)
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| control.parent().unwrap_or(Path::new(".")).join("state"))
+            };
             AllocFiles { control, state }
         });
         let raw_level = var(ENV_LOG).map(|v| v.to_string_lossy().into_owned());
@@ -71,6 +90,18 @@ impl Config {
                 )),
             ),
         };
+        let mut log_complaint = log_complaint;
+        if !overridden.is_empty() {
+            let line = format!(
+                "{} ignored: the allocation's files are mounted at {}",
+                overridden.join(", "),
+                fixed_control.parent().unwrap_or(Path::new("/")).display()
+            );
+            log_complaint = Some(match log_complaint {
+                Some(c) => format!("{c}; {line}"),
+                None => line,
+            });
+        }
         let log_file = nonempty(ENV_LOG_FILE)
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(format!("/tmp/tessera-hook.{pid}.log")));
@@ -88,6 +119,49 @@ impl Config {
     }
 }
 
+/// Checks, without blocking, that each of the allocation's files is a
+/// regular file. Opening a FIFO for reading blocks until a writer comes (a
+/// tenant could hang its own `cuInit`), and a device or socket is never an
+/// allocation file; both are refused with the one fail-closed line. A file
+/// that cannot be opened at all is left for the real open to report.
+pub fn check_regular(a: &AllocFiles) -> Result<(), ShmError> {
+    for path in [&a.control, &a.state] {
+        if let Some(kind) = not_regular(path) {
+            return Err(ShmError::Io {
+                path: path.clone(),
+                source: std::io::Error::other(format!("not a regular file ({kind})")),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What `path` is when it is not a regular file; `None` for a regular file
+/// or one that cannot be opened. Opens with `O_NONBLOCK` and asks the open
+/// descriptor, so a FIFO neither blocks nor is swapped in between.
+pub fn not_regular(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    let t = f.metadata().ok()?.file_type();
+    if t.is_file() {
+        None
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_dir() {
+        Some("a directory")
+    } else {
+        Some("not a file")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,7 +174,9 @@ mod tests {
             .collect();
         Config::from_env(
             |k| m.get(k).cloned(),
-            |p| default_exists && p == Path::new(DEFAULT_CONTROL),
+            |p| {
+                default_exists && (p == Path::new(DEFAULT_CONTROL) || p == Path::new(DEFAULT_STATE))
+            },
             42,
         )
     }
@@ -142,9 +218,68 @@ mod tests {
                 state: "/run/tessera/alloc/state".into()
             })
         );
-        // The variable wins over the default path.
-        let c = cfg(&[(ENV_CONTROL, "/mine/control")], true);
+        // No complaint when nothing was overridden.
+        assert_eq!(c.log_complaint, None);
+    }
+
+    #[test]
+    fn mounted_paths_win_over_the_environment() {
+        let c = cfg(
+            &[(ENV_CONTROL, "/mine/control"), (ENV_STATE, "/mine/state")],
+            true,
+        );
+        assert_eq!(
+            c.alloc,
+            Some(AllocFiles {
+                control: DEFAULT_CONTROL.into(),
+                state: DEFAULT_STATE.into()
+            })
+        );
+        let complaint = c.log_complaint.expect("says what it ignored");
+        assert!(
+            complaint.contains("TESSERA_CONTROL=\"/mine/control\""),
+            "{complaint}"
+        );
+        assert!(
+            complaint.contains("TESSERA_STATE=\"/mine/state\""),
+            "{complaint}"
+        );
+        // The device plugin's own env (the same paths) is not a complaint.
+        let c = cfg(
+            &[(ENV_CONTROL, DEFAULT_CONTROL), (ENV_STATE, DEFAULT_STATE)],
+            true,
+        );
+        assert_eq!(c.log_complaint, None);
+        // Without the mount (`tessera run`), the environment names the files.
+        let c = cfg(&[(ENV_CONTROL, "/mine/control")], false);
         assert_eq!(c.alloc.unwrap().control, PathBuf::from("/mine/control"));
+    }
+
+    #[test]
+    fn fifos_devices_and_directories_are_not_allocation_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        // A FIFO with no writer: this would block forever without O_NONBLOCK.
+        assert_eq!(not_regular(&fifo), Some("a FIFO"));
+        assert_eq!(not_regular(Path::new("/dev/null")), Some("a device"));
+        assert_eq!(not_regular(dir.path()), Some("a directory"));
+        assert_eq!(not_regular(&file), None);
+        assert_eq!(not_regular(&dir.path().join("missing")), None);
+        let err = check_regular(&AllocFiles {
+            control: file.clone(),
+            state: fifo.clone(),
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            format!("{}: not a regular file (a FIFO)", fifo.display())
+        );
     }
 
     #[test]

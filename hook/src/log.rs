@@ -1,6 +1,10 @@
 //! The hook's own log: off unless `TESSERA_LOG` asks, written to a file of
 //! its own (never the application's stdout or stderr), configured once.
-//! Nothing on a hot path logs.
+//! Nothing on a hot path logs. `TESSERA_LOG_FILE` is the tenant's to set,
+//! so the file is opened without blocking and without following a final
+//! symlink, and used only when it is a regular file that is not one of the
+//! allocation's own files: appending log lines to the state file would break
+//! the allocation for every process in it.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -48,7 +52,15 @@ impl Level {
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Off as u8);
 static PATH: OnceLock<PathBuf> = OnceLock::new();
-static FILE: Mutex<Option<File>> = Mutex::new(None);
+static FILE: Mutex<Target> = Mutex::new(Target::Unopened);
+
+/// Where lines go: opened on the first line, and a refused file stays
+/// refused (no retry on every line).
+enum Target {
+    Unopened,
+    Open(File),
+    Refused,
+}
 
 /// Switches logging on at `level` into `path`. Called once, from config.
 pub fn init(level: Level, path: &Path) {
@@ -65,11 +77,15 @@ pub fn enabled(level: Level) -> bool {
 /// Writes one line. Failing to log never disturbs the application.
 pub fn write(level: Level, args: fmt::Arguments<'_>) {
     let Some(path) = PATH.get() else { return };
-    let mut file = FILE.lock();
-    if file.is_none() {
-        *file = OpenOptions::new().create(true).append(true).open(path).ok();
+    let mut target = FILE.lock();
+    if let Target::Unopened = *target {
+        let protected = protected_files();
+        *target = match open_log(path, &protected) {
+            Ok(f) => Target::Open(f),
+            Err(_) => Target::Refused,
+        };
     }
-    if let Some(f) = file.as_mut() {
+    if let Target::Open(f) = &mut *target {
         let line = format!(
             "tessera[{}] {}: {}\n",
             std::process::id(),
@@ -78,6 +94,59 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
         );
         let _ = f.write_all(line.as_bytes());
     }
+}
+
+/// The allocation files the log must never write into: the fixed mounts and
+/// whatever the environment names (read again here: this runs once, at the
+/// first line, and the configuration's own lock may be held by the caller).
+fn protected_files() -> Vec<PathBuf> {
+    let mut v = vec![
+        PathBuf::from(crate::config::DEFAULT_CONTROL),
+        PathBuf::from(crate::config::DEFAULT_STATE),
+    ];
+    if let Some(a) = crate::config::Config::current().alloc {
+        v.push(a.control);
+        v.push(a.state);
+    }
+    v
+}
+
+/// Why a log file was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LogRefused {
+    /// It could not be opened (a FIFO without a reader answers `ENXIO`).
+    Open(std::io::ErrorKind),
+    /// Not a regular file: a FIFO, a device (`/dev/stdout` would reach the
+    /// application's output), a socket.
+    NotRegular,
+    /// It is one of the allocation's files.
+    AllocationFile(PathBuf),
+}
+
+/// Opens `path` for appending, refusing what must not be a log (see the
+/// module comment). Never blocks.
+pub fn open_log(path: &Path, protected: &[PathBuf]) -> Result<File, LogRefused> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| LogRefused::Open(e.kind()))?;
+    let m = f.metadata().map_err(|e| LogRefused::Open(e.kind()))?;
+    if !m.file_type().is_file() {
+        return Err(LogRefused::NotRegular);
+    }
+    for p in protected {
+        if let Ok(pm) = std::fs::metadata(p)
+            && pm.dev() == m.dev()
+            && pm.ino() == m.ino()
+        {
+            return Err(LogRefused::AllocationFile(p.clone()));
+        }
+    }
+    Ok(f)
 }
 
 /// Logs a line if its level is on: `log!(Level::Info, "joined slot {}", s)`.
@@ -113,5 +182,51 @@ mod tests {
         assert_eq!(Level::parse("warning"), Some(Level::Warn));
         assert_eq!(Level::parse("verbose"), None);
         assert!(Level::Error < Level::Debug);
+    }
+
+    #[test]
+    fn allocation_files_and_special_files_are_refused_as_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::write(&state, b"TSRSTATE").unwrap();
+        let protected = vec![dir.path().join("control"), state.clone()];
+        // The state file itself, and a hard link to it.
+        assert_eq!(
+            open_log(&state, &protected).unwrap_err(),
+            LogRefused::AllocationFile(state.clone())
+        );
+        let link = dir.path().join("link");
+        std::fs::hard_link(&state, &link).unwrap();
+        assert_eq!(
+            open_log(&link, &protected).unwrap_err(),
+            LogRefused::AllocationFile(state.clone())
+        );
+        // A symlink is not followed.
+        let sym = dir.path().join("sym");
+        std::os::unix::fs::symlink(&state, &sym).unwrap();
+        assert!(matches!(
+            open_log(&sym, &protected),
+            Err(LogRefused::Open(_))
+        ));
+        assert_eq!(std::fs::read(&state).unwrap(), b"TSRSTATE");
+        // A FIFO with no reader: refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(open_log(&fifo, &protected).is_err());
+        // A device (the application's own output must stay its own).
+        assert_eq!(
+            open_log(Path::new("/dev/null"), &protected).unwrap_err(),
+            LogRefused::NotRegular
+        );
+        // An ordinary file is fine, created private.
+        let log = dir.path().join("hook.log");
+        open_log(&log, &protected).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().permissions().mode() & 0o077,
+            0
+        );
     }
 }
