@@ -1,5 +1,5 @@
-//! Sixteen processes race random allocations and frees of every
-//! synchronously freed family against one limit for several seconds, coming
+//! Sixteen processes race random allocations and frees of every family
+//! (stream-ordered pools included) against one limit for several seconds, coming
 //! and going (some exit holding memory), while the test samples the
 //! simulated device's ground truth continuously: it never exceeds the limit
 //! by a single byte.
@@ -25,10 +25,11 @@ const LIMIT: u64 = 64 * MI;
 const PROCESSES: usize = 16;
 const DURATION: Duration = Duration::from_secs(4);
 const HANG: Duration = Duration::from_secs(20);
-// Families whose free returns the memory to the device before it returns:
-// pool frees are stream-ordered and pools keep freed memory until the next
-// synchronisation (see docs/hook.md).
-const KINDS: [&str; 5] = ["plain", "managed", "pitch", "array", "vmm"];
+// Every family: stream-ordered allocations from the default pool and from a
+// pool of the process's own included (freed with cuMemFreeAsync and a
+// synchronisation, after which a pool with the default threshold gives the
+// memory back; until then it is charged).
+const KINDS: [&str; 7] = ["plain", "managed", "pitch", "array", "vmm", "async", "pool"];
 
 #[derive(Default)]
 struct Counts {

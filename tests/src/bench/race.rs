@@ -24,9 +24,9 @@ const MI: u64 = 1 << 20;
 /// only the shim can keep the racers under it).
 pub const LIMIT: u64 = 64 * MI;
 const HANG: Duration = Duration::from_secs(30);
-/// Families whose free returns the memory to the device before it returns
-/// (pool frees are stream-ordered: see docs/hook.md).
-const KINDS: [&str; 5] = ["plain", "managed", "pitch", "array", "vmm"];
+/// Every family, stream-ordered pools included (a pool keeps what it
+/// hands back until it gives it to the device, and is charged until then).
+const KINDS: [&str; 7] = ["plain", "managed", "pitch", "array", "vmm", "async", "pool"];
 
 /// Whether every thread of `pid` is stopped (or the process is gone).
 pub fn stopped(pid: i32) -> bool {

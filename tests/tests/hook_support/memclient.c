@@ -400,7 +400,7 @@ static void run(char *line) {
         CUarrayMapInfo m;
         memset(&m, 0, sizeof m);
         if (CK(cuArray3DCreate_v2(&arrays[narrays], &d)) && CK(cuMemCreate(&vmms[nvmms], (size_t)b, &p, 0))) {
-            m.resourceType = 0x01; /* CU_RESOURCE_TYPE_ARRAY */
+            m.resourceType = 0x00; /* CU_RESOURCE_TYPE_ARRAY */
             m.resource.array = arrays[narrays];
             m.subresourceType = 0; /* SPARSE_LEVEL */
             m.subresource.sparseLevel.extentWidth = 128;

@@ -1,0 +1,117 @@
+//! IPC and imported memory under the shim, with ground truth from the
+//! simulated device: memory shared between processes of one allocation is
+//! counted once (at the exporter; opening or importing it charges
+//! nothing); an import of memory exported by a process of another
+//! allocation, or by an ungoverned one, is refused.
+
+mod hook_support;
+
+use hook_support::*;
+use tessera_shm::{ControlSpec, DeviceSpec, Policy, create_allocation_files};
+
+const LIMIT: u64 = 64 * MI;
+const PHYSICAL: u64 = 512 * MI;
+const DENIED: &str = "CUDA_ERROR_NOT_PERMITTED";
+
+/// A second allocation on the same node's GPU (another tenant): the
+/// memclient governed by it.
+fn other_tenant(sim: &Sim) -> Conv {
+    let dir = sim.node.dir.path().join("alloc-b");
+    let spec = ControlSpec::new(
+        "other-tenant",
+        vec![DeviceSpec {
+            uuid: sim.uuid(0),
+            memory_limit_bytes: LIMIT,
+            compute_share_ppm: 1_000_000,
+            policy: Policy::Burst,
+        }],
+    );
+    let (control, _) = create_allocation_files(&dir, &spec).unwrap();
+    let mut c = sim.node.command(memclient());
+    c.env("LD_PRELOAD", hook_lib())
+        .env("TESSERA_CONTROL", control)
+        .env_remove("TESSERA_STATE");
+    Conv::start(c)
+}
+
+#[test]
+fn ipc_memory_is_counted_once_and_only_the_allocation_may_open_it() {
+    let sim = Sim::new(1, PHYSICAL);
+    sim.allocate(LIMIT);
+    let mut exporter = sim.client(true);
+    ok(&mut exporter, "init");
+    ok(&mut exporter, &format!("alloc {}", 32 * MI));
+    let handle = ok(&mut exporter, "ipc-get 0").str("handle").to_owned();
+    // A process of the same allocation maps it: nothing more is charged,
+    // and it can still allocate the rest of the limit.
+    let mut peer = sim.client(true);
+    ok(&mut peer, "init");
+    ok(&mut peer, &format!("ipc-open {handle}"));
+    assert_eq!(sim.used(0), 32 * MI);
+    assert_eq!(sim.state().reserved(0), 32 * MI);
+    ok(&mut peer, &format!("alloc {}", 32 * MI));
+    assert_eq!(sim.used(0), LIMIT);
+    assert_eq!(sim.state().reserved(0), LIMIT);
+    // Another tenant's process may not open it.
+    let mut other = other_tenant(&sim);
+    ok(&mut other, "init");
+    refused(&mut other, &format!("ipc-open {handle}"), DENIED);
+    // Nor may a process of the allocation open a handle it did not export.
+    let mut outsider = sim.client(false);
+    ok(&mut outsider, "init");
+    ok(&mut outsider, &format!("alloc {}", 8 * MI));
+    let foreign = ok(&mut outsider, "ipc-get 0").str("handle").to_owned();
+    refused(&mut peer, &format!("ipc-open {foreign}"), DENIED);
+    ok(&mut peer, "ipc-close 0");
+    ok(&mut peer, "free 1");
+    ok(&mut exporter, "free 0");
+    assert_eq!(sim.state().reserved(0), 0);
+    for c in [exporter, peer, other, outsider] {
+        assert!(c.finish().success());
+    }
+    assert_eq!(sim.used(0), 0);
+}
+
+#[test]
+fn exported_vmm_memory_is_counted_once_and_only_the_allocation_may_import_it() {
+    let sim = Sim::new(1, PHYSICAL);
+    sim.allocate(LIMIT);
+    let mut exporter = sim.client(true);
+    ok(&mut exporter, "init");
+    let e = ok(&mut exporter, &format!("vmm-export {} 0", 32 * MI));
+    let (pid, fd) = (e.u64("pid"), e.u64("fd"));
+    let mut peer = sim.client(true);
+    ok(&mut peer, "init");
+    ok(&mut peer, &format!("vmm-import {pid} {fd} {}", 32 * MI));
+    assert_eq!(sim.used(0), 32 * MI);
+    assert_eq!(sim.state().reserved(0), 32 * MI, "counted once");
+    ok(&mut peer, &format!("alloc {}", 32 * MI));
+    assert_eq!(sim.used(0), LIMIT);
+    let mut other = other_tenant(&sim);
+    ok(&mut other, "init");
+    refused(
+        &mut other,
+        &format!("vmm-import {pid} {fd} {}", 32 * MI),
+        DENIED,
+    );
+    for c in [exporter, peer, other] {
+        assert!(c.finish().success());
+    }
+}
+
+#[test]
+fn a_sparse_array_keeps_its_backing_memory_charged_until_destroyed() {
+    let sim = Sim::new(1, PHYSICAL);
+    sim.allocate(LIMIT);
+    let mut c = sim.client(true);
+    ok(&mut c, "init");
+    // A sparse array: charged nothing itself; 2 MiB of cuMemCreate memory
+    // mapped onto a tile, its handle released at once.
+    ok(&mut c, &format!("sparse 4096 {} 0", 2 * MI));
+    assert_eq!(sim.used(0), 2 * MI, "backed by what is mapped");
+    assert_eq!(sim.state().reserved(0), 2 * MI, "still charged");
+    ok(&mut c, "array-destroy 0");
+    assert_eq!(sim.used(0), 0);
+    assert_eq!(sim.state().reserved(0), 0);
+    assert!(c.finish().success());
+}
