@@ -63,7 +63,9 @@ pub struct Header {
     pub created_ns: AtomicU64,
     /// Last id given to a [`SharedObj`] (ids start at 1; 0 marks a free entry).
     pub shared_seq: AtomicU64,
-    pub _reserved: [u64; 8],
+    /// Device memory each CUDA context holds for itself (`TESSERA_SIM_CONTEXT_MEMORY`).
+    pub context_memory: AtomicU64,
+    pub _reserved: [u64; 7],
 }
 
 /// One simulated GPU. The first block is written once at creation; the rest changes.

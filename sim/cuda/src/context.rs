@@ -33,6 +33,9 @@ pub struct Context {
     pub legacy: StreamState,
     pub limits: Mutex<BTreeMap<u32, usize>>,
     pub cache_config: AtomicU32,
+    /// Device memory the context holds for itself (the node's context memory when it was
+    /// created), charged to the device until the context is destroyed.
+    pub overhead: u64,
 }
 
 impl Context {
@@ -59,8 +62,12 @@ impl Context {
     }
 }
 
-/// Creates and registers a context on `device`.
-pub fn create(rt: &Runtime, device: usize, flags: u32, primary: bool) -> Arc<Context> {
+/// Creates and registers a context on `device`, charging the device the memory a
+/// context holds for itself (`CUDA_ERROR_OUT_OF_MEMORY` when it does not fit, as on a
+/// full GPU).
+pub fn create(rt: &Runtime, device: usize, flags: u32, primary: bool) -> CuResult<Arc<Context>> {
+    let overhead = rt.node.context_memory();
+    rt.charge(device, overhead)?;
     let ctx = Arc::new(Context {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         device,
@@ -71,10 +78,11 @@ pub fn create(rt: &Runtime, device: usize, flags: u32, primary: bool) -> Arc<Con
         legacy: StreamState::default(),
         limits: Mutex::new(BTreeMap::new()),
         cache_config: AtomicU32::new(0),
+        overhead,
     });
     CONTEXTS.insert(ctx.clone());
     rt.context_count(device, 1);
-    ctx
+    Ok(ctx)
 }
 
 /// Frees everything that belongs to a context (memory, modules, streams, events).
@@ -91,6 +99,7 @@ pub fn destroy(rt: &Runtime, ctx: &Arc<Context>) {
     }
     release_resources(rt, ctx);
     CONTEXTS.remove(handle_of(ctx));
+    rt.uncharge(ctx.device, ctx.overhead);
     rt.context_count(ctx.device, -1);
     runtime::forget_current(ctx);
 }
@@ -122,7 +131,7 @@ fn ctx_create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult<()
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     rt.check_device(d.index)?;
-    let ctx = create(rt, d.index, flags, false);
+    let ctx = create(rt, d.index, flags, false)?;
     // SAFETY: checked non-null above; the caller passes a writable CUcontext.
     unsafe { pctx.write(as_handle(&ctx)) };
     runtime::push_current(ctx)
@@ -540,7 +549,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let ctx = match &p.ctx {
             Some(c) => c.clone(),
             None => {
-                let c = create(rt, d.index, p.flags, true);
+                let c = create(rt, d.index, p.flags, true)?;
                 p.ctx = Some(c.clone());
                 c
             }
