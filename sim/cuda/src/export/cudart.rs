@@ -5,7 +5,7 @@
 //! | slot | entry | here |
 //! |---|---|---|
 //! | 0 | size in bytes | 104 |
-//! | 1 | load a module from a `__fatBinC_Wrapper_t` | the wrapped fat binary through `cuModuleLoadFatBinary` |
+//! | 1 | load a module from a `__fatBinC_Wrapper_t` | `cuModuleLoadFatBinary` of the wrapper |
 //! | 2 | the primary context of a device | retained once per device, for the life of the process |
 //! | 6 | as 1, with three more arguments | as 1 when they are null/0, else `CUDA_ERROR_NOT_SUPPORTED` |
 //! | 7 | takes a word, returns nothing | does nothing |
@@ -40,48 +40,21 @@ pub static TABLE: Slots<N> = Slots([
     load_compilers as *const c_void,
 ]);
 
-/// `__fatBinC_Wrapper_t`'s magic (what `nvcc` puts around each embedded fat binary).
-pub const WRAPPER_MAGIC: u32 = 0x466243b1;
-/// A fat binary's own magic (`fatBinaryHeader`).
-pub const FATBIN_MAGIC: u32 = 0xba55ed50;
-
-/// `__fatBinC_Wrapper_t`.
-#[repr(C)]
-struct Wrapper {
-    magic: u32,
-    version: u32,
-    data: *const c_void,
-    filename_or_fatbins: *const c_void,
-}
-
-/// Loads the fat binary at `fatbin` as a module of the current context.
-fn load_fatbin(module: *mut CUmodule, fatbin: *const c_void) -> CUresult {
-    if module.is_null() || fatbin.is_null() {
+/// Loads the fat binary (a `__fatBinC_Wrapper_t` or a bare container) at `image` as a
+/// module of the current context; the module loader recognises both and validates them.
+fn load_fatbin(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    if module.is_null() || image.is_null() {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
-    // SAFETY: `module` is non-null and writable by the caller's contract; `fatbin` points
-    // at the runtime's registered image, which the module loader validates.
-    unsafe { crate::module::cuModuleLoadFatBinary(module, fatbin) }
-}
-
-/// Unwraps a `__fatBinC_Wrapper_t`; `None` when it is not one.
-///
-/// # Safety
-/// `wrapper` must be null or point to at least a wrapper's bytes.
-unsafe fn unwrap(wrapper: *const c_void) -> Option<*const c_void> {
-    let w = wrapper.cast::<Wrapper>();
-    // SAFETY: the caller promises a readable wrapper (or null, handled by as_ref).
-    let w = unsafe { w.as_ref() }?;
-    (w.magic == WRAPPER_MAGIC && !w.data.is_null()).then_some(w.data)
+    // SAFETY: `module` is non-null and writable by the caller's contract; `image` is the
+    // runtime's registered image, which the loader reads only to the extent its headers
+    // claim, through process_vm_readv.
+    unsafe { crate::module::cuModuleLoadFatBinary(module, image) }
 }
 
 /// Slot 1: `(CUmodule *out, const __fatBinC_Wrapper_t *wrapper) -> CUresult`.
 unsafe extern "C" fn load_wrapped(module: *mut CUmodule, wrapper: *const c_void) -> CUresult {
-    // SAFETY: the runtime passes its registered wrapper.
-    match unsafe { unwrap(wrapper) } {
-        Some(fatbin) => load_fatbin(module, fatbin),
-        None => CUresult::CUDA_ERROR_INVALID_IMAGE,
-    }
+    load_fatbin(module, wrapper)
 }
 
 /// Slot 6: `(CUmodule *out, const __fatBinC_Wrapper_t *, void *, void *, unsigned)`.
@@ -169,13 +142,14 @@ mod tests {
         let junk = [0u8; 32];
         // SAFETY: valid pointers to locals.
         unsafe {
-            assert_eq!(
+            // Not initialised here, and not an image: an error either way.
+            assert_ne!(
                 load_wrapped(&mut m, junk.as_ptr().cast()),
-                CUresult::CUDA_ERROR_INVALID_IMAGE
+                CUresult::CUDA_SUCCESS
             );
             assert_eq!(
                 load_wrapped(&mut m, std::ptr::null()),
-                CUresult::CUDA_ERROR_INVALID_IMAGE
+                CUresult::CUDA_ERROR_INVALID_VALUE
             );
             assert_eq!(
                 load_fatbin_ext(

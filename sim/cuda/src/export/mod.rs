@@ -12,7 +12,8 @@
 //! A slot we do not implement holds a stub that writes one line to stderr (once per
 //! slot) and returns `CUDA_ERROR_NOT_SUPPORTED`: a caller that uses it gets an error
 //! code, never a jump to null. An unknown table id is `CUDA_ERROR_INVALID_VALUE` with one
-//! line on stderr (once per id).
+//! line on stderr (once per id); the ids in [`REFUSED`], which every runtime process asks
+//! for and does without, get the same error quietly.
 
 pub mod context_checks;
 pub mod context_storage;
@@ -133,6 +134,18 @@ pub static TABLES: &[Table] = &[
     },
 ];
 
+/// Ids the runtime asks for that this driver knowingly does not provide: they are refused
+/// like unknown ids (`CUDA_ERROR_INVALID_VALUE`) but without a log line, because every
+/// process that uses the runtime asks for them and runs normally without them.
+pub static REFUSED: &[(&str, [u8; 16])] = &[
+    // Asked for first, before `cuInit`, by every 12.x runtime; its layout (several size
+    // words inside one table) and meaning are unknown, and the runtime does without it.
+    ("f8cff951", guid("f8cff951-2146-8b4e-b9e2-fb469e7c0dd9")),
+    // Asked for when the runtime (or cuda.bindings) first loads a kernel; unknown, and
+    // kernels load and launch without it.
+    ("da9151d3", guid("da9151d3-3ae6-cc41-a5c0-4f26d533e328")),
+];
+
 /// Formats an id as the runtime's bytes, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn format_guid(g: &[u8; 16]) -> String {
     let h: Vec<String> = g.iter().map(|b| format!("{b:02x}")).collect();
@@ -191,12 +204,21 @@ pub unsafe fn get(out: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
             Ok(())
         }
         None => {
-            log_once(format!("table {}", format_guid(&bytes)), || {
-                format!(
-                    "cuGetExportTable: unknown table {} (CUDA_ERROR_INVALID_VALUE)",
+            let refused = REFUSED.iter().any(|(_, g)| g == &bytes);
+            if refused && tracing() {
+                eprintln!(
+                    "tessera-sim libcuda: cuGetExportTable {} (not provided)",
                     format_guid(&bytes)
-                )
-            });
+                );
+            }
+            if !refused {
+                log_once(format!("table {}", format_guid(&bytes)), || {
+                    format!(
+                        "cuGetExportTable: unknown table {} (CUDA_ERROR_INVALID_VALUE)",
+                        format_guid(&bytes)
+                    )
+                });
+            }
             // SAFETY: as above.
             unsafe { out.write(std::ptr::null()) };
             Err(CUresult::CUDA_ERROR_INVALID_VALUE)
@@ -264,6 +286,21 @@ mod tests {
         // SAFETY: null arguments are rejected before any use.
         let rc = unsafe { get(std::ptr::null_mut(), &id) };
         assert_eq!(rc, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn refused_ids_are_errors_and_not_tables() {
+        for (name, id) in REFUSED {
+            assert!(find(id).is_none(), "{name}");
+            assert!(format_guid(id).starts_with(name));
+            let id = CUuuid {
+                bytes: id.map(|b| b as std::ffi::c_char),
+            };
+            let mut out: *const c_void = std::ptr::null();
+            // SAFETY: valid pointers to locals.
+            let rc = unsafe { get(&mut out, &id) };
+            assert_eq!(rc, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
     }
 
     #[test]
