@@ -89,21 +89,9 @@ pub struct DevicePluginArgs {
     pub manager_grace: Duration,
 }
 
-/// `500ms`, `2s`, `5m`, `1h`.
+/// `500ms`, `2s`, `5m`, `1h`: the one duration syntax (tessera-contract).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?}: use e.g. 500ms, 2s, 5m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
-        _ => Err(format!("bad duration {s:?}: use e.g. 500ms, 2s, 5m")),
-    }
+    tessera_contract::units::duration_arg(s)
 }
 
 fn hostname() -> anyhow::Result<String> {

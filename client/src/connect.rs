@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hyper_util::rt::TokioIo;
 use tessera_proto::manager::v1::manager_client::ManagerClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Why the manager could not be reached or refused a request.
 #[derive(Debug, thiserror::Error)]
@@ -73,18 +72,7 @@ pub async fn connect(socket: &Path) -> Result<ManagerClient<Channel>, ClientErro
         Ok(s) => drop(s),
         Err(e) => return Err(ClientError::from_io(socket, &e)),
     }
-    let path = socket.to_owned();
-    // The URI is required by the transport but unused: the connector below
-    // always dials the socket.
-    let endpoint = Endpoint::from_static("http://tessera.manager");
-    let channel = endpoint
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(s))
-            }
-        }))
+    let channel = tessera_proto::unix::channel(socket)
         .await
         .map_err(|e| ClientError::Connect {
             path: socket.to_owned(),

@@ -39,7 +39,7 @@ impl From<tonic::Status> for CliError {
 #[derive(clap::Args, Debug, Clone)]
 pub struct SocketArg {
     /// The manager's socket.
-    #[arg(long, env = "TESSERA_SOCKET", default_value = tessera_proto::manager::v1::DEFAULT_SOCKET)]
+    #[arg(long, env = tessera_contract::env::SOCKET, default_value = tessera_proto::manager::v1::DEFAULT_SOCKET)]
     pub socket: PathBuf,
 }
 

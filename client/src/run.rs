@@ -11,6 +11,7 @@ use std::process::ExitStatus;
 use tessera_proto::manager::v1 as pb;
 
 use tessera_contract::Policy;
+use tessera_contract::env;
 use tessera_contract::labels::RunOwner;
 use tessera_contract::paths::CONTAINER_HOOK_LIBRARY;
 use tessera_contract::units::{parse_share_ppm, parse_size};
@@ -140,10 +141,10 @@ pub fn child_env(
     };
     let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
     vec![
-        ("TESSERA_CONTROL".into(), alloc.control_path.clone()),
-        ("TESSERA_STATE".into(), alloc.state_path.clone()),
-        ("TESSERA_ALLOCATION".into(), alloc.id.clone()),
-        ("LD_PRELOAD".into(), preload),
+        (env::CONTROL.into(), alloc.control_path.clone()),
+        (env::STATE.into(), alloc.state_path.clone()),
+        (env::ALLOCATION.into(), alloc.id.clone()),
+        (env::LD_PRELOAD.into(), preload),
         ("CUDA_VISIBLE_DEVICES".into(), uuids.join(",")),
     ]
 }
@@ -259,7 +260,7 @@ async fn run_child(
     if let Ok((raw, _)) = signals.try_recv() {
         return Ok(128 + raw);
     }
-    let existing = std::env::var("LD_PRELOAD").ok();
+    let existing = std::env::var(env::LD_PRELOAD).ok();
     let mut cmd = tokio::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     cmd.envs(child_env(alloc, &hook, existing.as_deref()));

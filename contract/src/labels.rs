@@ -1,11 +1,34 @@
-//! Labels an allocation carries, read back by the manager.
+//! Names on Kubernetes objects (the extended resource, pod annotations,
+//! node labels) and the labels an allocation carries in the manager.
 
 use std::collections::BTreeMap;
 
-/// `source` label value of an allocation `tessera run` created.
+/// The extended resource a container requests: a count of slices.
+pub const RESOURCE: &str = "tessera.dev/vgpu";
+/// Pod annotation: the compute policy the pod asks for (`guaranteed` | `burst`).
+pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
+/// Pod annotation: the GPU class the pod must run on.
+pub const ANNOTATION_GPU_CLASS: &str = "tessera.dev/gpu-class";
+/// Annotation naming a container's allocation (for the runtime and humans).
+pub const ANNOTATION_ALLOCATION: &str = "tessera.dev/allocation";
+/// Node label: the node's GPU class.
+pub const NODE_GPU_CLASS: &str = "tessera.dev/gpu-class";
+/// Node label: the GPU product name.
+pub const NODE_GPU_PRODUCT: &str = "tessera.dev/gpu-product";
+/// Node label: the GPU memory.
+pub const NODE_GPU_MEMORY: &str = "tessera.dev/gpu-memory";
+/// Node label: how many slices each GPU is cut into.
+pub const NODE_SLICES_PER_GPU: &str = "tessera.dev/slices-per-gpu";
+
+/// Allocation label: who created the allocation.
 pub const SOURCE: &str = "source";
 /// The value of [`SOURCE`] for `tessera run`.
 pub const SOURCE_CLI: &str = "cli";
+/// The value of [`SOURCE`] for the device plugin (only those are its to
+/// garbage-collect).
+pub const SOURCE_DEVICE_PLUGIN: &str = "device-plugin";
+/// The value of [`SOURCE`] for `tessera demo`.
+pub const SOURCE_DEMO: &str = "demo";
 /// The `tessera run` process's pid.
 pub const CLI_PID: &str = "cli-pid";
 /// The inode of its pid namespace.

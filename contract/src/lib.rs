@@ -1,11 +1,17 @@
-//! The contract every part of Tessera shares: the paths inside a container,
-//! the labels an allocation carries, compute policies and their names, and
-//! the one syntax for sizes, shares and durations. The shim links this crate,
-//! so it stays synchronous with no dependency beyond `thiserror`.
+//! The contract every part of Tessera shares, in one place so the parts
+//! cannot drift apart: the paths inside a container ([`paths`]), the
+//! environment variables that cross a boundary ([`env`]), names on
+//! Kubernetes objects and allocation labels ([`labels`]), compute policies
+//! ([`policy`]), the one syntax for sizes, percentages and durations
+//! ([`units`]) and the spelling of GPU UUIDs ([`uuid`]). The shim links this
+//! crate, so it stays synchronous with no dependency beyond `thiserror`.
 
+pub mod env;
 pub mod labels;
 pub mod paths;
 pub mod policy;
 pub mod units;
+pub mod uuid;
 
 pub use policy::Policy;
+pub use uuid::format_uuid;

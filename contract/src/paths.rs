@@ -1,5 +1,5 @@
 //! Where an allocation's files appear inside a container (the device plugin
-//! and `tessera run` mount or hand them there; the shim looks there).
+//! and `tessera run` mount or hand them there; the shim looks there first).
 
 /// The shim inside a container.
 pub const CONTAINER_HOOK_LIBRARY: &str = "/usr/local/lib/tessera/libtessera.so";
@@ -7,3 +7,6 @@ pub const CONTAINER_HOOK_LIBRARY: &str = "/usr/local/lib/tessera/libtessera.so";
 pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
 /// The allocation's state file inside a container.
 pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
+/// The loader's preload list inside a container, when the device plugin
+/// mounts one naming the shim.
+pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";

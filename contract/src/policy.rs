@@ -24,9 +24,13 @@ pub enum Policy {
 pub struct PolicyError(pub String);
 
 impl Policy {
-    /// `guaranteed` or `burst`, in any case.
+    /// Every policy's name, as a pod or a flag may spell it.
+    pub const NAMES: [&'static str; 2] = ["guaranteed", "burst"];
+
+    /// Exactly `guaranteed` or `burst`: one spelling for flags, config
+    /// files and pod annotations (Kubernetes values are case-sensitive).
     pub fn parse(s: &str) -> Option<Policy> {
-        match s.trim().to_ascii_lowercase().as_str() {
+        match s {
             "guaranteed" => Some(Policy::Guaranteed),
             "burst" => Some(Policy::Burst),
             _ => None,
@@ -80,7 +84,8 @@ mod tests {
             assert_eq!(p.name().parse::<Policy>(), Ok(p));
             assert_eq!(Policy::from_raw(p.to_raw()), Some(p));
         }
-        assert_eq!(Policy::parse(" Burst "), Some(Policy::Burst));
+        assert_eq!(Policy::parse("Burst"), None);
+        assert_eq!(Policy::parse(" burst"), None);
         assert_eq!(Policy::from_raw(0), None);
         let e = "fast".parse::<Policy>().unwrap_err().to_string();
         assert!(

@@ -19,13 +19,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tessera_contract::labels;
 use tessera_proto::manager::v1 as pb;
 use tessera_shm::Policy;
 use tessera_sim::config::NodeConfig;
 use tessera_sim::node::Node;
 
 use crate::render::{GpuRow, Row};
-use crate::scenario::{Outcome, Workload, default_scenario, judge, policy_name};
+use crate::scenario::{Outcome, Workload, default_scenario, judge};
 
 /// `tessera demo` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -209,7 +210,10 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
                 Policy::Burst => pb::ComputePolicy::Burst,
             } as i32,
             device_ids: vec![],
-            labels: HashMap::from([("source".to_owned(), "demo".to_owned())]),
+            labels: HashMap::from([(
+                labels::SOURCE.to_owned(),
+                labels::SOURCE_DEMO.to_owned(),
+            )]),
         };
         let alloc = rt
             .block_on(client.create_allocation(req))
@@ -476,7 +480,7 @@ fn rows_for(
             Row {
                 name: r.spec.name.to_owned(),
                 gpu: r.spec.gpu,
-                policy: policy_name(r.spec.policy).to_owned(),
+                policy: r.spec.policy.name().to_owned(),
                 memory_used: snap.memory[i],
                 memory_limit: r.spec.memory_limit,
                 target_pct: f64::from(r.spec.share_ppm) / 10_000.0,

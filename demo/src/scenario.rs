@@ -25,14 +25,7 @@ pub struct Workload {
 }
 
 fn ser_policy<S: serde::Serializer>(p: &Policy, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(policy_name(*p))
-}
-
-pub fn policy_name(p: Policy) -> &'static str {
-    match p {
-        Policy::Guaranteed => "guaranteed",
-        Policy::Burst => "burst",
-    }
+    s.serialize_str(p.name())
 }
 
 /// Two GPUs, five workloads, both policies, one that over-allocates.
@@ -155,7 +148,7 @@ pub fn judge(w: &Workload, achieved_pct: f64, memory_peak: u64, oom_refused: u64
     Outcome {
         name: w.name,
         gpu: w.gpu,
-        policy: policy_name(w.policy),
+        policy: w.policy.name(),
         target_pct,
         achieved_pct,
         bound,

@@ -8,6 +8,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::time::{Duration, Instant};
 
 use libloading::Library;
+use tessera_contract::format_uuid;
 use tessera_ffi::cuda::*;
 
 /// What one workload does.
@@ -113,19 +114,6 @@ impl Driver {
             format!("CUresult({})", r.0)
         }
     }
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from the 16 UUID bytes.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
 }
 
 fn emit(event: serde_json::Value) {

@@ -12,24 +12,24 @@ use tessera_proto::manager::v1 as mgr;
 use tonic::{Code, Status};
 
 use crate::config::{ComputePolicy, FULL_COMPUTE_PPM};
+use tessera_contract::env;
+
 use crate::device_id::{DeviceId, DeviceIdError};
 use crate::manager::ManagerApi;
 use crate::state::Snapshot;
 
-/// Container path of the control file (read-only mount).
-pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
-/// Container path of the state file (read-write mount).
-pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
-/// Container path of the hook library (read-only mount).
-pub const CONTAINER_HOOK: &str = "/usr/local/lib/tessera/libtessera.so";
-/// Container path of the preload list (read-only mount, when enabled).
-pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
-/// Label the plugin puts on its allocations; only those are garbage-collected.
-pub const SOURCE_LABEL: &str = "source";
-/// Value of [`SOURCE_LABEL`] on the plugin's allocations.
-pub const SOURCE_DEVICE_PLUGIN: &str = "device-plugin";
 /// Annotation naming the allocation, for the container runtime and humans.
-pub const ALLOCATION_ANNOTATION: &str = "tessera.dev/allocation";
+pub use tessera_contract::labels::ANNOTATION_ALLOCATION as ALLOCATION_ANNOTATION;
+/// Label the plugin puts on its allocations, and its value there; only
+/// those are garbage-collected.
+pub use tessera_contract::labels::{SOURCE as SOURCE_LABEL, SOURCE_DEVICE_PLUGIN};
+/// Container path of the preload list (read-only mount, when enabled).
+pub use tessera_contract::paths::CONTAINER_PRELOAD;
+/// Container paths of the control file (read-only mount), the state file
+/// (read-write mount) and the hook library (read-only mount).
+pub use tessera_contract::paths::{
+    CONTAINER_CONTROL, CONTAINER_HOOK_LIBRARY as CONTAINER_HOOK, CONTAINER_STATE,
+};
 
 /// Why an Allocate request cannot be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -269,9 +269,9 @@ pub fn container_response(
 ) -> dp::ContainerAllocateResponse {
     let uuids: Vec<&str> = plan.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
     let envs = [
-        ("TESSERA_CONTROL", CONTAINER_CONTROL.to_owned()),
-        ("TESSERA_STATE", CONTAINER_STATE.to_owned()),
-        ("TESSERA_ALLOCATION", alloc.id.clone()),
+        (env::CONTROL, CONTAINER_CONTROL.to_owned()),
+        (env::STATE, CONTAINER_STATE.to_owned()),
+        (env::ALLOCATION, alloc.id.clone()),
         ("NVIDIA_VISIBLE_DEVICES", uuids.join(",")),
     ]
     .into_iter()

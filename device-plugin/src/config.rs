@@ -352,71 +352,16 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&c| c == '*')
 }
 
-/// Parses a memory quantity: bytes, or a number with a Kubernetes suffix
-/// (`Ki Mi Gi Ti` binary, `k M G T` decimal). Fractions are allowed
-/// (`1.5Gi`) and rounded down to a byte.
+/// Parses a memory quantity, in the one syntax every Tessera input uses
+/// ([`tessera_contract::units`]): bytes, or a number with a unit (`Ki Mi Gi
+/// Ti` binary, `k M G T` decimal); a fraction (`1.5Gi`) is rounded down to a byte.
 pub fn parse_memory(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let mult: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?}; use bytes or Ki, Mi, Gi, Ti, k, M, G, T"
-            ));
-        }
-    };
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() && frac.is_empty() || frac.contains('.') || frac.len() > 9 {
-        return Err(format!("{s:?} is not a quantity like 4Gi or 512Mi"));
-    }
-    let digits = format!("{int}{frac}");
-    let value: u128 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a quantity like 4Gi or 512Mi"))?;
-    let scale = 10u128.pow(u32::try_from(frac.len()).unwrap_or(0));
-    u64::try_from(value.saturating_mul(mult) / scale).map_err(|_| format!("{s:?} is too large"))
+    tessera_contract::units::size_arg(s)
 }
 
-/// Parses a compute share `"10%"` or `"12.5%"` into ppm.
+/// Parses a compute share `"10%"` or `"12.5%"` into ppm (the shared syntax).
 pub fn parse_percent(s: &str) -> Result<u32, String> {
-    let s = s.trim();
-    let Some(num) = s.strip_suffix('%') else {
-        return Err(format!("{s:?} is not a percentage like 10%"));
-    };
-    let num = num.trim();
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty()
-        || !int.bytes().all(|b| b.is_ascii_digit())
-        || !frac.bytes().all(|b| b.is_ascii_digit())
-        || frac.len() > 4
-    {
-        return Err(format!("{s:?} is not a percentage like 10%"));
-    }
-    let int: u64 = int
-        .parse()
-        .map_err(|_| format!("{s:?} is not a percentage like 10%"))?;
-    let frac_ppm: u64 = if frac.is_empty() {
-        0
-    } else {
-        let padded = format!("{frac:0<4}");
-        padded
-            .parse()
-            .map_err(|_| format!("{s:?} is not a percentage like 10%"))?
-    };
-    let ppm = int.saturating_mul(10_000).saturating_add(frac_ppm);
-    u32::try_from(ppm).map_err(|_| format!("{s:?} is more than 100%"))
+    tessera_contract::units::percent_arg(s)
 }
 
 /// True for a valid Kubernetes label value (what classes become).
@@ -1029,7 +974,10 @@ overrides:
     #[test]
     fn bad_memory() {
         let e = err("default:\n  slice: {memory: 4 gigs}\n");
-        assert!(e.starts_with("default.slice.memory: unknown unit"), "{e}");
+        assert!(
+            e.starts_with("default.slice.memory: bad memory size \"4 gigs\""),
+            "{e}"
+        );
         let e = err("default:\n  slice: {memory: -5}\n");
         assert_eq!(e, "default.slice.memory: -5 is negative");
         let e = err("default:\n  slice: {memory: 1Mi}\n");
@@ -1047,7 +995,7 @@ overrides:
     fn bad_compute() {
         assert_eq!(
             err("default:\n  slice: {compute: '10'}\n"),
-            "default.slice.compute: \"10\" is not a percentage like 10%"
+            "default.slice.compute: bad percentage \"10\": use a number from 0 to 100 followed by %, e.g. 30% or 12.5%"
         );
         assert_eq!(
             err("default:\n  slice: {compute: 0%}\n"),
@@ -1055,7 +1003,7 @@ overrides:
         );
         assert_eq!(
             err("default:\n  slice: {compute: 150%}\n"),
-            "default.slice.compute: \"150%\" is not between 1% and 100%"
+            "default.slice.compute: bad percentage \"150%\": use a number from 0 to 100 followed by %, e.g. 30% or 12.5%"
         );
         assert_eq!(
             err("default:\n  slice: {compute: 0.5%}\n"),

@@ -10,10 +10,10 @@ use std::time::Duration;
 use crate::config::is_label_value;
 use crate::state::{PluginState, Snapshot};
 
-pub const LABEL_CLASS: &str = "tessera.dev/gpu-class";
-pub const LABEL_PRODUCT: &str = "tessera.dev/gpu-product";
-pub const LABEL_MEMORY: &str = "tessera.dev/gpu-memory";
-pub const LABEL_SLICES: &str = "tessera.dev/slices-per-gpu";
+pub use tessera_contract::labels::{
+    NODE_GPU_CLASS as LABEL_CLASS, NODE_GPU_MEMORY as LABEL_MEMORY,
+    NODE_GPU_PRODUCT as LABEL_PRODUCT, NODE_SLICES_PER_GPU as LABEL_SLICES,
+};
 
 /// A Kubernetes API failure.
 #[derive(Debug, thiserror::Error)]

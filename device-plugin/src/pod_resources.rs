@@ -26,9 +26,10 @@ use tonic::transport::Channel;
 use crate::allocate::{SOURCE_DEVICE_PLUGIN, SOURCE_LABEL};
 use crate::manager::ManagerApi;
 use crate::node_labels::NodeApiError;
+use tessera_contract::Policy;
 
 /// The pod annotation asking for a compute policy (`guaranteed` | `burst`).
-pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
+pub use tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
 
 /// Pods through the Kubernetes API, as far as annotations go.
 pub(crate) trait PodApi: Send + Sync + 'static {
@@ -80,8 +81,8 @@ pub fn policy_from_annotations(
         .map(String::as_str)
     {
         None => mgr::ComputePolicy::Unspecified,
-        Some("guaranteed") => mgr::ComputePolicy::Guaranteed,
-        Some("burst") => mgr::ComputePolicy::Burst,
+        Some(v) if Policy::parse(v) == Some(Policy::Guaranteed) => mgr::ComputePolicy::Guaranteed,
+        Some(v) if Policy::parse(v) == Some(Policy::Burst) => mgr::ComputePolicy::Burst,
         Some(other) => {
             tracing::warn!(%namespace, %pod, value = %other, "annotation {ANNOTATION_COMPUTE_POLICY} is not \"guaranteed\" or \"burst\"; the node's policy applies");
             mgr::ComputePolicy::Unspecified

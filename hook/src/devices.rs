@@ -4,19 +4,8 @@
 
 use tessera_ffi::cuda::CUdevice;
 
-/// Formats a CUDA UUID as NVML and the control file write it:
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lower-case hex.
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
-    let mut s = String::with_capacity(40);
-    s.push_str("GPU");
-    for (i, b) in bytes.iter().enumerate() {
-        if matches!(i, 0 | 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
+/// Formats a CUDA UUID as NVML and the control file write it (the contract's).
+pub use tessera_contract::format_uuid;
 
 /// The identity part of a UUID string: without its `GPU-` or `MIG-` prefix,
 /// lower-cased. A MIG instance's UUID from `cuDeviceGetUuid_v2` has the

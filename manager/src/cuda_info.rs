@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::path::Path;
+use tessera_contract::format_uuid;
 
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
 const MULTIPROCESSOR_COUNT: c_int = 16;
@@ -16,19 +17,6 @@ type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
 type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
-
-/// NVML's spelling of a GPU UUID: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
 
 /// SM count per GPU UUID, from the CUDA driver at `lib` (or `libcuda.so.1`
 /// from the loader's path). Empty when the driver cannot be used.

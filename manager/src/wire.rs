@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use tessera_contract::env;
 use tessera_contract::paths::{CONTAINER_CONTROL, CONTAINER_HOOK_LIBRARY, CONTAINER_STATE};
 use tessera_proto::manager::v1 as pb;
 
@@ -21,11 +22,11 @@ pub fn allocation(live: &LiveAllocation, hook_library: &Path) -> pb::Allocation 
         read_only,
     };
     let mut env = HashMap::new();
-    env.insert("TESSERA_CONTROL".to_owned(), CONTAINER_CONTROL.to_owned());
-    env.insert("TESSERA_STATE".to_owned(), CONTAINER_STATE.to_owned());
-    env.insert("TESSERA_ALLOCATION".to_owned(), rec.id.clone());
+    env.insert(env::CONTROL.to_owned(), CONTAINER_CONTROL.to_owned());
+    env.insert(env::STATE.to_owned(), CONTAINER_STATE.to_owned());
+    env.insert(env::ALLOCATION.to_owned(), rec.id.clone());
     env.insert(
-        "NVIDIA_VISIBLE_DEVICES".to_owned(),
+        env::NVIDIA_VISIBLE_DEVICES.to_owned(),
         rec.devices
             .iter()
             .map(|d| d.gpu_uuid.as_str())

@@ -46,3 +46,31 @@ pub mod manager {
         pub const DEFAULT_SOCKET: &str = "/run/tessera/manager.sock";
     }
 }
+
+/// gRPC over unix sockets, the one way every Tessera client dials one (the
+/// manager's, the kubelet's, a device plugin's).
+pub mod unix {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use tonic::transport::{Channel, Endpoint};
+
+    /// How long a connection attempt may take before it fails.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn endpoint(path: &Path) -> Result<Endpoint, tonic::transport::Error> {
+        Ok(Endpoint::from_shared(format!("unix://{}", path.display()))?
+            .connect_timeout(CONNECT_TIMEOUT))
+    }
+
+    /// A channel to the socket at `path`, connected now.
+    pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+        endpoint(path)?.connect().await
+    }
+
+    /// A channel to the socket at `path` that connects on first use and
+    /// reconnects after the peer restarts.
+    pub fn channel_lazy(path: &Path) -> Result<Channel, tonic::transport::Error> {
+        Ok(endpoint(path)?.connect_lazy())
+    }
+}

@@ -18,32 +18,27 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Map, Value, json};
 
-/// The extended resource a container requests: a count of slices.
-pub const RESOURCE: &str = "tessera.dev/vgpu";
-/// Where the device plugin mounts the shim inside every container that holds slices.
-pub const HOOK_PATH: &str = "/usr/local/lib/tessera/libtessera.so";
-/// Pod annotation: the GPU class the pod must run on.
-pub const ANNOTATION_GPU_CLASS: &str = "tessera.dev/gpu-class";
-/// Pod annotation: the compute policy the pod asks for.
-pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
-/// Node label the device plugin publishes with the node's GPU class.
-pub const LABEL_GPU_CLASS: &str = "tessera.dev/gpu-class";
-/// The environment variable that carries the requested compute policy to the node.
-pub const ENV_COMPUTE_POLICY: &str = "TESSERA_COMPUTE_POLICY";
-/// What the NVIDIA container runtime reads to decide which GPUs a container sees.
-pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
-/// The value of `NVIDIA_VISIBLE_DEVICES` that means "no GPU, but keep the runtime hooks off".
-pub const NO_GPUS: &str = "void";
-/// Compute policies a pod may ask for.
-pub const COMPUTE_POLICIES: [&str; 2] = ["guaranteed", "burst"];
+// The names this module shares with the device plugin, the manager and the
+// shim are the contract's: the extended resource, where the device plugin
+// mounts the shim, the pod annotations and node label, the environment
+// variables, and the compute policies a pod may ask for.
+use tessera_contract::env::LD_PRELOAD;
+pub use tessera_contract::env::{
+    COMPUTE_POLICY as ENV_COMPUTE_POLICY, NO_GPUS, NVIDIA_VISIBLE_DEVICES as ENV_VISIBLE_DEVICES,
+};
+pub use tessera_contract::labels::{
+    ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, NODE_GPU_CLASS as LABEL_GPU_CLASS, RESOURCE,
+};
+pub use tessera_contract::paths::CONTAINER_HOOK_LIBRARY as HOOK_PATH;
+use tessera_contract::{Policy, env};
 
 /// Variables the device plugin's `Allocate` sets. A pod that sets them itself would
 /// override the device plugin (pod env comes after device env, and the last one wins), and
 /// could point the shim at a control file of its own making or see every GPU.
 const DEVICE_PLUGIN_ENV: [&str; 4] = [
-    "TESSERA_CONTROL",
-    "TESSERA_STATE",
-    "TESSERA_ALLOCATION",
+    env::CONTROL,
+    env::STATE,
+    env::ALLOCATION,
     ENV_VISIBLE_DEVICES,
 ];
 
@@ -282,9 +277,9 @@ pub fn mutate_pod(raw: &Value) -> Result<Value, Refusals> {
         match plan {
             Plan::Inject { ld_preload } => {
                 match ld_preload {
-                    LdPreload::Absent => env.push(env_var("LD_PRELOAD", HOOK_PATH)),
+                    LdPreload::Absent => env.push(env_var(LD_PRELOAD, HOOK_PATH)),
                     LdPreload::Rewrite { position, value } => {
-                        env[position] = env_var("LD_PRELOAD", &value);
+                        env[position] = env_var(LD_PRELOAD, &value);
                     }
                     LdPreload::AlreadyFirst => {}
                 }
@@ -323,7 +318,7 @@ fn check_annotations(
     }
     let policy = annotations.get(ANNOTATION_COMPUTE_POLICY).cloned();
     if let Some(p) = &policy
-        && !COMPUTE_POLICIES.contains(&p.as_str())
+        && Policy::parse(p).is_none()
     {
         refusals.push(Refusal::BadComputePolicy { value: p.clone() });
     }
@@ -409,7 +404,7 @@ fn plan_container(c: &Container, policy: Option<&str>, refusals: &mut Vec<Refusa
         }
     }
     // Kubernetes keeps the last of duplicate names, so that is the one that counts.
-    let ld_preload = match env.iter().rposition(|e| e.name == "LD_PRELOAD") {
+    let ld_preload = match env.iter().rposition(|e| e.name == LD_PRELOAD) {
         None => LdPreload::Absent,
         Some(position) => {
             let var = &env[position];
