@@ -408,6 +408,8 @@ symbols! {
         cuda fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult;
         cuda fn cuDeviceGetAttribute(value: *mut c_int, attr: CUdevice_attribute, dev: CUdevice) -> CUresult;
         nvml fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
+        // Measuring what a context really holds (cuda/context.rs).
+        nvml fn nvmlShutdown() -> nvmlReturn_t;
     }
 }
 

@@ -26,12 +26,7 @@ fn an_nvml_client_inside_the_allocation_sees_the_virtualised_memory() {
         let o = sim.run(
             mode,
             true,
-            &[
-                "nvml-init",
-                "nvml-meminfo",
-                "nvml-meminfo2",
-                "nvml-count",
-            ],
+            &["nvml-init", "nvml-meminfo", "nvml-meminfo2", "nvml-count"],
         );
         o.expect_ok();
         let m = &o.all("nvml-meminfo");
@@ -83,6 +78,9 @@ fn the_view_is_capped_by_the_device_when_the_limit_is_larger() {
 fn each_context_is_charged_its_overhead_and_returns_it() {
     const OVERHEAD: u64 = 3 * MI;
     let sim = Sim::new(1, PHYSICAL);
+    // The shim charges what the driver really holds per context (measured
+    // through NVML, see hook_context.rs): the device holds the overhead.
+    sim.node.node().set_context_memory(OVERHEAD);
     sim.allocate_with(&[(0, LIMIT)], OVERHEAD);
     let mut p = sim.spawn(Mode::ProcAddr, true);
     let mut step = |c: &str, reserved: u64| {

@@ -1,6 +1,92 @@
-//! Contexts.
+//! Contexts. Each is charged what the driver holds for it: the control
+//! file's `context_overhead_bytes` before the driver sees the call, then,
+//! where NVML can say what the process holds on the device, settled to
+//! that less everything else the shim charges this process there (a
+//! context that does not fit then is destroyed again and refused).
+
+use std::ffi::CString;
+
+use tessera_ffi::nvml::{nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t};
 
 use super::*;
+
+/// What the driver holds for this process on `dev` by NVML's per-process
+/// accounting, or `None` when NVML cannot say (no NVML, or a process list
+/// in another pid namespace with no host pid recorded for this slot).
+fn driver_holds(g: &Governed, dev: CUdevice) -> Option<u64> {
+    let uuid = g
+        .devices
+        .visible()
+        .iter()
+        .find(|v| v.device == dev)?
+        .uuid
+        .clone();
+    let nv_ok = nvmlReturn_t::NVML_SUCCESS;
+    if call_real!(nvmlInit_v2()) != nv_ok {
+        return None;
+    }
+    let held = (|| {
+        let c = CString::new(uuid).ok()?;
+        let mut d: nvmlDevice_t = std::ptr::null_mut();
+        if call_real!(nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut d)) != nv_ok {
+            return None;
+        }
+        let mut list = vec![nvmlProcessInfo_t::default(); 256];
+        let mut n = list.len() as c_uint;
+        let r = call_real!(nvmlDeviceGetComputeRunningProcesses_v3(
+            d,
+            &mut n,
+            list.as_mut_ptr()
+        ));
+        if r != nv_ok {
+            return None;
+        }
+        let me = std::process::id();
+        let host = g
+            .member()
+            .map(|m| {
+                g.files
+                    .state
+                    .slot(m.slot)
+                    .host_pid
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .unwrap_or(0);
+        list[..(n as usize).min(list.len())]
+            .iter()
+            .find(|p| p.pid == me || (host != 0 && p.pid == host))
+            .map(|p| p.usedGpuMemory)
+    })();
+    let _ = call_real!(nvmlShutdown());
+    held
+}
+
+/// After the driver made a context on `dev` charged `charged` so far:
+/// settles the charge to what the driver really holds beyond everything
+/// else this process is charged. `Err` when the rest does not fit (the
+/// caller undoes the context).
+fn settle_context(
+    g: &Governed,
+    dev: CUdevice,
+    index: Option<usize>,
+    charged: u64,
+) -> Result<u64, CUresult> {
+    let (Some(i), Some(m)) = (index, g.member()) else {
+        return Ok(charged);
+    };
+    let Some(held) = driver_holds(g, dev) else {
+        return Ok(charged);
+    };
+    let others = g.files.state.slot_usage(m.slot, i).saturating_sub(charged);
+    let real = held.saturating_sub(others);
+    if real != charged {
+        crate::log!(
+            Level::Info,
+            "device {i}: a context holds {real} bytes (charged {charged} before the call)"
+        );
+    }
+    g.settle(index, charged, real).map(|()| real)
+}
 
 fn ctx_create(
     g: &Governed,
@@ -16,8 +102,19 @@ fn ctx_create(
     let r = call();
     if r == OK {
         // SAFETY: the driver succeeded and wrote the new context.
-        let ctx = unsafe { out(pctx) } as usize;
-        g.contexts.lock().created.insert(ctx, (index, overhead));
+        let ctx = unsafe { out(pctx) };
+        let charged = match settle_context(g, dev, index, overhead) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = call_real!(cuCtxDestroy_v2(ctx));
+                g.release(index, overhead);
+                return e;
+            }
+        };
+        g.contexts
+            .lock()
+            .created
+            .insert(ctx as usize, (index, charged));
     } else {
         g.release(index, overhead);
     }
@@ -102,7 +199,14 @@ pub unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> C
     let r = call_real!(cuDevicePrimaryCtxRetain(pctx, dev));
     if r == OK {
         if p.refs == 0 {
-            p.charged = charge;
+            p.charged = match settle_context(g, dev, index, charge) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = call_real!(cuDevicePrimaryCtxRelease_v2(dev));
+                    g.release(index, charge);
+                    return e;
+                }
+            };
             p.index = index;
         }
         p.refs += 1;

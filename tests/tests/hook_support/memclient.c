@@ -10,6 +10,8 @@
  *
  *   init                           cuInit, primary context of device 0 current
  *   ctx <dev>                      make device <dev>'s primary context current
+ *   ctx-create <dev>               cuCtxCreate_v2 on <dev> (made current) -> c=
+ *   ctx-destroy <c>                cuCtxDestroy_v2
  *   stream <dev>                   a stream in device <dev>'s primary context -> s=
  *   pool <dev> <threshold>         cuMemPoolCreate on <dev>, release threshold -> p=
  *   default-pool <dev> <threshold> the device's default pool, threshold set -> p=
@@ -115,6 +117,8 @@ CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxPushCurrent_v2(CUcontext);
 CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuCtxSynchronize(void);
@@ -192,7 +196,8 @@ static nvmlDevice_t nvml_index(const char *cmd, unsigned i) {
 }
 
 #define MAXN 4096
-static CUcontext ctxs[16];
+static CUcontext ctxs[16], made[64];
+static int nmade;
 static CUstream streams[MAXN];
 static CUmemoryPool pools[MAXN];
 static CUdeviceptr ptrs[MAXN];
@@ -235,6 +240,14 @@ static void run(char *line) {
     } else if (!strcmp(cmd, "ctx")) {
         sscanf(rest, "%lld", &a);
         if (CK(ctx_of(a)) && CK(cuCtxSetCurrent(ctxs[a]))) printf("ok ctx dev=%lld\n", a);
+    } else if (!strcmp(cmd, "ctx-create")) {
+        sscanf(rest, "%lld", &a);
+        CUdevice d;
+        if (nmade < 64 && CK(cuDeviceGet(&d, (int)a)) && CK(cuCtxCreate_v2(&made[nmade], 0, d)))
+            printf("ok ctx-create c=%d\n", nmade++);
+    } else if (!strcmp(cmd, "ctx-destroy")) {
+        sscanf(rest, "%lld", &a);
+        if (CK(cuCtxDestroy_v2(made[a]))) printf("ok ctx-destroy\n");
     } else if (!strcmp(cmd, "stream")) {
         sscanf(rest, "%lld", &a);
         CUcontext old;
