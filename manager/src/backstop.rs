@@ -2,15 +2,27 @@
 //! against the allocations. A process with a context on a GPU that no
 //! allocation of its own covers ran without the shim (or escaped it); an
 //! allocation whose processes hold more than its limit escaped the shim's
-//! accounting. Both are reported; killing is the admin's choice.
+//! accounting. Both are stopped (SIGKILL) in the pass of the sample that
+//! shows them, unless `backstopKill` is off; either way they are logged once
+//! (naming the allocation's pod and container) and counted in
+//! `tessera_ungoverned_processes`.
 //!
-//! [`check`] is pure; [`Backstop`] only remembers the last round, so that a
-//! process is reported after two consecutive sightings (a process that just
-//! started may not have been matched to its allocation yet).
+//! Which allocation a process is in comes only from [`crate::identity`]
+//! (the kernel's view: the allocation's files mapped or mounted), never from
+//! the state file's pid words, which the tenant can write: a tenant cannot
+//! get a neighbour judged as its own. A process is stopped only after it is
+//! pinned with a pidfd and, so pinned, still on the GPU's process list and
+//! still judged the same (a pid reused since the sample is another process).
+//!
+//! [`check`] is pure; [`Backstop`] remembers what was reported, so each
+//! finding is logged once.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
+use crate::core::Core;
 use crate::gpu::GpuProcess;
+use crate::identity::{self, Claim, FileId, ProcView};
 
 /// Which allocation a host process belongs to, from the manager's view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,39 +128,223 @@ pub fn check(
     out
 }
 
-/// Findings confirmed over two rounds.
+/// What was reported in the last round, so each finding is logged once.
 #[derive(Debug, Default)]
 pub struct Backstop {
-    seen: HashSet<(String, u32, Reason)>,
     reported: HashSet<(String, u32, Reason)>,
 }
 
 impl Backstop {
-    /// Feeds one round's findings (all GPUs); returns the confirmed ones
-    /// and, among them, those confirmed for the first time.
+    /// Feeds one round's findings (all GPUs); returns them and, among them,
+    /// those not reported in the previous round. Identity is proven, not
+    /// guessed, so there is no second sighting to wait for.
     pub fn round(&mut self, findings: Vec<Finding>) -> (Vec<Finding>, Vec<Finding>) {
-        let now: HashSet<_> = findings
+        let new = findings
+            .iter()
+            .filter(|f| {
+                !self
+                    .reported
+                    .contains(&(f.gpu_uuid.clone(), f.pid, f.reason))
+            })
+            .cloned()
+            .collect();
+        self.reported = findings
             .iter()
             .map(|f| (f.gpu_uuid.clone(), f.pid, f.reason))
             .collect();
-        let mut confirmed = Vec::new();
-        let mut new = Vec::new();
-        for f in findings {
-            let key = (f.gpu_uuid.clone(), f.pid, f.reason);
-            if self.seen.contains(&key) {
-                if !self.reported.contains(&key) {
-                    new.push(f.clone());
-                }
-                confirmed.push(f);
+        (findings, new)
+    }
+}
+
+/// The claims of the allocations served, with their owners for log lines:
+/// (claim, "namespace/pod/container", limits by GPU UUID).
+type Served = Vec<(Claim, String, Vec<(String, u64)>)>;
+
+fn served(core: &Core) -> Served {
+    let mut out = Vec::new();
+    for l in core.live_list() {
+        let (Some(control), Some(state)) = (
+            FileId::of(&l.dir().join("control")),
+            FileId::of(&l.dir().join("state")),
+        ) else {
+            continue;
+        };
+        let rec = l.record();
+        let n = l.control().n_devices();
+        let limits = (0..n)
+            .map(|i| (l.control().uuid(i).to_owned(), l.control().memory_limit(i)))
+            .collect();
+        let who = if rec.pod.is_empty() {
+            String::new()
+        } else {
+            format!("{}/{}/{}", rec.namespace, rec.pod, rec.container)
+        };
+        out.push((
+            Claim {
+                alloc_id: rec.id,
+                control,
+                state,
+            },
+            who,
+            limits,
+        ));
+    }
+    out
+}
+
+/// One backstop pass over the processes the driver reported on each GPU
+/// (`driver_procs[i]` for `core.gpus[i]`, `None` when the query failed),
+/// taken at `sampled`. Returns the findings for status and metrics.
+pub(crate) fn enforce(
+    core: &Core,
+    view: &dyn ProcView,
+    driver_procs: &[Option<Vec<GpuProcess>>],
+    sampled: Instant,
+    state: &mut Backstop,
+) -> Vec<Finding> {
+    let served = served(core);
+    let claims: Vec<Claim> = served.iter().map(|(c, _, _)| c.clone()).collect();
+    let mut proofs: HashMap<u32, Option<usize>> = HashMap::new();
+    let mut findings = Vec::new();
+    for (g, procs) in core.gpus.iter().zip(driver_procs) {
+        let Some(procs) = procs else { continue };
+        let mut owners = HashMap::new();
+        let mut judged = Vec::new();
+        for p in procs {
+            // A process /proc cannot show (gone since the sample, or not
+            // visible from here) is judged by no one.
+            if !identity::visible(view, p.pid) {
+                continue;
+            }
+            judged.push(*p);
+            let proof = *proofs
+                .entry(p.pid)
+                .or_insert_with(|| identity::prove(view, p.pid, &claims).map(|(i, _)| i));
+            if let Some(i) = proof {
+                let limit = served[i]
+                    .2
+                    .iter()
+                    .find(|(u, _)| *u == g.uuid)
+                    .map(|(_, l)| *l);
+                owners.insert(
+                    p.pid,
+                    Owner {
+                        alloc_id: served[i].0.alloc_id.clone(),
+                        limit_on_gpu: limit,
+                    },
+                );
             }
         }
-        self.reported = confirmed
-            .iter()
-            .map(|f| (f.gpu_uuid.clone(), f.pid, f.reason))
-            .collect();
-        self.seen = now;
-        (confirmed, new)
+        findings.extend(check(
+            &g.uuid,
+            &judged,
+            &owners,
+            core.config.backstop_slack_bytes,
+        ));
     }
+    let (confirmed, new) = state.round(findings);
+    let who = |f: &Finding| {
+        f.alloc_id
+            .as_ref()
+            .and_then(|id| served.iter().find(|(c, _, _)| c.alloc_id == *id))
+            .map(|(_, w, _)| w.as_str())
+            .unwrap_or("")
+            .to_owned()
+    };
+    for f in &new {
+        tracing::warn!(
+            gpu = %f.gpu_uuid,
+            pid = f.pid,
+            used_bytes = f.used_bytes,
+            reason = f.reason.label(),
+            allocation = f.alloc_id.as_deref().unwrap_or(""),
+            pod = %who(f),
+            kill = core.config.backstop_kill,
+            "process escapes its GPU allocation"
+        );
+    }
+    if core.config.backstop_kill {
+        let own = std::process::id();
+        for f in &confirmed {
+            if f.pid <= 1 || f.pid == own {
+                continue;
+            }
+            let expect = f.alloc_id.clone();
+            let still_there = || {
+                core.gpus
+                    .iter()
+                    .find(|g| g.uuid == f.gpu_uuid)
+                    .and_then(|g| core.backend.processes(&g.uuid).ok())
+                    .is_some_and(|ps| ps.iter().any(|p| p.pid == f.pid))
+            };
+            let same = || {
+                identity::prove(view, f.pid, &claims).map(|(i, _)| claims[i].alloc_id.clone())
+                    == expect
+            };
+            match stop(f.pid, || still_there() && same()) {
+                Ok(true) => tracing::warn!(
+                    gpu = %f.gpu_uuid,
+                    pid = f.pid,
+                    reason = f.reason.label(),
+                    allocation = f.alloc_id.as_deref().unwrap_or(""),
+                    pod = %who(f),
+                    after_sample_ms = sampled.elapsed().as_secs_f64() * 1e3,
+                    "backstop stopped the process (SIGKILL)"
+                ),
+                Ok(false) => tracing::info!(
+                    pid = f.pid,
+                    "backstop left a process that changed since the sample"
+                ),
+                Err(e) => {
+                    tracing::warn!(pid = f.pid, error = %e, "backstop could not stop process")
+                }
+            }
+        }
+    }
+    confirmed
+}
+
+/// SIGKILLs `pid` if `still_judged` holds once the process is pinned by a
+/// pidfd (so the check and the signal are about one process, whatever pid
+/// reuse happens in between). `Ok(false)`: gone or no longer judged so.
+fn stop(pid: u32, still_judged: impl FnOnce() -> bool) -> Result<bool, std::io::Error> {
+    let Ok(raw) = i32::try_from(pid) else {
+        return Ok(false);
+    };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // or -1; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: a descriptor pidfd_open just returned, owned here alone.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    if !still_judged() {
+        return Ok(false);
+    }
+    // SAFETY: signals the process the descriptor pins; no memory is passed
+    // (a null siginfo means "as kill(2) would").
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -207,18 +403,34 @@ mod tests {
     }
 
     #[test]
-    fn findings_are_confirmed_on_the_second_sighting_and_new_once() {
+    fn findings_count_at_once_and_are_new_once() {
         let mut b = Backstop::default();
         let f = || check("g", &[p(99, 5)], &owners(), 0);
-        let (c, n) = b.round(f());
-        assert!(c.is_empty() && n.is_empty());
         let (c, n) = b.round(f());
         assert_eq!((c.len(), n.len()), (1, 1));
         let (c, n) = b.round(f());
         assert_eq!((c.len(), n.len()), (1, 0));
-        // Gone for a round: forgotten.
-        b.round(vec![]);
-        let (c, _) = b.round(f());
+        // Gone for a round: new again when it comes back.
+        let (c, _) = b.round(vec![]);
         assert!(c.is_empty());
+        let (_, n) = b.round(f());
+        assert_eq!(n.len(), 1);
+    }
+
+    #[test]
+    fn stop_kills_only_what_is_still_judged_so() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!stop(pid, || false).unwrap(), "not judged so: left alone");
+        assert!(child.try_wait().unwrap().is_none());
+        assert!(stop(pid, || true).unwrap());
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Reaped: no such process any more.
+        assert!(!stop(pid, || true).unwrap());
     }
 }

@@ -32,7 +32,7 @@ pub struct ManagerArgs {
     #[arg(long, env = "TESSERA_MANAGER_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Unix socket of the manager API [default: /run/tessera/manager.sock].
-    #[arg(long, env = tessera_contract::env::SOCKET, value_name = "PATH")]
+    #[arg(long, env = "TESSERA_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Group that may use the socket (besides root).
     #[arg(long, env = "TESSERA_SOCKET_GROUP", value_name = "GROUP")]
@@ -71,12 +71,14 @@ pub struct ManagerArgs {
     /// How long a GPU stays unhealthy after a critical XID [default: 5m].
     #[arg(long, env = "TESSERA_XID_RECOVERY", value_name = "DURATION")]
     pub xid_recovery: Option<String>,
-    /// Kill processes that use a GPU without the shim or beyond their
-    /// allocation [default: false: report only].
+    /// Stop (SIGKILL) processes that use a GPU without the shim or beyond
+    /// their allocation, in the pass of the sample that shows them
+    /// [default: true; false: report only].
     #[arg(long, env = "TESSERA_BACKSTOP_KILL", value_name = "BOOL")]
     pub backstop_kill: Option<bool>,
     /// Bytes a process may use beyond its allocation in NVML's view before
-    /// the backstop reports it (the driver's own per-context memory) [default: 0].
+    /// the backstop reports it (the driver's own per-context memory)
+    /// [default: 1Gi; see docs/security.md].
     #[arg(long, env = "TESSERA_BACKSTOP_SLACK", value_name = "SIZE")]
     pub backstop_slack: Option<String>,
     /// Device memory charged per CUDA context, an estimate of what the
@@ -134,6 +136,12 @@ pub enum ConfigError {
     },
 }
 
+/// What a process may hold beyond its allocation's limit in the driver's
+/// view before the backstop stops it: the driver's own memory per context
+/// (a few hundred MiB on current GPUs; the simulator charges 300 MiB), with
+/// room. See docs/security.md for what it covers and how to measure it.
+pub const DEFAULT_BACKSTOP_SLACK: u64 = 1 << 30;
+
 /// The configuration in force.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -174,8 +182,8 @@ impl Config {
             default_policy: Policy::Burst,
             ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             xid_recovery: Duration::from_secs(300),
-            backstop_kill: false,
-            backstop_slack_bytes: 0,
+            backstop_kill: true,
+            backstop_slack_bytes: DEFAULT_BACKSTOP_SLACK,
             context_overhead_bytes: 0,
             arbiter: crate::arbiter::ArbiterConfig::default(),
             sample_interval: Duration::from_secs(1),
@@ -392,7 +400,8 @@ mod tests {
             [13, 31, 43, 45, 68].into_iter().collect::<BTreeSet<u64>>()
         );
         assert_eq!(c.default_policy, Policy::Burst);
-        assert!(!c.backstop_kill);
+        assert!(c.backstop_kill, "enforcement is on by default");
+        assert_eq!(c.backstop_slack_bytes, DEFAULT_BACKSTOP_SLACK);
         assert_eq!(
             c.allocations_dir(),
             PathBuf::from("/var/lib/tessera/allocations")
@@ -410,7 +419,7 @@ mod tests {
             "--ignored-xids",
             "13,31",
             "--backstop-kill",
-            "true",
+            "false",
         ]);
         let file = yaml(
             "stateDir: /tmp/b\nsocket: /tmp/b/s.sock\nmetricsAddr: 'off'\n\
@@ -425,7 +434,7 @@ mod tests {
         assert_eq!(c.arbiter.quantum, Duration::from_millis(5));
         assert_eq!(c.default_policy, Policy::Guaranteed);
         assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
-        assert!(c.backstop_kill);
+        assert!(!c.backstop_kill);
     }
 
     #[test]

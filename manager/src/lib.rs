@@ -15,7 +15,8 @@
 //!   [`report`]: node status and metrics from it.
 //! - [`reaper`] (with [`procfs`]): host pids of the allocations' processes,
 //!   dead ones reclaimed; [`sampler`] (with [`backstop`]): samples, health
-//!   and NVML's view of GPU processes against the allocations.
+//!   and NVML's view of GPU processes against the allocations they are
+//!   proven to be in ([`identity`], from `/proc`, never the state file).
 //! - [`listeners`] (gRPC socket, [`metrics`] over HTTP), [`service`] (the
 //!   gRPC API) and [`daemon`] (start, serve, stop) put it together.
 //!
@@ -37,6 +38,7 @@ pub mod daemon;
 pub mod error;
 pub mod gpu;
 pub mod health;
+pub mod identity;
 pub mod listeners;
 pub mod metrics;
 pub mod nvml;

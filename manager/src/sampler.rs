@@ -2,13 +2,12 @@
 //! behind status and metrics, and the backstop (NVML's view of GPU
 //! processes held against the allocations, [`crate::backstop`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::backstop::{self, Backstop, Owner};
+use crate::backstop::{self, Backstop};
 use crate::core::Core;
 use crate::gpu::GpuEvent;
 use crate::health::Change;
@@ -38,62 +37,15 @@ pub(crate) fn sample_once(core: &Core, backstop: &mut Backstop) {
     }
     *core.samples.write() = samples;
 
-    // Backstop: host pid → allocation, then each GPU's processes.
-    let allocs = core.live_list();
-    // (host pid, allocation, (GPU UUID, limit) per device)
-    type Member = (u32, String, Vec<(String, u64)>);
-    let mut members: Vec<Member> = Vec::new();
-    for l in &allocs {
-        let n = l.control().n_devices();
-        let limits: Vec<(String, u64)> = (0..n)
-            .map(|i| (l.control().uuid(i).to_owned(), l.control().memory_limit(i)))
-            .collect();
-        for p in l.state().processes(n) {
-            if p.host_pid != 0 {
-                members.push((p.host_pid, l.id(), limits.clone()));
-            }
-        }
-    }
-    let mut findings = Vec::new();
-    for (g, procs) in core.gpus.iter().zip(&driver_procs) {
-        let Some(procs) = procs else { continue };
-        let owners: HashMap<u32, Owner> = members
-            .iter()
-            .map(|(pid, id, limits)| {
-                let limit = limits.iter().find(|(u, _)| *u == g.uuid).map(|(_, l)| *l);
-                (
-                    *pid,
-                    Owner {
-                        alloc_id: id.clone(),
-                        limit_on_gpu: limit,
-                    },
-                )
-            })
-            .collect();
-        findings.extend(backstop::check(
-            &g.uuid,
-            procs,
-            &owners,
-            core.config.backstop_slack_bytes,
-        ));
-    }
-    let (confirmed, new) = backstop.round(findings);
-    for f in &new {
-        tracing::warn!(
-            gpu = %f.gpu_uuid,
-            pid = f.pid,
-            used_bytes = f.used_bytes,
-            reason = f.reason.label(),
-            allocation = f.alloc_id.as_deref().unwrap_or(""),
-            kill = core.config.backstop_kill,
-            "process escapes its GPU allocation"
-        );
-    }
-    if core.config.backstop_kill {
-        for f in &confirmed {
-            kill_process(f.pid);
-        }
-    }
+    // Backstop: each GPU's processes against the allocations they are
+    // proven to be in (crate::backstop, crate::identity).
+    let confirmed = backstop::enforce(
+        core,
+        &crate::identity::HostProc::host(),
+        &driver_procs,
+        now,
+        backstop,
+    );
     *core.findings.lock() = confirmed;
     if changed {
         core.notify();
@@ -139,19 +91,6 @@ fn on_event(core: &Core, ev: GpuEvent) {
             log_health(core, i, change);
         }
         core.notify();
-    }
-}
-
-fn kill_process(pid: u32) {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
-    let Ok(raw) = i32::try_from(pid) else { return };
-    if raw <= 1 {
-        return;
-    }
-    match kill(Pid::from_raw(raw), Signal::SIGKILL) {
-        Ok(()) => tracing::warn!(pid, "backstop killed process"),
-        Err(e) => tracing::warn!(pid, error = %e, "backstop could not kill process"),
     }
 }
 
