@@ -90,7 +90,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 }
 
 /// Temperature in °C: 34 idle, 78 fully busy, following the last five seconds.
-fn temperature_c(node: &Node, i: u32) -> c_uint {
+pub(crate) fn temperature_c(node: &Node, i: u32) -> c_uint {
     34 + (44.0 * busy(node, i, 5_000_000_000)).round() as c_uint
 }
 
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
     })
 }
 
-fn power_mw(node: &Node, i: u32) -> c_uint {
+pub(crate) fn power_mw(node: &Node, i: u32) -> c_uint {
     POWER_IDLE_MW
         + ((POWER_LIMIT_MW - POWER_IDLE_MW) as f64 * busy(node, i, 1_000_000_000)).round() as c_uint
 }
@@ -347,4 +347,86 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
 ) -> nvmlReturn_t {
     // SAFETY: same contract.
     unsafe { nvmlDeviceGetCurrentClocksEventReasons(device_, reasons) }
+}
+
+/// `nvmlDeviceGetTemperatureV`: the versioned form; the GPU sensor only.
+///
+/// # Safety
+/// `temperature` must be null or a valid, writable `nvmlTemperature_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
+    device_: nvmlDevice_t,
+    temperature: *mut nvmlTemperature_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (node, i) = live(device_)?;
+        if temperature.is_null() {
+            return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // NVML_STRUCT_VERSION(Temperature, 1): the struct's size and version 1 in the top byte.
+        let v1 = size_of::<nvmlTemperature_t>() as c_uint | (1 << 24);
+        // SAFETY: non-null; the caller passes a valid struct whose version we check.
+        let t = unsafe { &mut *temperature };
+        if t.version != v1 {
+            return Err(nvmlReturn_t::NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        if t.sensorType != nvmlTemperatureSensors_t::NVML_TEMPERATURE_GPU {
+            return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+        }
+        t.temperature = temperature_c(node, i) as c_int;
+        Ok(())
+    })
+}
+
+macro_rules! idle_engine {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// Both pointers must be null or writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device_: nvmlDevice_t,
+            utilization: *mut c_uint,
+            samplingPeriodUs: *mut c_uint,
+        ) -> nvmlReturn_t {
+            guard(|| {
+                live(device_)?;
+                // SAFETY: the caller passes writable pointers or null (rejected).
+                unsafe {
+                    put(utilization, 0)?;
+                    put(samplingPeriodUs, 167_000)
+                }
+            })
+        }
+    )*};
+}
+
+idle_engine! {
+    /// `nvmlDeviceGetEncoderUtilization`: 0% (no video engines are simulated), over
+    /// NVML's usual 167 ms sampling period.
+    nvmlDeviceGetEncoderUtilization;
+    /// `nvmlDeviceGetDecoderUtilization`: 0%, as the encoder.
+    nvmlDeviceGetDecoderUtilization;
+}
+
+/// `nvmlDeviceGetPcieThroughput`: 0 KB/s each way (simulated copies move host memory and
+/// take no bus time).
+///
+/// # Safety
+/// `value` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device_: nvmlDevice_t,
+    counter: nvmlPcieUtilCounter_t,
+    value: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        live(device_)?;
+        if counter.0 >= nvmlPcieUtilCounter_t::NVML_PCIE_UTIL_COUNT.0 {
+            return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(value, 0) }
+    })
 }

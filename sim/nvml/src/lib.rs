@@ -76,6 +76,7 @@ unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> NvResult<()> {
 
 mod activity;
 mod events;
+mod fields;
 mod handles;
 mod identity;
 mod init;
@@ -88,6 +89,7 @@ mod tests;
 
 pub use activity::*;
 pub use events::*;
+pub use fields::*;
 pub use handles::*;
 pub use identity::*;
 pub use init::*;

@@ -1,4 +1,5 @@
-//! Device memory: total, used and free, from the node's ground truth (dead processes reaped first).
+//! Device memory: total, used and free, from the node's ground truth (dead processes reaped first);
+//! the BAR1 aperture; confidential-computing memory (not supported).
 
 use super::*;
 
@@ -64,5 +65,50 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         // SAFETY: checked non-null above.
         unsafe { memory_.write(m) };
         Ok(())
+    })
+}
+
+/// `nvmlDeviceGetBAR1MemoryInfo`: a BAR1 aperture the size of the device memory rounded up
+/// to a power of two (an H100 80GB has 128 GiB), 1 MiB of it used, as an idle H100
+/// reports (the driver's own mappings; the simulation maps nothing there).
+///
+/// # Safety
+/// `bar1Memory` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
+    device_: nvmlDevice_t,
+    bar1Memory: *mut nvmlBAR1Memory_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (node, i) = live(device_)?;
+        let total = info(node, i)?
+            .memory_total
+            .max(256 << 20)
+            .checked_next_power_of_two()
+            .unwrap_or(u64::MAX);
+        let used = 1 << 20;
+        let m = nvmlBAR1Memory_t {
+            bar1Total: total,
+            bar1Free: total - used,
+            bar1Used: used,
+        };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(bar1Memory, m) }
+    })
+}
+
+/// `nvmlDeviceGetConfComputeMemSizeInfo`: confidential computing is off, so
+/// `NVML_ERROR_NOT_SUPPORTED`.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetConfComputeMemSizeInfo(
+    device_: nvmlDevice_t,
+    _memInfo: *mut nvmlConfComputeMemSizeInfo_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        live(device_)?;
+        Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)
     })
 }

@@ -153,3 +153,87 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryAffinity(
         fill_bitmask(nodeSetSize, nodeSet, 1)
     })
 }
+
+/// `nvmlDeviceGetTotalEccErrors`: no memory errors happen on the simulated devices, so 0
+/// for either error type and counter.
+///
+/// # Safety
+/// `eccCounts` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device_: nvmlDevice_t,
+    errorType: nvmlMemoryErrorType_t,
+    counterType: nvmlEccCounterType_t,
+    eccCounts: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    guard(|| {
+        live(device_)?;
+        if errorType.0 >= nvmlMemoryErrorType_t::NVML_MEMORY_ERROR_TYPE_COUNT.0
+            || counterType.0 > nvmlEccCounterType_t::NVML_AGGREGATE_ECC.0
+        {
+            return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(eccCounts, 0) }
+    })
+}
+
+/// `nvmlDeviceGetMaxMigDeviceCount`: 0, as for a GPU with MIG disabled.
+///
+/// # Safety
+/// `count` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device_: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        live(device_)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(count, 0) }
+    })
+}
+
+/// `nvmlDeviceIsMigDeviceHandle`: every handle is a whole GPU.
+///
+/// # Safety
+/// `isMigDevice` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device_: nvmlDevice_t,
+    isMigDevice: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        live(device_)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(isMigDevice, 0) }
+    })
+}
+
+macro_rules! windows_only {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// No pointer is dereferenced.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device_: nvmlDevice_t,
+            _current: *mut nvmlDriverModel_t,
+            _pending: *mut nvmlDriverModel_t,
+        ) -> nvmlReturn_t {
+            guard(|| {
+                live(device_)?;
+                Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)
+            })
+        }
+    )*};
+}
+
+windows_only! {
+    /// `nvmlDeviceGetDriverModel`: a Windows notion; `NVML_ERROR_NOT_SUPPORTED` on Linux,
+    /// as NVIDIA's library answers.
+    nvmlDeviceGetDriverModel;
+    /// `nvmlDeviceGetDriverModel_v2`: as `nvmlDeviceGetDriverModel`.
+    nvmlDeviceGetDriverModel_v2;
+}

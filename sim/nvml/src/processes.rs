@@ -126,3 +126,54 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 ) -> nvmlReturn_t {
     guard(|| no_processes(device_, infoCount))
 }
+
+/// `nvmlDeviceGetRunningProcessDetailList` (NVML 12.x): compute processes as the `_v3`
+/// list gives them (`mode` 0); graphics and MPS lists (modes 1 and 2) are empty here.
+/// Too small an array (or none) gets the count needed and `NVML_ERROR_INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `plist` must be null or a valid, writable `nvmlProcessDetailList_t` whose `procArray`
+/// is null or holds `numProcArrayEntries` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device_: nvmlDevice_t,
+    plist: *mut nvmlProcessDetailList_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (node, i) = live(device_)?;
+        if plist.is_null() {
+            return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller passes a valid, writable list header.
+        let l = unsafe { &mut *plist };
+        if l.version != tessera_ffi::nvml_extra::nvmlProcessDetailList_v1 {
+            return Err(nvmlReturn_t::NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let list = match l.mode {
+            0 => processes(node, i),
+            1 | 2 => Vec::new(),
+            _ => return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let room = l.numProcArrayEntries as usize;
+        l.numProcArrayEntries = list.len() as c_uint;
+        if list.is_empty() {
+            return Ok(());
+        }
+        if l.procArray.is_null() || room < list.len() {
+            return Err(nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, (pid, mem)) in list.into_iter().enumerate() {
+            // SAFETY: k < list.len() <= room entries of the caller's array.
+            unsafe {
+                l.procArray.add(k).write(nvmlProcessDetail_v1_t {
+                    pid,
+                    usedGpuMemory: mem,
+                    gpuInstanceId: u32::MAX,
+                    computeInstanceId: u32::MAX,
+                    usedGpuCcProtectedMemory: 0,
+                })
+            };
+        }
+        Ok(())
+    })
+}
