@@ -44,7 +44,21 @@ const MAX_WRAPPED: usize = 4096;
 /// One line on stderr for a rejected image or a bad setting: without it a framework shows
 /// only an error code. The driver's one other place that writes is `cuInit`.
 fn log(what: &str, e: impl std::fmt::Display) {
-    eprintln!("tessera-sim libcuda: {what}: {e}");
+    let line = format!("tessera-sim libcuda: {what}: {e}\n");
+    // One write(2) to the process's stderr: the line stays whole when threads log at once,
+    // and it reaches fd 2 even where Rust's stderr is redirected (a test harness).
+    // SAFETY: writes `line.len()` bytes of an owned buffer to fd 2.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
+/// `CUDA_ERROR_NOT_FOUND` for a name an image lacks, with its line (a framework that asks
+/// for a kernel its image does not have is worth knowing about).
+fn not_found(what: &str, name: &str) -> CUresult {
+    log(
+        "not found",
+        format_args!("no {what} {name:?} in the module"),
+    );
+    CUresult::CUDA_ERROR_NOT_FOUND
 }
 
 // ---- what an image holds ----
@@ -422,7 +436,7 @@ impl Module {
             .code
             .contents()?
             .kernel(name)
-            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+            .ok_or_else(|| not_found("kernel", name))?;
         let h = new_function(spec, self.device, self.ctx_id, self_handle, 0);
         made.push((name.to_string(), h));
         Ok(h)
@@ -438,7 +452,7 @@ impl Module {
         }
         g.as_ref()
             .and_then(|g| g.at.get(name).copied())
-            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)
+            .ok_or_else(|| not_found("global", name))
     }
 
     fn release(&self, rt: &Runtime) {
@@ -1191,7 +1205,7 @@ impl Library {
             .code
             .contents()?
             .kernel(name)
-            .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+            .ok_or_else(|| not_found("kernel", name))?;
         let h = new_function(spec, ANY_DEVICE, 0, 0, self_handle);
         made.push((name.to_string(), h));
         Ok(h)
@@ -1563,4 +1577,199 @@ pub unsafe extern "C" fn cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkern
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(pLib, f.library as CUlibrary) }
     })
+}
+
+// ---- other driver functions PyTorch resolves by name ----
+//
+// PyTorch looks these up through `cudaGetDriverEntryPoint` when it initialises CUDA; a
+// lookup that fails leaves `cudaErrorSymbolNotFound` as the runtime's last error, which
+// PyTorch's next error check then reports. So they exist, doing what the simulator can.
+
+/// `cuStreamWriteValue32`: writes `value` at `addr` once the stream's earlier work has
+/// ended (the calling thread waits for that, as `cuLaunchHostFunc` does here).
+fn write_value32(
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: c_uint,
+    pt: bool,
+) -> CuResult<()> {
+    rt()?;
+    if flags & !1 != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = crate::stream::resolve(stream, pt)?;
+    crate::memory::check_device_range(addr, 4)?;
+    if !addr.is_multiple_of(4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    tessera_sim::clock::sleep_until(t.last_end());
+    // SAFETY: 4 aligned bytes of live device memory (checked above), mapped read-write in
+    // this process.
+    unsafe { (addr as *mut u32).write_volatile(value) };
+    Ok(())
+}
+
+macro_rules! write_value32 {
+    ($($name:ident $pt:expr;)*) => {$(
+        /// `cuStreamWriteValue32` (see `write_value32`).
+        ///
+        /// # Safety
+        /// No pointer arguments are dereferenced unchecked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint) -> CUresult {
+            guard(|| write_value32(stream, addr, value, flags, $pt))
+        }
+    )*};
+}
+
+write_value32! {
+    cuStreamWriteValue32 false;
+    cuStreamWriteValue32_v2 false;
+    cuStreamWriteValue32_ptsz true;
+    cuStreamWriteValue32_v2_ptsz true;
+}
+
+/// `cuMulticastCreate`: multicast objects need NVLink switches the simulated node lacks.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastCreate(
+    _mcHandle: *mut CUmemGenericAllocationHandle,
+    _prop: *const CUmulticastObjectProp,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMulticastAddDevice`: not supported (no multicast objects).
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastAddDevice(
+    _mcHandle: CUmemGenericAllocationHandle,
+    _dev: CUdevice,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMulticastBindMem`: not supported (no multicast objects).
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastBindMem(
+    _mcHandle: CUmemGenericAllocationHandle,
+    _mcOffset: usize,
+    _memHandle: CUmemGenericAllocationHandle,
+    _memOffset: usize,
+    _size: usize,
+    _flags: std::ffi::c_ulonglong,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMulticastUnbind`: not supported (no multicast objects).
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMulticastUnbind(
+    _mcHandle: CUmemGenericAllocationHandle,
+    _dev: CUdevice,
+    _mcOffset: usize,
+    _size: usize,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuTensorMapEncodeTiled`: checks the rank and writes an opaque descriptor (zeros with
+/// the address first); kernels never read it here.
+///
+/// # Safety
+/// `tensorMap` must be null or writable; the array arguments are not read.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuTensorMapEncodeTiled(
+    tensorMap: *mut CUtensorMap,
+    _tensorDataType: CUtensorMapDataType,
+    tensorRank: cuuint32_t,
+    globalAddress: *mut c_void,
+    _globalDim: *const cuuint64_t,
+    _globalStrides: *const cuuint64_t,
+    _boxDim: *const cuuint32_t,
+    _elementStrides: *const cuuint32_t,
+    _interleave: CUtensorMapInterleave,
+    _swizzle: CUtensorMapSwizzle,
+    _l2Promotion: CUtensorMapL2promotion,
+    _oobFill: CUtensorMapFloatOOBfill,
+) -> CUresult {
+    guard(|| {
+        if !(1..=5).contains(&tensorRank) || globalAddress.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut map = CUtensorMap { opaque: [0; 16] };
+        map.opaque[0] = globalAddress as u64;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(tensorMap, map) }
+    })
+}
+
+/// `cuLogsRegisterCallback`: accepted; the simulated driver logs nothing through it.
+///
+/// # Safety
+/// `callback_out` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsRegisterCallback(
+    callbackFunc: CUlogsCallback,
+    _userData: *mut c_void,
+    callback_out: *mut CUlogsCallbackHandle,
+) -> CUresult {
+    guard(|| {
+        if callbackFunc.is_none() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // A non-null handle that names nothing: unregistering it is accepted.
+        if !callback_out.is_null() {
+            // SAFETY: non-null and writable by the caller's contract.
+            unsafe { callback_out.write(std::ptr::dangling_mut()) };
+        }
+        Ok(())
+    })
+}
+
+/// `cuLogsUnregisterCallback`: accepted.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsUnregisterCallback(_callback: CUlogsCallbackHandle) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+
+/// Green contexts (SM partitions) are not simulated: every call is
+/// `CUDA_ERROR_NOT_SUPPORTED`, which PyTorch takes as "no green contexts here".
+macro_rules! no_green_contexts {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: `CUDA_ERROR_NOT_SUPPORTED` (no green contexts).")]
+        ///
+        /// # Safety
+        /// No pointer is dereferenced.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            $(let _ = $arg;)*
+            CUresult::CUDA_ERROR_NOT_SUPPORTED
+        }
+    )*};
+}
+
+no_green_contexts! {
+    cuCtxFromGreenCtx(pContext: *mut CUcontext, hCtx: CUgreenCtx);
+    cuGreenCtxCreate(phCtx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint);
+    cuGreenCtxDestroy(hCtx: CUgreenCtx);
+    cuGreenCtxStreamCreate(phStream: *mut CUstream, greenCtx: CUgreenCtx, flags: c_uint, priority: c_int);
+    cuDevSmResourceSplitByCount(result: *mut CUdevResource, nbGroups: *mut c_uint, input: *const CUdevResource, remaining: *mut CUdevResource, useFlags: c_uint, minCount: c_uint);
+    cuDeviceGetDevResource(dev: CUdevice, result: *mut CUdevResource, type_: CUdevResourceType);
+    cuDevResourceGenerateDesc(phDesc: *mut CUdevResourceDesc, resources: *mut CUdevResource, nbResources: c_uint);
 }

@@ -279,6 +279,24 @@ entries! {
     "cuOccupancyMaxPotentialBlockSize" 6050: PFN_cuOccupancyMaxPotentialBlockSize_v6050 = cuOccupancyMaxPotentialBlockSize;
     "cuOccupancyMaxPotentialBlockSizeWithFlags" 7000: PFN_cuOccupancyMaxPotentialBlockSizeWithFlags_v7000 = cuOccupancyMaxPotentialBlockSizeWithFlags;
     "cuOccupancyAvailableDynamicSMemPerBlock" 10020: PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020 = cuOccupancyAvailableDynamicSMemPerBlock;
+    "cuStreamWriteValue32" 8000: PFN_cuStreamWriteValue32_v8000 = cuStreamWriteValue32;
+    "cuStreamWriteValue32" 8000 pt: PFN_cuStreamWriteValue32_v8000_ptsz = cuStreamWriteValue32_ptsz;
+    "cuStreamWriteValue32" 11070: PFN_cuStreamWriteValue32_v11070 = cuStreamWriteValue32_v2;
+    "cuStreamWriteValue32" 11070 pt: PFN_cuStreamWriteValue32_v11070_ptsz = cuStreamWriteValue32_v2_ptsz;
+    "cuMulticastCreate" 12010: PFN_cuMulticastCreate_v12010 = cuMulticastCreate;
+    "cuMulticastAddDevice" 12010: PFN_cuMulticastAddDevice_v12010 = cuMulticastAddDevice;
+    "cuMulticastBindMem" 12010: PFN_cuMulticastBindMem_v12010 = cuMulticastBindMem;
+    "cuMulticastUnbind" 12010: PFN_cuMulticastUnbind_v12010 = cuMulticastUnbind;
+    "cuTensorMapEncodeTiled" 12000: PFN_cuTensorMapEncodeTiled_v12000 = cuTensorMapEncodeTiled;
+    "cuLogsRegisterCallback" 12090: PFN_cuLogsRegisterCallback_v12090 = cuLogsRegisterCallback;
+    "cuLogsUnregisterCallback" 12090: PFN_cuLogsUnregisterCallback_v12090 = cuLogsUnregisterCallback;
+    "cuCtxFromGreenCtx" 12040: PFN_cuCtxFromGreenCtx_v12040 = cuCtxFromGreenCtx;
+    "cuGreenCtxCreate" 12040: PFN_cuGreenCtxCreate_v12040 = cuGreenCtxCreate;
+    "cuGreenCtxDestroy" 12040: PFN_cuGreenCtxDestroy_v12040 = cuGreenCtxDestroy;
+    "cuGreenCtxStreamCreate" 12050: PFN_cuGreenCtxStreamCreate_v12050 = cuGreenCtxStreamCreate;
+    "cuDevSmResourceSplitByCount" 12040: PFN_cuDevSmResourceSplitByCount_v12040 = cuDevSmResourceSplitByCount;
+    "cuDeviceGetDevResource" 12040: PFN_cuDeviceGetDevResource_v12040 = cuDeviceGetDevResource;
+    "cuDevResourceGenerateDesc" 12040: PFN_cuDevResourceGenerateDesc_v12040 = cuDevResourceGenerateDesc;
 
     "cuLaunchKernel" 4000: PFN_cuLaunchKernel_v4000 = cuLaunchKernel;
     "cuLaunchKernel" 7000 pt: PFN_cuLaunchKernel_v7000_ptsz = cuLaunchKernel_ptsz;

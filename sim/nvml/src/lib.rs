@@ -82,6 +82,7 @@ mod identity;
 mod init;
 mod memory;
 mod modes;
+mod nvlink;
 mod processes;
 mod system;
 #[cfg(test)]
