@@ -52,6 +52,27 @@ def basic():
         rt.cudaStreamSynchronize(s),
         rt.cudaStreamDestroy(s),
     )
+    # What PyTorch's allocator does around cudaMalloc, and stream callbacks.
+    mode = ctypes.c_int(2)  # cudaStreamCaptureModeRelaxed
+    rc = rt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    back = ctypes.c_int(mode.value)
+    rc2 = rt.cudaThreadExchangeStreamCaptureMode(ctypes.byref(back))
+    say("capture_mode_exchange", rc, mode.value, rc2, back.value)
+    called = []
+    CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+    cb = CALLBACK(lambda stream, status, user: called.append(status))
+    say("stream_callback", rt.cudaStreamAddCallback(None, cb, None, 0), rt.cudaDeviceSynchronize(), called)
+    # Managed memory and its hints (cudaMemAdviseSetReadMostly = 1; cudaCpuDeviceId = -1).
+    m = ctypes.c_void_p()
+    say(
+        "managed",
+        rt.cudaMallocManaged(ctypes.byref(m), MI, 1),
+        rt.cudaMemAdvise(m, MI, 1, 0),
+        rt.cudaMemPrefetchAsync(m, MI, 0, None),
+        rt.cudaMemPrefetchAsync(m, MI, -1, None),
+        rt.cudaDeviceSynchronize(),
+        rt.cudaFree(m),
+    )
     say("free", rt.cudaFree(p), rt.cudaDeviceSynchronize())
 
 

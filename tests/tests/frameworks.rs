@@ -217,6 +217,11 @@ fn the_shared_cuda_runtime_runs_on_the_bare_simulated_node() {
     assert_eq!(f.num("mem_info", 0), 0);
     assert_eq!(f.num("mem_info", 2), 16 * GI);
     assert_eq!(f.get("stream_ordered"), ["0", "0", "0", "0", "0"]);
+    // The thread's capture mode is swapped (relaxed in, global out; then back).
+    assert_eq!(f.get("capture_mode_exchange"), ["0", "0", "0", "2"]);
+    // The callback ran once, with cudaSuccess.
+    assert_eq!(f.get("stream_callback"), ["0", "0", "[0]"]);
+    assert_eq!(f.get("managed"), ["0"; 6]);
     assert_eq!(f.get("free"), ["0", "0"]);
 }
 

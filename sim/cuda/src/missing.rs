@@ -1,8 +1,11 @@
 //! Driver functions NVIDIA's CUDA runtime resolves and the simulator lacked, added so that
 //! the runtime's calls built on them work: `cuPointerGetAttributes` (behind
-//! `cudaPointerGetAttributes`, which CuPy calls before every host-to-device copy), and the
-//! peer-access queries of a node whose devices cannot reach each other.
+//! `cudaPointerGetAttributes`, which CuPy calls before every host-to-device copy), the
+//! peer-access queries of a node whose devices cannot reach each other, stream callbacks,
+//! the thread's stream-capture mode (which PyTorch's allocator switches around its
+//! `cudaMalloc` calls), managed-memory hints, and the persisting-L2 reset.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 
 use tessera_ffi::cuda::*;
@@ -144,4 +147,291 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peerContext: CUcontext) -> CUres
         crate::context::lookup(peerContext)?;
         Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
     })
+}
+
+/// `cuStreamAddCallback`: runs `callback(stream, CUDA_SUCCESS, userData)` once the stream's
+/// earlier work has ended, on the calling thread (as `cuLaunchHostFunc` does here).
+/// `flags` must be 0.
+///
+/// # Safety
+/// `callback` must be a valid stream callback for `userData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    hStream: CUstream,
+    callback: CUstreamCallback,
+    userData: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| stream_callback(hStream, callback, userData, flags, false))
+}
+
+/// `cuStreamAddCallback_ptsz`.
+///
+/// # Safety
+/// As [`cuStreamAddCallback`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
+    hStream: CUstream,
+    callback: CUstreamCallback,
+    userData: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| stream_callback(hStream, callback, userData, flags, true))
+}
+
+fn stream_callback(
+    stream: CUstream,
+    callback: CUstreamCallback,
+    user: *mut c_void,
+    flags: c_uint,
+    per_thread: bool,
+) -> CuResult<()> {
+    let rt = rt()?;
+    let f = callback.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = crate::stream::resolve(stream, per_thread)?;
+    rt.check_device(t.ctx().device)?;
+    tessera_sim::clock::sleep_until(t.last_end());
+    // SAFETY: the program's callback with its own data and the stream it named, as the
+    // driver calls it; its contract is the program's.
+    unsafe { f(stream, CUresult::CUDA_SUCCESS, user) };
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's stream-capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static CAPTURE_MODE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's capture mode to `*mode` and
+/// returns the previous one in `*mode`. The simulator records it; it does not restrict
+/// what a thread may call during another thread's capture.
+///
+/// # Safety
+/// `mode` must be null or valid for reading and writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(
+    mode: *mut CUstreamCaptureMode,
+) -> CUresult {
+    guard(|| {
+        if mode.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null, readable by the caller's contract.
+        let want = unsafe { mode.read() }.0;
+        if want > CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED.0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(want));
+        // SAFETY: as above, writable.
+        unsafe { mode.write(CUstreamCaptureMode(old)) };
+        Ok(())
+    })
+}
+
+/// Checks that `[ptr, ptr + count)` starts in managed memory, as the hints require.
+fn managed(ptr: CUdeviceptr, count: usize) -> CuResult<()> {
+    rt()?;
+    if count == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut is_managed: c_uint = 0;
+    // SAFETY: a local out value of the attribute's type.
+    let rc = unsafe {
+        cuPointerGetAttribute(
+            (&raw mut is_managed).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            ptr,
+        )
+    };
+    if rc != CUresult::CUDA_SUCCESS || is_managed == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// `cuMemAdvise` (CUDA 8 form): accepted for managed memory and ignored (managed memory
+/// lives on its device here; there is no migration to advise).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise(
+    devPtr: CUdeviceptr,
+    count: usize,
+    _advice: CUmem_advise,
+    device: CUdevice,
+) -> CUresult {
+    guard(|| {
+        managed(devPtr, count)?;
+        // CU_DEVICE_CPU (-1) is a valid target.
+        if device != -1 {
+            rt()?.device(device)?;
+        }
+        Ok(())
+    })
+}
+
+/// `cuMemAdvise_v2` (CUDA 12.2 form, a location): as [`cuMemAdvise`].
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise_v2(
+    devPtr: CUdeviceptr,
+    count: usize,
+    _advice: CUmem_advise,
+    location: CUmemLocation,
+) -> CUresult {
+    guard(|| {
+        managed(devPtr, count)?;
+        location_ok(&location)
+    })
+}
+
+fn location_ok(location: &CUmemLocation) -> CuResult<()> {
+    use CUmemLocationType as L;
+    match location.type_ {
+        L::CU_MEM_LOCATION_TYPE_DEVICE => rt()?.device(location.id).map(|_| ()),
+        L::CU_MEM_LOCATION_TYPE_HOST
+        | L::CU_MEM_LOCATION_TYPE_HOST_NUMA
+        | L::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => Ok(()),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn prefetch(ptr: CUdeviceptr, count: usize, stream: CUstream, per_thread: bool) -> CuResult<()> {
+    managed(ptr, count)?;
+    crate::stream::resolve(stream, per_thread)?;
+    Ok(())
+}
+
+/// `cuMemPrefetchAsync` (CUDA 8 form): managed memory already lives on its device here,
+/// so a prefetch of a valid managed range to a valid device (or `CU_DEVICE_CPU`) is done
+/// at once.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync(
+    devPtr: CUdeviceptr,
+    count: usize,
+    dstDevice: CUdevice,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        if dstDevice != -1 {
+            rt()?.device(dstDevice)?;
+        }
+        prefetch(devPtr, count, hStream, false)
+    })
+}
+
+/// `cuMemPrefetchAsync_ptsz`.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
+    devPtr: CUdeviceptr,
+    count: usize,
+    dstDevice: CUdevice,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        if dstDevice != -1 {
+            rt()?.device(dstDevice)?;
+        }
+        prefetch(devPtr, count, hStream, true)
+    })
+}
+
+/// `cuMemPrefetchAsync_v2` (CUDA 12.2 form, a location); `flags` must be 0.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
+    devPtr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: c_uint,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        location_ok(&location)?;
+        prefetch(devPtr, count, hStream, false)
+    })
+}
+
+/// `cuMemPrefetchAsync_v2_ptsz`.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
+    devPtr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: c_uint,
+    hStream: CUstream,
+) -> CUresult {
+    guard(|| {
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        location_ok(&location)?;
+        prefetch(devPtr, count, hStream, true)
+    })
+}
+
+/// `cuCtxResetPersistingL2Cache`: no persisting L2 lines exist here; success in a context.
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    guard(|| {
+        rt()?;
+        crate::stream::resolve(std::ptr::null_mut(), false).map(|_| ())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_mode_is_exchanged_per_thread() {
+        let mut m = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a local.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(&mut m) };
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        assert_eq!(m, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        let mut back = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        // SAFETY: a local.
+        unsafe { cuThreadExchangeStreamCaptureMode(&mut back) };
+        assert_eq!(back, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+        // Another thread has its own mode.
+        std::thread::spawn(|| {
+            let mut m = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            // SAFETY: a local.
+            unsafe { cuThreadExchangeStreamCaptureMode(&mut m) };
+            assert_eq!(m, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        })
+        .join()
+        .expect("thread");
+        let mut bad = CUstreamCaptureMode(7);
+        // SAFETY: a local.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(&mut bad) };
+        assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
+        // SAFETY: null is rejected.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(std::ptr::null_mut()) };
+        assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
 }

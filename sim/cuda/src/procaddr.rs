@@ -156,6 +156,16 @@ entries! {
     "cuDeviceGetP2PAttribute" 8000: PFN_cuDeviceGetP2PAttribute_v8000 = cuDeviceGetP2PAttribute;
     "cuCtxEnablePeerAccess" 4000: PFN_cuCtxEnablePeerAccess_v4000 = cuCtxEnablePeerAccess;
     "cuCtxDisablePeerAccess" 4000: PFN_cuCtxDisablePeerAccess_v4000 = cuCtxDisablePeerAccess;
+    "cuStreamAddCallback" 5000: PFN_cuStreamAddCallback_v5000 = cuStreamAddCallback;
+    "cuStreamAddCallback" 7000 pt: PFN_cuStreamAddCallback_v7000_ptsz = cuStreamAddCallback_ptsz;
+    "cuThreadExchangeStreamCaptureMode" 10010: PFN_cuThreadExchangeStreamCaptureMode_v10010 = cuThreadExchangeStreamCaptureMode;
+    "cuMemAdvise" 8000: PFN_cuMemAdvise_v8000 = cuMemAdvise;
+    "cuMemAdvise" 12020: PFN_cuMemAdvise_v12020 = cuMemAdvise_v2;
+    "cuMemPrefetchAsync" 8000: PFN_cuMemPrefetchAsync_v8000 = cuMemPrefetchAsync;
+    "cuMemPrefetchAsync" 8000 pt: PFN_cuMemPrefetchAsync_v8000_ptsz = cuMemPrefetchAsync_ptsz;
+    "cuMemPrefetchAsync" 12020: PFN_cuMemPrefetchAsync_v12020 = cuMemPrefetchAsync_v2;
+    "cuMemPrefetchAsync" 12020 pt: PFN_cuMemPrefetchAsync_v12020_ptsz = cuMemPrefetchAsync_v2_ptsz;
+    "cuCtxResetPersistingL2Cache" 11000: PFN_cuCtxResetPersistingL2Cache_v11000 = cuCtxResetPersistingL2Cache;
 
     "cuMemAllocAsync" 11020: PFN_cuMemAllocAsync_v11020 = cuMemAllocAsync;
     "cuMemAllocAsync" 11020 pt: PFN_cuMemAllocAsync_v11020_ptsz = cuMemAllocAsync_ptsz;
