@@ -863,13 +863,27 @@ impl Governed {
             return call();
         };
         let mapped = e.mapped_at == Some(books.trim_epoch);
-        let mut admitted: Vec<(Option<usize>, u64)> = Vec::new();
+        // Admitted so far: (device, index, bytes).
+        let mut admitted: Vec<(CUdevice, Option<usize>, u64)> = Vec::new();
+        let undo = |books: &mut PoolBooks, admitted: &[(CUdevice, Option<usize>, u64)]| {
+            for &(device, index, grow) in admitted {
+                if let Some(g) = books.graph.get_mut(&device) {
+                    g.charged -= grow;
+                }
+                self.release(index, grow);
+            }
+        };
         if !mapped {
             for &(device, bytes) in &e.bytes {
-                self.reconcile_graph(drv, &mut books, device);
-                let (reserved, used) = drv.graph_usage(device).unwrap_or((0, 0));
-                let grow = growth(reserved, used, bytes);
                 let index = self.index_of(device);
+                // What the device's graph memory must grow by, asked again
+                // after a trim (which leaves less to reuse).
+                let need = |books: &mut PoolBooks| {
+                    self.reconcile_graph(drv, books, device);
+                    let (reserved, used) = drv.graph_usage(device).unwrap_or((0, 0));
+                    growth(reserved, used, bytes)
+                };
+                let mut grow = need(&mut books);
                 let ok = match index {
                     _ if grow == 0 => true,
                     None => false,
@@ -877,6 +891,7 @@ impl Governed {
                         let mut t = Tries::default();
                         let mut ok = self.try_quota(dev, grow, &mut t).is_ok();
                         if !ok && self.make_room(drv, &mut books, dev) {
+                            grow = need(&mut books);
                             ok = self.try_quota(dev, grow, &mut t).is_ok();
                         }
                         let _ = t.done(self, dev, ok);
@@ -884,9 +899,7 @@ impl Governed {
                     }
                 };
                 if !ok {
-                    for (index, grow) in admitted {
-                        self.release(index, grow);
-                    }
+                    undo(&mut books, &admitted);
                     return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
                 }
                 let g = books.graph.entry(device).or_insert(GraphMem {
@@ -894,17 +907,12 @@ impl Governed {
                     charged: 0,
                 });
                 g.charged += grow;
-                admitted.push((index, grow));
+                admitted.push((device, index, grow));
             }
         }
         let r = call();
         if r != CUDA_SUCCESS {
-            for (&(device, _), &(index, grow)) in e.bytes.iter().zip(&admitted) {
-                if let Some(g) = books.graph.get_mut(&device) {
-                    g.charged -= grow;
-                }
-                self.release(index, grow);
-            }
+            undo(&mut books, &admitted);
             return r;
         }
         for &(device, _) in &e.bytes {
@@ -1522,6 +1530,35 @@ pub(crate) mod tests {
         // Relaunch needs its 600 again: refused, nothing launched.
         assert_eq!(launch(&g), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         assert_eq!(g.files.state.reserved(0), 900);
+        g.files.state.audit().unwrap();
+    }
+
+    #[test]
+    fn a_launch_refused_until_a_trim_is_admitted_for_what_it_needs_after_it() {
+        let g = governed(&[1000]);
+        let d = FakePools::new(1);
+        g.set_pool_driver(d);
+        // Graph memory holds 600, 300 of them live; plain memory 300.
+        g.graph_alloc_node(0x9, 0, 600);
+        g.graph_copied(0x9, 0xe, true);
+        let launch = |g: &Governed, exec: usize, bytes: u64| {
+            g.graph_launch(exec, || {
+                let mut m = d.graph.lock();
+                m.0 = m.0.max(m.1 + bytes);
+                m.1 += bytes;
+                CUresult::CUDA_SUCCESS
+            })
+        };
+        assert_eq!(launch(&g, 0xe, 600), CUresult::CUDA_SUCCESS);
+        d.graph.lock().1 = 300;
+        assert_eq!(g.reserve(Some(0), 300), Ok(()));
+        // A 500-byte graph: 200 past the spare before a trim, 500 after
+        // it; neither fits.
+        g.graph_alloc_node(0xa, 0, 500);
+        g.graph_copied(0xa, 0xf, true);
+        assert_eq!(launch(&g, 0xf, 500), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(d.held() + 300 <= 1000, "device holds {}", d.held() + 300);
+        assert_eq!(g.files.state.reserved(0), d.held() + 300);
         g.files.state.audit().unwrap();
     }
 }

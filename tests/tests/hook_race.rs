@@ -161,3 +161,149 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
     assert_eq!(state.reserved(0), 0);
     assert!(state.processes(1).is_empty());
 }
+
+/// One racer of the pools-and-graphs race: a pool of its own that keeps
+/// everything, the default pool, plain memory, and graphs whose allocation
+/// nodes map memory at launch, freed in random order, with synchronisations
+/// and graph-memory trims now and then.
+fn pool_worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers: &Racers) {
+    let mut rng = Rng(seed ^ (id as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    while Instant::now() < end {
+        counts.processes.fetch_add(1, Ordering::Relaxed);
+        let mut c = sim.client(true);
+        racers.lock().unwrap().push(c.pid() as i32);
+        let pid = c.pid() as i32;
+        for line in [
+            "init".to_owned(),
+            "stream 0".into(),
+            format!("pool 0 {}", u64::MAX),
+        ] {
+            let l = c.ask(&line, HANG).expect("client alive");
+            assert!(l.ok, "{}", l.raw);
+        }
+        // Live allocations: (handle, freed asynchronously).
+        let mut live: Vec<(u64, bool)> = Vec::new();
+        for _ in 0..rng.range(30, 200) {
+            if Instant::now() >= end {
+                break;
+            }
+            let roll = rng.range(0, 100);
+            let line = if live.is_empty() || roll < 50 {
+                let bytes = rng.range(64 << 10, 12 * MI);
+                match rng.range(0, 4) {
+                    0 => format!("from-pool {bytes} 0 0"),
+                    1 => format!("async {bytes} 0"),
+                    2 => format!("alloc {bytes}"),
+                    _ => format!("graph-node {bytes} 0"),
+                }
+            } else if roll < 85 {
+                let (h, on_stream) = live.swap_remove(rng.range(0, live.len() as u64) as usize);
+                if on_stream {
+                    format!("free-async {h} 0")
+                } else {
+                    format!("free {h}")
+                }
+            } else if roll < 95 {
+                "sync-stream 0".to_owned()
+            } else {
+                "graph-trim 0".to_owned()
+            };
+            let l = c.ask(&line, HANG).expect("client alive");
+            if !l.ok {
+                assert_eq!(
+                    l.error.as_deref(),
+                    Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                    "{line}: {}",
+                    l.raw
+                );
+                counts.oom.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match l.cmd.as_str() {
+                "graph-node" => {
+                    let l2 = c.ask(&format!("launch {} 0", l.u64("e")), HANG).unwrap();
+                    if l2.ok {
+                        live.push((l.u64("h"), true));
+                        counts.ok.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        assert_eq!(
+                            l2.error.as_deref(),
+                            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                            "{}",
+                            l2.raw
+                        );
+                        counts.oom.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                "from-pool" | "async" => {
+                    live.push((l.u64("h"), true));
+                    counts.ok.fetch_add(1, Ordering::Relaxed);
+                }
+                "alloc" => {
+                    live.push((l.u64("h"), false));
+                    counts.ok.fetch_add(1, Ordering::Relaxed);
+                }
+                "free-async" | "free" => {
+                    counts.frees.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        racers.lock().unwrap().retain(|&r| r != pid);
+        assert!(c.finish().success());
+    }
+}
+
+#[test]
+fn racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit() {
+    let seed = seed("racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit");
+    let sim = Arc::new(Sim::new(1, 8 * LIMIT));
+    sim.allocate(LIMIT);
+    let done = Arc::new(AtomicBool::new(false));
+    let racers = Arc::new(Racers::default());
+    let sampler = {
+        let (sim, done, racers) = (sim.clone(), done.clone(), racers.clone());
+        std::thread::spawn(move || {
+            let (mut max, mut samples, mut over) = (0u64, 0u64, Vec::new());
+            while !done.load(Ordering::Relaxed) {
+                let (used, reserved) = sample(&sim, &racers);
+                if used > LIMIT || used > reserved {
+                    over.push((used, reserved));
+                }
+                max = max.max(used);
+                samples += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (max, samples, over)
+        })
+    };
+    let counts = Arc::new(Counts::default());
+    let end = Instant::now() + DURATION;
+    let workers: Vec<_> = (0..PROCESSES / 2)
+        .map(|id| {
+            let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
+            std::thread::spawn(move || pool_worker(&sim, id, seed, end, &counts, &racers))
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    done.store(true, Ordering::Relaxed);
+    let (max, samples, over) = sampler.join().unwrap();
+    let ok = counts.ok.load(Ordering::Relaxed);
+    let oom = counts.oom.load(Ordering::Relaxed);
+    eprintln!(
+        "{} processes, {ok} allocations, {oom} refused, {} frees; {samples} samples, peak {max} of {LIMIT}",
+        counts.processes.load(Ordering::Relaxed),
+        counts.frees.load(Ordering::Relaxed)
+    );
+    assert!(over.is_empty(), "(device, reserved) over: {over:?}");
+    assert!(max <= LIMIT, "the device held {max} bytes, over {LIMIT}");
+    assert!(max > LIMIT / 2, "the limit was contended: peak {max}");
+    assert!(ok > 100 && oom > 10, "{ok} allocations, {oom} refused");
+    assert!(samples > 100, "{samples} samples");
+    let state = sim.state();
+    state.reclaim_dead(&LocalLiveness::thorough(), None);
+    state.audit().unwrap();
+    assert_eq!(state.reserved(0), 0);
+}
