@@ -231,3 +231,66 @@ fn sparse_and_deferred_arrays_are_backed_only_by_what_is_mapped() {
     a.ok(&format!("array-destroy {sparse}"));
     assert_eq!(used(&node, 0), 0);
 }
+
+#[test]
+#[allow(non_snake_case)]
+fn the_new_memory_entry_points_resolve_through_cuGetProcAddress() {
+    // What the CUDA 12 runtime (and the shim's own lookups) ask for, at 12.0.
+    let node = SimNode::builder().devices(1).memory("1Gi").build();
+    let asks = [
+        ("cuIpcGetMemHandle", "", "cuIpcGetMemHandle"),
+        ("cuIpcOpenMemHandle", "", "cuIpcOpenMemHandle_v2"),
+        ("cuIpcCloseMemHandle", "", "cuIpcCloseMemHandle"),
+        (
+            "cuMemExportToShareableHandle",
+            "",
+            "cuMemExportToShareableHandle",
+        ),
+        (
+            "cuMemImportFromShareableHandle",
+            "",
+            "cuMemImportFromShareableHandle",
+        ),
+        ("cuMemMapArrayAsync", " pt", "cuMemMapArrayAsync_ptsz"),
+        (
+            "cuArrayGetMemoryRequirements",
+            "",
+            "cuArrayGetMemoryRequirements",
+        ),
+        ("cuGraphAddMemAllocNode", "", "cuGraphAddMemAllocNode"),
+        ("cuGraphAddMemFreeNode", "", "cuGraphAddMemFreeNode"),
+        ("cuDeviceGraphMemTrim", "", "cuDeviceGraphMemTrim"),
+        (
+            "cuDeviceGetGraphMemAttribute",
+            "",
+            "cuDeviceGetGraphMemAttribute",
+        ),
+        (
+            "cuDeviceSetGraphMemAttribute",
+            "",
+            "cuDeviceSetGraphMemAttribute",
+        ),
+        ("cuStreamBeginCapture", "", "cuStreamBeginCapture_v2"),
+        (
+            "cuStreamBeginCapture",
+            " pt",
+            "cuStreamBeginCapture_v2_ptsz",
+        ),
+        ("cuStreamEndCapture", "", "cuStreamEndCapture"),
+        ("cuStreamGetCaptureInfo", "", "cuStreamGetCaptureInfo_v2"),
+    ];
+    let script: Vec<String> = asks
+        .iter()
+        .map(|(name, pt, _)| format!("procaddr {name} 12000{pt}"))
+        .collect();
+    let script: Vec<&str> = script.iter().map(String::as_str).collect();
+    let out = node.run(tessera_e2e::Mode::ProcAddr, &script);
+    out.expect_ok();
+    let got: Vec<&str> = out
+        .all("procaddr")
+        .iter()
+        .map(|l| l.str("resolved"))
+        .collect();
+    let want: Vec<&str> = asks.iter().map(|(_, _, w)| *w).collect();
+    assert_eq!(got, want);
+}
