@@ -27,8 +27,11 @@ pub struct DevicePluginArgs {
     #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The manager's socket.
+    // `--socket` as for every other subcommand; the old `--manager-socket`
+    // stays accepted as a hidden alias.
     #[arg(
-        long,
+        long = "socket",
+        alias = "manager-socket",
         env = "TESSERA_SOCKET",
         value_name = "PATH",
         default_value = "/run/tessera/manager.sock"
@@ -69,6 +72,15 @@ pub struct DevicePluginArgs {
         default_value = "/run/tessera/ld.so.preload"
     )]
     pub preload_file: PathBuf,
+    /// Where the CDI spec of this node's GPUs is written when the node config's
+    /// deviceListStrategy includes cdi (a CDI spec dir of the container runtime).
+    #[arg(
+        long,
+        env = "TESSERA_CDI_SPEC_DIR",
+        value_name = "DIR",
+        default_value = "/var/run/cdi"
+    )]
+    pub cdi_spec_dir: PathBuf,
     /// Read node labels and publish GPU labels through the Kubernetes API.
     #[arg(long, env = "TESSERA_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeMode,
@@ -131,6 +143,7 @@ impl DevicePluginArgs {
         };
         o.host.hook_library = self.hook_library.clone();
         o.host.preload_file = self.preload_file.clone();
+        o.cdi_spec_dir = Some(self.cdi_spec_dir.clone());
         o.use_kube = match self.kube {
             KubeMode::On => true,
             KubeMode::Off => false,
@@ -145,14 +158,8 @@ impl DevicePluginArgs {
     }
 }
 
+/// Logging is set up by `main` (text or JSON, `--log-format`).
 pub fn main(args: DevicePluginArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
     let opts = args.options()?;
     tracing::info!(node = %opts.node_name, dir = %opts.device_plugin_dir.display(), "starting the device plugin");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -197,7 +204,18 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1.5s").is_err());
+        // The contract's one syntax takes fractions.
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn socket_flag_and_its_old_name() {
+        for flag in ["--socket", "--manager-socket"] {
+            let cli =
+                Cli::try_parse_from(["x", "--node-name", "n", flag, "/tmp/m.sock"]).expect("parse");
+            let o = cli.args.options().expect("options");
+            assert_eq!(o.manager_socket, PathBuf::from("/tmp/m.sock"), "{flag}");
+        }
     }
 
     #[test]

@@ -88,11 +88,12 @@ async fn allocate_then_a_process_with_its_env_and_mounts_sees_the_slices() {
         ],
         d,
     );
-    // 16 GiB GPUs cut into 4 GiB slices: 4 per GPU, 25% of its time each.
+    // 16 GiB GPUs cut into 4 GiB slices: 4 per GPU, 25% of its time each. The
+    // device list as env (no container runtime here to read mounts or CDI).
     let config = d.join("config.yaml");
     std::fs::write(
         &config,
-        "default:\n  slice: {memory: 4Gi}\n  computePolicy: burst\n",
+        "default:\n  slice: {memory: 4Gi}\n  computePolicy: burst\n  deviceListStrategy: envvar\n",
     )
     .expect("config");
     let plugin = spawn(
@@ -104,7 +105,7 @@ async fn allocate_then_a_process_with_its_env_and_mounts_sees_the_slices() {
             "node-1",
             "--config",
             &config.display().to_string(),
-            "--manager-socket",
+            "--socket",
             &socket.display().to_string(),
             "--device-plugin-dir",
             &dp_dir.display().to_string(),

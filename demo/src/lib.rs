@@ -37,7 +37,8 @@ pub struct DemoArgs {
     /// Seconds at the start left out of the measurement (start-up, first allocations).
     #[arg(long, default_value_t = 3.0)]
     pub warmup: f64,
-    /// Print the summary as JSON (and no live frames).
+    /// JSON lines on stdout instead of the live table: a `progress` object
+    /// every half second, then the `summary` (numbers, not display strings).
     #[arg(long)]
     pub json: bool,
     /// Keep the demo's working directory (manager state, logs) for inspection.
@@ -119,6 +120,32 @@ fn runtime() -> Result<tokio::runtime::Runtime, DemoError> {
         .enable_all()
         .build()
         .map_err(DemoError::Io)
+}
+
+/// One `--json` progress line: what the live table shows, as numbers.
+fn progress_json(elapsed: f64, measured: f64, gpus: &[GpuRow], rows: &[Row]) -> serde_json::Value {
+    serde_json::json!({
+        "event": "progress",
+        "elapsed_seconds": elapsed,
+        "measured_seconds": measured,
+        "gpus": gpus.iter().map(|g| serde_json::json!({
+            "gpu": g.index,
+            "busy_pct": g.busy_pct,
+            "memory_used_bytes": g.memory_used,
+            "memory_total_bytes": g.memory_total,
+        })).collect::<Vec<_>>(),
+        "workloads": rows.iter().map(|r| serde_json::json!({
+            "name": r.name,
+            "gpu": r.gpu,
+            "policy": r.policy,
+            "target_pct": r.target_pct,
+            "achieved_pct": r.achieved_pct,
+            "memory_used_bytes": r.memory_used,
+            "memory_limit_bytes": r.memory_limit,
+            "oom_refused": r.oom_refused,
+            "processes": r.processes,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// Runs the demo; returns whether every workload stayed within its bounds.
@@ -259,7 +286,14 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
         if let Some((w0, _, _)) = &window {
             measured = now.duration_since(*w0).as_secs_f64();
         }
-        if !args.json {
+        if args.json {
+            let _ = writeln!(
+                out,
+                "{}",
+                progress_json(start.elapsed().as_secs_f64(), measured, &gpus, &rows)
+            );
+            let _ = out.flush();
+        } else {
             let el = start.elapsed().as_secs_f64();
             if tty {
                 let _ = write!(
@@ -327,10 +361,9 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
         workloads: outcomes,
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).map_err(setup("summary"))?
-        );
+        let mut line = serde_json::to_value(&summary).map_err(setup("summary"))?;
+        line["event"] = "summary".into();
+        println!("{line}");
     } else {
         print!("{}", render::summary(&summary.workloads, &last_gpus));
         println!(

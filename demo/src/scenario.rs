@@ -101,8 +101,9 @@ pub struct Outcome {
     pub policy: &'static str,
     pub target_pct: f64,
     pub achieved_pct: f64,
-    /// What the policy promises, in words: "= 50.0% ±2.0" or "≥ 23.0%".
-    pub bound: String,
+    /// What the policy promises: shown as "= 50.0% ±2.0" or "≥ 23.0%", in
+    /// JSON as numbers.
+    pub bound: Bound,
     pub memory_limit: u64,
     /// Highest device memory the process held (ground truth).
     pub memory_peak: u64,
@@ -110,6 +111,26 @@ pub struct Outcome {
     pub ok: bool,
     /// Why not, when not.
     pub problems: Vec<String>,
+}
+
+/// The share a policy promises, in percent of the GPU's time.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// Guaranteed: the share, give or take `tolerance_pp` percentage points.
+    Equals { pct: f64, tolerance_pp: f64 },
+    /// Burst: at least this much.
+    AtLeast { pct: f64 },
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so the summary table's widths apply.
+        f.pad(&match self {
+            Self::Equals { pct, tolerance_pp } => format!("= {pct:.1}% ±{tolerance_pp}"),
+            Self::AtLeast { pct } => format!("≥ {pct:.1}%"),
+        })
+    }
 }
 
 /// Judges one workload: its share against its policy, its memory against
@@ -124,7 +145,10 @@ pub fn judge(w: &Workload, achieved_pct: f64, memory_peak: u64, oom_refused: u64
                     "share {achieved_pct:.1}% is not within ±{SHARE_TOLERANCE_PP} pp of {target_pct:.1}%"
                 ));
             }
-            format!("= {target_pct:.1}% ±{SHARE_TOLERANCE_PP}")
+            Bound::Equals {
+                pct: target_pct,
+                tolerance_pp: SHARE_TOLERANCE_PP,
+            }
         }
         Policy::Burst => {
             let floor = target_pct - SHARE_TOLERANCE_PP;
@@ -133,7 +157,7 @@ pub fn judge(w: &Workload, achieved_pct: f64, memory_peak: u64, oom_refused: u64
                     "share {achieved_pct:.1}% is below its floor {floor:.1}%"
                 ));
             }
-            format!("≥ {floor:.1}%")
+            Bound::AtLeast { pct: floor }
         }
     };
     if memory_peak > w.memory_limit {

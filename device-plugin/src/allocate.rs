@@ -11,13 +11,23 @@ use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 use tonic::{Code, Status};
 
-use crate::config::{ComputePolicy, FULL_COMPUTE_PPM};
 use tessera_contract::env;
 
+use crate::config::{ComputePolicy, DeviceListStrategy, FULL_COMPUTE_PPM};
 use crate::device_id::{DeviceId, DeviceIdError};
 use crate::manager::ManagerApi;
 use crate::state::Snapshot;
 
+/// The env var the NVIDIA container toolkit reads the device list from.
+pub use tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
+/// Where the `volume-mounts` strategy puts one (empty) mount per GPU; also the
+/// value of `NVIDIA_VISIBLE_DEVICES` under that strategy, as NVIDIA's plugin has it.
+pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+/// The host side of those mounts: only their container paths mean something.
+pub const VOLUME_MOUNTS_HOST: &str = "/dev/null";
+/// CDI kind of the NVIDIA container toolkit's spec (`nvidia-ctk cdi generate`):
+/// device nodes and driver libraries of each GPU, by UUID.
+pub const CDI_KIND_NVIDIA: &str = "nvidia.com/gpu";
 /// Annotation naming the allocation, for the container runtime and humans.
 pub use tessera_contract::labels::ANNOTATION_ALLOCATION as ALLOCATION_ANNOTATION;
 /// Label the plugin puts on its allocations, and its value there; only
@@ -255,28 +265,42 @@ impl Default for HostPaths {
     }
 }
 
-/// The container's env, mounts and annotations for an allocation.
+/// The container's env, mounts, CDI devices and annotations for an allocation.
 ///
 /// Env: `TESSERA_CONTROL`, `TESSERA_STATE` (container paths),
-/// `TESSERA_ALLOCATION`, `NVIDIA_VISIBLE_DEVICES` (UUIDs in GPU index
-/// order). Never `LD_PRELOAD`: the webhook sets that, prepending the hook
-/// to the user's own value.
+/// `TESSERA_ALLOCATION`. Never `LD_PRELOAD`: the webhook sets that, prepending
+/// the hook to the user's own value. The GPUs (UUIDs in GPU index order), by
+/// `strategy`: `envvar` sets `NVIDIA_VISIBLE_DEVICES` to them; `volume-mounts`
+/// mounts `/dev/null` at `/var/run/nvidia-container-devices/<uuid>` for each
+/// and points `NVIDIA_VISIBLE_DEVICES` at that directory (NVIDIA's plugin does
+/// the same; the toolkit then ignores the env's value and reads the mounts);
+/// `cdi` names `nvidia.com/gpu=<uuid>` and `tessera.dev/gpu=<uuid>`, and the
+/// node-wide files (the hook, the preload list) come from the plugin's CDI spec
+/// ([`crate::cdi`]) instead of `mounts`.
 pub fn container_response(
     alloc: &mgr::Allocation,
     plan: &Plan,
     host: &HostPaths,
     ld_so_preload: bool,
+    strategy: DeviceListStrategy,
 ) -> dp::ContainerAllocateResponse {
     let uuids: Vec<&str> = plan.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-    let envs = [
+    let mut envs = dp::ContainerAllocateResponse::default().envs;
+    for (k, v) in [
         (env::CONTROL, CONTAINER_CONTROL.to_owned()),
         (env::STATE, CONTAINER_STATE.to_owned()),
         (env::ALLOCATION, alloc.id.clone()),
-        ("NVIDIA_VISIBLE_DEVICES", uuids.join(",")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    ] {
+        envs.insert(k.to_owned(), v);
+    }
+    if strategy.envvar {
+        envs.insert(NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+    } else if strategy.volume_mounts {
+        envs.insert(
+            NVIDIA_VISIBLE_DEVICES.to_owned(),
+            VOLUME_MOUNTS_ROOT.to_owned(),
+        );
+    }
     let mount = |host: String, container: &str, read_only: bool| dp::Mount {
         container_path: container.to_owned(),
         host_path: host,
@@ -285,25 +309,46 @@ pub fn container_response(
     let mut mounts = vec![
         mount(alloc.control_path.clone(), CONTAINER_CONTROL, true),
         mount(alloc.state_path.clone(), CONTAINER_STATE, false),
-        mount(
+    ];
+    if !strategy.cdi {
+        mounts.push(mount(
             host.hook_library.display().to_string(),
             CONTAINER_HOOK,
             true,
-        ),
-    ];
-    if ld_so_preload {
+        ));
+    }
+    if ld_so_preload && !strategy.cdi {
         mounts.push(mount(
             host.preload_file.display().to_string(),
             CONTAINER_PRELOAD,
             true,
         ));
     }
+    if strategy.volume_mounts {
+        for u in &uuids {
+            mounts.push(mount(
+                VOLUME_MOUNTS_HOST.to_owned(),
+                &format!("{VOLUME_MOUNTS_ROOT}/{u}"),
+                true,
+            ));
+        }
+    }
+    let mut cdi_devices = Vec::new();
+    if strategy.cdi {
+        for kind in [CDI_KIND_NVIDIA, crate::cdi::KIND] {
+            for u in &uuids {
+                cdi_devices.push(dp::CdiDevice {
+                    name: format!("{kind}={u}"),
+                });
+            }
+        }
+    }
     dp::ContainerAllocateResponse {
         envs,
         mounts,
         devices: Vec::new(),
         annotations: [(ALLOCATION_ANNOTATION.to_owned(), alloc.id.clone())].into(),
-        cdi_devices: Vec::new(),
+        cdi_devices,
     }
 }
 
@@ -494,7 +539,12 @@ mod tests {
             ..Default::default()
         };
         let host = HostPaths::default();
-        let r = container_response(&alloc, &p, &host, false);
+        let envvar = DeviceListStrategy {
+            envvar: true,
+            volume_mounts: false,
+            cdi: false,
+        };
+        let r = container_response(&alloc, &p, &host, false, envvar);
         assert_eq!(
             r.envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
             Some("GPU-a,GPU-b")
@@ -512,7 +562,7 @@ mod tests {
         assert_eq!(r.mounts.len(), 3);
         assert!(r.mounts[0].read_only && !r.mounts[1].read_only && r.mounts[2].read_only);
         assert_eq!(r.mounts[2].host_path, "/var/lib/tessera/lib/libtessera.so");
-        let with = container_response(&alloc, &p, &host, true);
+        let with = container_response(&alloc, &p, &host, true, envvar);
         assert_eq!(with.mounts.len(), 4);
         assert_eq!(with.mounts[3].container_path, "/etc/ld.so.preload");
         assert!(with.mounts[3].read_only);
@@ -538,6 +588,77 @@ mod tests {
         );
         assert_eq!(env["TESSERA_STATE"], "/var/lib/tessera/allocations/x/state");
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    }
+
+    #[test]
+    fn each_device_list_strategy_answers_as_nvidias_plugin_does() {
+        let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
+        let p = plan(&ids(&["GPU-b::0", "GPU-a::0"]), &snap).expect("plan");
+        let alloc = mgr::Allocation {
+            id: p.id.clone(),
+            control_path: "/c".into(),
+            state_path: "/s".into(),
+            ..Default::default()
+        };
+        let host = HostPaths::default();
+        let paths = |r: &dp::ContainerAllocateResponse| -> Vec<String> {
+            r.mounts.iter().map(|m| m.container_path.clone()).collect()
+        };
+
+        let vm = container_response(&alloc, &p, &host, false, DeviceListStrategy::DEFAULT);
+        assert_eq!(
+            vm.envs[NVIDIA_VISIBLE_DEVICES],
+            "/var/run/nvidia-container-devices"
+        );
+        let dev: Vec<&dp::Mount> = vm
+            .mounts
+            .iter()
+            .filter(|m| m.container_path.starts_with(VOLUME_MOUNTS_ROOT))
+            .collect();
+        assert_eq!(
+            dev.iter()
+                .map(|m| m.container_path.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "/var/run/nvidia-container-devices/GPU-a",
+                "/var/run/nvidia-container-devices/GPU-b"
+            ]
+        );
+        assert!(
+            dev.iter()
+                .all(|m| m.host_path == "/dev/null" && m.read_only)
+        );
+        assert!(paths(&vm).contains(&CONTAINER_HOOK.to_owned()));
+        assert!(vm.cdi_devices.is_empty());
+
+        let cdi = DeviceListStrategy {
+            envvar: false,
+            volume_mounts: false,
+            cdi: true,
+        };
+        let c = container_response(&alloc, &p, &host, true, cdi);
+        assert!(!c.envs.contains_key(NVIDIA_VISIBLE_DEVICES));
+        let names: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nvidia.com/gpu=GPU-a",
+                "nvidia.com/gpu=GPU-b",
+                "tessera.dev/gpu=GPU-a",
+                "tessera.dev/gpu=GPU-b"
+            ]
+        );
+        // The node-wide files come from the CDI spec; only the allocation's own stay.
+        assert_eq!(paths(&c), [CONTAINER_CONTROL, CONTAINER_STATE]);
+
+        let both = DeviceListStrategy {
+            envvar: true,
+            volume_mounts: true,
+            cdi: false,
+        };
+        let b = container_response(&alloc, &p, &host, false, both);
+        assert_eq!(b.envs[NVIDIA_VISIBLE_DEVICES], "GPU-a,GPU-b");
+        assert_eq!(paths(&b).len(), 5);
     }
 
     /// A manager that refuses duplicate ids, as a strict one would.

@@ -120,6 +120,83 @@ impl Placement {
     }
 }
 
+/// How a container is told its GPUs, as NVIDIA's device plugin does it: the
+/// NVIDIA container toolkit on the node reads one of these. Any non-empty set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES=<uuid>,...` in the container's env: read by the
+    /// toolkit unless `accept-nvidia-visible-devices-envvar-when-unprivileged = false`.
+    pub envvar: bool,
+    /// One mount per GPU at `/var/run/nvidia-container-devices/<uuid>` (from
+    /// `/dev/null`): read when `accept-nvidia-visible-devices-as-volume-mounts = true`;
+    /// unlike env, no pod spec can forge it.
+    pub volume_mounts: bool,
+    /// CDI device names in the Allocate response (`cdi_devices`): the
+    /// toolkit's `nvidia.com/gpu=<uuid>` and the plugin's own `tessera.dev/gpu=<uuid>`
+    /// (whose spec the plugin writes); for runtimes with CDI enabled.
+    pub cdi: bool,
+}
+
+impl DeviceListStrategy {
+    /// What docs/install.md recommends with the toolkit settings it gives.
+    pub const DEFAULT: Self = Self {
+        envvar: false,
+        volume_mounts: true,
+        cdi: false,
+    };
+
+    fn parse(field: &str, names: &[String]) -> Result<Self, ConfigError> {
+        let mut s = Self {
+            envvar: false,
+            volume_mounts: false,
+            cdi: false,
+        };
+        if names.is_empty() {
+            return Err(invalid(
+                field,
+                "give at least one of envvar, volume-mounts, cdi",
+            ));
+        }
+        for n in names {
+            match n.as_str() {
+                "envvar" => s.envvar = true,
+                "volume-mounts" => s.volume_mounts = true,
+                "cdi" | "cdi-cri" => s.cdi = true,
+                other => {
+                    return Err(invalid(
+                        field,
+                        format!(
+                            "unknown device list strategy {other:?}; expected \"envvar\", \"volume-mounts\" or \"cdi\""
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// The names, as the config file spells them.
+    pub fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.envvar {
+            v.push("envvar");
+        }
+        if self.volume_mounts {
+            v.push("volume-mounts");
+        }
+        if self.cdi {
+            v.push("cdi");
+        }
+        v
+    }
+}
+
+impl Default for DeviceListStrategy {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// A slice size: any of memory, compute and count; the tightest wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SliceSpec {
@@ -194,6 +271,8 @@ pub struct NodeConfig {
     pub shared_threshold: f64,
     /// Mount a `/etc/ld.so.preload` naming the hook into every container.
     pub ld_so_preload: bool,
+    /// How containers are told their GPUs.
+    pub device_list_strategy: DeviceListStrategy,
     /// Indexes of the overrides that matched, in order (for logs).
     pub matched_overrides: Vec<usize>,
 }
@@ -209,6 +288,7 @@ impl Default for NodeConfig {
             placement: Placement::Binpack,
             shared_threshold: DEFAULT_SHARED_THRESHOLD,
             ld_so_preload: false,
+            device_list_strategy: DeviceListStrategy::DEFAULT,
             matched_overrides: Vec::new(),
         }
     }
@@ -222,6 +302,7 @@ pub struct Settings {
     pub placement: Option<Placement>,
     pub shared_threshold: Option<f64>,
     pub ld_so_preload: Option<bool>,
+    pub device_list_strategy: Option<DeviceListStrategy>,
 }
 
 impl Settings {
@@ -242,6 +323,9 @@ impl Settings {
         }
         if let Some(b) = self.ld_so_preload {
             node.ld_so_preload = b;
+        }
+        if let Some(d) = self.device_list_strategy {
+            node.device_list_strategy = d;
         }
     }
 }
@@ -397,6 +481,7 @@ struct RawSettings {
     placement: Option<String>,
     shared_threshold: Option<f64>,
     ld_so_preload: Option<bool>,
+    device_list_strategy: Option<OneOrMany>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -405,6 +490,23 @@ struct RawSlice {
     memory: Option<NumOrString>,
     compute: Option<String>,
     slices_per_gpu: Option<i64>,
+}
+
+/// `deviceListStrategy: cdi` or `deviceListStrategy: [envvar, cdi]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -433,6 +535,7 @@ struct RawOverrideSettings {
     placement: Option<String>,
     shared_threshold: Option<f64>,
     ld_so_preload: Option<bool>,
+    device_list_strategy: Option<OneOrMany>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -515,6 +618,7 @@ impl RawSettings {
             self.placement,
             self.shared_threshold,
             self.ld_so_preload,
+            self.device_list_strategy,
         )
     }
 }
@@ -526,7 +630,11 @@ fn validate_settings(
     placement: Option<String>,
     shared_threshold: Option<f64>,
     ld_so_preload: Option<bool>,
+    device_list_strategy: Option<OneOrMany>,
 ) -> Result<Settings, ConfigError> {
+    let device_list_strategy = device_list_strategy
+        .map(|d| DeviceListStrategy::parse(&format!("{field}.deviceListStrategy"), &d.into_vec()))
+        .transpose()?;
     let slice = slice
         .map(|s| s.validate(&format!("{field}.slice")))
         .transpose()?;
@@ -550,6 +658,7 @@ fn validate_settings(
         placement,
         shared_threshold,
         ld_so_preload,
+        device_list_strategy,
     })
 }
 
@@ -656,11 +765,12 @@ impl RawOverride {
             s.placement,
             s.shared_threshold,
             s.ld_so_preload,
+            s.device_list_strategy,
         )?;
         if settings == Settings::default() {
             return Err(invalid(
                 field,
-                "sets nothing: give slice, computePolicy, placement, sharedThreshold or ldSoPreload",
+                "sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload or deviceListStrategy",
             ));
         }
         Ok(Override {
@@ -1071,7 +1181,7 @@ overrides:
         );
         assert_eq!(
             err("overrides:\n  - nodeNames: [a]\n"),
-            "overrides[0]: sets nothing: give slice, computePolicy, placement, sharedThreshold or ldSoPreload"
+            "overrides[0]: sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload or deviceListStrategy"
         );
         assert_eq!(
             err(
@@ -1152,5 +1262,30 @@ overrides:
         assert!(!is_label_value("-x"));
         assert!(!is_label_value("a b"));
         assert!(!is_label_value(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn device_list_strategy_defaults_to_volume_mounts_and_overrides_per_node() {
+        let c = Config::parse(
+            "default:\n  deviceListStrategy: envvar\noverrides:\n  - nodeNames: [cdi-node]\n    deviceListStrategy: [cdi, volume-mounts]\n",
+        )
+        .expect("parse");
+        let plain = c.resolve("n", &labels(&[])).device_list_strategy;
+        assert_eq!(plain.names(), ["envvar"]);
+        let cdi = c.resolve("cdi-node", &labels(&[])).device_list_strategy;
+        assert_eq!(cdi.names(), ["volume-mounts", "cdi"]);
+        let none = Config::parse("version: 1\n").expect("parse");
+        assert_eq!(
+            none.resolve("n", &labels(&[])).device_list_strategy,
+            DeviceListStrategy::DEFAULT
+        );
+        assert_eq!(DeviceListStrategy::DEFAULT.names(), ["volume-mounts"]);
+        let e = err("default:\n  deviceListStrategy: magic\n");
+        assert!(
+            e.contains("default.deviceListStrategy") && e.contains("magic"),
+            "{e}"
+        );
+        let e = err("default:\n  deviceListStrategy: []\n");
+        assert!(e.contains("default.deviceListStrategy"), "{e}");
     }
 }

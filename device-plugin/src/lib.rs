@@ -7,6 +7,7 @@
 //! `registration`, `manager`, `node_labels`, `plugin`).
 
 pub mod allocate;
+pub mod cdi;
 pub mod config;
 pub mod device_id;
 pub mod grpc;
@@ -20,7 +21,10 @@ pub mod registration;
 pub mod selector;
 mod service;
 pub mod state;
+/// Test doubles (kubelet, PodResources, manager, pods) on real unix sockets:
+/// built for tests only, never into the release binary.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use plugin::{Error, Options, RESOURCE_NAME, SOCKET_NAME, run};
+pub use plugin::{Error, Options, RESOURCE_NAME, SOCKET_NAME, run, run_with_pods};
 pub use service::plugin_options;

@@ -22,7 +22,6 @@ use crate::pod_resources::{GrpcPodResources, KubePodApi, OrphanTracker, PodApi, 
 use crate::registration::{file_id, register};
 use crate::service::{PluginService, plugin_options};
 use crate::state::PluginState;
-use crate::testing::FakePods;
 
 /// The extended resource the plugin advertises.
 pub const RESOURCE_NAME: &str = "tessera.dev/vgpu";
@@ -66,14 +65,14 @@ pub struct Options {
     /// How often the kubelet socket is checked for a kubelet restart.
     pub kubelet_poll: Duration,
     pub host: HostPaths,
+    /// Where the CDI spec of the node's GPUs goes when the node config's
+    /// device-list strategy includes `cdi`; None writes none.
+    pub cdi_spec_dir: Option<PathBuf>,
     /// Read node labels and write GPU labels through the Kubernetes API.
     pub use_kube: bool,
     /// Node labels to assume when the Kubernetes API is not used.
     pub static_labels: BTreeMap<String, String>,
     pub label_refresh: Duration,
-    /// Pods to read annotations from in place of the Kubernetes API (tests);
-    /// used whether or not `use_kube` is set.
-    pub fake_pods: Option<FakePods>,
     pub pod_resources_interval: Duration,
     /// An allocation without a pod for this long is deleted.
     pub orphan_grace: Duration,
@@ -99,10 +98,10 @@ impl Options {
             config_poll: Duration::from_secs(2),
             kubelet_poll: Duration::from_secs(1),
             host: HostPaths::default(),
+            cdi_spec_dir: None,
             use_kube: false,
             static_labels: BTreeMap::new(),
             label_refresh: Duration::from_secs(60),
-            fake_pods: None,
             pod_resources_interval: Duration::from_secs(10),
             orphan_grace: Duration::from_secs(60),
             manager_grace: Duration::from_secs(30),
@@ -127,6 +126,17 @@ fn initial_config(path: Option<&Path>) -> Result<(Config, Option<Vec<u8>>), Erro
 
 /// Runs the plugin until `shutdown` completes.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    run_with_pods(opts, None::<KubePodApi>, shutdown).await
+}
+
+/// [`run`], reading pods' annotations from `pods` in place of the Kubernetes
+/// API when given (whether or not `use_kube` is set): how tests inject a
+/// double, which production options never carry.
+pub async fn run_with_pods<A: PodApi>(
+    opts: Options,
+    pods: Option<A>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let (config, config_bytes) = initial_config(opts.config_path.as_deref())?;
     let manager = Arc::new(GrpcManager::new(&opts.manager_socket)?);
     let mut tasks = JoinSet::new();
@@ -164,7 +174,6 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         ));
     }
     if let Some(sock) = &opts.pod_resources_socket {
-        let pods = GrpcPodResources::new(sock)?;
         let (resource, interval, grace) = (
             opts.resource_name.clone(),
             opts.pod_resources_interval,
@@ -172,11 +181,12 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         );
         // Pod policies need the Kubernetes API (pod annotations); without
         // it every allocation keeps the node's policy.
-        if let Some(fake) = opts.fake_pods.clone() {
+        let lister = GrpcPodResources::new(sock)?;
+        if let Some(injected) = pods {
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
-                pods,
-                Some(fake),
+                lister,
+                Some(injected),
                 resource,
                 interval,
                 grace,
@@ -184,7 +194,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         } else {
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
-                pods,
+                lister,
                 kube.map(KubePodApi::new),
                 resource,
                 interval,
@@ -194,6 +204,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     }
 
     tasks.spawn(preload_loop(state.clone(), opts.host.preload_file.clone()));
+    if let Some(dir) = opts.cdi_spec_dir.clone() {
+        tasks.spawn(crate::cdi::spec_loop(state.clone(), opts.host.clone(), dir));
+    }
 
     let service = Arc::new(PluginService {
         state,

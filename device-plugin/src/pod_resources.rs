@@ -32,7 +32,7 @@ use tessera_contract::Policy;
 pub use tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
 
 /// Pods through the Kubernetes API, as far as annotations go.
-pub(crate) trait PodApi: Send + Sync + 'static {
+pub trait PodApi: Send + Sync + 'static {
     fn annotations(
         &self,
         namespace: &str,

@@ -150,6 +150,7 @@ impl<M: ManagerApi> DevicePlugin for PluginService<M> {
                 &plan,
                 &self.host,
                 snap.node.ld_so_preload,
+                snap.node.device_list_strategy,
             ));
         }
         Ok(Response::new(dp::AllocateResponse {

@@ -383,7 +383,13 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
     assert_eq!(r.envs["TESSERA_ALLOCATION"], a.id);
     assert_eq!(r.envs["TESSERA_CONTROL"], "/run/tessera/alloc/control");
     assert_eq!(r.envs["TESSERA_STATE"], "/run/tessera/alloc/state");
-    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
+    // The default device-list strategy: volume mounts, as docs/install.md sets up
+    // the NVIDIA container toolkit.
+    assert_eq!(
+        r.envs["NVIDIA_VISIBLE_DEVICES"],
+        "/var/run/nvidia-container-devices"
+    );
+    assert!(r.cdi_devices.is_empty());
     assert!(
         !r.envs.contains_key("LD_PRELOAD"),
         "the webhook owns LD_PRELOAD"
@@ -406,6 +412,8 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         node.opts.host.hook_library.display().to_string()
     );
     assert!(hook.read_only);
+    let gpu = mount("/var/run/nvidia-container-devices/GPU-b");
+    assert_eq!(gpu.host_path, "/dev/null");
     assert!(
         r.mounts
             .iter()
@@ -436,10 +444,15 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         .await
         .expect("allocate")
         .into_inner();
-    assert_eq!(
-        resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
-        "GPU-a,GPU-b"
-    );
+    let gpus: Vec<&str> = resp.container_responses[0]
+        .mounts
+        .iter()
+        .filter_map(|m| {
+            m.container_path
+                .strip_prefix("/var/run/nvidia-container-devices/")
+        })
+        .collect();
+    assert_eq!(gpus, ["GPU-a", "GPU-b"]);
     let id = &resp.container_responses[0].envs["TESSERA_ALLOCATION"];
     let two = node
         .manager
@@ -527,4 +540,111 @@ async fn ld_so_preload_is_mounted_when_the_node_config_asks() {
     );
     assert!(!resp.container_responses[0].envs.contains_key("LD_PRELOAD"));
     node.stop().await;
+}
+
+/// Each device-list strategy's Allocate answer, over the plugin's real socket,
+/// as the kubelet gets it; under `cdi` the plugin's CDI spec is on disk.
+#[tokio::test]
+async fn each_device_list_strategy_answers_allocate_as_the_toolkit_expects() {
+    let gpus = || status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 80 * GI, 1, 0)]);
+    let mut answers = Vec::new();
+    for strategy in ["envvar", "volume-mounts", "cdi"] {
+        let mut node = Node::start_with(
+            gpus(),
+            &format!("default:\n  slice: {{slicesPerGpu: 2}}\n  deviceListStrategy: {strategy}\n"),
+            |o| o.cdi_spec_dir = Some(o.manager_socket.with_file_name("cdi")),
+        );
+        node.wait_devices("2 + 2 slices", |d| d.len() == 4).await;
+        let resp = node
+            .client()
+            .await
+            .allocate(allocate_req(&["GPU-b::1", "GPU-a::0"]))
+            .await
+            .unwrap_or_else(|e| panic!("{strategy}: allocate: {e}"))
+            .into_inner();
+        let r = resp.container_responses[0].clone();
+        let spec_file = node.path("cdi/tessera.dev-gpu.json");
+        // The spec follows the GPU list: written soon after the devices appear.
+        let deadline = std::time::Instant::now() + WAIT;
+        while strategy == "cdi" && !spec_file.exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let spec = std::fs::read_to_string(&spec_file).ok();
+        answers.push((strategy, r, spec, node.opts.host.hook_library.clone()));
+        node.stop().await;
+    }
+    let mounts = |r: &dp::ContainerAllocateResponse| -> Vec<(String, String)> {
+        let mut v: Vec<_> = r
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.clone(), m.host_path.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    let under = |r: &dp::ContainerAllocateResponse, root: &str| -> Vec<String> {
+        mounts(r)
+            .into_iter()
+            .filter(|(c, _)| c.starts_with(root))
+            .map(|(c, h)| format!("{c} <- {h}"))
+            .collect()
+    };
+
+    let (_, envvar, spec, _) = &answers[0];
+    assert_eq!(envvar.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+    assert!(under(envvar, "/var/run/nvidia-container-devices").is_empty());
+    assert!(envvar.cdi_devices.is_empty());
+    assert!(spec.is_none(), "no CDI spec unless the strategy asks");
+
+    let (_, vm, spec, _) = &answers[1];
+    assert_eq!(
+        vm.envs["NVIDIA_VISIBLE_DEVICES"],
+        "/var/run/nvidia-container-devices"
+    );
+    assert_eq!(
+        under(vm, "/var/run/nvidia-container-devices"),
+        [
+            "/var/run/nvidia-container-devices/GPU-a <- /dev/null",
+            "/var/run/nvidia-container-devices/GPU-b <- /dev/null"
+        ]
+    );
+    assert!(vm.cdi_devices.is_empty());
+    assert!(spec.is_none());
+
+    let (_, cdi, spec, hook) = &answers[2];
+    assert!(!cdi.envs.contains_key("NVIDIA_VISIBLE_DEVICES"));
+    let names: Vec<&str> = cdi.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "nvidia.com/gpu=GPU-a",
+            "nvidia.com/gpu=GPU-b",
+            "tessera.dev/gpu=GPU-a",
+            "tessera.dev/gpu=GPU-b"
+        ]
+    );
+    // The allocation's own files are mounts; the hook comes with the CDI device.
+    let paths: Vec<String> = mounts(cdi).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(
+        paths,
+        ["/run/tessera/alloc/control", "/run/tessera/alloc/state"]
+    );
+    let spec: serde_json::Value =
+        serde_json::from_str(spec.as_deref().expect("the CDI spec is written")).expect("json");
+    assert_eq!(spec["kind"], "tessera.dev/gpu");
+    let devices: Vec<&str> = spec["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| d["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(devices, ["GPU-a", "GPU-b"]);
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"],
+        hook.display().to_string()
+    );
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["mounts"][0]["containerPath"],
+        "/usr/local/lib/tessera/libtessera.so"
+    );
 }

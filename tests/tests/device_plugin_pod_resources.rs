@@ -133,15 +133,14 @@ async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
 /// A node whose plugin reads pods' annotations from `pods` (in place of the
 /// Kubernetes API) and polls PodResources often.
 fn node_with_pods(node_policy: &str, pods: &FakePods) -> Node {
-    let pods = pods.clone();
-    Node::start_with(
+    Node::start_with_pods(
         status(&[("GPU-a", 80 * GI, 0, 0)]),
         &format!("default:\n  computePolicy: {node_policy}\n  slice: {{slicesPerGpu: 8}}\n"),
-        move |o| {
+        Some(pods.clone()),
+        |o| {
             o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
             o.pod_resources_interval = Duration::from_millis(50);
             o.orphan_grace = Duration::from_secs(60);
-            o.fake_pods = Some(pods);
         },
     )
 }

@@ -1,13 +1,11 @@
-//! Tessera's mutating admission webhook: the decision, its certificates, the HTTPS server
-//! around it, and the deployment manifests it ships with.
+//! Tessera's mutating admission webhook: the decision, its certificates and the HTTPS
+//! server around it. (Its deployment is the Helm chart, deploy/helm/tessera.)
 
 pub mod admission;
 pub mod certs;
 pub mod cluster;
-pub mod manifests;
 pub mod rotate;
 pub mod run;
 pub mod server;
-pub mod template;
 
 pub use admission::{mutate, review};

@@ -131,57 +131,6 @@ impl WebhookArgs {
     }
 }
 
-/// Flags of `tessera manifests`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct ManifestsArgs {
-    /// Namespace to install into (created by the output).
-    #[arg(long, short = 'n', default_value = "tessera-system")]
-    pub namespace: String,
-    /// Prefix of every object's name, like a Helm release name.
-    #[arg(long, default_value = "tessera")]
-    pub release: String,
-    /// Values file(s) overriding the chart's values.yaml, like `helm -f`.
-    #[arg(long = "values", short = 'f')]
-    pub values: Vec<PathBuf>,
-    /// KEY=VALUE overrides with dotted keys, like `helm --set`.
-    #[arg(long)]
-    pub set: Vec<String>,
-}
-
-/// Why `tessera manifests` could not print.
-#[derive(Debug, thiserror::Error)]
-pub enum ManifestsCmdError {
-    #[error("cannot read values file {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Render(#[from] crate::manifests::ManifestError),
-}
-
-impl ManifestsArgs {
-    /// The manifests as `tessera manifests` prints them.
-    pub fn render(&self) -> Result<String, ManifestsCmdError> {
-        let mut values_files = Vec::new();
-        for p in &self.values {
-            let text = std::fs::read_to_string(p).map_err(|source| ManifestsCmdError::Read {
-                path: p.display().to_string(),
-                source,
-            })?;
-            values_files.push((p.display().to_string(), text));
-        }
-        let opts = crate::manifests::RenderOptions {
-            release_name: self.release.clone(),
-            namespace: self.namespace.clone(),
-            values_files,
-            set: self.set.clone(),
-        };
-        Ok(crate::manifests::render_standalone(&opts)?)
-    }
-}
-
 /// The DNS names a Service is reached by from the API server.
 pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     vec![

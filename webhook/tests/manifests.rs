@@ -1,8 +1,11 @@
-//! `tessera manifests` output: every document parses as its Kubernetes type with no field
-//! lost or misspelt (typed round trip), the objects agree with each other and with the
-//! webhook's own flags, and the chart directory matches what the binary renders.
+//! The chart as Helm itself renders it (`helm template`): every document parses as its
+//! Kubernetes type with no field lost or misspelt (typed round trip), and the objects agree
+//! with each other, with the webhook's own flags and with the paths the node agent uses.
+//! These need the helm binary: `.ci/chart` installs it and runs them with `HELM` set
+//! (`cargo test -p tessera-webhook --test manifests -- --include-ignored`).
 
 use std::collections::BTreeSet;
+use std::process::Command;
 
 use clap::Parser;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -12,8 +15,36 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tessera_webhook::manifests::{self, RenderOptions};
-use tessera_webhook::run::{CertSource, ManifestsArgs, WebhookArgs};
+use tessera_webhook::run::{CertSource, WebhookArgs};
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/helm/tessera");
+
+/// `helm template tessera <chart> -n tessera-system <flags>`, with the helm binary `HELM`
+/// names (or `helm` on PATH).
+fn helm_template(flags: &[&str]) -> String {
+    let helm = std::env::var("HELM").unwrap_or_else(|_| "helm".into());
+    let out = Command::new(&helm)
+        .args([
+            "template",
+            "tessera",
+            CHART,
+            "--namespace",
+            "tessera-system",
+        ])
+        .args(flags)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {helm} (set HELM; .ci/chart installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "helm template {flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn standalone() -> String {
+    helm_template(&["--set", "createNamespace=true"])
+}
 
 fn docs(yaml: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(yaml)
@@ -76,20 +107,6 @@ fn find<T: DeserializeOwned>(yaml: &str, kind: &str, name: &str) -> T {
     serde_json::from_value(doc).expect("typed")
 }
 
-fn standalone() -> String {
-    manifests_args(&["manifests"]).render().expect("render")
-}
-
-#[derive(Parser)]
-struct ManifestsCli {
-    #[command(flatten)]
-    args: ManifestsArgs,
-}
-
-fn manifests_args(argv: &[&str]) -> ManifestsArgs {
-    ManifestsCli::try_parse_from(argv).expect("args").args
-}
-
 #[derive(Parser)]
 struct WebhookCli {
     #[command(flatten)]
@@ -97,6 +114,7 @@ struct WebhookCli {
 }
 
 #[test]
+#[ignore = "needs helm: .ci/chart runs it with HELM set"]
 fn default_manifests_parse_as_kubernetes_objects() {
     let out = standalone();
     let kinds: BTreeSet<String> = check_all(&out).into_iter().map(|(k, _)| k).collect();
@@ -120,17 +138,16 @@ fn default_manifests_parse_as_kubernetes_objects() {
 }
 
 #[test]
+#[ignore = "needs helm: .ci/chart runs it with HELM set"]
 fn every_option_on_still_parses() {
-    let opts = RenderOptions {
-        set: vec![
-            "webhook.certManager.enabled=true".into(),
-            "serviceMonitor.enabled=true".into(),
-            "serviceMonitor.labels.release=prometheus".into(),
-            "node.runtimeClassName=nvidia".into(),
-        ],
-        ..RenderOptions::default()
-    };
-    let out = manifests::render(&opts).expect("render");
+    let out = helm_template(&[
+        "--set",
+        "webhook.certManager.enabled=true,serviceMonitor.enabled=true",
+        "--set",
+        "serviceMonitor.labels.release=prometheus",
+        "--set",
+        "node.runtimeClassName=nvidia",
+    ]);
     let kinds: BTreeSet<String> = check_all(&out).into_iter().map(|(k, _)| k).collect();
     for k in ["Issuer", "Certificate", "ServiceMonitor"] {
         assert!(kinds.contains(k), "{k} missing");
@@ -180,6 +197,7 @@ fn webhook_args(dep: &Deployment) -> WebhookArgs {
 }
 
 #[test]
+#[ignore = "needs helm: .ci/chart runs it with HELM set"]
 fn webhook_objects_agree_with_each_other() {
     let out = standalone();
     let mwc: MutatingWebhookConfiguration =
@@ -255,6 +273,7 @@ fn webhook_objects_agree_with_each_other() {
 }
 
 #[test]
+#[ignore = "needs helm: .ci/chart runs it with HELM set"]
 fn node_objects_carry_the_agreed_paths_and_config() {
     let out = standalone();
     let ds: DaemonSet = find(&out, "DaemonSet", "tessera-node");
@@ -312,65 +331,11 @@ fn node_objects_carry_the_agreed_paths_and_config() {
     let cm: ConfigMap = find(&out, "ConfigMap", "tessera-node-config");
     let text = &cm.data.expect("data")["config.yaml"];
     let in_cm: serde_yaml::Value = serde_yaml::from_str(text).expect("config.yaml is YAML");
-    let values = manifests::values(&RenderOptions::default()).expect("values");
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values.yaml"),
+    )
+    .expect("values.yaml is YAML");
     assert_eq!(in_cm, values["nodeConfig"]);
-}
-
-#[test]
-fn namespace_and_release_flags_rename_everything() {
-    let args = manifests_args(&[
-        "manifests",
-        "-n",
-        "gpu",
-        "--release",
-        "ts",
-        "--set",
-        "webhook.replicas=3",
-    ]);
-    let out = args.render().expect("render");
-    for doc in docs(&out) {
-        let name = doc["metadata"]["name"].as_str().expect("name");
-        assert!(name.starts_with("ts-") || name == "gpu", "{name}");
-        if let Some(ns) = doc["metadata"]["namespace"].as_str() {
-            assert_eq!(ns, "gpu");
-        }
-    }
-    let dep: Deployment = find(&out, "Deployment", "ts-webhook");
-    assert_eq!(dep.spec.and_then(|s| s.replicas), Some(3));
-}
-
-#[test]
-fn missing_values_file_is_a_clear_error() {
-    let args = manifests_args(&["manifests", "-f", "/nonexistent/values.yaml"]);
-    let e = args.render().unwrap_err().to_string();
-    assert!(
-        e.contains("cannot read values file /nonexistent/values.yaml"),
-        "{e}"
-    );
-    let args = manifests_args(&["manifests", "--set", "oops"]);
-    let e = args.render().unwrap_err().to_string();
-    assert!(e.contains("expected KEY=VALUE"), "{e}");
-}
-
-#[test]
-fn the_binary_renders_every_template_in_the_chart() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(manifests::CHART_DIR)
-        .join("templates");
-    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
-        .expect("chart templates")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .filter(|n| !manifests::NOT_MANIFESTS.contains(&n.as_str()))
-        .collect();
-    let compiled: BTreeSet<String> = manifests::TEMPLATES
-        .iter()
-        .map(|(n, _)| n.to_string())
-        .collect();
-    assert_eq!(
-        on_disk, compiled,
-        "add new chart templates to manifests::TEMPLATES"
-    );
 }
 
 #[test]

@@ -1,32 +1,41 @@
-//! The chart and the device plugin agree: the node config the chart ships parses with the
-//! device plugin's own parser and means what its comments say, and the names the webhook
-//! relies on are the plugin's.
+//! The chart and the device plugin agree: the node config the chart ships (its
+//! values.yaml `nodeConfig`, which the ConfigMap's config.yaml is, through `toYaml`)
+//! parses with the device plugin's own parser and means what its comments say, and
+//! the names the webhook relies on are the plugin's. (Helm itself renders the chart
+//! in CI: .ci/chart.)
 
 use std::collections::BTreeMap;
 
-use tessera_device_plugin::config::{ComputePolicy, Config, Placement};
-use tessera_webhook::manifests::{self, RenderOptions};
+use tessera_device_plugin::config::{ComputePolicy, Config, DeviceListStrategy, Placement};
 
-fn shipped_config() -> Config {
-    let out = manifests::render(&RenderOptions::default()).expect("render");
-    let cm = serde_yaml::Deserializer::from_str(&out)
-        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("yaml"))
-        .find(|d| d["kind"] == "ConfigMap")
-        .expect("the node ConfigMap");
-    let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
-    Config::parse(text)
-        .unwrap_or_else(|e| panic!("the chart's node config is refused: {e}\n{text}"))
+fn shipped_node_config() -> serde_yaml::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/helm/tessera/values.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the chart's values.yaml");
+    let values: serde_yaml::Value = serde_yaml::from_str(&text).expect("values.yaml is YAML");
+    values["nodeConfig"].clone()
+}
+
+fn parse(v: &serde_yaml::Value) -> Result<Config, String> {
+    let text = serde_yaml::to_string(v).expect("to yaml");
+    Config::parse(&text).map_err(|e| e.to_string())
 }
 
 #[test]
 fn shipped_node_config_parses_and_resolves_as_documented() {
-    let c = shipped_config();
+    let c = parse(&shipped_node_config())
+        .unwrap_or_else(|e| panic!("the chart's node config is refused: {e}"));
     let plain = c.resolve("gpu-node-1", &BTreeMap::new());
     assert_eq!(plain.slice.memory_bytes, Some(4 << 30));
     assert_eq!(plain.slice.slices_per_gpu, Some(8));
     assert_eq!(plain.compute_policy, ComputePolicy::Burst);
     assert_eq!(plain.placement, Placement::Binpack);
     assert_eq!(plain.shared_threshold, 0.2);
+    // What docs/install.md sets the NVIDIA container toolkit up for.
+    assert_eq!(plain.device_list_strategy, DeviceListStrategy::DEFAULT);
+    assert_eq!(plain.device_list_strategy.names(), ["volume-mounts"]);
 
     let labels = BTreeMap::from([("pool".to_string(), "inference".to_string())]);
     let inference = c.resolve("gpu-node-2", &labels);
@@ -46,20 +55,14 @@ fn shipped_node_config_parses_and_resolves_as_documented() {
 }
 
 #[test]
-fn a_bad_override_of_the_node_config_is_caught_by_the_plugin() {
-    let opts = RenderOptions {
-        set: vec!["nodeConfig.default.placement=scatter".into()],
-        ..RenderOptions::default()
-    };
-    let out = manifests::render(&opts).expect("render");
-    let cm = serde_yaml::Deserializer::from_str(&out)
-        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("yaml"))
-        .find(|d| d["kind"] == "ConfigMap")
-        .expect("cm");
-    let e = Config::parse(cm["data"]["config.yaml"].as_str().expect("text"))
-        .expect_err("refused")
-        .to_string();
-    assert!(e.contains("scatter"), "{e}");
+fn a_bad_value_in_the_node_config_is_caught_by_the_plugin() {
+    let mut v = shipped_node_config();
+    v["default"]["placement"] = serde_yaml::Value::from("scatter");
+    let e = parse(&v).expect_err("refused");
+    assert!(
+        e.contains("default.placement") && e.contains("scatter"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tessera_device_plugin::testing::{FakeKubelet, FakeManager, gpu_status};
-use tessera_device_plugin::{Options, run};
+use tessera_device_plugin::testing::{FakeKubelet, FakeManager, FakePods, gpu_status};
+use tessera_device_plugin::{Options, run_with_pods};
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 use tokio::sync::oneshot;
@@ -22,6 +22,8 @@ pub struct Node {
     pub manager: FakeManager,
     pub kubelet: FakeKubelet,
     pub opts: Options,
+    /// Pods' annotations, injected in place of the Kubernetes API.
+    pub pods: Option<FakePods>,
     stop: Option<oneshot::Sender<()>>,
     pub plugin: Option<JoinHandle<Result<(), tessera_device_plugin::Error>>>,
 }
@@ -60,6 +62,17 @@ impl Node {
         config: &str,
         tweak: impl FnOnce(&mut Options),
     ) -> Self {
+        Self::start_with_pods(status, config, None, tweak)
+    }
+
+    /// [`Node::start_with`], the plugin reading pods' annotations from `pods`
+    /// (in place of the Kubernetes API) when given.
+    pub fn start_with_pods(
+        status: mgr::NodeStatus,
+        config: &str,
+        pods: Option<FakePods>,
+        tweak: impl FnOnce(&mut Options),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let dp_dir = dir.path().join("dp");
         std::fs::create_dir_all(&dp_dir).expect("mkdir");
@@ -88,6 +101,7 @@ impl Node {
             manager,
             kubelet,
             opts,
+            pods,
             stop: None,
             plugin: None,
         };
@@ -98,9 +112,13 @@ impl Node {
     pub fn start_plugin(&mut self) {
         let (tx, rx) = oneshot::channel::<()>();
         self.stop = Some(tx);
-        self.plugin = Some(tokio::spawn(run(self.opts.clone(), async {
-            let _ = rx.await;
-        })));
+        self.plugin = Some(tokio::spawn(run_with_pods(
+            self.opts.clone(),
+            self.pods.clone(),
+            async {
+                let _ = rx.await;
+            },
+        )));
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
