@@ -14,7 +14,9 @@ use std::os::fd::FromRawFd;
 
 use tessera_e2e::SimNode;
 use tessera_ffi::cuda::{CUfunction_attribute as A, CUresult};
-use tessera_sim_cuda::context::{cuCtxCreate_v2, cuCtxSynchronize};
+use tessera_sim_cuda::context::{
+    cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxSetCurrent, cuCtxSynchronize,
+};
 use tessera_sim_cuda::copy::{cuMemcpyDtoH_v2, cuMemcpyHtoD_v2};
 use tessera_sim_cuda::device::cuInit;
 use tessera_sim_cuda::launch::cuLaunchKernel;
@@ -463,4 +465,26 @@ fn real_images_load_launch_and_fail_cleanly() {
     assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_IMAGE);
     assert_eq!(err.lines().count(), 1, "{err:?}");
     assert_eq!(load(std::ptr::null()).0, CUresult::CUDA_ERROR_INVALID_VALUE);
+
+    // ---- a destroyed context takes its modules' globals with it, once ----
+    let before = memory();
+    let mut other = std::ptr::null_mut();
+    // SAFETY: valid out pointer; the new context becomes current.
+    assert_eq!(unsafe { cuCtxCreate_v2(&mut other, 0, 0) }, OK);
+    let (rc, m) = load(CUBIN.as_ptr().cast());
+    assert_eq!(rc, OK);
+    // SAFETY: valid out pointers and C string.
+    let rc = unsafe { cuModuleGetGlobal_v2(&mut dptr, &mut size, m, c"tessera_table".as_ptr()) };
+    assert_eq!(rc, OK);
+    assert!(memory() > before);
+    // SAFETY: a live context; then none is current.
+    unsafe {
+        assert_eq!(cuCtxDestroy_v2(other), OK);
+        assert_eq!(cuCtxSetCurrent(std::ptr::null_mut()), OK);
+    }
+    assert_eq!(memory(), before);
+    assert_eq!(
+        function(m, "tessera_add").0,
+        CUresult::CUDA_ERROR_INVALID_HANDLE
+    );
 }

@@ -455,7 +455,10 @@ impl Module {
             .ok_or_else(|| not_found("global", name))
     }
 
-    fn release(&self, rt: &Runtime) {
+    /// Drops the module's functions and, with `rt`, frees its globals (`None` when its
+    /// context is gone: the context freed them, and the address may already be another
+    /// allocation's).
+    fn release(&self, rt: Option<&Runtime>) {
         for (_, f) in self
             .functions
             .lock()
@@ -464,13 +467,13 @@ impl Module {
         {
             FUNCTIONS.remove(f);
         }
-        if let Some(Globals { base: Some(b), .. }) = self
+        let globals = self
             .globals
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            // Gone already when the context was destroyed first.
+            .take();
+        if let (Some(rt), Some(Globals { base: Some(b), .. })) = (rt, globals) {
+            // An error means the program freed it itself (cuMemFree): nothing left to do.
             let _ = crate::memory::free_device(rt, b);
         }
     }
@@ -651,7 +654,7 @@ pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
         let m = MODULES
             .remove(hmod as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        m.release(rt);
+        m.release(Some(rt));
         Ok(())
     })
 }
@@ -659,11 +662,8 @@ pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
 /// Unloads the modules of a destroyed context (its memory, globals included, is freed
 /// with the context).
 pub fn unload_context(ctx_id: u64) {
-    let removed = MODULES.remove_where(|m| m.ctx_id == ctx_id);
-    if let Ok(rt) = rt() {
-        for m in removed {
-            m.release(rt);
-        }
+    for m in MODULES.remove_where(|m| m.ctx_id == ctx_id) {
+        m.release(None);
     }
     for l in LIBRARIES.all() {
         l.modules
@@ -1320,7 +1320,7 @@ pub unsafe extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
             .drain(..)
         {
             if let Some(m) = MODULES.remove(m) {
-                m.release(rt);
+                m.release(Some(rt));
             }
         }
         Ok(())
