@@ -63,6 +63,8 @@ pub(super) struct MemberStats {
     pub policy: Policy,
     pub added_at: u64,
     pub held_ns: u64,
+    /// The longest single hold (grant to drained), drains included.
+    pub longest_hold_ns: u64,
     pub grants: u64,
     pub drain_timeouts: u64,
     /// Recent held intervals, for the achieved share over the window.
@@ -396,6 +398,7 @@ impl Driver {
                 policy,
                 added_at: now,
                 held_ns: 0,
+                longest_hold_ns: 0,
                 grants: 0,
                 drain_timeouts: 0,
                 charges: VecDeque::new(),
@@ -533,6 +536,7 @@ impl Driver {
                     }
                     if let Some(s) = shared.members.get_mut(&id) {
                         s.held_ns += end.saturating_sub(start);
+                        s.longest_hold_ns = s.longest_hold_ns.max(end.saturating_sub(start));
                         s.charges.push_back((start, end));
                         while s.charges.front().is_some_and(|&(_, e)| e + window < now) {
                             s.charges.pop_front();

@@ -206,6 +206,9 @@ pub struct AllocationStats {
     pub achieved_ppm: u32,
     /// Time held since added, drains included.
     pub held_ns: u64,
+    /// The longest single hold since added (grant to drained): how far a
+    /// measurement over a window can be off at each of its ends.
+    pub longest_hold_ns: u64,
     pub grants: u64,
     /// Time its processes spent blocked at the gate (from its state file).
     pub wait_ns: u64,
@@ -388,6 +391,7 @@ impl Arbiter {
                     target_ppm: m.target_ppm,
                     achieved_ppm: achieved,
                     held_ns: m.held_ns,
+                    longest_hold_ns: m.longest_hold_ns,
                     grants: m.grants,
                     wait_ns: m.files.state().gate_wait_ns(m.dev),
                     handover_ns: m.handovers.iter().copied().collect(),

@@ -322,13 +322,14 @@ pub fn client(node: &SimNode, args: &[&str]) -> Output {
         .expect("run the client")
 }
 
-/// Starts a client command with piped stdout, for reading as it goes.
+/// Starts a client command with piped stdout, for reading as it goes. Its
+/// stderr is the test's, so a client that fails says why.
 pub fn client_spawn(node: &SimNode, args: &[String]) -> Child {
     role_command("cli", args)
         .envs(node.env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn the client")
 }
