@@ -186,13 +186,19 @@ impl Core {
     /// DeleteAllocation.
     pub fn delete(&self, id: &str) -> Result<(), AllocError> {
         let _w = self.writes.lock();
-        let Some(live) = self.allocs.write().remove(id) else {
+        let Some(live) = self.allocation(id) else {
             return Err(AllocError::NotFound(format!("no allocation {id:?}")));
         };
+        // The rename on disk decides: if it fails, the allocation stays
+        // served, in arbitration and on disk, as if never asked.
+        let doomed = self.store.retire(id)?;
+        self.allocs.write().remove(id);
         self.arbitration.remove(id);
         let procs = live.state().processes(live.control().n_devices()).len();
         drop(live);
-        self.store.remove(id)?;
+        if let Err(e) = self.store.purge(&doomed) {
+            tracing::warn!(id, error = %e, "deleted allocation's files not removed; start-up removes them");
+        }
         tracing::info!(id, processes_left = procs, "allocation deleted");
         self.notify();
         Ok(())
@@ -240,16 +246,19 @@ impl Core {
 
     /// Loads every allocation on disk (manager restart).
     pub(crate) fn reload(&self) -> Result<(), ManagerError> {
-        let (records, broken) = self.store.load_all()?;
-        for q in broken {
+        let loaded = self.store.load_all()?;
+        for q in loaded.broken {
             tracing::error!(
                 from = %q.from.display(),
                 kept_at = %q.to.display(),
                 reason = %q.reason,
-                "allocation directory unreadable; moved aside"
+                "allocation directory unreadable and nothing to rebuild it from; moved aside"
             );
         }
-        for rec in records {
+        for (id, how) in &loaded.recovered {
+            tracing::error!(allocation = %id, %how, "allocation record damaged; recovered");
+        }
+        for rec in loaded.records {
             let id = rec.id.clone();
             for d in &rec.devices {
                 if !self.gpus.iter().any(|g| g.uuid == d.gpu_uuid) {
@@ -257,7 +266,21 @@ impl Core {
                 }
             }
             let dir = self.store.alloc_dir(&id);
-            match LiveAllocation::open(rec, dir.clone()).map(Arc::new) {
+            let opened = LiveAllocation::open(rec.clone(), dir.clone()).or_else(|first| {
+                // Damaged files (a tenant can write its state file): repaired
+                // in place from the record, so the allocation keeps its
+                // capacity and its place in arbitration.
+                let spec = rec.control_spec(self.config.context_overhead_bytes);
+                let repaired = self.store.repair(&rec, &spec)?;
+                tracing::error!(
+                    allocation = %id,
+                    error = %first,
+                    repaired = %repaired.join(", "),
+                    "allocation files damaged; repaired in place"
+                );
+                LiveAllocation::open(rec.clone(), dir.clone())
+            });
+            match opened.map(Arc::new) {
                 Ok(live) => {
                     let procs = live.state().processes(live.control().n_devices()).len();
                     tracing::info!(allocation = %id, processes = procs, "allocation reloaded");
@@ -265,7 +288,15 @@ impl Core {
                     self.allocs.write().insert(id, live);
                 }
                 Err(e) => {
-                    tracing::error!(allocation = %id, error = %e, "allocation files unusable; left in place, not served");
+                    // Serving it is impossible, forgetting it would re-sell
+                    // capacity a live process may hold: refuse to start.
+                    return Err(ManagerError::Alloc(AllocError::Io {
+                        path: dir.clone(),
+                        error: std::io::Error::other(format!(
+                            "allocation {id} cannot be served or repaired ({e}); fix or delete \
+                             the directory, then start again"
+                        )),
+                    }));
                 }
             }
         }

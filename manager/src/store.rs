@@ -4,6 +4,19 @@
 //! `allocation.json`. A directory is built under a temporary name and
 //! renamed into place, so one named after an id is always complete; a
 //! restarted manager picks every allocation up again from here.
+//!
+//! Nothing is forgotten: every record is written twice, each time to a
+//! temporary file, fsynced and renamed over (`allocation.json`, and a
+//! checksummed copy in `allocations/.records/<id>.json`, which no container
+//! mounts). At start-up a record is read from the first that is whole; if
+//! both are lost it is rebuilt from the control file (limits, shares; policy
+//! `guaranteed`, the most restrictive), so an allocation a live process may
+//! still use keeps its capacity and its place in arbitration until it is
+//! deleted. Allocation files a tenant damaged (its state file is mapped
+//! read-write in its container) are repaired in place (same inode: the
+//! containers' mounts and mappings stay valid) from the record. Only a
+//! directory with no record, no copy and no readable control file is moved
+//! aside, loudly.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,6 +41,56 @@ pub struct Quarantined {
     pub reason: String,
 }
 
+/// What `load_all` found.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub records: Vec<AllocationRecord>,
+    /// Directories moved aside (nothing left to rebuild them from).
+    pub broken: Vec<Quarantined>,
+    /// Records that were damaged and recovered: (id, how).
+    pub recovered: Vec<(String, String)>,
+}
+
+/// Where the checksummed copies of the records live, under the allocations
+/// directory (a dot name: never taken for an allocation).
+const RECORDS_DIR: &str = ".records";
+
+/// FNV-1a, 64 bits: detects a damaged copy (not an adversary: only root
+/// writes these files).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The checksummed form of a record: a first line `fnv1a64:<hex>`, then the
+/// JSON it covers.
+fn sealed(json: &[u8]) -> Vec<u8> {
+    let mut out = format!("fnv1a64:{:016x}\n", fnv1a64(json)).into_bytes();
+    out.extend_from_slice(json);
+    out
+}
+
+fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
+    let nl = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or("no checksum line")?;
+    let line = std::str::from_utf8(&bytes[..nl]).map_err(|_| "checksum line not text")?;
+    let want = line
+        .strip_prefix("fnv1a64:")
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .ok_or("bad checksum line")?;
+    let body = &bytes[nl + 1..];
+    if fnv1a64(body) != want {
+        return Err("checksum mismatch".into());
+    }
+    Ok(body)
+}
+
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), AllocError> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let result = (|| {
@@ -50,12 +113,39 @@ fn sync_dir(dir: &Path) {
 }
 
 impl Store {
-    /// Opens (creating) the allocations directory.
+    /// Opens (creating) the allocations directory, and proves it writable:
+    /// a manager that could not write there would serve allocations it
+    /// cannot record, repair or delete.
     pub fn open(dir: &Path) -> Result<Self, AllocError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let records = dir.join(RECORDS_DIR);
+        std::fs::create_dir_all(&records).map_err(io(&records))?;
+        let probe = dir.join(format!(".write-test-{}", std::process::id()));
+        write_atomically(&probe, b"ok").map_err(|e| match e {
+            AllocError::Io { error, .. } => AllocError::Io {
+                path: dir.to_owned(),
+                error: std::io::Error::new(error.kind(), format!("not writable: {error}")),
+            },
+            e => e,
+        })?;
+        let _ = std::fs::remove_file(&probe);
         Ok(Store {
             dir: dir.to_owned(),
         })
+    }
+
+    fn copy_path(&self, id: &str) -> PathBuf {
+        self.dir.join(RECORDS_DIR).join(format!("{id}.json"))
+    }
+
+    /// Writes both copies of a record (the directory's and the sealed one).
+    fn write_record(&self, dir: &Path, rec: &AllocationRecord) -> Result<(), AllocError> {
+        let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
+            path: dir.join(RECORD_FILE),
+            error: std::io::Error::other(e),
+        })?;
+        write_atomically(&self.copy_path(&rec.id), &sealed(&json))?;
+        write_atomically(&dir.join(RECORD_FILE), &json)
     }
 
     pub fn dir(&self) -> &Path {
@@ -86,11 +176,7 @@ impl Store {
         let _ = std::fs::remove_dir_all(&tmp);
         let result = (|| {
             tessera_shm::create_allocation_files(&tmp, spec)?;
-            let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
-                path: tmp.join(RECORD_FILE),
-                error: std::io::Error::other(e),
-            })?;
-            write_atomically(&tmp.join(RECORD_FILE), &json)?;
+            self.write_record(&tmp, rec)?;
             // The files must be readable by containers of any uid.
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
@@ -99,41 +185,47 @@ impl Store {
         })();
         if let Err(e) = result {
             let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_file(self.copy_path(&rec.id));
             return Err(e);
         }
         sync_dir(&self.dir);
         Ok((final_dir.join("control"), final_dir.join("state")))
     }
 
-    /// Rewrites an existing allocation's record.
+    /// Rewrites an existing allocation's record (both copies).
     pub fn save(&self, rec: &AllocationRecord) -> Result<(), AllocError> {
-        let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
-            path: self.alloc_dir(&rec.id).join(RECORD_FILE),
-            error: std::io::Error::other(e),
-        })?;
-        write_atomically(&self.alloc_dir(&rec.id).join(RECORD_FILE), &json)
+        self.write_record(&self.alloc_dir(&rec.id), rec)
     }
 
-    /// Removes an allocation's directory.
+    /// Removes an allocation's directory: [`Store::retire`] then
+    /// [`Store::purge`].
     pub fn remove(&self, id: &str) -> Result<(), AllocError> {
+        let doomed = self.retire(id)?;
+        self.purge(&doomed)
+    }
+
+    /// The step of a delete that decides it: the directory is renamed away
+    /// (and the record's copy removed). If this fails nothing has changed
+    /// and the allocation must stay served; once it succeeds the allocation
+    /// is gone, even across a crash (leftovers are cleaned at start-up).
+    pub fn retire(&self, id: &str) -> Result<PathBuf, AllocError> {
         let dir = self.alloc_dir(id);
-        // Renamed away first, so a crash half-way leaves no directory that
-        // looks like a live allocation.
         let doomed = self
             .dir
             .join(format!(".deleted-{id}-{}", std::process::id()));
         std::fs::rename(&dir, &doomed).map_err(io(&dir))?;
         sync_dir(&self.dir);
-        std::fs::remove_dir_all(&doomed).map_err(io(&doomed))
+        let _ = std::fs::remove_file(self.copy_path(id));
+        Ok(doomed)
     }
 
-    /// Reads one allocation directory's record.
-    pub fn read(&self, dir: &Path) -> Result<AllocationRecord, String> {
-        let path = dir.join(RECORD_FILE);
-        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let rec: AllocationRecord =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    /// Removes a retired directory's files (a failure leaves only garbage
+    /// that start-up removes).
+    pub fn purge(&self, doomed: &Path) -> Result<(), AllocError> {
+        std::fs::remove_dir_all(doomed).map_err(io(doomed))
+    }
+
+    fn check_record(rec: &AllocationRecord, name: &str, path: &Path) -> Result<(), String> {
         if rec.id != name {
             return Err(format!(
                 "{}: record is for {:?}, directory is {name:?}",
@@ -141,16 +233,75 @@ impl Store {
                 rec.id
             ));
         }
-        check_id(&rec.id).map_err(|e| e.to_string())?;
+        check_id(&rec.id).map_err(|e| e.to_string())
+    }
+
+    /// Reads one allocation directory's record from `allocation.json`.
+    pub fn read(&self, dir: &Path) -> Result<AllocationRecord, String> {
+        let path = dir.join(RECORD_FILE);
+        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rec: AllocationRecord =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        Self::check_record(&rec, name, &path)?;
+        Ok(rec)
+    }
+
+    /// Reads the sealed copy of allocation `name`'s record.
+    fn read_copy(&self, name: &str) -> Result<AllocationRecord, String> {
+        let path = self.copy_path(name);
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let body = unseal(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rec: AllocationRecord =
+            serde_json::from_slice(body).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::check_record(&rec, name, &path)?;
+        Ok(rec)
+    }
+
+    /// What can be rebuilt of a record from the allocation's control file
+    /// (written only by the manager, mounted read-only): devices, limits,
+    /// shares; the policy is `guaranteed`, the most restrictive; device ids,
+    /// labels and owner are lost.
+    fn rebuild_from_control(&self, dir: &Path, name: &str) -> Result<AllocationRecord, String> {
+        let path = dir.join("control");
+        let c = Control::open(&path).map_err(|e| e.to_string())?;
+        if c.alloc_id() != name {
+            return Err(format!(
+                "{}: control is for {:?}",
+                path.display(),
+                c.alloc_id()
+            ));
+        }
+        let devices = (0..c.n_devices())
+            .map(|i| crate::alloc::DeviceRecord {
+                gpu_uuid: c.uuid(i).to_owned(),
+                memory_limit_bytes: c.memory_limit(i),
+                compute_share_ppm: c.compute_share_ppm(i),
+                slices: 0,
+            })
+            .collect();
+        let rec = AllocationRecord {
+            id: name.to_owned(),
+            devices,
+            policy: tessera_shm::Policy::Guaranteed,
+            device_ids: Vec::new(),
+            labels: Default::default(),
+            namespace: String::new(),
+            pod: String::new(),
+            container: String::new(),
+            created_unix_ms: 0,
+        };
+        Self::check_record(&rec, name, &path)?;
         Ok(rec)
     }
 
     /// Every allocation directory's record. Unfinished creations and
-    /// deletions are cleaned up; a directory that cannot be read is moved
-    /// to `.broken-<name>-<time>` and reported, never deleted.
-    pub fn load_all(&self) -> Result<(Vec<AllocationRecord>, Vec<Quarantined>), AllocError> {
-        let mut records = Vec::new();
-        let mut broken = Vec::new();
+    /// deletions are cleaned up; a damaged record is recovered from its copy
+    /// or the control file (and written back); only a directory nothing can
+    /// be recovered from is moved to `.broken-<name>-<time>` and reported,
+    /// never deleted.
+    pub fn load_all(&self) -> Result<Loaded, AllocError> {
+        let mut out = Loaded::default();
         let entries = std::fs::read_dir(&self.dir).map_err(io(&self.dir))?;
         let mut names: Vec<_> = entries.flatten().map(|e| e.path()).collect();
         names.sort();
@@ -166,8 +317,35 @@ impl Store {
             if name.starts_with('.') || !path.is_dir() {
                 continue;
             }
-            match self.read(&path) {
-                Ok(rec) => records.push(rec),
+            let read = self.read(&path).or_else(|first| {
+                let (rec, how) = match self.read_copy(&name) {
+                    Ok(rec) => (rec, "from its checksummed copy".to_owned()),
+                    Err(second) => match self.rebuild_from_control(&path, &name) {
+                        Ok(rec) => (
+                            rec,
+                            format!(
+                                "from the control file (policy guaranteed; device ids, \
+                                 labels and owner lost; copy: {second})"
+                            ),
+                        ),
+                        Err(third) => return Err(format!("{first}; copy: {second}; {third}")),
+                    },
+                };
+                // Written back, so the next start finds it whole.
+                if let Err(e) = self.write_record(&path, &rec) {
+                    tracing::error!(allocation = %name, error = %e, "cannot rewrite a recovered record");
+                }
+                out.recovered.push((name.clone(), format!("{first}; recovered {how}")));
+                Ok(rec)
+            });
+            match read {
+                Ok(rec) => {
+                    // A record written before copies existed gets one now.
+                    if !self.copy_path(&name).exists() {
+                        let _ = self.write_record(&path, &rec);
+                    }
+                    out.records.push(rec)
+                }
                 Err(reason) => {
                     let stamp = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -175,7 +353,7 @@ impl Store {
                         .unwrap_or(0);
                     let to = self.dir.join(format!(".broken-{name}-{stamp}"));
                     std::fs::rename(&path, &to).map_err(io(&path))?;
-                    broken.push(Quarantined {
+                    out.broken.push(Quarantined {
                         from: path,
                         to,
                         reason,
@@ -183,8 +361,84 @@ impl Store {
                 }
             }
         }
-        Ok((records, broken))
+        Ok(out)
     }
+
+    /// Repairs an allocation's files in place from its record, keeping
+    /// their inodes (containers have them mounted and mapped): a control
+    /// file is rewritten whole from the record; a state file gets back its
+    /// header (magic, ABI, size, allocation id) and its length, keeping the
+    /// slots. A missing file is created. Returns what was repaired.
+    pub fn repair(
+        &self,
+        rec: &AllocationRecord,
+        spec: &ControlSpec,
+    ) -> Result<Vec<String>, AllocError> {
+        use std::os::unix::fs::FileExt;
+        let dir = self.alloc_dir(&rec.id);
+        let mut done = Vec::new();
+        // Fresh files to copy from, beside the real ones (same filesystem).
+        let fresh = self
+            .dir
+            .join(format!(".new-repair-{}-{}", rec.id, std::process::id()));
+        let _ = std::fs::remove_dir_all(&fresh);
+        tessera_shm::create_allocation_files(&fresh, spec)?;
+        let result = (|| {
+            let control = dir.join("control");
+            if Control::open(&control).is_err() {
+                let bytes = std::fs::read(fresh.join("control")).map_err(io(&fresh))?;
+                rewrite_in_place(&control, &bytes, 0o644)?;
+                done.push("control rewritten from the record".to_owned());
+            }
+            let state = dir.join("state");
+            if State::open(&state, &rec.id).is_err() {
+                let bytes = std::fs::read(fresh.join("state")).map_err(io(&fresh))?;
+                if !state.exists() {
+                    rewrite_in_place(&state, &bytes, 0o666)?;
+                } else {
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&state)
+                        .map_err(io(&state))?;
+                    f.set_len(bytes.len() as u64).map_err(io(&state))?;
+                    use tessera_shm::layout::StateHeader;
+                    // The words State::open checks; the slots are left as they are.
+                    for (at, len) in [
+                        (std::mem::offset_of!(StateHeader, magic), 8),
+                        (std::mem::offset_of!(StateHeader, abi_version), 4),
+                        (std::mem::offset_of!(StateHeader, size), 4),
+                        (
+                            std::mem::offset_of!(StateHeader, alloc_id),
+                            tessera_shm::layout::ID_LEN,
+                        ),
+                    ] {
+                        f.write_all_at(&bytes[at..at + len], at as u64)
+                            .map_err(io(&state))?;
+                    }
+                    f.sync_all().map_err(io(&state))?;
+                }
+                done.push("state header restored".to_owned());
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_dir_all(&fresh);
+        result.map(|()| done)
+    }
+}
+
+/// Writes `bytes` over `path` in place (creating it with `mode` if absent),
+/// so every existing mount and mapping of it sees the new content.
+fn rewrite_in_place(path: &Path, bytes: &[u8], mode: u32) -> Result<(), AllocError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(mode)
+        .open(path)
+        .map_err(io(path))?;
+    f.set_len(bytes.len() as u64).map_err(io(path))?;
+    f.write_all_at(bytes, 0).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
 }
 
 /// An allocation the manager serves: its record and its open files.
@@ -305,7 +559,8 @@ mod tests {
         std::fs::create_dir_all(store.dir().join("b2")).unwrap();
         std::fs::write(store.dir().join("b2").join(RECORD_FILE), "{not json").unwrap();
 
-        let (recs, broken) = store.load_all().unwrap();
+        let loaded = store.load_all().unwrap();
+        let (recs, broken) = (loaded.records, loaded.broken);
         assert_eq!(recs, vec![owned]);
         assert_eq!(broken.len(), 1);
         assert!(
@@ -318,7 +573,119 @@ mod tests {
 
         store.remove("a1").unwrap();
         assert!(!store.alloc_dir("a1").exists());
-        assert_eq!(store.load_all().unwrap().0, vec![]);
+        assert_eq!(store.load_all().unwrap().records, vec![]);
+        assert!(!store.copy_path("a1").exists(), "the copy goes with it");
+    }
+
+    fn created(store: &Store) -> AllocationRecord {
+        let mut rec = norm(&req(&gpus()[0].uuid, 4 * GI, 300_000)).unwrap();
+        rec.pod = "p".into();
+        store.create(&rec, &rec.control_spec(0)).unwrap();
+        rec
+    }
+
+    #[test]
+    fn a_damaged_record_is_recovered_from_its_copy_then_from_the_control_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        let rec = created(&store);
+        let json = store.alloc_dir("a1").join(RECORD_FILE);
+        std::fs::write(&json, "{\"id\": \"a1\", trunc").unwrap();
+        let loaded = store.load_all().unwrap();
+        assert_eq!(loaded.records, vec![rec.clone()], "the copy is the record");
+        assert!(loaded.broken.is_empty());
+        assert_eq!(loaded.recovered.len(), 1);
+        assert!(
+            loaded.recovered[0].1.contains("checksummed copy"),
+            "{:?}",
+            loaded.recovered
+        );
+        // Written back whole.
+        assert_eq!(store.read(&store.alloc_dir("a1")).unwrap(), rec);
+
+        // Both lost (one bit of the copy flipped): rebuilt from the control file,
+        // at the most restrictive policy, capacity as it was.
+        std::fs::write(&json, b"").unwrap();
+        let copy = store.copy_path("a1");
+        let mut bytes = std::fs::read(&copy).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 1;
+        std::fs::write(&copy, &bytes).unwrap();
+        let loaded = store.load_all().unwrap();
+        assert_eq!(loaded.records.len(), 1);
+        let r = &loaded.records[0];
+        assert_eq!(r.devices, rec.devices);
+        assert_eq!(r.policy, tessera_shm::Policy::Guaranteed);
+        assert!(
+            loaded.recovered[0].1.contains("checksum mismatch"),
+            "{:?}",
+            loaded.recovered
+        );
+        assert!(
+            loaded.recovered[0].1.contains("control file"),
+            "{:?}",
+            loaded.recovered
+        );
+    }
+
+    #[test]
+    fn a_damaged_state_file_is_repaired_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        let rec = created(&store);
+        let state = store.alloc_dir("a1").join("state");
+        let control = store.alloc_dir("a1").join("control");
+        let inodes = (
+            std::fs::metadata(&state).unwrap().ino(),
+            std::fs::metadata(&control).unwrap().ino(),
+        );
+        // The tenant's write: the magic gone, the file grown.
+        let mut bytes = std::fs::read(&state).unwrap();
+        bytes[..8].copy_from_slice(b"garbage!");
+        bytes.extend_from_slice(b"more");
+        std::fs::write(&state, &bytes).unwrap();
+        // And (an admin's accident) the control truncated.
+        std::fs::write(&control, b"").unwrap();
+        assert!(LiveAllocation::open(rec.clone(), store.alloc_dir("a1")).is_err());
+        let done = store.repair(&rec, &rec.control_spec(0)).unwrap();
+        assert_eq!(done.len(), 2, "{done:?}");
+        let live = LiveAllocation::open(rec.clone(), store.alloc_dir("a1")).unwrap();
+        assert_eq!(live.control().memory_limit(0), 4 * GI);
+        assert_eq!(
+            (
+                std::fs::metadata(&state).unwrap().ino(),
+                std::fs::metadata(&control).unwrap().ino()
+            ),
+            inodes,
+            "same files: mounts and mappings stay valid"
+        );
+        // Nothing to repair: nothing done.
+        assert!(store.repair(&rec, &rec.control_spec(0)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_unwritable_state_directory_is_refused() {
+        // procfs directories exist and refuse new files, even to root.
+        let e = Store::open(std::path::Path::new("/proc/self/fdinfo")).unwrap_err();
+        assert!(e.to_string().contains("/proc/self/fdinfo"), "{e}");
+    }
+
+    #[test]
+    fn a_delete_that_cannot_rename_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        let rec = created(&store);
+        // Something in the way of the rename: a non-empty directory of that name.
+        let blocker = store
+            .dir()
+            .join(format!(".deleted-a1-{}", std::process::id()));
+        std::fs::create_dir_all(blocker.join("x")).unwrap();
+        assert!(store.retire("a1").is_err());
+        assert!(store.alloc_dir("a1").exists());
+        assert!(store.copy_path("a1").exists());
+        std::fs::remove_dir_all(&blocker).unwrap();
+        assert_eq!(store.load_all().unwrap().records, vec![rec]);
     }
 
     #[test]

@@ -1,0 +1,130 @@
+//! Making the node forget a tenant: a tenant corrupts its own state file (it is mapped
+//! read-write in its container), or an allocation's record is damaged, and the manager
+//! restarts. The allocation must keep its capacity (a new allocation that would need it is
+//! refused while the old one's process still runs), be served again (repaired in place,
+//! the running process keeps working under its limit) and say so loudly in the log.
+
+mod manager_support;
+
+use std::time::Duration;
+
+use manager_support::*;
+use tessera_e2e::SimNode;
+use tessera_proto::manager::v1 as pb;
+use tessera_sim::NodeConfig;
+
+const GI: u64 = 1 << 30;
+const T: Duration = Duration::from_secs(10);
+
+/// Not a test: the body of this executable when a test re-runs it as the manager.
+#[test]
+#[ignore = "helper: the manager process the other tests start"]
+fn role() {
+    role_main();
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn node() -> SimNode {
+    SimNode::builder()
+        .config(NodeConfig {
+            devices: 1,
+            memory_per_device: 16 * GI,
+            sms: 100,
+            cc_major: 8,
+            cc_minor: 6,
+            name: "E2E Simulated GPU".into(),
+            seed: 0x5e7,
+        })
+        .build()
+}
+
+fn request(id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
+    pb::CreateAllocationRequest {
+        id: id.into(),
+        devices: vec![pb::DeviceRequest {
+            gpu_uuid: uuid.into(),
+            memory_limit_bytes: mem,
+            compute_share_ppm: ppm,
+            slices: 0,
+        }],
+        ..Default::default()
+    }
+}
+
+/// A 12 GiB, 10 % allocation whose process holds 6 GiB; `spoil` damages it while the
+/// manager is down; after the restart it must still hold its place.
+fn survives_restart(spoil: impl FnOnce(&pb::Allocation), expect_in_log: &str) {
+    let _serial = serial();
+    let n = node();
+    let dir = n.dir.path().join("m");
+    let m = ManagerProc::start(&n, &dir, &[]);
+    let uuid = n.node().device_info(0).unwrap().uuid;
+    let req = request("held", &uuid, 12 * GI, 100_000);
+    let a = with_client(&m.socket, async |c| c.create_allocation(req).await)
+        .expect("create")
+        .into_inner();
+    let mut w = governed_probe(&n, &a.control_path, &a.state_path);
+    for cmd in ["init", "ctx", &format!("alloc {}", 6 * GI)] {
+        let l = w.cmd(cmd, T);
+        assert!(l.ok, "{}", l.raw);
+    }
+    m.stop();
+    spoil(&a);
+
+    let m = ManagerProc::start(&n, &dir, &[]);
+    let log = m.log();
+    assert!(log.contains(expect_in_log), "not reported loudly:\n{log}");
+    let st = node_status(&m.socket);
+    assert_eq!(st.allocations.len(), 1, "forgotten:\n{log}");
+    assert_eq!(
+        st.allocations[0].allocation.as_ref().unwrap().id,
+        "held",
+        "{log}"
+    );
+    // Its capacity is not re-sold: 15 GiB does not fit beside its 12.
+    let big = request("greedy", &uuid, 15 * GI, 100_000);
+    let e = with_client(&m.socket, async |c| c.create_allocation(big).await)
+        .expect_err("capacity re-sold");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    // Nor its compute share: 95 % does not fit beside its 10 %.
+    let greedy = request("greedy", &uuid, GI, 950_000);
+    let e = with_client(&m.socket, async |c| c.create_allocation(greedy).await)
+        .expect_err("share re-sold");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    // And the running process is governed by it still, at its old limit.
+    let over = w.cmd(&format!("alloc {}", 12 * GI), T);
+    assert!(!over.ok, "past the limit after the restart: {}", over.raw);
+    w.kill();
+    m.stop();
+}
+
+#[test]
+fn a_tenant_that_corrupts_its_state_magic_keeps_its_place_after_a_restart() {
+    survives_restart(
+        |a| {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&a.state_path)
+                .expect("the tenant's state file");
+            f.write_all_at(b"XXXXXXXX", 0).expect("write");
+        },
+        "repaired in place",
+    );
+}
+
+#[test]
+fn a_damaged_allocation_record_is_recovered_after_a_restart() {
+    survives_restart(
+        |a| {
+            let dir = std::path::Path::new(&a.state_path).parent().unwrap();
+            std::fs::write(dir.join("allocation.json"), "{\"id\": \"held\", \"dev").expect("write");
+        },
+        "recovered",
+    );
+}
