@@ -1,7 +1,10 @@
 //! The `hook` section of `tessera-bench`: what the shim adds per call (a
 //! zero-duration `cuLaunchKernel`, a `cuMemAlloc_v2`/`cuMemFree_v2` pair),
 //! through each client style, as nanoseconds and as a ratio to the direct
-//! call; and how long joining takes when 256 processes start at once.
+//! call; what the pool and graph-memory accounting adds (stream-ordered
+//! alloc/free pairs from the default pool and from a pool that keeps
+//! everything, launches of a graph that allocates and frees); and how long
+//! joining takes when 256 processes start at once.
 //!
 //! Per-call costs are timed inside the probe (process start-up is not
 //! counted), direct and through the shim interleaved, median of `runs`.
@@ -181,6 +184,115 @@ pub fn call_cost(calls: u64, runs: usize) -> Result<Table, String> {
     })
 }
 
+/// `poolbench` (poolbench.c), compiled once per build against the
+/// simulated driver.
+fn poolbench() -> Result<PathBuf, String> {
+    let src = include_str!("poolbench.c");
+    let dir = crate::paths::work_dir();
+    let out = dir.join(format!(
+        "poolbench-{:x}",
+        src.len() as u64 * 31 + src.bytes().map(u64::from).sum::<u64>()
+    ));
+    if out.is_file() {
+        return Ok(out);
+    }
+    let c = dir.join(format!(".poolbench-{}.c", std::process::id()));
+    std::fs::write(&c, src).map_err(|e| format!("{}: {e}", c.display()))?;
+    let tmp = dir.join(format!(".poolbench-{}", std::process::id()));
+    let lib = crate::paths::sim_lib_dir();
+    let o = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&tmp)
+        .arg(&c)
+        .arg(format!("-L{}", lib.dir.display()))
+        .arg("-lcuda")
+        .output()
+        .map_err(|e| format!("running cc: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "cc poolbench.c: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    std::fs::rename(&tmp, &out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Added cost of the pool and graph-memory accounting per call.
+pub fn pool_cost(calls: u64, runs: usize) -> Result<Table, String> {
+    let b = Bench::new()?;
+    let exe = poolbench()?;
+    let n = (calls / 10).clamp(1000, 200_000);
+    const MEASURES: [(&str, &str); 3] = [
+        (
+            "async-pair",
+            "cuMemAllocAsync + cuMemFreeAsync (default pool)",
+        ),
+        (
+            "pool-pair",
+            "cuMemAllocFromPoolAsync + cuMemFreeAsync (own pool, keeps all)",
+        ),
+        (
+            "graph-launch",
+            "cuGraphLaunch of a graph that allocates and frees 1 MiB",
+        ),
+    ];
+    // [via][measure] samples, runs interleaved.
+    let mut samples: [[Vec<f64>; 3]; 2] = Default::default();
+    for _ in 0..runs.max(1) {
+        for (i, via) in [Via::Direct, Via::Governed].into_iter().enumerate() {
+            let mut c = b.node.command(&exe);
+            c.arg(n.to_string())
+                .env_remove("TESSERA_CONTROL")
+                .env_remove("TESSERA_LOG")
+                .env_remove("LD_PRELOAD");
+            if via == Via::Governed {
+                c.env("LD_PRELOAD", &b.hook)
+                    .env("TESSERA_CONTROL", &b.control);
+            }
+            let o = ProbeOutput::from_output(c.output().map_err(|e| format!("poolbench: {e}"))?);
+            if !o.status.success() || o.lines.iter().any(|l| !l.ok) {
+                return Err(format!(
+                    "poolbench ({via:?}) failed:\n{}{}",
+                    o.stdout, o.stderr
+                ));
+            }
+            for (k, (m, _)) in MEASURES.iter().enumerate() {
+                samples[i][k].push(o.get(m).f64("ns_per_call"));
+            }
+        }
+    }
+    let fastest = samples.clone().map(|s| s.map(min));
+    let typical = samples.map(|s| s.map(median));
+    let rows = MEASURES
+        .iter()
+        .enumerate()
+        .map(|(k, (_, what))| {
+            let (direct, shim) = (fastest[0][k], fastest[1][k]);
+            vec![
+                what.to_string(),
+                format!("{direct:.1}"),
+                format!("{shim:.1}"),
+                format!("{:+.1}", shim - direct),
+                format!("{:.3}", shim / direct),
+                format!("{:+.1}", typical[1][k] - typical[0][k]),
+            ]
+        })
+        .collect();
+    Ok(Table {
+        title: "shim: added cost of pool and graph-memory accounting per call (simulated driver, timed inside the client)".into(),
+        columns: ["call", "direct ns", "shim ns", "added ns", "ratio", "added (median)"]
+            .map(String::from)
+            .to_vec(),
+        rows,
+        notes: vec![format!(
+            "{n} pairs ({} launches) per run, 1 MiB each, {} runs interleaved, governed by an allocation of half the GPU; ns columns: the fastest run, last column: the difference of the medians; linked client (-lcuda)",
+            (n / 10).max(100),
+            runs.max(1)
+        )],
+    })
+}
+
 /// How the processes of the join benchmark start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Start {
@@ -313,5 +425,9 @@ pub fn join_time(n: usize) -> Result<Table, String> {
 
 /// The whole section.
 pub fn tables(calls: u64, runs: usize) -> Result<Vec<Table>, String> {
-    Ok(vec![call_cost(calls, runs)?, join_time(256)?])
+    Ok(vec![
+        call_cost(calls, runs)?,
+        pool_cost(calls, runs)?,
+        join_time(256)?,
+    ])
 }
