@@ -4,6 +4,7 @@ and the simulated driver's version and cuGetProcAddress as the runtime sees them
 `key value` lines for tests/tests/frameworks.rs.
 
 Usage: check_cudart.py basic | limit | procaddr | badtable
+(TESSERA_CHECK_CUDART=13: CUDA 13's libcudart.so.13 instead of 12's)
 """
 
 import ctypes
@@ -19,6 +20,12 @@ def say(key, *values):
 
 
 def cudart():
+    """CUDA 12's runtime, or CUDA 13's with TESSERA_CHECK_CUDART=13 (the nvidia-cuda-runtime
+    wheel, which installs beside the -cu12 one)."""
+    if os.environ.get("TESSERA_CHECK_CUDART") == "13":
+        import nvidia.cu13 as m
+
+        return ctypes.CDLL(os.path.join(list(m.__path__)[0], "lib", "libcudart.so.13"))
     import nvidia.cuda_runtime as m
 
     return ctypes.CDLL(os.path.join(list(m.__path__)[0], "lib", "libcudart.so.12"))
@@ -63,13 +70,26 @@ def basic():
     cb = CALLBACK(lambda stream, status, user: called.append(status))
     say("stream_callback", rt.cudaStreamAddCallback(None, cb, None, 0), rt.cudaDeviceSynchronize(), called)
     # Managed memory and its hints (cudaMemAdviseSetReadMostly = 1; cudaCpuDeviceId = -1).
+    # CUDA 13 takes a cudaMemLocation {type, id} (device: 1, host: 2) where 12 took a device.
     m = ctypes.c_void_p()
+    if os.environ.get("TESSERA_CHECK_CUDART") == "13":
+
+        class Location(ctypes.Structure):
+            _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+        dev, cpu = Location(1, 0), Location(2, 0)
+        advise = lambda: rt.cudaMemAdvise(m, MI, 1, dev)  # noqa: E731
+        prefetch = lambda loc: rt.cudaMemPrefetchAsync(m, MI, loc, 0, None)  # noqa: E731
+    else:
+        dev, cpu = 0, -1
+        advise = lambda: rt.cudaMemAdvise(m, MI, 1, dev)  # noqa: E731
+        prefetch = lambda loc: rt.cudaMemPrefetchAsync(m, MI, loc, None)  # noqa: E731
     say(
         "managed",
         rt.cudaMallocManaged(ctypes.byref(m), MI, 1),
-        rt.cudaMemAdvise(m, MI, 1, 0),
-        rt.cudaMemPrefetchAsync(m, MI, 0, None),
-        rt.cudaMemPrefetchAsync(m, MI, -1, None),
+        advise(),
+        prefetch(dev),
+        prefetch(cpu),
         rt.cudaDeviceSynchronize(),
         rt.cudaFree(m),
     )

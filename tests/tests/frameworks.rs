@@ -135,6 +135,18 @@ fn bare(node: &SimNode, script: &str, args: &[&str], env: &[(&str, &str)]) -> Fa
 
 /// `tessera run --gpu 0 --memory <memory> -- python script args` through `manager`.
 fn under_run(node: &SimNode, m: &ManagerProc, memory: &str, script: &str, args: &[&str]) -> Facts {
+    under_run_env(node, m, memory, script, args, &[])
+}
+
+/// [`under_run`] with `env` added to the command's environment.
+fn under_run_env(
+    node: &SimNode,
+    m: &ManagerProc,
+    memory: &str,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Facts {
     let script = frameworks_dir().join(script);
     let mut argv = vec![
         "run".to_owned(),
@@ -150,7 +162,13 @@ fn under_run(node: &SimNode, m: &ManagerProc, memory: &str, script: &str, args: 
     ];
     argv.extend(args.iter().map(|s| s.to_string()));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out = client(node, &argv);
+    let args: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    let out = role_command("cli", &args)
+        .envs(node.env())
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run the client");
     facts(&out, &role_stdout(&out))
 }
 
@@ -305,6 +323,37 @@ fn kernels_load_and_launch_bare_and_under_tessera_run() {
         &under_run(&n, &m, "1Gi", "check_cupy.py", &["kernels"]),
         &under_run(&n, &m, "1Gi", "check_core.py", &["kernels"]),
     );
+    m.stop();
+}
+
+/// CUDA 13's runtime (PyTorch's CUDA 13 builds load it) refuses the default 12.9 driver, as
+/// it refuses a real one, and runs on a driver that reports 13.x, bare and under the shim.
+#[test]
+fn the_cuda_13_runtime_needs_a_13_driver_and_runs_on_one() {
+    let n = node();
+    let r13 = ("TESSERA_CHECK_CUDART", "13");
+    let f = bare(&n, "check_cudart.py", &["basic"], &[r13]);
+    // cudaErrorInsufficientDriver, from every call.
+    assert_eq!(f.get("get_device_count"), ["35", "0"]);
+    assert_eq!(f.get("versions"), ["13050", "12090"]);
+    assert_eq!(f.get("malloc"), ["35"]);
+
+    let v13 = ("TESSERA_SIM_DRIVER_VERSION", "13.5");
+    let f = bare(&n, "check_cudart.py", &["basic"], &[r13, v13]);
+    f.assert_complete("basic");
+    assert_eq!(f.get("get_device_count"), ["0", "2"]);
+    assert_eq!(f.get("versions"), ["13050", "13050"]);
+    assert_eq!(f.get("memcpy"), ["0", "0", "True"]);
+    assert_eq!(f.get("memset"), ["0", "0", "True"]);
+    assert_eq!(f.get("stream_ordered"), ["0", "0", "0", "0", "0"]);
+    assert_eq!(f.get("managed"), ["0"; 6]);
+
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let f = under_run_env(&n, &m, "1Gi", "check_cudart.py", &["limit"], &[r13, v13]);
+    f.assert_complete("limit");
+    assert_eq!(f.num("mem_info", 1), GI);
+    assert_eq!(f.one("oom"), "2");
+    assert!(f.num("oom", 1) <= GI);
     m.stop();
 }
 

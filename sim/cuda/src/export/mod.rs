@@ -21,6 +21,7 @@ pub mod cudart;
 pub mod device_ext;
 pub mod integrity;
 pub mod tools;
+pub mod tools_context;
 
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -131,6 +132,11 @@ pub static TABLES: &[Table] = &[
         name: "CONTEXT_CHECKS",
         guid: context_checks::GUID,
         ptr: || context_checks::TABLE.as_ptr(),
+    },
+    Table {
+        name: "TOOLS_CONTEXT",
+        guid: tools_context::GUID,
+        ptr: || tools_context::TABLE.as_ptr(),
     },
 ];
 
