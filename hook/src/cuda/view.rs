@@ -5,6 +5,10 @@ use super::*;
 /// The current device's (total, free) as the allocation sees it, from the
 /// driver's own figures. `None` leaves the driver's figures as they are.
 fn current_view(g: &Governed, free: u64, total: u64) -> Option<(u64, u64)> {
+    // A pool freed from since the last look may have given memory back.
+    if g.pool_slack.load(std::sync::atomic::Ordering::Acquire) {
+        g.reconcile_pools();
+    }
     let (index, _) = g.current().ok()?;
     let (total_v, used) = g.files.view(index, total);
     Some((total_v, total_v.saturating_sub(used).min(free)))
