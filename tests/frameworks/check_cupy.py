@@ -95,6 +95,23 @@ def kernels(cupy, np):
     s = cupy.sort(x)
     cupy.cuda.Device(0).synchronize()
     say("runtime_registered_kernel", "launched", s.shape[0])
+    # Stream capture into a CUDA graph (a kernel and a device-to-device copy), launched
+    # twice; the copy's bytes are real.
+    stream = cupy.cuda.Stream(non_blocking=True)
+    host = np.arange(4096, dtype=np.float32)
+    g_in = cupy.asarray(host)
+    g_copy = cupy.zeros(4096, dtype=cupy.float32)
+    with stream:
+        stream.begin_capture()
+        g_out = double_it(g_in)
+        g_copy.data.copy_from_device_async(g_in.data, g_in.nbytes, stream)
+        graph = stream.end_capture()
+    # Captured work does not run until the graph is launched.
+    say("graph_before_launch_zero", bool((g_copy.get() == 0).all()))
+    graph.launch(stream)
+    graph.launch(stream)
+    stream.synchronize()
+    say("graph", "launched", g_out.shape[0], bool((g_copy.get() == host).all()))
 
 
 def limit(cupy, np, which):

@@ -303,6 +303,11 @@ fn assert_kernels(cupy: &Facts, core: &Facts) {
     assert_eq!(cupy.get("rawkernel"), ["launched", "True"]);
     assert_eq!(cupy.one("kernel_input_bytes_unchanged"), "True");
     assert_eq!(cupy.get("runtime_registered_kernel"), ["launched", "4096"]);
+    // A captured graph (kernel + device-to-device copy) launches, and its copy's bytes
+    // are there afterwards. (Whether captured copies wait for the launch is the
+    // simulator's capture semantics, reported by `graph_before_launch_zero`, not asserted
+    // here.)
+    assert_eq!(cupy.get("graph"), ["launched", "4096", "True"]);
     core.assert_complete("kernels");
     assert_eq!(core.get("kernel"), ["launched", "tessera_scale"]);
     assert_eq!(core.get("ptx_kernel"), ["launched", "tessera_scale"]);
