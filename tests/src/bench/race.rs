@@ -301,7 +301,7 @@ pub fn table(r: &RaceResult, processes: usize, duration: Duration) -> Table {
             ),
         ],
         notes: vec![
-            "Each racer runs processes one after another (link, dlopen, procaddr in turn), each making 50-400 random allocations (64 KiB-12 MiB, plain/managed/pitch/array/vmm) and frees, some exiting while holding memory.".into(),
+            "Each racer runs processes one after another (link, dlopen, procaddr in turn), each making 50-400 random allocations (64 KiB-12 MiB, plain/managed/pitch/array/vmm, default pool, own pool) and frees, some exiting while holding memory.".into(),
             "A sample SIGSTOPs every live racer, waits until all their threads are stopped, reads the simulated device's bytes in use (ground truth) and the allocation's reserved total, then SIGCONTs them.".into(),
         ],
     }
