@@ -34,6 +34,9 @@
  *   capture-begin <$s> | capture-end <$s> | capturing <$s>
  *   array-sparse <w> <h> [deferred] | array-map <$a> <$v> [unmap] | array-reqs <$a> <dev>
  *   array-destroy <$a>
+ *   kernel <name> <duration> | launch <$f> <$s>
+ *   event-ipc-create | event-ipc-get <$e> | event-ipc-open <hex> | event-record <$e> <$s>
+ *   event-query <$e> | event-wait <$s> <$e> | event-synchronize <$e>
  *
  * Linked with -lcuda. The declarations below are written from the driver API's published
  * ABI; no NVIDIA header is needed to build this file.
@@ -55,6 +58,8 @@ typedef void *CUcontext, *CUstream, *CUevent, *CUgraph, *CUgraphNode, *CUgraphEx
     *CUarray;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { char reserved[64]; } CUipcEventHandle;
+typedef void *CUmodule, *CUfunction;
 typedef struct { int type; int id; } CUmemLocation;
 typedef struct {
     int type;
@@ -158,6 +163,14 @@ CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
 CUresult cuMemMapArrayAsync(CUarrayMapInfo *, unsigned, CUstream);
 CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray, CUdevice);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,
+                        void **);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
+CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
+CUresult cuEventQuery(CUevent);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned);
 
 #define MAX_SLOTS 4096
 static unsigned long long slots[MAX_SLOTS];
@@ -504,6 +517,46 @@ static void run(int argc, char **a) {
             printf("ok array-reqs size=%zu alignment=%zu\n", q.size, q.alignment);
     } else if (!strcmp(cmd, "array-destroy")) {
         if (report(cmd, cuArrayDestroy((CUarray)(uintptr_t)val(cmd, a1)))) ok(cmd);
+    } else if (!strcmp(cmd, "kernel")) {
+        char text[256];
+        CUmodule m;
+        CUfunction f;
+        if (!a1 || !a2) bad("missing argument", cmd);
+        snprintf(text, sizeof text, "kernel %s %s\n", a1, a2);
+        if (report(cmd, cuModuleLoadData(&m, text)) && report(cmd, cuModuleGetFunction(&f, m, a1)))
+            ok_slot(cmd, (unsigned long long)(uintptr_t)f);
+    } else if (!strcmp(cmd, "launch")) {
+        if (report(cmd, cuLaunchKernel((CUfunction)(uintptr_t)val(cmd, a1), 1, 1, 1, 1, 1, 1, 0,
+                                       (CUstream)(uintptr_t)val(cmd, a2), NULL, NULL)))
+            ok(cmd);
+    } else if (!strcmp(cmd, "event-ipc-create")) {
+        CUevent e;
+        if (report(cmd, cuEventCreate(&e, 0x2 | 0x4 /* DISABLE_TIMING | INTERPROCESS */)))
+            ok_slot(cmd, (unsigned long long)(uintptr_t)e);
+    } else if (!strcmp(cmd, "event-ipc-get")) {
+        CUipcEventHandle h;
+        if (!report(cmd, cuIpcGetEventHandle(&h, (CUevent)(uintptr_t)val(cmd, a1)))) return;
+        printf("ok event-ipc-get handle=");
+        for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
+        printf("\n");
+    } else if (!strcmp(cmd, "event-ipc-open")) {
+        CUipcEventHandle h;
+        CUevent e;
+        if (!a1 || strlen(a1) != 128) bad("handle", cmd);
+        for (int i = 0; i < 64; i++) {
+            unsigned x;
+            if (sscanf(a1 + 2 * i, "%2x", &x) != 1) bad("handle", cmd);
+            h.reserved[i] = (char)x;
+        }
+        if (report(cmd, cuIpcOpenEventHandle(&e, h))) ok_slot(cmd, (unsigned long long)(uintptr_t)e);
+    } else if (!strcmp(cmd, "event-record")) {
+        if (report(cmd, cuEventRecord((CUevent)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
+    } else if (!strcmp(cmd, "event-query")) {
+        if (report(cmd, cuEventQuery((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
+    } else if (!strcmp(cmd, "event-wait")) {
+        if (report(cmd, cuStreamWaitEvent((CUstream)(uintptr_t)val(cmd, a1), (CUevent)(uintptr_t)val(cmd, a2), 0))) ok(cmd);
+    } else if (!strcmp(cmd, "event-synchronize")) {
+        if (report(cmd, cuEventSynchronize((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else {
         bad("command", cmd);
     }

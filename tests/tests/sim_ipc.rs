@@ -294,3 +294,37 @@ fn the_new_memory_entry_points_resolve_through_cuGetProcAddress() {
     let want: Vec<&str> = asks.iter().map(|(_, _, w)| *w).collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn an_ipc_event_handle_shares_the_events_completion_across_processes() {
+    let node = SimNode::builder().devices(1).memory("1Gi").build();
+    let (mut a, mut b) = two(&node);
+    let e = a.obj("event-ipc-create");
+    let handle = a
+        .ok(&format!("event-ipc-get {e}"))
+        .str("handle")
+        .to_string();
+    assert_eq!(
+        a.err(&format!("event-ipc-open {handle}")),
+        "CUDA_ERROR_INVALID_CONTEXT"
+    );
+    let f = b.obj(&format!("event-ipc-open {handle}"));
+    b.ok(&format!("event-query {f}"));
+    // A records the event behind three seconds of work: B sees it pending (it asks at
+    // once), and B's synchronisation returns only once A's work is done.
+    let s = a.obj("stream");
+    let k = a.obj("kernel slow 3s");
+    a.ok(&format!("launch {k} {s}"));
+    a.ok(&format!("event-record {e} {s}"));
+    assert_eq!(b.err(&format!("event-query {f}")), "CUDA_ERROR_NOT_READY");
+    b.ok(&format!("event-synchronize {f}"));
+    a.ok(&format!("event-query {e}"));
+    b.ok(&format!("event-query {f}"));
+    // A stream in B can wait for it too (already complete: no error).
+    let sb = b.obj("stream");
+    b.ok(&format!("event-wait {sb} {f}"));
+    assert_eq!(
+        b.err(&format!("event-ipc-open {}", "0".repeat(128))),
+        "CUDA_ERROR_INVALID_VALUE"
+    );
+}

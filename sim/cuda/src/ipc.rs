@@ -13,6 +13,11 @@
 //! opened mapping is never charged. The node's shared-object table (see `share`) moves
 //! the charge to an importer if the exporter frees the allocation (or exits) while the
 //! importer still has it open, since the pages stay reachable then.
+//!
+//! Event handles (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`): an interprocess event
+//! keeps its completion time in a one-page memfd; another process maps that page, so a
+//! record in either process is seen by queries, synchronisations and stream waits in
+//! both (times are CLOCK_MONOTONIC, one clock for the host).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
@@ -26,6 +31,7 @@ use crate::runtime::{current, rt};
 use crate::{CuResult, guard};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TSIPCMEM");
+const EVENT_MAGIC: u64 = u64::from_le_bytes(*b"TSIPCEVT");
 
 /// What a handle says, laid out in its 64 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +338,163 @@ pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
             t.remove(&dptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
         };
         crate::memory::release(rt, &a);
+        Ok(())
+    })
+}
+
+/// The completion time of an interprocess event, in a shared page.
+#[derive(Debug)]
+pub struct SharedTime {
+    fd: OwnedFd,
+    /// Address of the mapped page.
+    page: usize,
+}
+
+impl Drop for SharedTime {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the page this value mapped and owns.
+        unsafe { libc::munmap(self.page as *mut c_void, PAGE as usize) };
+    }
+}
+
+impl SharedTime {
+    fn map(fd: OwnedFd) -> CuResult<SharedTime> {
+        // SAFETY: a fresh shared mapping of one page of a memfd at least that long; the
+        // result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(SharedTime {
+            fd,
+            page: p as usize,
+        })
+    }
+
+    /// A new zeroed page (never recorded).
+    pub fn create() -> CuResult<SharedTime> {
+        // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"tessera-sim-event".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sizing our own memfd to one page.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) } != 0 {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Self::map(fd)
+    }
+
+    /// The shared time word.
+    pub fn word(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the page is mapped read-write for the life of `self`, page-aligned (so
+        // aligned for a u64), and only ever accessed atomically, by every process.
+        unsafe { &*(self.page as *const std::sync::atomic::AtomicU64) }
+    }
+}
+
+fn event_wire(pid: u32, fd: u32, key: u64) -> CUipcEventHandle {
+    let mut b = [0u8; 64];
+    b[0..8].copy_from_slice(&EVENT_MAGIC.to_le_bytes());
+    b[8..12].copy_from_slice(&pid.to_le_bytes());
+    b[12..16].copy_from_slice(&fd.to_le_bytes());
+    b[16..24].copy_from_slice(&key.to_le_bytes());
+    CUipcEventHandle {
+        reserved: b.map(|x| x as std::ffi::c_char),
+    }
+}
+
+/// `cuIpcGetEventHandle`: for events created with `CU_EVENT_INTERPROCESS` (and timing
+/// disabled, as the driver requires); others are `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `pHandle` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetEventHandle(
+    pHandle: *mut CUipcEventHandle,
+    event: CUevent,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let e = crate::stream::EVENTS
+            .get(event as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let s = e
+            .shared
+            .as_ref()
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if pHandle.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (key, _) = crate::share::inode(s.fd.as_raw_fd())?;
+        let h = event_wire(std::process::id(), s.fd.as_raw_fd() as u32, key);
+        // SAFETY: checked non-null above.
+        unsafe { pHandle.write(h) };
+        Ok(())
+    })
+}
+
+/// `cuIpcOpenEventHandle`: an event of this process sharing another process's
+/// interprocess event (recorded in either, seen in both). Its own handle, or a stale or
+/// forged one, is refused.
+///
+/// # Safety
+/// `phEvent` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenEventHandle(
+    phEvent: *mut CUevent,
+    handle: CUipcEventHandle,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let ctx = current()?;
+        if phEvent.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = handle.reserved.map(|x| x as u8);
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+        if u64_at(0) != EVENT_MAGIC {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (pid, fd, key) = (u32_at(8), u32_at(12), u64_at(16));
+        if pid == std::process::id() {
+            return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let path = format!("/proc/{pid}/fd/{fd}\0");
+        // SAFETY: a NUL-terminated path; the result is checked.
+        let raw = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let (ino, len) = crate::share::inode(fd.as_raw_fd())?;
+        if ino != key || len < PAGE {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let shared = SharedTime::map(fd)?;
+        let interprocess = CUevent_flags::CU_EVENT_INTERPROCESS.0;
+        let disable_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        let h = crate::stream::EVENTS.insert(std::sync::Arc::new(crate::stream::Event {
+            ctx,
+            flags: interprocess | disable_timing,
+            time: std::sync::atomic::AtomicU64::new(0),
+            shared: Some(shared),
+        }));
+        // SAFETY: checked non-null above.
+        unsafe { phEvent.write(h as CUevent) };
         Ok(())
     })
 }

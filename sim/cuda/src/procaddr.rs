@@ -378,6 +378,8 @@ entries! {
     "cuIpcOpenMemHandle" 4010: PFN_cuIpcOpenMemHandle_v4010 = cuIpcOpenMemHandle;
     "cuIpcOpenMemHandle" 11000: PFN_cuIpcOpenMemHandle_v11000 = cuIpcOpenMemHandle_v2;
     "cuIpcCloseMemHandle" 4010: PFN_cuIpcCloseMemHandle_v4010 = cuIpcCloseMemHandle;
+    "cuIpcGetEventHandle" 4010: PFN_cuIpcGetEventHandle_v4010 = cuIpcGetEventHandle;
+    "cuIpcOpenEventHandle" 4010: PFN_cuIpcOpenEventHandle_v4010 = cuIpcOpenEventHandle;
     "cuMemExportToShareableHandle" 10020: PFN_cuMemExportToShareableHandle_v10020 = cuMemExportToShareableHandle;
     "cuMemImportFromShareableHandle" 10020: PFN_cuMemImportFromShareableHandle_v10020 = cuMemImportFromShareableHandle;
     "cuMemMapArrayAsync" 11010: PFN_cuMemMapArrayAsync_v11010 = cuMemMapArrayAsync;

@@ -320,7 +320,7 @@ stream_fn! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let e = EVENTS.get(hEvent as usize).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        let time = e.time.load(Ordering::Acquire);
+        let time = e.time();
         t.state().last_end.fetch_max(time, Ordering::AcqRel);
         t.ctx().note_end(time);
         Ok(())
@@ -513,7 +513,27 @@ pub struct Event {
     pub ctx: Arc<Context>,
     pub flags: u32,
     /// CLOCK_MONOTONIC ns at which the recorded work completes; 0 before the first record.
+    /// Unused by interprocess events, whose time lives in `shared`.
     pub time: AtomicU64,
+    /// An interprocess event's time, in a page other processes map (`cuIpcOpenEventHandle`).
+    pub shared: Option<crate::ipc::SharedTime>,
+}
+
+impl Event {
+    /// The completion time of the last recorded work (0: never recorded).
+    pub fn time(&self) -> u64 {
+        match &self.shared {
+            Some(s) => s.word().load(Ordering::Acquire),
+            None => self.time.load(Ordering::Acquire),
+        }
+    }
+
+    pub fn set_time(&self, t: u64) {
+        match &self.shared {
+            Some(s) => s.word().store(t, Ordering::Release),
+            None => self.time.store(t, Ordering::Release),
+        }
+    }
 }
 
 const EVENT_FLAGS: u32 = 0x1 | 0x2 | 0x4;
@@ -535,10 +555,16 @@ pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> 
         {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
+        let shared = if Flags & interprocess != 0 {
+            Some(crate::ipc::SharedTime::create()?)
+        } else {
+            None
+        };
         let h = EVENTS.insert(Arc::new(Event {
             ctx,
             flags: Flags,
             time: AtomicU64::new(0),
+            shared,
         }));
         // SAFETY: checked non-null above.
         unsafe { phEvent.write(h as CUevent) };
@@ -585,8 +611,7 @@ fn record(h: CUevent, stream: CUstream, per_thread: bool, flags: c_uint) -> CuRe
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
     rt.check_device(t.ctx().device)?;
-    e.time
-        .store(t.last_end().max(now_ns()).max(1), Ordering::Release);
+    e.set_time(t.last_end().max(now_ns()).max(1));
     Ok(())
 }
 
@@ -645,7 +670,7 @@ pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
         let e = EVENTS
             .get(hEvent as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        if now_ns() >= e.time.load(Ordering::Acquire) {
+        if now_ns() >= e.time() {
             Ok(())
         } else {
             Err(CUresult::CUDA_ERROR_NOT_READY)
@@ -665,7 +690,7 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
             .get(hEvent as usize)
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         rt.check_device(e.ctx.device)?;
-        sleep_until(e.time.load(Ordering::Acquire));
+        sleep_until(e.time());
         // A synchronisation point for memory pools, as stream and context syncs are.
         crate::memory::trim_pools_after_sync(rt, e.ctx.device);
         Ok(())
@@ -687,10 +712,7 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult<()> {
     if (a.flags | b.flags) & no_timing != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
-    let (ta, tb) = (
-        a.time.load(Ordering::Acquire),
-        b.time.load(Ordering::Acquire),
-    );
+    let (ta, tb) = (a.time(), b.time());
     if ta == 0 || tb == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
