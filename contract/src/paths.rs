@@ -10,3 +10,9 @@ pub const CONTAINER_STATE: &str = "/run/tessera/alloc/state";
 /// The loader's preload list inside a container, when the device plugin
 /// mounts one naming the shim.
 pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
+
+/// The slice count of each GPU on a node, as the device plugin resolves its node
+/// config (`{"gpus": {"<uuid>": <slices>}}`): written by the plugin next to the
+/// manager's socket, read by the manager for its slice metrics and status, so the
+/// node's one slice count reaches both.
+pub const SLICES_FILE: &str = "slices.json";

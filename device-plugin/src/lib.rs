@@ -19,6 +19,7 @@ pub mod plugin;
 pub mod pod_resources;
 pub mod registration;
 pub mod selector;
+pub mod slices_file;
 mod service;
 pub mod state;
 /// Test doubles (kubelet, PodResources, manager, pods) on real unix sockets:

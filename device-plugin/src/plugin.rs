@@ -204,6 +204,10 @@ pub async fn run_with_pods<A: PodApi>(
     }
 
     tasks.spawn(preload_loop(state.clone(), opts.host.preload_file.clone()));
+    tasks.spawn(crate::slices_file::publish_loop(
+        state.clone(),
+        crate::slices_file::path_for(&opts.manager_socket),
+    ));
     if let Some(dir) = opts.cdi_spec_dir.clone() {
         tasks.spawn(crate::cdi::spec_loop(state.clone(), opts.host.clone(), dir));
     }

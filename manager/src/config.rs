@@ -53,9 +53,6 @@ pub struct ManagerArgs {
     /// Node name for metrics and status [default: the kernel's hostname].
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub hostname: Option<String>,
-    /// Slices each GPU is cut into, for slice metrics [default: 10].
-    #[arg(long, env = "TESSERA_SLICES_PER_GPU", value_name = "N")]
-    pub slices_per_gpu: Option<u32>,
     /// Compute policy of allocations that do not name one [default: burst].
     #[arg(long, env = "TESSERA_DEFAULT_POLICY", value_name = "guaranteed|burst")]
     pub default_policy: Option<String>,
@@ -108,7 +105,6 @@ pub struct FileConfig {
     pub metrics_addr: Option<String>,
     pub nvml_library: Option<PathBuf>,
     pub hostname: Option<String>,
-    pub slices_per_gpu: Option<u32>,
     pub default_policy: Option<String>,
     pub ignored_xids: Option<Vec<u64>>,
     pub xid_recovery: Option<String>,
@@ -161,6 +157,9 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub nvml_library: Option<PathBuf>,
     pub hostname: String,
+    /// Slices per GPU for the slice metrics where the device plugin has not
+    /// published the node's count (`slices.json` beside the socket): no flag,
+    /// so the node's config stays the one place the count is set.
     pub slices_per_gpu: u32,
     pub default_policy: Policy,
     pub ignored_xids: BTreeSet<u64>,
@@ -228,12 +227,6 @@ impl Config {
                 return Err(invalid("hostname", "must not be empty".into()));
             }
             c.hostname = h;
-        }
-        if let Some(n) = pick(args.slices_per_gpu, file.slices_per_gpu) {
-            if n == 0 || n > 1000 {
-                return Err(invalid("slicesPerGpu", format!("{n} is not in 1..=1000")));
-            }
-            c.slices_per_gpu = n;
         }
         if let Some(p) = pick(args.default_policy.clone(), file.default_policy) {
             c.default_policy = Policy::parse(&p).ok_or_else(|| {
@@ -431,13 +424,12 @@ mod tests {
         ]);
         let file = yaml(
             "stateDir: /tmp/b\nsocket: /tmp/b/s.sock\nmetricsAddr: 'off'\n\
-             slicesPerGpu: 4\nxidRecovery: 2s\ndefaultPolicy: guaranteed\nquantum: 5ms\n",
+             xidRecovery: 2s\ndefaultPolicy: guaranteed\nquantum: 5ms\n",
         );
         let c = Config::resolve(&cli.args, file).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/tmp/a"));
         assert_eq!(c.socket, PathBuf::from("/tmp/b/s.sock"));
         assert_eq!(c.metrics_addr, Some("127.0.0.1:9999".parse().unwrap()));
-        assert_eq!(c.slices_per_gpu, 4);
         assert_eq!(c.xid_recovery, Duration::from_secs(2));
         assert_eq!(c.arbiter.quantum, Duration::from_millis(5));
         assert_eq!(c.default_policy, Policy::Guaranteed);
@@ -478,7 +470,6 @@ mod tests {
     fn bad_values_name_the_setting() {
         let cases = [
             ("metricsAddr: nowhere", "metricsAddr"),
-            ("slicesPerGpu: 0", "slicesPerGpu"),
             ("defaultPolicy: fast", "defaultPolicy"),
             ("xidRecovery: soon", "xidRecovery"),
             ("sampleInterval: 1ms", "sampleInterval"),
@@ -505,7 +496,12 @@ mod tests {
         let e = Config::load(&args).unwrap_err().to_string();
         assert!(e.contains("m.yaml") && e.contains("stateDirr"), "{e}");
 
-        std::fs::write(&path, "slicesPerGpu: [1\n").unwrap();
+        // The slice count is the node config's (the device plugin's), not the manager's.
+        std::fs::write(&path, "slicesPerGpu: 4\n").unwrap();
+        let e = Config::load(&args).unwrap_err().to_string();
+        assert!(e.contains("slicesPerGpu"), "{e}");
+
+        std::fs::write(&path, "stateDir: [1\n").unwrap();
         let e = Config::load(&args).unwrap_err().to_string();
         assert!(e.contains("m.yaml"), "{e}");
 

@@ -113,14 +113,38 @@ impl Core {
         }
     }
 
+    /// Slices each GPU is cut into, by UUID: what the device plugin resolved
+    /// from the node's config and published next to the socket
+    /// ([`tessera_contract::paths::SLICES_FILE`]); a GPU it does not name (no
+    /// plugin on this node, as under `tessera run`) counts the default.
+    fn slice_counts(&self) -> impl Fn(&str) -> u32 {
+        let path = self
+            .config
+            .socket
+            .with_file_name(tessera_contract::paths::SLICES_FILE);
+        let published: BTreeMap<String, u32> = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| serde_json::from_value(v.get("gpus")?.clone()).ok())
+            .unwrap_or_default();
+        let default = self.config.slices_per_gpu;
+        move |uuid| {
+            published
+                .get(uuid)
+                .copied()
+                .filter(|&n| n > 0)
+                .unwrap_or(default)
+        }
+    }
+
     /// Slices an allocation's device stands for: what the device plugin
     /// said, or else what its memory and compute amount to in this node's
     /// slice size (the larger of the two, rounded up).
-    fn slices_of(&self, d: &alloc::DeviceRecord, gpu: &GpuInfo) -> u32 {
+    fn slices_of(d: &alloc::DeviceRecord, gpu: &GpuInfo, slices_per_gpu: u32) -> u32 {
         if d.slices > 0 {
             return d.slices;
         }
-        let s = u64::from(self.config.slices_per_gpu);
+        let s = u64::from(slices_per_gpu);
         let by_mem = (d.memory_limit_bytes * s).div_ceil(gpu.memory_total_bytes.max(1));
         let by_compute = (u64::from(d.compute_share_ppm) * s).div_ceil(1_000_000);
         by_mem.max(by_compute).min(s) as u32
@@ -132,6 +156,7 @@ impl Core {
         let status = self.node_status_with(&achieved);
         let findings = self.findings.lock().clone();
         let allocs = self.live_list();
+        let slices_per_gpu = self.slice_counts();
         let gpus = self
             .gpus
             .iter()
@@ -158,9 +183,9 @@ impl Core {
                         .iter()
                         .flat_map(|a| a.record().devices)
                         .filter(|d| d.gpu_uuid == g.uuid)
-                        .map(|d| self.slices_of(&d, g))
+                        .map(|d| Self::slices_of(&d, g, slices_per_gpu(&g.uuid)))
                         .sum(),
-                    slices_total: self.config.slices_per_gpu,
+                    slices_total: slices_per_gpu(&g.uuid),
                     healthy: s.healthy,
                     ungoverned,
                 }

@@ -648,3 +648,37 @@ async fn each_device_list_strategy_answers_allocate_as_the_toolkit_expects() {
         "/usr/local/lib/tessera/libtessera.so"
     );
 }
+
+/// The node's one slice count reaches the manager: the plugin publishes what
+/// it resolved from the node config, per GPU, beside the manager's socket.
+#[tokio::test]
+async fn slice_counts_are_published_for_the_manager_and_follow_the_config() {
+    let mut node = Node::start(
+        status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
+        "default:\n  slice: {memory: 10Gi}\n",
+    );
+    node.wait_devices("8 + 4 slices", |d| d.len() == 12).await;
+    let file = node.path("slices.json");
+    assert_eq!(
+        file,
+        tessera_device_plugin::slices_file::path_for(&node.opts.manager_socket)
+    );
+    let read = || -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(&file).ok()?).ok()
+    };
+    let want = |a: u32, b: u32| serde_json::json!({"gpus": {"GPU-a": a, "GPU-b": b}});
+    let deadline = std::time::Instant::now() + WAIT;
+    while read() != Some(want(8, 4)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(read(), Some(want(8, 4)));
+
+    node.write_config("default:\n  slice: {slicesPerGpu: 2}\n");
+    node.wait_devices("2 + 2 slices", |d| d.len() == 4).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while read() != Some(want(2, 2)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(read(), Some(want(2, 2)));
+    node.stop().await;
+}

@@ -116,12 +116,14 @@ fn allocations_usage_and_metrics_after_known_work() {
     let _serial = serial();
     let n = node(2);
     // Report only: this test reads the backstop's metric for a stray it leaves running.
-    let m = ManagerProc::start(
-        &n,
-        &n.dir.path().join("m"),
-        &["--slices-per-gpu", "4", "--backstop-kill", "false"],
-    );
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &["--backstop-kill", "false"]);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
+    // The node's slice count, as the device plugin publishes it beside the socket.
+    std::fs::write(
+        m.socket.with_file_name("slices.json"),
+        format!(r#"{{"gpus": {{"{uuid0}": 4}}}}"#),
+    )
+    .unwrap();
     let a = create(&m.socket, "work", &uuid0, 4 * GI, 500_000);
 
     // A governed workload takes 1 GiB and holds it.
