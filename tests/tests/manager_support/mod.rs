@@ -386,8 +386,10 @@ pub fn scrape(addr: std::net::SocketAddr) -> String {
     c.read_to_string(&mut out).expect("read response");
     let (head, body) = out.split_once("\r\n\r\n").expect("HTTP response");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    // Header names are case-insensitive (hyper writes them in lower case).
     assert!(
-        head.contains("Content-Type: text/plain; version=0.0.4"),
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
         "{head}"
     );
     body.to_owned()
