@@ -532,6 +532,8 @@ pub struct Function {
     pub local: Option<u32>,
     pub max_threads: Option<u32>,
     pub max_dynamic_shared: AtomicI32,
+    /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
+    pub non_portable_cluster: AtomicI32,
 }
 
 impl Function {
@@ -564,6 +566,7 @@ fn new_function(
         local: spec.local,
         max_threads: spec.max_threads,
         max_dynamic_shared: AtomicI32::new(0),
+        non_portable_cluster: AtomicI32::new(0),
     }))
 }
 
@@ -842,6 +845,9 @@ fn attribute(f: &Function, attrib: CUfunction_attribute, arch: u32) -> CuResult<
             }
         }
         A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
+        A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
+            f.non_portable_cluster.load(Ordering::Relaxed)
+        }
         a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => 0,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     })
@@ -856,6 +862,13 @@ fn set_attribute(f: &Function, attrib: CUfunction_attribute, value: c_int) -> Cu
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
             f.max_dynamic_shared.store(value, Ordering::Relaxed);
+            Ok(())
+        }
+        A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
+            if !(0..=1).contains(&value) {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            f.non_portable_cluster.store(value, Ordering::Relaxed);
             Ok(())
         }
         a if a.0 < A::CU_FUNC_ATTRIBUTE_MAX.0 => Ok(()),
@@ -1180,6 +1193,102 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
             .saturating_sub(u64::from(f.shared.unwrap_or(0)));
         // SAFETY: as above.
         unsafe { put(dynamicSmemSize, per_block as usize) }
+    })
+}
+
+/// Largest thread block cluster: 8 blocks portably, 16 on an H100 when the kernel allows
+/// non-portable sizes.
+fn max_cluster(f: &Function) -> c_int {
+    if f.non_portable_cluster.load(Ordering::Relaxed) != 0 {
+        16
+    } else {
+        8
+    }
+}
+
+/// The cluster size a launch configuration asks for (1 without the attribute).
+///
+/// # Safety
+/// `config` must be null or a valid `CUlaunchConfig` with `numAttrs` attributes.
+unsafe fn cluster_of<'a>(config: *const CUlaunchConfig) -> CuResult<(&'a CUlaunchConfig, u64)> {
+    // SAFETY: the caller's contract.
+    let c: &CUlaunchConfig =
+        unsafe { config.as_ref() }.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if c.numAttrs > 0 && c.attrs.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut size = 1u64;
+    for i in 0..c.numAttrs as usize {
+        // SAFETY: `numAttrs` attributes at `attrs`.
+        let a = unsafe { &*c.attrs.add(i) };
+        if a.id == CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+            // SAFETY: for this id the union holds `clusterDim`.
+            let d = unsafe { a.value.clusterDim };
+            size = u64::from(d.x.max(1)) * u64::from(d.y.max(1)) * u64::from(d.z.max(1));
+        }
+    }
+    Ok((c, size))
+}
+
+/// `cuOccupancyMaxPotentialClusterSize`: 8, or 16 with non-portable sizes allowed, fewer
+/// when the blocks of a cluster would not fit on the SMs of a GPC (an H100 has 16 or 18).
+///
+/// # Safety
+/// `clusterSize` must be null or writable; `config` null or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    clusterSize: *mut c_int,
+    func: CUfunction,
+    config: *const CUlaunchConfig,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let f = function(func)?;
+        // SAFETY: the caller's contract.
+        let (c, _) = unsafe { cluster_of(config) }?;
+        let block = (u64::from(c.blockDimX) * u64::from(c.blockDimY) * u64::from(c.blockDimZ))
+            .min(i32::MAX as u64) as c_int;
+        let per_sm = active_blocks(&f, block, c.sharedMemBytes as usize)?;
+        let size = if per_sm == 0 { 0 } else { max_cluster(&f) };
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(clusterSize, size) }
+    })
+}
+
+/// `cuOccupancyMaxActiveClusters`: clusters of the configured size that fit on the device
+/// at once.
+///
+/// # Safety
+/// `numClusters` must be null or writable; `config` null or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    numClusters: *mut c_int,
+    func: CUfunction,
+    config: *const CUlaunchConfig,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        let f = function(func)?;
+        // SAFETY: the caller's contract.
+        let (c, size) = unsafe { cluster_of(config) }?;
+        if size > max_cluster(&f) as u64 {
+            return Err(CUresult::CUDA_ERROR_INVALID_CLUSTER_SIZE);
+        }
+        let block = (u64::from(c.blockDimX) * u64::from(c.blockDimY) * u64::from(c.blockDimZ))
+            .min(i32::MAX as u64) as c_int;
+        let per_sm = active_blocks(&f, block, c.sharedMemBytes as usize)? as u64;
+        let device = if f.device == ANY_DEVICE {
+            0
+        } else {
+            f.device as u32
+        };
+        let sms = rt
+            .node
+            .device_info(device)
+            .map_or(132, |i| u64::from(i.sms));
+        let n = (per_sm * sms / size).min(i32::MAX as u64) as c_int;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(numClusters, n) }
     })
 }
 

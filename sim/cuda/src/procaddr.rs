@@ -289,6 +289,8 @@ entries! {
     "cuOccupancyMaxPotentialBlockSize" 6050: PFN_cuOccupancyMaxPotentialBlockSize_v6050 = cuOccupancyMaxPotentialBlockSize;
     "cuOccupancyMaxPotentialBlockSizeWithFlags" 7000: PFN_cuOccupancyMaxPotentialBlockSizeWithFlags_v7000 = cuOccupancyMaxPotentialBlockSizeWithFlags;
     "cuOccupancyAvailableDynamicSMemPerBlock" 10020: PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020 = cuOccupancyAvailableDynamicSMemPerBlock;
+    "cuOccupancyMaxPotentialClusterSize" 11070: PFN_cuOccupancyMaxPotentialClusterSize_v11070 = cuOccupancyMaxPotentialClusterSize;
+    "cuOccupancyMaxActiveClusters" 11070: PFN_cuOccupancyMaxActiveClusters_v11070 = cuOccupancyMaxActiveClusters;
     "cuStreamWriteValue32" 8000: PFN_cuStreamWriteValue32_v8000 = cuStreamWriteValue32;
     "cuStreamWriteValue32" 8000 pt: PFN_cuStreamWriteValue32_v8000_ptsz = cuStreamWriteValue32_ptsz;
     "cuStreamWriteValue32" 11070: PFN_cuStreamWriteValue32_v11070 = cuStreamWriteValue32_v2;
