@@ -15,6 +15,42 @@ use crate::gpu::GpuInfo;
 pub const MAX_ID_LEN: usize = 63;
 /// The record's file name inside an allocation's directory.
 pub const RECORD_FILE: &str = "allocation.json";
+/// Most slices one device request may state (a GPU is cut into at most this many).
+pub const MAX_SLICES: u32 = 1000;
+/// Most device ids (`<uuid>::<n>`) one allocation may list, and their longest.
+pub const MAX_DEVICE_IDS: usize = 1024;
+pub const MAX_DEVICE_ID_LEN: usize = 256;
+/// Longest owner fields: a namespace and a container name are DNS labels, a pod
+/// name a DNS subdomain.
+pub const MAX_NAMESPACE_LEN: usize = 63;
+pub const MAX_POD_LEN: usize = 253;
+pub const MAX_CONTAINER_LEN: usize = 63;
+/// Longest error message the API sends (gRPC carries it in a header).
+pub const MAX_MESSAGE_LEN: usize = 1024;
+
+/// `s` for an error message: at most 64 characters, the rest counted, so a
+/// hostile value cannot make a message huge.
+pub fn clip(s: &str) -> String {
+    const KEEP: usize = 64;
+    if s.chars().count() <= KEEP {
+        return format!("{s:?}");
+    }
+    let head: String = s.chars().take(KEEP).collect();
+    format!("{head:?}... ({} bytes)", s.len())
+}
+
+/// A message cut to `MAX_MESSAGE_LEN` bytes on a character boundary.
+fn truncated(mut msg: String) -> String {
+    if msg.len() > MAX_MESSAGE_LEN {
+        let mut cut = MAX_MESSAGE_LEN - 3;
+        while !msg.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        msg.truncate(cut);
+        msg.push_str("...");
+    }
+    msg
+}
 
 /// Why an allocation request or operation failed; each maps onto a gRPC code.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +76,7 @@ pub enum AllocError {
 
 impl From<AllocError> for tonic::Status {
     fn from(e: AllocError) -> Self {
-        let msg = e.to_string();
+        let msg = truncated(e.to_string());
         match e {
             AllocError::Invalid(_) => tonic::Status::invalid_argument(msg),
             AllocError::Conflict(_) => tonic::Status::already_exists(msg),
@@ -178,8 +214,9 @@ pub fn check_id(id: &str) -> Result<(), AllocError> {
         || id.ends_with('-')
     {
         return Err(AllocError::Invalid(format!(
-            "allocation id {id:?} is invalid: use 1-{MAX_ID_LEN} characters of a-z, 0-9 and '-', \
-             starting and ending with a letter or digit"
+            "allocation id {} is invalid: use 1-{MAX_ID_LEN} characters of a-z, 0-9 and '-', \
+             starting and ending with a letter or digit",
+            clip(id)
         )));
     }
     Ok(())
@@ -216,8 +253,8 @@ pub fn normalize(
         let Some(gpu) = gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
             let known: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
             return bad(format!(
-                "device {i}: no GPU {:?} on this node (GPUs here: {})",
-                d.gpu_uuid,
+                "device {i}: no GPU {} on this node (GPUs here: {})",
+                clip(&d.gpu_uuid),
                 known.join(", ")
             ));
         };
@@ -239,6 +276,12 @@ pub fn normalize(
                 d.compute_share_ppm
             ));
         }
+        if d.slices > MAX_SLICES {
+            return bad(format!(
+                "device {i}: {} slices; a GPU has at most {MAX_SLICES}",
+                d.slices
+            ));
+        }
         devices.push(DeviceRecord {
             gpu_uuid: d.gpu_uuid.clone(),
             memory_limit_bytes: d.memory_limit_bytes,
@@ -246,13 +289,26 @@ pub fn normalize(
             slices: d.slices,
         });
     }
+    if req.device_ids.len() > MAX_DEVICE_IDS {
+        return bad(format!(
+            "{} device ids; at most {MAX_DEVICE_IDS}",
+            req.device_ids.len()
+        ));
+    }
     for dev_id in &req.device_ids {
+        if dev_id.len() > MAX_DEVICE_ID_LEN {
+            return bad(format!(
+                "device id {} is over {MAX_DEVICE_ID_LEN} bytes",
+                clip(dev_id)
+            ));
+        }
         let ok = dev_id.rsplit_once("::").is_some_and(|(uuid, n)| {
             n.parse::<u32>().is_ok() && devices.iter().any(|d| d.gpu_uuid == uuid)
         });
         if !ok {
             return bad(format!(
-                "device id {dev_id:?} is not <gpu-uuid>::<n> for a GPU of this allocation"
+                "device id {} is not <gpu-uuid>::<n> for a GPU of this allocation",
+                clip(dev_id)
             ));
         }
     }
@@ -262,7 +318,8 @@ pub fn normalize(
     for (k, v) in &req.labels {
         if k.is_empty() || k.len() > 253 || v.len() > 1024 {
             return bad(format!(
-                "label {k:?}: keys are 1-253 bytes, values at most 1024"
+                "label {}: keys are 1-253 bytes, values at most 1024",
+                clip(k)
             ));
         }
     }
@@ -277,6 +334,27 @@ pub fn normalize(
         container: String::new(),
         created_unix_ms: now_unix_ms,
     })
+}
+
+/// Checks the owner fields of a SetAllocationOwner request: Kubernetes
+/// names, length-limited (they become metric labels and log fields).
+pub fn check_owner(namespace: &str, pod: &str, container: &str) -> Result<(), AllocError> {
+    for (what, v, max) in [
+        ("namespace", namespace, MAX_NAMESPACE_LEN),
+        ("pod", pod, MAX_POD_LEN),
+        ("container", container, MAX_CONTAINER_LEN),
+    ] {
+        let ok_chars = v
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if v.len() > max || !ok_chars {
+            return Err(AllocError::Invalid(format!(
+                "{what} {} is not a Kubernetes name (at most {max} of a-z, 0-9, '-', '.')",
+                clip(v)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a record that does not fit beside `existing` on its GPUs:
@@ -346,6 +424,56 @@ mod tests {
 
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
         normalize(r, r.id.clone(), &gpus(), Policy::Burst, 1)
+    }
+
+    #[test]
+    fn hostile_sizes_are_refused_with_short_messages() {
+        let g = gpus();
+        // Slices past any GPU's (2^32-1 overflowed the slice sums before).
+        let mut r = req(&g[0].uuid, GI, 1000);
+        r.devices[0].slices = u32::MAX;
+        let e = norm(&r).unwrap_err().to_string();
+        assert!(e.contains("at most 1000"), "{e}");
+        r.devices[0].slices = MAX_SLICES;
+        norm(&r).unwrap();
+        // A megabyte of UUID, id, device id or label key: refused, not echoed.
+        let huge = "x".repeat(1 << 20);
+        let mut r = req(&huge, GI, 1000);
+        let e = norm(&r).unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains("1048576 bytes"), "{}", e.len());
+        r = req(&g[0].uuid, GI, 1000);
+        r.id = huge.clone();
+        let e = normalize(&r, huge.clone(), &g, Policy::Burst, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{}", e.len());
+        r = req(&g[0].uuid, GI, 1000);
+        r.device_ids = vec![huge.clone()];
+        assert!(norm(&r).unwrap_err().to_string().len() < 400);
+        r.device_ids = vec![format!("{}::0", g[0].uuid); MAX_DEVICE_IDS + 1];
+        assert!(norm(&r).unwrap_err().to_string().contains("at most"));
+        r = req(&g[0].uuid, GI, 1000);
+        r.labels.insert(huge.clone(), "v".into());
+        assert!(norm(&r).unwrap_err().to_string().len() < 400);
+        // Whatever an error says, the status carries at most MAX_MESSAGE_LEN bytes.
+        let status = tonic::Status::from(AllocError::Invalid(huge.clone()));
+        assert!(status.message().len() <= MAX_MESSAGE_LEN);
+        assert!(status.message().ends_with("..."));
+    }
+
+    #[test]
+    fn owners_are_kubernetes_names() {
+        check_owner("ml", "train-0.x", "main").unwrap();
+        check_owner("", "", "").unwrap();
+        for (ns, pod, c) in [
+            (&"n".repeat(64)[..], "p", "c"),
+            ("ml", &"p".repeat(254)[..], "c"),
+            ("ml", "p", "Main"),
+            ("ml", "p\n", "c"),
+        ] {
+            let e = check_owner(ns, pod, c).unwrap_err().to_string();
+            assert!(e.len() < 300, "{e}");
+        }
     }
 
     #[test]

@@ -187,7 +187,10 @@ impl Core {
     pub fn delete(&self, id: &str) -> Result<(), AllocError> {
         let _w = self.writes.lock();
         let Some(live) = self.allocation(id) else {
-            return Err(AllocError::NotFound(format!("no allocation {id:?}")));
+            return Err(AllocError::NotFound(format!(
+                "no allocation {}",
+                alloc::clip(id)
+            )));
         };
         // The rename on disk decides: if it fails, the allocation stays
         // served, in arbitration and on disk, as if never asked.
@@ -217,9 +220,10 @@ impl Core {
         req: &pb::SetAllocationOwnerRequest,
     ) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
-        let live = self
-            .allocation(&req.id)
-            .ok_or_else(|| AllocError::NotFound(format!("no allocation {:?}", req.id)))?;
+        let live = self.allocation(&req.id).ok_or_else(|| {
+            AllocError::NotFound(format!("no allocation {}", alloc::clip(&req.id)))
+        })?;
+        alloc::check_owner(&req.namespace, &req.pod, &req.container)?;
         let mut rec = live.record();
         if let Some(p) = alloc::policy_from_pb(req.policy)? {
             if !alloc::is_stricter_or_same(rec.policy, p) {
