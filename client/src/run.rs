@@ -26,11 +26,11 @@ pub struct RunArgs {
     /// The GPU: its index or UUID (a unique prefix of the UUID is enough).
     #[arg(long)]
     pub gpu: String,
-    /// Memory limit, e.g. 4Gi.
-    #[arg(long)]
+    /// Memory limit, e.g. 4Gi or 512Mi (see `tessera_contract::units`).
+    #[arg(long, value_name = "SIZE")]
     pub memory: String,
-    /// Compute share, e.g. 30%.
-    #[arg(long, default_value = "100%")]
+    /// Compute share, a percentage, e.g. 30%.
+    #[arg(long, value_name = "PERCENT", default_value = "100%")]
     pub compute: String,
     /// Compute policy: guaranteed (share is a cap) or burst (share is a floor).
     #[arg(long, value_name = "guaranteed|burst")]

@@ -1,7 +1,9 @@
 //! What the manager needs from the GPU driver, as a small trait: the
 //! inventory, periodic samples, per-process memory and health events. The
-//! real implementation is NVML ([`crate::nvml`]); [`fake::FakeGpu`] stands in
-//! for it in unit tests.
+//! real implementation is NVML ([`crate::nvml`]); `fake::FakeGpu` stands in
+//! for it in tests. The fake is compiled only for this crate's unit tests
+//! and with the `testing` feature (its integration tests and other crates'
+//! dev-dependencies), never into the release binary.
 
 use std::time::Duration;
 
@@ -74,8 +76,9 @@ pub trait GpuBackend: Send + Sync + 'static {
     fn wait_event(&self, timeout: Duration) -> Result<Option<GpuEvent>, GpuError>;
 }
 
+#[cfg(any(test, feature = "testing"))]
 pub mod fake {
-    //! A scripted driver for unit tests.
+    //! A scripted driver for tests.
 
     use std::collections::{HashMap, VecDeque};
     use std::time::Duration;

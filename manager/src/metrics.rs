@@ -1,13 +1,29 @@
-//! Prometheus metrics: the text exposition (format 0.0.4), rendered from a
-//! plain snapshot by a pure function, and a minimal HTTP/1.1 responder for
-//! `GET /metrics`. GPU series carry dcgm-exporter's labels (`gpu`, `UUID`,
-//! `modelName`, `Hostname`) so dashboards can join the two.
+//! Prometheus metrics: the exposition (text format 0.0.4, encoded by the
+//! `prometheus-client` crate) rendered from a plain snapshot by a pure
+//! function, and the HTTP endpoint (hyper) that serves `GET /metrics`. GPU
+//! series carry dcgm-exporter's labels (`gpu`, `UUID`, `modelName`,
+//! `Hostname`) so dashboards can join the two.
+//!
+//! The endpoint reads and parses a request before it renders anything, and
+//! holds at most [`MAX_CONNECTIONS`] connections at once (more wait in the
+//! kernel's backlog); a connection that does not send its request head
+//! within [`HEADER_TIMEOUT`], or is not done within [`CONNECTION_DEADLINE`],
+//! is closed.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// One GPU's values.
 #[derive(Debug, Clone, Default)]
@@ -55,7 +71,7 @@ pub struct MetricsSnapshot {
     pub allocations: Vec<AllocMetrics>,
 }
 
-/// Every metric: name, type, help. The order is the exposition's.
+/// Every metric: name as exposed, type, help. The order is the exposition's.
 pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "tessera_gpu_memory_used_bytes",
@@ -83,11 +99,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "gauge",
         "Slices of the GPU held by allocations.",
     ),
-    (
-        "tessera_gpu_slices_total",
-        "gauge",
-        "Slices the GPU is cut into.",
-    ),
+    ("tessera_gpu_slices", "gauge", "Slices the GPU is cut into."),
     (
         "tessera_gpu_healthy",
         "gauge",
@@ -135,50 +147,64 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Escapes a label value: backslash, double quote and newline.
-fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
+type Labels = Vec<(String, String)>;
+
+/// One family of the exposition, of either kind.
+#[derive(Clone)]
+enum Series {
+    Gauge(Family<Labels, Gauge<f64, AtomicU64>>),
+    Counter(Family<Labels, Counter<f64, AtomicU64>>),
 }
 
-fn labels(pairs: &[(&str, &str)]) -> String {
-    let inner: Vec<String> = pairs
+impl Series {
+    fn add(&self, labels: Labels, v: f64) {
+        match self {
+            Series::Gauge(f) => {
+                f.get_or_create(&labels).set(v);
+            }
+            Series::Counter(f) => {
+                // A counter the snapshot already totals: one increment by
+                // the total, on a family made fresh for this scrape.
+                f.get_or_create(&labels).inc_by(v);
+            }
+        }
+    }
+}
+
+/// Label pairs, owned, in the order given.
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
         .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-        .collect();
-    format!("{{{}}}", inner.join(","))
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
-/// A sample value as Prometheus reads it.
-fn value(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 {
-            "+Inf".into()
-        } else {
-            "-Inf".into()
-        }
-    } else if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
-    }
-}
-
-/// Renders the exposition.
+/// Renders the exposition (Prometheus text format 0.0.4). A family with no
+/// series (no allocation yet, no arbiter measuring) is left out, HELP and
+/// TYPE included, as the library does.
 pub fn render(s: &MetricsSnapshot) -> String {
-    let mut rows: BTreeMap<&str, Vec<(String, f64)>> = BTreeMap::new();
-    let mut add = |name: &'static str, l: String, v: f64| {
-        rows.entry(name).or_default().push((l, v));
+    let mut registry = Registry::default();
+    let mut series: HashMap<&str, Series> = HashMap::new();
+    for (name, kind, help) in METRICS {
+        // The library adds the help's final period and a counter's
+        // `_total` itself.
+        let help = help.strip_suffix('.').unwrap_or(help);
+        let family = if *kind == "counter" {
+            let f = Family::<Labels, Counter<f64, AtomicU64>>::default();
+            let base = name.strip_suffix("_total").unwrap_or(name);
+            registry.register(base, help, f.clone());
+            Series::Counter(f)
+        } else {
+            let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            registry.register(*name, help, f.clone());
+            Series::Gauge(f)
+        };
+        series.insert(name, family);
+    }
+    let add = |name: &str, l: Labels, v: f64| {
+        if let Some(f) = series.get(name) {
+            f.add(l, v);
+        }
     };
     for g in &s.gpus {
         let idx = g.index.to_string();
@@ -215,11 +241,7 @@ pub fn render(s: &MetricsSnapshot) -> String {
             l.clone(),
             f64::from(g.slices_allocated),
         );
-        add(
-            "tessera_gpu_slices_total",
-            l.clone(),
-            f64::from(g.slices_total),
-        );
+        add("tessera_gpu_slices", l.clone(), f64::from(g.slices_total));
         add("tessera_gpu_healthy", l, if g.healthy { 1.0 } else { 0.0 });
         for (reason, n) in &g.ungoverned {
             let mut with = base.to_vec();
@@ -274,88 +296,74 @@ pub fn render(s: &MetricsSnapshot) -> String {
         );
     }
     let mut out = String::new();
-    for (name, kind, help) in METRICS {
-        // HELP and TYPE always, so a scraper learns every family even on a
-        // node with no allocations yet.
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (l, v) in rows.get(name).map(Vec::as_slice).unwrap_or_default() {
-            let _ = writeln!(out, "{name}{l} {}", value(*v));
-        }
-    }
+    // Writing into a String cannot fail.
+    let _ = prometheus_text::encode(&mut out, &registry);
     out
 }
 
 /// The content type of the text exposition.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a client has to send its request head.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time one connection may take, request to last byte.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+/// Largest request head read.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 
-/// The response to one request head.
-fn respond(head: &str, body: &dyn Fn() -> String) -> (String, String) {
-    let mut parts = head
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_ascii_whitespace();
-    let method = parts.next().unwrap_or_default();
-    let target = parts.next().unwrap_or_default();
-    let path = target.split('?').next().unwrap_or_default();
-    let (status, ctype, text) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, body()),
-        ("GET" | "HEAD", "/") => (
-            "200 OK",
-            "text/plain; charset=utf-8",
-            "Tessera manager: metrics at /metrics\n".to_owned(),
-        ),
-        ("GET" | "HEAD", _) => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "not found\n".into(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "only GET\n".into(),
-        ),
-    };
-    let header = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        text.len()
+fn text(status: StatusCode, ctype: &'static str, body: String) -> Response<String> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(ctype),
     );
-    let body = if method == "HEAD" {
-        String::new()
-    } else {
-        text
-    };
-    (header, body)
+    r
 }
 
-async fn handle(mut conn: tokio::net::TcpStream, body: &(dyn Fn() -> String + Sync)) {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // Read the request head (the body of a GET is ignored); cap its size
-    // and time so a slow or hostile client cannot hold the task.
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let n = conn.read(&mut chunk).await?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.len() > 16 * 1024 {
-                break;
+/// The response to one parsed request; `body` renders the exposition
+/// (only for `GET`/`HEAD /metrics`, after the request was read).
+async fn respond(
+    req: Request<Incoming>,
+    body: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Response<String> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            PLAIN,
+            "only GET and HEAD\n".into(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            // Rendering reads shared memory and takes locks: off the
+            // async workers.
+            match tokio::task::spawn_blocking(move || body()).await {
+                Ok(t) => text(StatusCode::OK, CONTENT_TYPE, t),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    PLAIN,
+                    "rendering failed\n".into(),
+                ),
             }
         }
-        std::io::Result::Ok(())
-    })
-    .await;
-    if !matches!(read, Ok(Ok(()))) {
-        return;
+        "/" => text(
+            StatusCode::OK,
+            PLAIN,
+            "Tessera manager: metrics at /metrics\n".into(),
+        ),
+        _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
     }
-    let head = String::from_utf8_lossy(&buf);
-    let (header, text) = respond(&head, &body);
-    let _ = conn.write_all(header.as_bytes()).await;
-    let _ = conn.write_all(text.as_bytes()).await;
-    let _ = conn.shutdown().await;
+}
+
+/// Completes once `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Serves `GET /metrics` with `body()` until `stop` turns true.
@@ -364,27 +372,53 @@ pub async fn serve(
     body: impl Fn() -> String + Send + Sync + 'static,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let body = std::sync::Arc::new(body);
+    let body: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(body);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            accepted = listener.accept() => {
-                let Ok((conn, _)) = accepted else { continue };
-                let body = body.clone();
-                tokio::spawn(async move {
-                    // Rendering reads shared memory and takes locks: keep
-                    // it off the async workers.
-                    let text = tokio::task::spawn_blocking(move || body()).await.unwrap_or_default();
-                    handle(conn, &move || text.clone()).await;
-                });
+        // A permit first: at the cap, connections wait unaccepted.
+        let permit = tokio::select! {
+            () = stopped(&mut stop) => return,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            () = stopped(&mut stop) => return,
+            accepted = listener.accept() => accepted,
+        };
+        let conn = match accepted {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                // Out of descriptors, say: back off rather than spin.
+                tracing::debug!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        }
+        };
+        let body = body.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| {
+                let body = body.clone();
+                async move { Ok::<_, Infallible>(respond(req, body).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(conn), service);
+            let _ = tokio::time::timeout(CONNECTION_DEADLINE, conn).await;
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn snapshot() -> MetricsSnapshot {
         MetricsSnapshot {
@@ -422,76 +456,173 @@ mod tests {
         }
     }
 
+    /// The value of the sample `name` + `labels` (exactly as exposed).
+    fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+        let prefix = format!("{name}{labels} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    }
+
     #[test]
     fn every_family_has_help_and_type_and_the_values_are_exact() {
         let text = render(&snapshot());
-        for (name, kind, _) in METRICS {
+        for (name, kind, help) in METRICS {
+            if *name == "tessera_allocation_compute_achieved_ratio" {
+                continue; // no series: see below
+            }
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
-            assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+            assert!(text.contains(&format!("# HELP {name} {help}\n")), "{name}");
         }
         let gpu = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1"}"#;
-        assert!(text.contains(&format!(
-            "tessera_gpu_memory_total_bytes{gpu} 17179869184\n"
-        )));
-        assert!(text.contains(&format!("tessera_gpu_utilization_ratio{gpu} 0.25\n")));
-        assert!(text.contains(&format!("tessera_gpu_power_watts{gpu} 123.5\n")));
-        assert!(text.contains(&format!("tessera_gpu_healthy{gpu} 1\n")));
-        assert!(text.contains(
-            r#"tessera_ungoverned_processes{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",reason="no_shim"} 1"#
-        ));
+        assert_eq!(
+            sample(&text, "tessera_gpu_memory_total_bytes", gpu),
+            Some(17179869184.0)
+        );
+        assert_eq!(
+            sample(&text, "tessera_gpu_utilization_ratio", gpu),
+            Some(0.25)
+        );
+        assert_eq!(sample(&text, "tessera_gpu_power_watts", gpu), Some(123.5));
+        assert_eq!(sample(&text, "tessera_gpu_healthy", gpu), Some(1.0));
+        assert_eq!(sample(&text, "tessera_gpu_slices", gpu), Some(10.0));
+        assert_eq!(
+            sample(&text, "tessera_gpu_slices_allocated", gpu),
+            Some(3.0)
+        );
+        assert!(!text.contains("tessera_gpu_slices_total"), "{text}");
+        let no_shim =
+            r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",reason="no_shim"}"#;
+        assert_eq!(
+            sample(&text, "tessera_ungoverned_processes", no_shim),
+            Some(1.0)
+        );
         let alloc = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c"}"#;
-        assert!(text.contains(&format!(
-            "tessera_allocation_compute_share_ratio{alloc} 0.3\n"
-        )));
-        assert!(text.contains(&format!("tessera_allocation_oom_refused_total{alloc} 7\n")));
-        assert!(text.contains(&format!(
-            "tessera_allocation_wait_seconds_total{alloc} 1.5\n"
-        )));
-        // No arbiter: no achieved series, but the family is declared.
-        assert!(!text.contains("tessera_allocation_compute_achieved_ratio{"));
+        assert_eq!(
+            sample(&text, "tessera_allocation_compute_share_ratio", alloc),
+            Some(0.3)
+        );
+        assert_eq!(
+            sample(&text, "tessera_allocation_oom_refused_total", alloc),
+            Some(7.0)
+        );
+        assert_eq!(
+            sample(&text, "tessera_allocation_wait_seconds_total", alloc),
+            Some(1.5)
+        );
+        // No arbiter: no achieved series, and so no family.
+        assert!(!text.contains("tessera_allocation_compute_achieved_ratio"));
     }
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let mut s = snapshot();
+        s.gpus[0].model = "a\\b\"c\nd".into();
+        let text = render(&s);
+        assert!(text.contains(r#"modelName="a\\b\"c\nd""#), "{text}");
     }
 
-    #[test]
-    fn http_routes() {
-        let body = || "x 1\n".to_owned();
-        let (h, b) = respond("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n", &body);
-        assert!(h.starts_with("HTTP/1.1 200 OK\r\n") && h.contains(CONTENT_TYPE));
-        assert!(h.contains("Content-Length: 4\r\n"));
-        assert_eq!(b, "x 1\n");
-        let (h, b) = respond("HEAD /metrics HTTP/1.1\r\n\r\n", &body);
-        assert!(h.contains("Content-Length: 4") && b.is_empty());
-        assert!(
-            respond("GET /nope HTTP/1.1\r\n\r\n", &body)
-                .0
-                .contains("404")
-        );
-        assert!(
-            respond("POST /metrics HTTP/1.1\r\n\r\n", &body)
-                .0
-                .contains("405")
-        );
+    /// A server on a free port whose renders are counted.
+    async fn server() -> (
+        std::net::SocketAddr,
+        Arc<AtomicUsize>,
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let renders = Arc::new(AtomicUsize::new(0));
+        let r = renders.clone();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve(
+            l,
+            move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                "up 1\n".to_owned()
+            },
+            rx,
+        ));
+        (addr, renders, tx, task)
+    }
+
+    async fn exchange(c: &mut tokio::net::TcpStream, req: &str) -> String {
+        c.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
     }
 
     #[tokio::test]
-    async fn serves_over_tcp() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let server = tokio::spawn(serve(l, || "up 1\n".to_owned(), rx));
+    async fn serves_the_routes_over_http() {
+        let (addr, renders, stop, task) = server().await;
+        let get = |req: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            exchange(&mut c, req).await
+        };
+        let out = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(
+            out.to_ascii_lowercase()
+                .contains(&format!("content-type: {CONTENT_TYPE}")),
+            "{out}"
+        );
+        assert!(out.ends_with("\r\n\r\nup 1\n"), "{out}");
+        let out = get("HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with("\r\n\r\n"),
+            "{out}"
+        );
+        let out = get("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 404"), "{out}");
+        let out = get("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+        let out = get("this is not http\r\n\r\n").await;
+        assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
+        // Only the two requests for /metrics rendered.
+        assert_eq!(renders.load(Ordering::SeqCst), 2);
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn nothing_is_rendered_before_the_request_is_read() {
+        let (addr, renders, stop, task) = server().await;
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(renders.load(Ordering::SeqCst), 0, "rendered on connect");
+        let out = exchange(&mut c, ": x\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert_eq!(renders.load(Ordering::SeqCst), 1);
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_wait_until_one_ends() {
+        let (addr, renders, stop, task) = server().await;
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let mut late = tokio::net::TcpStream::connect(addr).await.unwrap();
+        late.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
+        let mut first = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(300), late.read(&mut first)).await;
+        assert!(early.is_err(), "answered past the connection cap");
+        assert_eq!(renders.load(Ordering::SeqCst), 0);
+        // One idle connection ends: the waiting one is served.
+        drop(idle.pop());
         let mut out = String::new();
-        c.read_to_string(&mut out).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), late.read_to_string(&mut out))
+            .await
+            .expect("served once a connection ended")
+            .unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert!(out.ends_with("\r\n\r\nup 1\n"), "{out}");
-        tx.send(true).unwrap();
-        server.await.unwrap();
+        drop(idle);
+        stop.send(true).unwrap();
+        task.await.unwrap();
     }
 }

@@ -632,7 +632,7 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
         metric(&text, "tessera_gpu_slices_allocated", &g0),
         Some(2.0)
     );
-    assert_eq!(metric(&text, "tessera_gpu_slices_total", &g0), Some(8.0));
+    assert_eq!(metric(&text, "tessera_gpu_slices", &g0), Some(8.0));
     assert_eq!(
         metric(&text, "tessera_gpu_slices_allocated", &[("gpu", "1")]),
         Some(0.0)

@@ -183,7 +183,7 @@ fn allocations_usage_and_metrics_after_known_work() {
     assert!(used >= (GI + (1 << 20)) as f64, "{used}");
     assert!(used <= truth, "{used} > {truth}");
     assert_eq!(e.get("tessera_gpu_healthy", &g0), Some(1.0));
-    assert_eq!(e.get("tessera_gpu_slices_total", &g0), Some(4.0));
+    assert_eq!(e.get("tessera_gpu_slices", &g0), Some(4.0));
     // 4 GiB of 16 and 50% of the time at 4 slices per GPU: 2 slices.
     assert_eq!(e.get("tessera_gpu_slices_allocated", &g0), Some(2.0));
     let al = [("allocation", "work"), ("gpu", "0")];

@@ -15,7 +15,7 @@ const METRICS: &[&str] = &[
     "tessera_gpu_temperature_celsius",
     "tessera_gpu_power_watts",
     "tessera_gpu_slices_allocated",
-    "tessera_gpu_slices_total",
+    "tessera_gpu_slices",
     "tessera_gpu_healthy",
     "tessera_allocation_memory_limit_bytes",
     "tessera_allocation_memory_used_bytes",
