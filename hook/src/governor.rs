@@ -15,7 +15,7 @@ use tessera_shm::{Control, LocalLiveness, Member, ProcIdentity, Refused, ShmErro
 
 use crate::config::{AllocFiles, Config};
 use crate::devices::{DeviceMap, format_uuid, same_uuid};
-use crate::ledger::{GraphMem, Ledger, PoolBooks, Vmm, growth};
+use crate::ledger::{GraphMem, Ledger, PoolBooks, Shared, Vmm, growth};
 use crate::log::{self, Level};
 use crate::table::{call_real, real};
 
@@ -318,6 +318,10 @@ pub struct Governed {
     /// The process has used graph memory (an allocation node, a captured
     /// stream-ordered allocation): graph launches are accounted.
     pub graph_memory: AtomicBool,
+    /// Memory shared with other processes of the allocation.
+    pub shared: Mutex<Shared>,
+    /// Anything was exported or imported (frees then look at `shared`).
+    pub sharing: AtomicBool,
     /// The driver's pool and graph-memory queries (set once the real
     /// driver is loaded; tests install a fake).
     pool_driver: OnceLock<&'static dyn PoolDriver>,
@@ -410,6 +414,8 @@ impl Governed {
             books: Mutex::new(PoolBooks::default()),
             pool_slack: AtomicBool::new(false),
             graph_memory: AtomicBool::new(false),
+            shared: Mutex::new(Shared::default()),
+            sharing: AtomicBool::new(false),
             pool_driver: OnceLock::new(),
         }
     }
@@ -612,6 +618,8 @@ impl Governed {
     /// Trims this process's pools and graph memory on `dev` of what they
     /// keep unused, and returns the quota. Whether anything came back.
     fn make_room(&self, drv: &dyn PoolDriver, books: &mut PoolBooks, dev: usize) -> bool {
+        // Exported memory kept for an importer may be closed by now.
+        let back = self.sharing.load(Ordering::Acquire) && crate::cuda::settle_shared(self);
         let before = books.charged_on(dev);
         for id in books.pools_on(dev) {
             if let Some(p) = books.pools.get(&id) {
@@ -638,7 +646,7 @@ impl Governed {
                 before - after
             );
         }
-        after < before
+        back || after < before
     }
 
     /// Admission of an allocation of `bytes` from pool `pool` on `device`:
@@ -1073,7 +1081,8 @@ extern "C" fn at_exit() {
 // Every lock of the governor is held across fork(), so the child never
 // inherits one that a thread of the parent, absent in the child, held.
 // The order is the one the wrappers nest them in: contexts, pools, pool
-// books, VMM, the per-device operation locks, the ledger's shards.
+// books, shared memory, VMM, the per-device operation locks, the ledger's
+// shards.
 
 extern "C" fn fork_prepare() {
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -1083,6 +1092,7 @@ extern "C" fn fork_prepare() {
         std::mem::forget(g.contexts.lock());
         std::mem::forget(g.pools.lock());
         std::mem::forget(g.books.lock());
+        std::mem::forget(g.shared.lock());
         std::mem::forget(g.vmm.lock());
         for l in &g.op_locks {
             std::mem::forget(l.lock());
@@ -1110,6 +1120,7 @@ unsafe fn unlock_all(g: &Governed) {
             l.force_unlock(Default::default());
         }
         g.vmm.force_unlock(Default::default());
+        g.shared.force_unlock(Default::default());
         g.books.force_unlock(Default::default());
         g.pools.force_unlock(Default::default());
         g.contexts.force_unlock(Default::default());
@@ -1152,6 +1163,7 @@ extern "C" fn fork_child() {
             (*g.pools.data_ptr()).clear();
             (*g.vmm.data_ptr()).clear();
             (*g.books.data_ptr()).clear();
+            *g.shared.data_ptr() = Shared::default();
             unlock_all(g);
             ESTABLISH.force_unlock(Default::default());
         }

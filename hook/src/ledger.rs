@@ -140,6 +140,8 @@ impl Ledger {
 /// A physical allocation made with `cuMemCreate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VmmHandle {
+    /// The handle the driver gave.
+    pub handle: u64,
     /// The allocation's device index.
     pub dev: usize,
     pub bytes: u64,
@@ -179,6 +181,7 @@ impl Vmm {
         self.handles.insert(
             handle,
             VmmHandle {
+                handle,
                 dev,
                 bytes,
                 refs: 1,
@@ -276,6 +279,27 @@ impl Vmm {
         self.maps.clear();
         self.array_maps.clear();
     }
+}
+
+/// An allocation shared with other processes, as this process knows it: a
+/// device pointer (IPC) or a VMM handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SharedKey {
+    Ptr(u64),
+    Vmm(u64),
+}
+
+/// Memory shared between processes of the allocation (see cuda/ipc.rs).
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// What this process exported, with its identity in the exports list.
+    pub exported: HashMap<SharedKey, String>,
+    /// What this process imported, with the identity it was exported as.
+    pub imported: HashMap<SharedKey, String>,
+    /// Exported memory this process freed while an importer still had it
+    /// open (the driver keeps the pages): (identity, device index, bytes),
+    /// charged until the importers close it.
+    pub deferred: Vec<(String, usize, u64)>,
 }
 
 /// A memory pool's charge: the bytes the allocation was charged for what the

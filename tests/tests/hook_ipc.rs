@@ -2,7 +2,9 @@
 //! simulated device: memory shared between processes of one allocation is
 //! counted once (at the exporter; opening or importing it charges
 //! nothing); an import of memory exported by a process of another
-//! allocation, or by an ungoverned one, is refused.
+//! allocation, or by an ungoverned one, is refused; memory an exporter
+//! frees while an importer still has it open (the driver keeps the pages)
+//! stays charged until the importer lets go.
 
 mod hook_support;
 
@@ -97,6 +99,48 @@ fn exported_vmm_memory_is_counted_once_and_only_the_allocation_may_import_it() {
     for c in [exporter, peer, other] {
         assert!(c.finish().success());
     }
+}
+
+#[test]
+fn shared_memory_freed_by_its_exporter_stays_charged_while_open_elsewhere() {
+    let sim = Sim::new(1, PHYSICAL);
+    sim.allocate(LIMIT);
+    let books = || sim.state().reserved(0);
+    // Legacy IPC: the exporter frees first, the importer closes later.
+    let mut exporter = sim.client(true);
+    ok(&mut exporter, "init");
+    ok(&mut exporter, &format!("alloc {}", 32 * MI));
+    let handle = ok(&mut exporter, "ipc-get 0").str("handle").to_owned();
+    let mut peer = sim.client(true);
+    ok(&mut peer, "init");
+    ok(&mut peer, &format!("ipc-open {handle}"));
+    ok(&mut exporter, "free 0");
+    assert_eq!(sim.used(0), 32 * MI, "the driver keeps the pages");
+    assert_eq!(books(), 32 * MI, "so the allocation is still charged");
+    // Only 32 MiB are left, not 64.
+    refused(
+        &mut peer,
+        &format!("alloc {}", 40 * MI),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+    );
+    ok(&mut peer, "ipc-close 0");
+    assert_eq!(sim.used(0), 0);
+    ok(&mut exporter, "sync");
+    assert_eq!(books(), 0, "returned once closed");
+    // A VMM allocation exported as a descriptor, released by its exporter
+    // while the importer maps it; the importer then exits.
+    let e = ok(&mut exporter, &format!("vmm-export {} 0", 16 * MI));
+    let (pid, fd) = (e.u64("pid"), e.u64("fd"));
+    ok(&mut peer, &format!("vmm-import {pid} {fd} {}", 16 * MI));
+    ok(&mut exporter, &format!("vmm-release {}", e.u64("v")));
+    assert_eq!(sim.used(0), 16 * MI);
+    assert_eq!(books(), 16 * MI);
+    assert!(peer.finish().success());
+    ok(&mut exporter, "sync");
+    assert_eq!(books(), 0);
+    assert!(exporter.finish().success());
+    sim.node.node().reap_dead();
+    assert_eq!(sim.used(0), 0);
 }
 
 #[test]

@@ -125,7 +125,7 @@ pub unsafe fn cuArrayDestroy(handle: CUarray) -> CUresult {
 fn array_gone(g: &Governed, array: usize) {
     let freed = g.vmm.lock().array_destroyed(array);
     for h in freed {
-        g.release(Some(h.dev), h.bytes);
+        vmm_freed(g, h);
     }
 }
 
@@ -170,7 +170,7 @@ fn map_array(g: &Governed, list: *const CUarrayMapInfo, count: c_uint, r: CUresu
     }
     drop(vmm);
     for h in freed {
-        g.release(Some(h.dev), h.bytes);
+        vmm_freed(g, h);
     }
     r
 }

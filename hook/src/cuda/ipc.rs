@@ -11,11 +11,18 @@
 //! an import whose handle is not in that list is refused with
 //! `CUDA_ERROR_NOT_PERMITTED`. A tenant can only add to its own list, and
 //! only handles it holds; what this cannot see is in docs/hook.md.
+//!
+//! The driver keeps shared pages while any process has them open, so an
+//! importer also writes `open <identity> <pid>` (and `close ...` when it
+//! lets go) to the list; an exporter that frees memory a live importer
+//! still has open keeps it charged until the importers close it (checked
+//! again at synchronisations and before a refusal).
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 
 use super::*;
+use crate::ledger::SharedKey;
 
 /// The allocation's exports list.
 fn exports_path(g: &Governed) -> std::path::PathBuf {
@@ -62,13 +69,106 @@ fn register(g: &Governed, key: &str) {
     }
 }
 
+/// The exports list's lines.
+fn read_exports(g: &Governed) -> String {
+    let mut text = String::new();
+    if let Some(mut f) = open_exports(g, false)
+        && f.read_to_string(&mut text).is_err()
+    {
+        text.clear();
+    }
+    text
+}
+
 /// Whether a process of this allocation exported `key`.
 fn exported_here(g: &Governed, key: &str) -> bool {
-    let mut text = String::new();
-    match open_exports(g, false) {
-        Some(mut f) => f.read_to_string(&mut text).is_ok() && text.lines().any(|l| l == key),
-        None => false,
+    read_exports(g).lines().any(|l| l == key)
+}
+
+/// Whether a live process other than this one has `key` open, by the
+/// importers' `open`/`close` lines.
+fn open_elsewhere(text: &str, key: &str) -> bool {
+    let me = std::process::id();
+    let mut holders: Vec<u32> = Vec::new();
+    for l in text.lines() {
+        let mut w = l.split(' ');
+        let (Some(what), Some(k), Some(pid)) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if k != key {
+            continue;
+        }
+        match what {
+            "open" => holders.push(pid),
+            "close" => {
+                if let Some(i) = holders.iter().position(|&p| p == pid) {
+                    holders.swap_remove(i);
+                }
+            }
+            _ => {}
+        }
     }
+    holders.into_iter().any(|pid| pid != me && alive(pid))
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Exported memory the driver freed for this process (`key`, `bytes` on
+/// device index `dev`): its quota returns, unless an importer still has
+/// it open (the driver keeps the pages for it): then it stays charged
+/// until [`settle_shared`] finds the importers gone.
+pub(super) fn freed(g: &Governed, key: SharedKey, dev: usize, bytes: u64) {
+    let mut shared = g.shared.lock();
+    if let Some(id) = shared.imported.remove(&key) {
+        drop(shared);
+        register(g, &format!("close {id} {}", std::process::id()));
+        g.release(Some(dev), bytes);
+        return;
+    }
+    let Some(id) = shared.exported.remove(&key) else {
+        drop(shared);
+        g.release(Some(dev), bytes);
+        return;
+    };
+    if open_elsewhere(&read_exports(g), &id) {
+        crate::log!(
+            Level::Info,
+            "{bytes} bytes freed but still open in another process: kept charged"
+        );
+        shared.deferred.push((id, dev, bytes));
+    } else {
+        drop(shared);
+        g.release(Some(dev), bytes);
+    }
+}
+
+/// Returns the quota of exported memory kept for importers that have
+/// closed it since. Whether any came back.
+pub fn settle_shared(g: &Governed) -> bool {
+    let mut shared = g.shared.lock();
+    if shared.deferred.is_empty() {
+        return false;
+    }
+    let text = read_exports(g);
+    let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut shared.deferred)
+        .into_iter()
+        .partition(|(id, _, _)| !open_elsewhere(&text, id));
+    shared.deferred = kept;
+    drop(shared);
+    for (_, dev, bytes) in &gone {
+        g.release(Some(*dev), *bytes);
+    }
+    !gone.is_empty()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -122,7 +222,10 @@ pub unsafe fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) 
     let r = call_real!(cuIpcGetMemHandle(handle, dptr));
     if r == OK && !handle.is_null() {
         // SAFETY: the driver succeeded and wrote it.
-        register(g, &ipc_key(unsafe { &*handle }));
+        let key = ipc_key(unsafe { &*handle });
+        register(g, &key);
+        g.shared.lock().exported.insert(SharedKey::Ptr(dptr), key);
+        g.sharing.store(true, std::sync::atomic::Ordering::Release);
     }
     r
 }
@@ -142,20 +245,32 @@ pub unsafe fn cuMemExportToShareableHandle(
         && let Some(key) = shareable_key(kind, shareable, true)
     {
         register(g, &key);
+        g.shared.lock().exported.insert(SharedKey::Vmm(handle), key);
+        g.sharing.store(true, std::sync::atomic::Ordering::Release);
     }
     r
 }
 
 /// An import is let through only if a process of this allocation exported
-/// it; nothing is charged.
+/// it; nothing is charged. A successful one is recorded as open by this
+/// process (`opened` names what the driver handed out).
 fn import(
     g: &Governed,
     key: Option<String>,
     what: &str,
     call: impl FnOnce() -> CUresult,
+    opened: impl FnOnce() -> SharedKey,
 ) -> CUresult {
     match key {
-        Some(k) if exported_here(g, &k) => call(),
+        Some(k) if exported_here(g, &k) => {
+            let r = call();
+            if r == OK {
+                register(g, &format!("open {k} {}", std::process::id()));
+                g.shared.lock().imported.insert(opened(), k);
+                g.sharing.store(true, std::sync::atomic::Ordering::Release);
+            }
+            r
+        }
         _ => {
             crate::log!(
                 Level::Warn,
@@ -173,9 +288,14 @@ pub unsafe fn cuIpcOpenMemHandle(
     flags: c_uint,
 ) -> CUresult {
     let g = governed_or!(call_real!(cuIpcOpenMemHandle(pdptr, handle, flags)));
-    import(g, Some(ipc_key(&handle)), "cuIpcOpenMemHandle", || {
-        call_real!(cuIpcOpenMemHandle(pdptr, handle, flags))
-    })
+    import(
+        g,
+        Some(ipc_key(&handle)),
+        "cuIpcOpenMemHandle",
+        || call_real!(cuIpcOpenMemHandle(pdptr, handle, flags)),
+        // SAFETY: read only after the driver succeeded and wrote it.
+        || SharedKey::Ptr(unsafe { out(pdptr) }),
+    )
 }
 
 pub unsafe fn cuIpcOpenMemHandle_v2(
@@ -184,15 +304,28 @@ pub unsafe fn cuIpcOpenMemHandle_v2(
     flags: c_uint,
 ) -> CUresult {
     let g = governed_or!(call_real!(cuIpcOpenMemHandle_v2(pdptr, handle, flags)));
-    import(g, Some(ipc_key(&handle)), "cuIpcOpenMemHandle", || {
-        call_real!(cuIpcOpenMemHandle_v2(pdptr, handle, flags))
-    })
+    import(
+        g,
+        Some(ipc_key(&handle)),
+        "cuIpcOpenMemHandle",
+        || call_real!(cuIpcOpenMemHandle_v2(pdptr, handle, flags)),
+        // SAFETY: read only after the driver succeeded and wrote it.
+        || SharedKey::Ptr(unsafe { out(pdptr) }),
+    )
 }
 
 pub unsafe fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
-    // Nothing was charged for the mapping: nothing to return.
-    let _g = governed_or!(call_real!(cuIpcCloseMemHandle(dptr)));
-    call_real!(cuIpcCloseMemHandle(dptr))
+    // Nothing was charged for the mapping: nothing to return; the
+    // exporter learns the memory is no longer open here.
+    let g = governed_or!(call_real!(cuIpcCloseMemHandle(dptr)));
+    let r = call_real!(cuIpcCloseMemHandle(dptr));
+    if r == OK {
+        let id = g.shared.lock().imported.remove(&SharedKey::Ptr(dptr));
+        if let Some(id) = id {
+            register(g, &format!("close {id} {}", std::process::id()));
+        }
+    }
+    r
 }
 
 pub unsafe fn cuMemImportFromShareableHandle(
@@ -203,10 +336,21 @@ pub unsafe fn cuMemImportFromShareableHandle(
     let g = governed_or!(call_real!(cuMemImportFromShareableHandle(
         handle, os_handle, kind
     )));
-    import(
+    let r = import(
         g,
         shareable_key(kind, os_handle, false),
         "cuMemImportFromShareableHandle",
         || call_real!(cuMemImportFromShareableHandle(handle, os_handle, kind)),
-    )
+        // SAFETY: read only after the driver succeeded and wrote it.
+        || SharedKey::Vmm(unsafe { out(handle) }),
+    );
+    if r == OK {
+        // Known to the VMM books with no charge of its own, so that its
+        // last release and unmapping (the driver frees it then) tells the
+        // exporter it is closed here.
+        // SAFETY: the driver succeeded and wrote it.
+        let h = unsafe { out(handle) };
+        let _ = g.vmm.lock().created(h, 0, 0);
+    }
+    r
 }

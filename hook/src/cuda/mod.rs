@@ -25,7 +25,7 @@ use tessera_ffi::cuda::*;
 
 use crate::gate;
 use crate::governor::{self, CUDA_REFUSED, Governed, Launch};
-use crate::ledger::{Key, Rec};
+use crate::ledger::{Key, Rec, SharedKey};
 use crate::log::Level;
 use crate::procaddr;
 use crate::sizes;
@@ -107,12 +107,26 @@ fn free(g: &Governed, key: Key, call: impl FnOnce() -> CUresult) -> CUresult {
         return call.take().map_or(OK, |c| c());
     };
     let r = call();
-    if r == OK {
-        g.release(Some(rec.dev), rec.bytes);
-    } else {
+    if r != OK {
         g.ledger.insert(key, rec);
+    } else if let Key::Ptr(p) = key
+        && g.sharing.load(std::sync::atomic::Ordering::Acquire)
+    {
+        ipc::freed(g, SharedKey::Ptr(p), rec.dev, rec.bytes);
+    } else {
+        g.release(Some(rec.dev), rec.bytes);
     }
     r
+}
+
+/// A VMM allocation the driver freed: its quota returns (unless it was
+/// exported and an importer still has it open, see ipc.rs).
+fn vmm_freed(g: &Governed, h: crate::ledger::VmmHandle) {
+    if g.sharing.load(std::sync::atomic::Ordering::Acquire) {
+        ipc::freed(g, SharedKey::Vmm(h.handle), h.dev, h.bytes);
+    } else {
+        g.release(Some(h.dev), h.bytes);
+    }
 }
 
 /// Returns the quota of everything the driver freed with context `ctx`.

@@ -323,8 +323,12 @@ pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUre
 // otherwise).
 
 fn synced(g: &Governed, r: CUresult) -> CUresult {
-    if r == OK && g.pool_slack.load(std::sync::atomic::Ordering::Acquire) {
+    use std::sync::atomic::Ordering::Acquire;
+    if r == OK && g.pool_slack.load(Acquire) {
         g.reconcile_pools();
+    }
+    if r == OK && g.sharing.load(Acquire) {
+        super::settle_shared(g);
     }
     r
 }

@@ -47,7 +47,7 @@ pub unsafe fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     if r == OK {
         let freed = g.vmm.lock().released(handle);
         if let Some(h) = freed {
-            g.release(Some(h.dev), h.bytes);
+            vmm_freed(g, h);
         }
     }
     r
@@ -74,7 +74,7 @@ pub unsafe fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     if r == OK {
         let freed = g.vmm.lock().unmapped(ptr, size as u64);
         for h in freed {
-            g.release(Some(h.dev), h.bytes);
+            vmm_freed(g, h);
         }
     }
     r
