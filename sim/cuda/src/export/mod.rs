@@ -177,8 +177,15 @@ pub fn log_once(key: String, line: impl FnOnce() -> String) {
     // Bounded: a hostile caller looping over random ids must not grow this forever.
     let set = seen.get_or_insert_with(HashSet::new);
     if set.len() < 256 && set.insert(key) {
-        eprintln!("tessera-sim libcuda: {}", line());
+        say(&line());
     }
+}
+
+/// One line on stderr. Never panics (unlike `eprintln!`): it runs inside entries that C
+/// calls directly, which must not unwind.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "tessera-sim libcuda: {line}");
 }
 
 /// Looks `id` up; `None` for an id this driver does not know.
@@ -199,11 +206,11 @@ pub unsafe fn get(out: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
     match find(&bytes) {
         Some(t) => {
             if tracing() {
-                eprintln!(
-                    "tessera-sim libcuda: cuGetExportTable {} ({})",
+                say(&format!(
+                    "cuGetExportTable {} ({})",
                     format_guid(&bytes),
                     t.name
-                );
+                ));
             }
             // SAFETY: `out` is non-null and writable by the caller's contract.
             unsafe { out.write((t.ptr)()) };
@@ -212,10 +219,10 @@ pub unsafe fn get(out: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
         None => {
             let refused = REFUSED.iter().any(|(_, g)| g == &bytes);
             if refused && tracing() {
-                eprintln!(
-                    "tessera-sim libcuda: cuGetExportTable {} (not provided)",
+                say(&format!(
+                    "cuGetExportTable {} (not provided)",
                     format_guid(&bytes)
-                );
+                ));
             }
             if !refused {
                 log_once(format!("table {}", format_guid(&bytes)), || {
@@ -237,9 +244,12 @@ pub unsafe fn get(out: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
 /// x86-64 and aarch64 the caller owns its arguments, so ignoring them is sound whatever
 /// the real entry's signature.
 pub extern "C" fn unimplemented<const T: usize, const I: usize>() -> CUresult {
-    let name = TABLES.get(T).map_or("?", |t| t.name);
-    log_once(format!("slot {T} {I}"), || {
-        format!("export table {name} entry {I} is not implemented (CUDA_ERROR_NOT_SUPPORTED)")
+    // Logging allocates; whatever happens there must not unwind into C.
+    let _ = std::panic::catch_unwind(|| {
+        let name = TABLES.get(T).map_or("?", |t| t.name);
+        log_once(format!("slot {T} {I}"), || {
+            format!("export table {name} entry {I} is not implemented (CUDA_ERROR_NOT_SUPPORTED)")
+        });
     });
     CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
