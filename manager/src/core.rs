@@ -122,6 +122,16 @@ impl Core {
 
     /// CreateAllocation: idempotent for the same id and request.
     pub fn create(&self, req: &pb::CreateAllocationRequest) -> Result<pb::Allocation, AllocError> {
+        self.create_for(req, None)
+    }
+
+    /// CreateAllocation for a caller: `owner_uid` (a non-root `tessera run`
+    /// user) gets the state file as its own (see [`Store::create_owned`]).
+    pub fn create_for(
+        &self,
+        req: &pb::CreateAllocationRequest,
+        owner_uid: Option<u32>,
+    ) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
         let id = if req.id.is_empty() {
             alloc::generate_id()
@@ -162,7 +172,7 @@ impl Core {
         let existing: Vec<AllocationRecord> = self.live_list().iter().map(|l| l.record()).collect();
         alloc::check_capacity(&rec, &self.gpus, existing.iter())?;
         let spec = rec.control_spec(self.config.context_overhead_bytes);
-        self.store.create(&rec, &spec)?;
+        self.store.create_owned(&rec, &spec, owner_uid)?;
         let dir = self.store.alloc_dir(&rec.id);
         let live = match LiveAllocation::open(rec.clone(), dir) {
             Ok(l) => Arc::new(l),

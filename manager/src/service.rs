@@ -48,8 +48,16 @@ impl pb::manager_server::Manager for ManagerService {
         &self,
         req: Request<pb::CreateAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
+        // Who asked, from the kernel (SO_PEERCRED): a non-root `tessera run`
+        // user gets the allocation's state file as its own, private.
+        let peer_uid = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .map(|c| c.uid())
+            .filter(|&uid| uid != 0);
         let req = req.into_inner();
-        self.blocking(move |c| c.create(&req))
+        self.blocking(move |c| c.create_for(&req, peer_uid))
             .await
             .map(Response::new)
     }

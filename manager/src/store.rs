@@ -117,9 +117,15 @@ impl Store {
     /// a manager that could not write there would serve allocations it
     /// cannot record, repair or delete.
     pub fn open(dir: &Path) -> Result<Self, AllocError> {
+        use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        // Others may pass through (a `tessera run` user to its own files),
+        // not list.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(io(dir))?;
         let records = dir.join(RECORDS_DIR);
         std::fs::create_dir_all(&records).map_err(io(&records))?;
+        std::fs::set_permissions(&records, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(&records))?;
         let probe = dir.join(format!(".write-test-{}", std::process::id()));
         write_atomically(&probe, b"ok").map_err(|e| match e {
             AllocError::Io { error, .. } => AllocError::Io {
@@ -163,6 +169,18 @@ impl Store {
         rec: &AllocationRecord,
         spec: &ControlSpec,
     ) -> Result<(PathBuf, PathBuf), AllocError> {
+        self.create_owned(rec, spec, None)
+    }
+
+    /// [`Store::create`], with the files private to whoever may use them
+    /// (see [`secure`]): root's (containers reach them only through the
+    /// device plugin's mounts), or, for `owner_uid`, that user's state file.
+    pub fn create_owned(
+        &self,
+        rec: &AllocationRecord,
+        spec: &ControlSpec,
+        owner_uid: Option<u32>,
+    ) -> Result<(PathBuf, PathBuf), AllocError> {
         let final_dir = self.alloc_dir(&rec.id);
         if final_dir.exists() {
             return Err(AllocError::Conflict(format!(
@@ -177,10 +195,7 @@ impl Store {
         let result = (|| {
             tessera_shm::create_allocation_files(&tmp, spec)?;
             self.write_record(&tmp, rec)?;
-            // The files must be readable by containers of any uid.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-                .map_err(io(&tmp))?;
+            secure(&tmp, owner_uid)?;
             std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))
         })();
         if let Err(e) = result {
@@ -340,6 +355,11 @@ impl Store {
             });
             match read {
                 Ok(rec) => {
+                    // Directories made before files were private become so.
+                    let owner = owner_of(&path.join("state"));
+                    if let Err(e) = secure(&path, owner) {
+                        tracing::warn!(allocation = %name, error = %e, "cannot make the allocation's files private");
+                    }
                     // A record written before copies existed gets one now.
                     if !self.copy_path(&name).exists() {
                         let _ = self.write_record(&path, &rec);
@@ -423,6 +443,51 @@ impl Store {
         })();
         let _ = std::fs::remove_dir_all(&fresh);
         result.map(|()| done)
+    }
+}
+
+/// The non-root owner of a state file, if it has one.
+fn owner_of(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| m.uid())
+        .filter(|&u| u != 0 && u != nix::unistd::geteuid().as_raw())
+}
+
+/// Makes an allocation directory private. Without `owner_uid` (device
+/// plugin allocations): the directory is root's, mode 0700, so no local
+/// user can reach the files; containers reach them through the bind mounts
+/// the runtime makes as root, where only the file's own mode counts, so the
+/// state file stays 0666 for container processes of any uid. With
+/// `owner_uid` (a non-root `tessera run` user): the directory is 0711
+/// (passable, not listable), the state file that user's, mode 0600; the
+/// control file stays the manager's, 0644 (readable, not writable).
+pub fn secure(dir: &Path, owner_uid: Option<u32>) -> Result<(), AllocError> {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(io(p))
+    };
+    let state = dir.join("state");
+    set(&dir.join("control"), 0o644)?;
+    set(&dir.join(RECORD_FILE), 0o600)?;
+    match owner_uid {
+        None => {
+            set(&state, 0o666)?;
+            set(dir, 0o700)
+        }
+        Some(uid) => {
+            nix::unistd::chown(&state, Some(nix::unistd::Uid::from_raw(uid)), None).map_err(
+                |e| AllocError::Io {
+                    path: state.clone(),
+                    error: std::io::Error::other(format!(
+                        "cannot give the state file to uid {uid}: {e}"
+                    )),
+                },
+            )?;
+            set(&state, 0o600)?;
+            set(dir, 0o711)
+        }
     }
 }
 
@@ -662,6 +727,41 @@ mod tests {
         );
         // Nothing to repair: nothing done.
         assert!(store.repair(&rec, &rec.control_spec(0)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn allocation_files_are_private() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        assert_eq!(mode(store.dir()), 0o711, "passable, not listable");
+        assert_eq!(mode(&store.dir().join(RECORDS_DIR)), 0o700);
+        created(&store);
+        let a = store.alloc_dir("a1");
+        // Containers' allocation: nobody but the manager reaches the files on
+        // the host; the state file's own mode lets any container uid write it
+        // through its mount.
+        assert_eq!(mode(&a), 0o700);
+        assert_eq!(mode(&a.join("state")), 0o666);
+        assert_eq!(mode(&a.join("control")), 0o644);
+        assert_eq!(mode(&a.join(RECORD_FILE)), 0o600);
+        // A `tessera run` user's: the state file is that user's alone.
+        let me = nix::unistd::geteuid().as_raw();
+        let mut rec = norm(&req(&gpus()[0].uuid, GI, 100_000)).unwrap();
+        rec.id = "r1".into();
+        store
+            .create_owned(&rec, &rec.control_spec(0), Some(me))
+            .unwrap();
+        let r = store.alloc_dir("r1");
+        assert_eq!(mode(&r), 0o711);
+        assert_eq!(mode(&r.join("state")), 0o600);
+        assert_eq!(std::fs::metadata(r.join("state")).unwrap().uid(), me);
+        assert_eq!(mode(&r.join("control")), 0o644);
+        // An old world-open directory is made private at start-up.
+        std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o755)).unwrap();
+        store.load_all().unwrap();
+        assert_eq!(mode(&a), 0o700);
     }
 
     #[test]
