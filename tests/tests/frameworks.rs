@@ -18,6 +18,9 @@ use manager_support::*;
 use tessera_e2e::SimNode;
 
 const GI: u64 = 1 << 30;
+/// Every script runs under `timeout`: a hang is a failure with what it printed, not a
+/// stuck test (SIGTERM, then SIGKILL 10 s later).
+const LIMIT: [&str; 2] = ["-k10", "300"];
 const MI: u64 = 1 << 20;
 
 /// Not a test: the body of this executable when a test re-runs it as the manager or the
@@ -124,7 +127,9 @@ fn facts(out: &Output, stdout: &str) -> Facts {
 /// `script args` on `node` without the shim, with `env` added.
 fn bare(node: &SimNode, script: &str, args: &[&str], env: &[(&str, &str)]) -> Facts {
     let out = node
-        .command(python())
+        .command("timeout")
+        .args(LIMIT)
+        .arg(python())
         .arg(frameworks_dir().join(script))
         .args(args)
         .envs(env.iter().copied())
@@ -157,6 +162,9 @@ fn under_run_env(
         "--memory".to_owned(),
         memory.to_owned(),
         "--".to_owned(),
+        "timeout".to_owned(),
+        LIMIT[0].to_owned(),
+        LIMIT[1].to_owned(),
         python().display().to_string(),
         script.display().to_string(),
     ];
@@ -262,7 +270,9 @@ fn the_driver_version_is_configurable_and_caps_get_proc_address() {
     assert_eq!(f.get("memcpy"), ["0", "0", "True"]);
     // A bad value is an error from the driver and one line naming the variable.
     let out = n
-        .command(python())
+        .command("timeout")
+        .args(LIMIT)
+        .arg(python())
         .arg(frameworks_dir().join("check_cudart.py"))
         .arg("procaddr")
         .env("TESSERA_SIM_DRIVER_VERSION", "twelve")
@@ -279,7 +289,9 @@ fn the_driver_version_is_configurable_and_caps_get_proc_address() {
 fn an_unknown_export_table_is_an_error_and_one_log_line() {
     let n = node();
     let out = n
-        .command(python())
+        .command("timeout")
+        .args(LIMIT)
+        .arg(python())
         .arg(frameworks_dir().join("check_cudart.py"))
         .arg("badtable")
         .output()
