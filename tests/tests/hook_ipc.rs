@@ -144,18 +144,27 @@ fn shared_memory_freed_by_its_exporter_stays_charged_while_open_elsewhere() {
 }
 
 #[test]
-fn a_sparse_array_keeps_its_backing_memory_charged_until_destroyed() {
+fn a_sparse_array_keeps_its_backing_memory_charged_until_unmapped_or_destroyed() {
     let sim = Sim::new(1, PHYSICAL);
     sim.allocate(LIMIT);
     let mut c = sim.client(true);
     ok(&mut c, "init");
-    // A sparse array: charged nothing itself; 2 MiB of cuMemCreate memory
-    // mapped onto a tile, its handle released at once.
-    ok(&mut c, &format!("sparse 4096 {} 0", 2 * MI));
-    assert_eq!(sim.used(0), 2 * MI, "backed by what is mapped");
-    assert_eq!(sim.state().reserved(0), 2 * MI, "still charged");
-    ok(&mut c, "array-destroy 0");
+    // Sparse and deferred-mapping arrays: charged nothing themselves;
+    // 2 MiB of cuMemCreate memory mapped onto a tile of each, the handles
+    // released at once.
+    for (n, kind) in ["", "deferred"].into_iter().enumerate() {
+        ok(&mut c, &format!("sparse 4096 {} 0 {kind}", 2 * MI));
+        let held = (n as u64 + 1) * 2 * MI;
+        assert_eq!(sim.used(0), held, "{kind}: backed by what is mapped");
+        assert_eq!(sim.state().reserved(0), held, "{kind}: still charged");
+    }
+    // Unmapping the tile frees the first; destroying the array the second.
+    ok(&mut c, "array-unmap 0");
+    assert_eq!(sim.used(0), 2 * MI);
+    assert_eq!(sim.state().reserved(0), 2 * MI);
+    ok(&mut c, "array-destroy 1");
     assert_eq!(sim.used(0), 0);
     assert_eq!(sim.state().reserved(0), 0);
+    ok(&mut c, "array-destroy 0");
     assert!(c.finish().success());
 }

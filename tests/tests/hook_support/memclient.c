@@ -38,8 +38,10 @@
  *   vmm-export <bytes> <dev>       cuMemCreate (POSIX fd shareable) + export -> v= fd= pid=
  *   vmm-import <pid> <fd> <bytes>  open /proc/<pid>/fd/<fd>, import, map -> v= h=
  *   vmm-release <v>                cuMemRelease
- *   sparse <width> <bytes> <dev>   sparse 2D array, a VMM allocation mapped onto its
- *                                  first tile, the handle released -> a= v=
+ *   sparse <width> <bytes> <dev> [deferred]
+ *                                  sparse (or deferred-mapping) 2D array, a VMM allocation
+ *                                  mapped onto its first tile, the handle released -> a= v=
+ *   array-unmap <a>                unmap that tile
  *   array-destroy <a>              cuArrayDestroy
  *   nvml-init                      nvmlInit_v2
  *   nvml-count                     n=
@@ -396,14 +398,15 @@ static void run(char *line) {
         sscanf(rest, "%lld", &a);
         if (CK(cuMemRelease(vmms[a]))) printf("ok vmm-release\n");
     } else if (!strcmp(cmd, "sparse")) {
-        sscanf(rest, "%lld %lld %lld", &a, &b, &c);
+        word[0] = 0;
+        sscanf(rest, "%lld %lld %lld %255s", &a, &b, &c, word);
         CUDA_ARRAY3D_DESCRIPTOR d;
         memset(&d, 0, sizeof d);
         d.Width = (size_t)a;
         d.Height = (size_t)a;
         d.Format = 0x03; /* UNSIGNED_INT32 */
         d.NumChannels = 1;
-        d.Flags = 64; /* SPARSE */
+        d.Flags = strcmp(word, "deferred") ? 64 /* SPARSE */ : 128 /* DEFERRED_MAPPING */;
         CUmemAllocationProp p;
         memset(&p, 0, sizeof p);
         p.type = 1;
@@ -426,6 +429,20 @@ static void run(char *line) {
             if (CK(cuMemMapArrayAsync(&m, 1, 0)) && CK(cuCtxSynchronize()) && CK(cuMemRelease(vmms[nvmms])))
                 printf("ok sparse a=%d v=%d\n", narrays++, nvmms++);
         }
+    } else if (!strcmp(cmd, "array-unmap")) {
+        sscanf(rest, "%lld", &a);
+        CUarrayMapInfo m;
+        memset(&m, 0, sizeof m);
+        m.resourceType = 0x00;
+        m.resource.array = arrays[a];
+        m.subresourceType = 0;
+        m.subresource.sparseLevel.extentWidth = 128;
+        m.subresource.sparseLevel.extentHeight = 128;
+        m.subresource.sparseLevel.extentDepth = 1;
+        m.memOperationType = 2; /* UNMAP */
+        m.memHandleType = 0;
+        m.deviceBitMask = 1;
+        if (CK(cuMemMapArrayAsync(&m, 1, 0)) && CK(cuCtxSynchronize())) printf("ok array-unmap\n");
     } else if (!strcmp(cmd, "array-destroy")) {
         sscanf(rest, "%lld", &a);
         if (CK(cuArrayDestroy(arrays[a]))) printf("ok array-destroy\n");
