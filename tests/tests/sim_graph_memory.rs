@@ -157,3 +157,24 @@ fn stream_capture_turns_stream_ordered_allocations_into_graph_memory() {
     assert_eq!(used(&node, 0), 0);
     assert_eq!(held(&node, p.pid(), 0), 0);
 }
+
+#[test]
+fn kernels_launched_on_a_capturing_stream_run_when_the_graph_does() {
+    let node = SimNode::builder().devices(1).memory("1Gi").build();
+    let (mut p, s) = start(&node);
+    let k = p.obj("kernel step 20ms");
+    let busy = || node.node().device_usage(0).expect("device").busy_ns;
+    p.ok(&format!("capture-begin {s}"));
+    let a = p.obj(&format!("alloc-async {} {s}", 4 * MI));
+    p.ok(&format!("launch {k} {s}"));
+    p.ok(&format!("launch {k} {s}"));
+    p.ok(&format!("free-async {a} {s}"));
+    let g = p.obj(&format!("capture-end {s}"));
+    assert_eq!(busy(), 0, "captured, not run");
+    let x = p.obj(&format!("graph-inst {g}"));
+    p.ok(&format!("graph-launch {x} {s}"));
+    assert_eq!(busy(), 40_000_000, "both kernels ran with the graph");
+    p.ok(&format!("graph-launch {x} {s}"));
+    assert_eq!(busy(), 80_000_000);
+    p.ok(&format!("sync {s}"));
+}

@@ -38,6 +38,9 @@ pub struct GraphNode {
     pub graph: usize,
     pub kernel: Option<(Arc<Function>, u64)>,
     pub mem: Option<MemOp>,
+    /// Device work captured from a stream (a kernel launch, a graph launch): its
+    /// duration.
+    pub work: Option<u64>,
 }
 
 /// What a memory node does.
@@ -50,8 +53,9 @@ pub enum MemOp {
 
 #[derive(Debug)]
 pub struct GraphExec {
-    /// Kernels with their durations, in launch order.
-    pub kernels: Vec<(Arc<Function>, u64)>,
+    /// Kernels (or captured work, without a function) with their durations, in launch
+    /// order.
+    pub kernels: Vec<(Option<Arc<Function>>, u64)>,
     /// Memory nodes in node order.
     pub mem: Vec<MemOp>,
     /// The graph it was instantiated from.
@@ -154,7 +158,7 @@ fn add_node(
     ndeps: usize,
     kernel: Option<(Arc<Function>, u64)>,
 ) -> CuResult<()> {
-    add_any_node(ph, graph, deps, ndeps, kernel, None)
+    add_any_node(ph, graph, deps, ndeps, kernel, None, None)
 }
 
 fn add_any_node(
@@ -164,6 +168,7 @@ fn add_any_node(
     ndeps: usize,
     kernel: Option<(Arc<Function>, u64)>,
     mem: Option<MemOp>,
+    work: Option<u64>,
 ) -> CuResult<()> {
     rt()?;
     let g = GRAPHS
@@ -184,6 +189,7 @@ fn add_any_node(
         graph: graph as usize,
         kernel,
         mem,
+        work,
     }));
     nodes.push(h);
     // SAFETY: checked non-null above.
@@ -315,7 +321,14 @@ fn instantiate(ph: *mut CUgraphExec, graph: CUgraph) -> CuResult<()> {
         .iter()
         .filter_map(|n| NODES.get(*n))
         .collect();
-    let kernels = nodes.iter().filter_map(|n| n.kernel.clone()).collect();
+    let kernels = nodes
+        .iter()
+        .filter_map(|n| match (&n.kernel, n.work) {
+            (Some((f, d)), _) => Some((Some(f.clone()), *d)),
+            (None, Some(d)) => Some((None, d)),
+            (None, None) => None,
+        })
+        .collect();
     let mem: Vec<MemOp> = nodes.iter().filter_map(|n| n.mem.clone()).collect();
     // As the driver: a graph with memory nodes has at most one executable at a time.
     if !mem.is_empty() && g.execs.load(Ordering::Acquire) > 0 {
@@ -445,10 +458,10 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let t = resolve(stream, per_thread)?;
     let device = t.ctx().device;
-    if e.kernels
-        .iter()
-        .any(|(f, _)| f.device != ANY_DEVICE && f.device != device)
-    {
+    if e.kernels.iter().any(|(f, _)| {
+        f.as_ref()
+            .is_some_and(|f| f.device != ANY_DEVICE && f.device != device)
+    }) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     run_memory_nodes(rt, &e, &t)?;
@@ -622,6 +635,7 @@ pub fn add_alloc_node(
         deps.len(),
         None,
         Some(MemOp::Alloc(a)),
+        None,
     )?;
     Ok((node, dptr))
 }
@@ -639,6 +653,26 @@ pub fn add_free_node(graph: CUgraph, deps: &[CUgraphNode], dptr: u64) -> CuResul
         deps.len(),
         None,
         Some(MemOp::Free(dptr)),
+        None,
+    )?;
+    Ok(node)
+}
+
+/// Adds a node of captured device work lasting `duration_ns` after `deps`.
+pub fn add_work_node(
+    graph: usize,
+    deps: &[CUgraphNode],
+    duration_ns: u64,
+) -> CuResult<CUgraphNode> {
+    let mut node: CUgraphNode = std::ptr::null_mut();
+    add_any_node(
+        &mut node,
+        graph as CUgraph,
+        deps.as_ptr(),
+        deps.len(),
+        None,
+        None,
+        Some(duration_ns),
     )?;
     Ok(node)
 }

@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::ffi::c_uint;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
@@ -28,6 +28,8 @@ pub struct StreamState {
     pub last_end: AtomicU64,
     /// The capture in progress on the stream, if any.
     pub capture: Mutex<Option<Capture>>,
+    /// Whether `capture` holds one: read without the lock on every launch.
+    pub capturing: AtomicBool,
 }
 
 /// A stream capture: the graph being built and the node later work depends on.
@@ -54,6 +56,7 @@ impl Default for StreamState {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             last_end: AtomicU64::new(0),
             capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
         }
     }
 }
@@ -93,10 +96,17 @@ impl Target {
     }
 
     /// Queues work of `duration_ns` on the stream's device and returns its completion time.
+    /// On a capturing stream the work becomes a node of the captured graph instead (it
+    /// runs when the graph is launched).
     #[inline]
     pub fn submit(&self, rt: &Runtime, duration_ns: u64) -> CuResult<u64> {
         let ctx = self.ctx();
         ctx.check()?;
+        if let Some(graph) = self.capturing() {
+            let node = crate::graph::add_work_node(graph, &self.capture_deps(), duration_ns)?;
+            self.captured(node);
+            return Ok(self.last_end());
+        }
         rt.check_device(ctx.device)?;
         let (_, end) = rt.node.schedule(rt.slot, ctx.device, now_ns(), duration_ns);
         self.state().last_end.fetch_max(end, Ordering::AcqRel);
@@ -110,7 +120,11 @@ impl Target {
     }
 
     /// The graph being captured on this stream, if any.
+    #[inline]
     pub fn capturing(&self) -> Option<usize> {
+        if !self.state().capturing.load(Ordering::Acquire) {
+            return None;
+        }
         self.state().capture().as_ref().map(|c| c.graph)
     }
 
@@ -414,6 +428,7 @@ fn begin_capture(t: &Target, mode: CUstreamCaptureMode) -> CuResult<()> {
         id: NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed),
         deps: Vec::new(),
     });
+    t.state().capturing.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -440,6 +455,7 @@ stream_fn! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let c = t.state().capture().take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+        t.state().capturing.store(false, Ordering::Release);
         // SAFETY: checked non-null above.
         unsafe { phGraph.write(c.graph as CUgraph) };
         Ok(())
