@@ -589,7 +589,72 @@ fn bad_config_and_bad_requests_get_clear_errors() {
     let frames = role_stdout(&o);
     assert_eq!(frames.matches("Tessera on e2e-node").count(), 2, "{frames}");
     assert!(!frames.contains('\u{1b}'), "no terminal escapes in a pipe");
+
+    // On a terminal, `q` quits `tessera top`, and the terminal is left in
+    // the mode it was in.
+    top_on_a_terminal_quits_with_q(&n, &sock);
     m.stop();
+}
+
+fn top_on_a_terminal_quits_with_q(n: &SimNode, sock: &str) {
+    use nix::sys::termios::{LocalFlags, tcgetattr};
+    use std::io::{Read, Write};
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+    let before = tcgetattr(&pty.slave).unwrap().local_flags;
+    assert!(before.contains(LocalFlags::ICANON | LocalFlags::ECHO));
+    let slave = std::fs::File::from(pty.slave);
+    let args: Vec<String> = ["top", "--socket", sock, "--interval", "200ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut child = role_command("cli", &args)
+        .envs(n.env())
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn top");
+    // Everything top writes, read as it comes (a full terminal buffer
+    // would stall it).
+    let mut master = std::fs::File::from(pty.master);
+    let mut keys = master.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !String::from_utf8_lossy(&seen).contains("Tessera on e2e-node") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(chunk) => seen.extend(chunk),
+            Err(_) => panic!(
+                "no frame on the terminal: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    assert!(
+        String::from_utf8_lossy(&seen).contains("\u{1b}[2J"),
+        "a terminal gets frames drawn in place"
+    );
+    // Keys are read one by one: q alone, no Enter.
+    keys.write_all(b"q").unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "top did not quit on q");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let after = tcgetattr(&slave).unwrap().local_flags;
+    assert_eq!(after, before, "the terminal mode is restored");
 }
 
 #[test]
