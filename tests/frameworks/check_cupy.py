@@ -89,9 +89,9 @@ def kernels(cupy, np):
     # Kernels do not compute here; the input a copy put there is still what was copied
     # unless the kernel wrote it, which the simulator never does.
     say("kernel_input_bytes_unchanged", bool((x.get() == np.arange(4096)).all()))
-    # cupy.sort runs Thrust/CUB kernels precompiled into CuPy's own fat binaries, which
-    # the statically linked runtime registers and loads through the driver's
-    # CUDART_INTERFACE table (not through cuModuleLoadData like the kernels above).
+    # cupy.sort runs Thrust kernels precompiled into CuPy's own fat binaries, which the
+    # statically linked runtime registers and loads itself (with cuLibraryLoadData of
+    # the registered __fatBinC_Wrapper_t), not CuPy through cuModuleLoadData as above.
     s = cupy.sort(x)
     cupy.cuda.Device(0).synchronize()
     say("runtime_registered_kernel", "launched", s.shape[0])

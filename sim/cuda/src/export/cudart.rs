@@ -17,7 +17,7 @@ use std::ffi::{c_uint, c_void};
 
 use tessera_ffi::cuda::{CUcontext, CUdevice, CUmodule, CUresult};
 
-use super::{Slots, guid, size_slot, stub};
+use super::{Slots, guid, say, size_slot, stub, tracing};
 use crate::guard;
 
 pub const GUID: [u8; 16] = guid("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9");
@@ -54,7 +54,21 @@ fn load_fatbin(module: *mut CUmodule, image: *const c_void) -> CUresult {
 
 /// Slot 1: `(CUmodule *out, const __fatBinC_Wrapper_t *wrapper) -> CUresult`.
 unsafe extern "C" fn load_wrapped(module: *mut CUmodule, wrapper: *const c_void) -> CUresult {
-    load_fatbin(module, wrapper)
+    trace(1, wrapper, load_fatbin(module, wrapper))
+}
+
+/// With `TESSERA_SIM_TRACE_EXPORT`, logs which loading slot the runtime used and how it
+/// went; returns `rc`.
+fn trace(slot: usize, image: *const c_void, rc: CUresult) -> CUresult {
+    if tracing() {
+        // The log must not unwind into C (formatting cannot panic here, but be sure).
+        let _ = std::panic::catch_unwind(|| {
+            say(&format!(
+                "CUDART_INTERFACE slot {slot}: image {image:p}: {rc:?}"
+            ))
+        });
+    }
+    rc
 }
 
 /// Slot 6: `(CUmodule *out, const __fatBinC_Wrapper_t *, void *, void *, unsigned)`.
@@ -66,10 +80,9 @@ unsafe extern "C" fn load_wrapped_ext(
     c: c_uint,
 ) -> CUresult {
     if !a.is_null() || !b.is_null() || c != 0 {
-        return CUresult::CUDA_ERROR_NOT_SUPPORTED;
+        return trace(6, wrapper, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
-    // SAFETY: as slot 1.
-    unsafe { load_wrapped(module, wrapper) }
+    trace(6, wrapper, load_fatbin(module, wrapper))
 }
 
 /// Slot 8: `(const fatBinaryHeader *, CUmodule *out, void *, void *, unsigned)`.
@@ -81,9 +94,9 @@ unsafe extern "C" fn load_fatbin_ext(
     c: c_uint,
 ) -> CUresult {
     if !a.is_null() || !b.is_null() || c != 0 {
-        return CUresult::CUDA_ERROR_NOT_SUPPORTED;
+        return trace(8, fatbin, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
-    load_fatbin(module, fatbin)
+    trace(8, fatbin, load_fatbin(module, fatbin))
 }
 
 /// Slot 2: `(CUcontext *out, CUdevice dev) -> CUresult`, the device's primary context.
