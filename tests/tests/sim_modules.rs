@@ -211,6 +211,14 @@ fn real_images_load_launch_and_fail_cleanly() {
     assert_eq!(attr(add, A::CU_FUNC_ATTRIBUTE_NUM_REGS), 12);
     assert_eq!(attr(add, A::CU_FUNC_ATTRIBUTE_BINARY_VERSION), 90);
     assert_eq!(attr(add, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK), 1024);
+    // (const float *a, const float *b, float *c, int n): the last parameter at 24, 4 bytes.
+    let (mut off, mut sz) = (0usize, 0usize);
+    // SAFETY: valid out pointers.
+    assert_eq!(unsafe { cuFuncGetParamInfo(add, 3, &mut off, &mut sz) }, OK);
+    assert_eq!((off, sz), (24, 4));
+    // SAFETY: as above.
+    let rc = unsafe { cuFuncGetParamInfo(add, 4, &mut off, &mut sz) };
+    assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
     let mut count = 0;
     // SAFETY: valid out pointer.
     assert_eq!(unsafe { cuModuleGetFunctionCount(&mut count, cubin) }, OK);

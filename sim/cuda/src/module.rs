@@ -72,6 +72,7 @@ pub struct KernelSpec {
     pub shared: Option<u32>,
     pub local: Option<u32>,
     pub max_threads: Option<u32>,
+    pub params: Option<Vec<(u32, u32)>>,
 }
 
 /// Kernels and globals of an image, once parsed.
@@ -145,6 +146,7 @@ fn merge(all: &mut Contents, img: image::Image, model: KernelTime) {
                 shared: k.shared,
                 local: k.local,
                 max_threads: k.max_threads,
+                params: k.params,
             });
         }
     }
@@ -167,6 +169,7 @@ fn from_spec(spec: &ModuleSpec) -> Contents {
                 shared: None,
                 local: None,
                 max_threads: None,
+                params: None,
             })
             .collect(),
         globals: Vec::new(),
@@ -531,6 +534,8 @@ pub struct Function {
     pub shared: Option<u32>,
     pub local: Option<u32>,
     pub max_threads: Option<u32>,
+    /// Offset and size of each parameter (`None`: the image does not say).
+    pub params: Option<Vec<(u32, u32)>>,
     pub max_dynamic_shared: AtomicI32,
     /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
     pub non_portable_cluster: AtomicI32,
@@ -565,6 +570,7 @@ fn new_function(
         shared: spec.shared,
         local: spec.local,
         max_threads: spec.max_threads,
+        params: spec.params.clone(),
         max_dynamic_shared: AtomicI32::new(0),
         non_portable_cluster: AtomicI32::new(0),
     }))
@@ -967,6 +973,58 @@ pub unsafe extern "C" fn cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction)
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(hmod, f.module as CUmodule) }
     })
+}
+
+fn param_info(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) -> CuResult<()> {
+    rt()?;
+    let f = function(f)?;
+    // The simulated format declares no parameters: every index is out of range.
+    let (o, s) = f
+        .params
+        .as_deref()
+        .unwrap_or_default()
+        .get(index)
+        .copied()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if offset.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null and writable by the caller's contract.
+    unsafe { offset.write(o as usize) };
+    if !size.is_null() {
+        // SAFETY: as above.
+        unsafe { size.write(s as usize) };
+    }
+    Ok(())
+}
+
+/// `cuFuncGetParamInfo`: a parameter's offset and size in the kernel's parameter buffer,
+/// from the image; `CUDA_ERROR_INVALID_VALUE` past the last one.
+///
+/// # Safety
+/// `paramOffset` must be null or writable; `paramSize` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    func: CUfunction,
+    paramIndex: usize,
+    paramOffset: *mut usize,
+    paramSize: *mut usize,
+) -> CUresult {
+    guard(|| param_info(func, paramIndex, paramOffset, paramSize))
+}
+
+/// `cuKernelGetParamInfo`: as `cuFuncGetParamInfo`.
+///
+/// # Safety
+/// As `cuFuncGetParamInfo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    kernel: CUkernel,
+    paramIndex: usize,
+    paramOffset: *mut usize,
+    paramSize: *mut usize,
+) -> CUresult {
+    guard(|| param_info(kernel as CUfunction, paramIndex, paramOffset, paramSize))
 }
 
 /// `cuFuncIsLoaded`: always loaded (nothing is compiled or uploaded).

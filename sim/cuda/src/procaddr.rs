@@ -291,6 +291,8 @@ entries! {
     "cuOccupancyAvailableDynamicSMemPerBlock" 10020: PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020 = cuOccupancyAvailableDynamicSMemPerBlock;
     "cuOccupancyMaxPotentialClusterSize" 11070: PFN_cuOccupancyMaxPotentialClusterSize_v11070 = cuOccupancyMaxPotentialClusterSize;
     "cuOccupancyMaxActiveClusters" 11070: PFN_cuOccupancyMaxActiveClusters_v11070 = cuOccupancyMaxActiveClusters;
+    "cuFuncGetParamInfo" 12040: PFN_cuFuncGetParamInfo_v12040 = cuFuncGetParamInfo;
+    "cuKernelGetParamInfo" 12040: PFN_cuKernelGetParamInfo_v12040 = cuKernelGetParamInfo;
     "cuStreamWriteValue32" 8000: PFN_cuStreamWriteValue32_v8000 = cuStreamWriteValue32;
     "cuStreamWriteValue32" 8000 pt: PFN_cuStreamWriteValue32_v8000_ptsz = cuStreamWriteValue32_ptsz;
     "cuStreamWriteValue32" 11070: PFN_cuStreamWriteValue32_v11070 = cuStreamWriteValue32_v2;
@@ -481,9 +483,7 @@ fn get_proc(
         ),
         Err((e, st)) => {
             if crate::export::tracing() {
-                crate::export::say(&format!(
-                    "cuGetProcAddress {name} {version} {flags}: {st:?}"
-                ));
+                eprintln!("tessera-sim libcuda: cuGetProcAddress {name} {version} {flags}: {st:?}");
             }
             (std::ptr::null(), st, Err(e))
         }

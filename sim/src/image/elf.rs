@@ -6,7 +6,8 @@
 //! and `.nv.constant<N>` sections (N > 0; `.nv.constant0.<kernel>` holds parameters), with
 //! their initial bytes when the section has contents. Resource hints come from the
 //! `.nv.info` attribute section (`EIATTR_REGCOUNT`, `EIATTR_FRAME_SIZE`) and the size of
-//! `.nv.shared.<kernel>`.
+//! `.nv.shared.<kernel>`; parameter offsets and sizes from `EIATTR_KPARAM_INFO` in
+//! `.nv.info.<kernel>`.
 
 use super::{Extent, Format, Global, Image, ImageError, Kernel, le};
 
@@ -24,6 +25,9 @@ const SHN_LORESERVE: u16 = 0xff00;
 const EIFMT_SVAL: u8 = 4;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
 const EIATTR_REGCOUNT: u8 = 0x2f;
+/// One kernel parameter: `u32` index, `u16` ordinal, `u16` offset, `u32` whose bits 18..32
+/// are the size.
+const EIATTR_KPARAM_INFO: u8 = 0x17;
 
 fn err(reason: impl Into<String>) -> ImageError {
     ImageError::Elf(reason.into())
@@ -241,6 +245,10 @@ pub fn parse(b: &[u8]) -> Result<Image, ImageError> {
             continue;
         }
         let info = data(b, &secs[j], ".nv.info")?;
+        // The kernel a `.nv.info.<kernel>` section describes (looked up once per section).
+        let kernel_of_section = n
+            .strip_prefix(".nv.info.")
+            .and_then(|kn| kernels.iter().position(|k| k.name == kn));
         let mut at = 0usize;
         while at + 4 <= info.len() {
             let (fmt, attr) = (info[at], info[at + 1]);
@@ -253,6 +261,19 @@ pub fn parse(b: &[u8]) -> Result<Image, ImageError> {
                 break;
             };
             at += len;
+            if let (EIATTR_KPARAM_INFO, true, Some(k)) = (attr, len >= 12, kernel_of_section) {
+                let ordinal = usize::from(u16::from_le_bytes([payload[4], payload[5]]));
+                let offset = u32::from(u16::from_le_bytes([payload[6], payload[7]]));
+                let word = u32::from_le_bytes([payload[8], payload[9], payload[10], payload[11]]);
+                let size = (word >> 18) & 0x3fff;
+                let params = kernels[k].params.get_or_insert_with(Vec::new);
+                if ordinal < 4096 {
+                    if params.len() <= ordinal {
+                        params.resize(ordinal + 1, (0, 0));
+                    }
+                    params[ordinal] = (offset, size);
+                }
+            }
             if (attr == EIATTR_REGCOUNT || attr == EIATTR_FRAME_SIZE) && len >= 8 {
                 let sym = u64::from(u32::from_le_bytes([
                     payload[0], payload[1], payload[2], payload[3],

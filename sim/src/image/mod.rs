@@ -36,6 +36,9 @@ pub struct Kernel {
     pub local: Option<u32>,
     /// Largest block the kernel was compiled for (`.maxntid` in PTX, `EIATTR_MAX_THREADS`).
     pub max_threads: Option<u32>,
+    /// Offset and size in bytes of each parameter, in order, when the image says
+    /// (`EIATTR_KPARAM_INFO` in a cubin, the `.param` list in PTX).
+    pub params: Option<Vec<(u32, u32)>>,
 }
 
 impl Kernel {
@@ -239,6 +242,11 @@ mod tests {
         assert_eq!(names(&image), sorted(&KERNELS));
         // NVRTC gave tessera_add 12 registers (EIATTR_REGCOUNT in .nv.info).
         assert_eq!(image.kernel("tessera_add").and_then(|k| k.regs), Some(12));
+        // (const float *a, const float *b, float *c, int n); (float *out, float v, int n).
+        let add = image.kernel("tessera_add").and_then(|k| k.params.clone());
+        assert_eq!(add, Some(vec![(0, 8), (8, 8), (16, 8), (24, 4)]));
+        let fill = image.kernel("tessera_fill").and_then(|k| k.params.clone());
+        assert_eq!(fill, Some(vec![(0, 8), (8, 4), (12, 4)]));
         let scale = image.global("tessera_scale").expect("initialised global");
         assert_eq!(
             (scale.size, scale.init.as_slice()),
@@ -262,6 +270,11 @@ mod tests {
             (4, &2.0f32.to_le_bytes()[..])
         );
         assert_eq!(image.global("tessera_table").map(|g| g.size), Some(256));
+        // The layout the cubin records too.
+        let add = image.kernel("tessera_add").and_then(|k| k.params.clone());
+        assert_eq!(add, Some(vec![(0, 8), (8, 8), (16, 8), (24, 4)]));
+        let fill = image.kernel("tessera_fill").and_then(|k| k.params.clone());
+        assert_eq!(fill, Some(vec![(0, 8), (8, 4), (12, 4)]));
     }
 
     #[test]
@@ -275,12 +288,18 @@ mod tests {
             .global .u64 addr = generic(arr);\n\
             /* block\n comment */ .extern .entry declared(.param .u64 p);\n\
             .func helper() { ret; }\n\
-            .weak .entry w(.param .u32 n) .maxntid 256, 1, 1 { { ret; } }\n\
+            .weak .entry w(.param .u32 n, .param .align 16 .b8 s[24], .param .u8 c) .maxntid 256, 1, 1 { { ret; } }\n\
             .entry plain { ret; }\n";
         let image = parse(text, 80).expect("valid PTX");
         assert_eq!(image.arch, Some(80));
         assert_eq!(names(&image), ["plain", "w"]);
         assert_eq!(image.kernel("w").and_then(|k| k.max_threads), Some(256));
+        let w = image.kernel("w").and_then(|k| k.params.clone());
+        assert_eq!(w, Some(vec![(0, 4), (16, 24), (40, 1)]));
+        assert_eq!(
+            image.kernel("plain").and_then(|k| k.params.clone()),
+            Some(vec![])
+        );
         let arr = image.global("arr").expect("arr");
         let want: Vec<u8> = [1u32, 16, u32::MAX]
             .iter()

@@ -300,6 +300,56 @@ fn variable(stmt: &[Token<'_>]) -> Result<Global, ImageError> {
     })
 }
 
+/// Offsets and sizes of an entry's parameters, from the tokens after its name:
+/// `( .param [.align N] .type name[[N]], ... )`, each aligned to its `.align` or its
+/// element size, as the parameter buffer is laid out.
+fn params(toks: &[Token<'_>]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    if toks.first().map(|t| t.text) != Some("(") {
+        return out;
+    }
+    let end = toks
+        .iter()
+        .position(|t| t.text == ")")
+        .unwrap_or(toks.len());
+    let mut offset = 0u64;
+    for decl in toks[1..end].split(|t| t.text == ",") {
+        let mut align = None;
+        let mut elem = None;
+        let mut count = 1u64;
+        let mut i = 0;
+        while i < decl.len() {
+            match decl[i].text {
+                ".align" => {
+                    align = decl.get(i + 1).and_then(|t| t.text.parse::<u64>().ok());
+                    i += 1;
+                }
+                "[" => {
+                    if let Some(n) = decl.get(i + 1).and_then(|t| t.text.parse::<u64>().ok()) {
+                        count = count.saturating_mul(n);
+                    }
+                }
+                t => {
+                    if let Some(sz) = type_size(t) {
+                        elem = Some(sz);
+                    }
+                }
+            }
+            i += 1;
+        }
+        let Some(elem) = elem else { continue };
+        let align = align.unwrap_or(elem).max(1);
+        offset = offset.div_ceil(align) * align;
+        let size = elem.saturating_mul(count);
+        out.push((
+            offset.min(u64::from(u32::MAX)) as u32,
+            size.min(u64::from(u32::MAX)) as u32,
+        ));
+        offset = offset.saturating_add(size);
+    }
+    out
+}
+
 /// Module directives that end with their line instead of `;`.
 const LINE_DIRECTIVES: [&str; 4] = [".version", ".target", ".address_size", ".file"];
 
@@ -408,6 +458,7 @@ pub fn parse(bytes: &[u8]) -> Result<Image, ImageError> {
                         .try_fold(1u32, |a, d| a.checked_mul(*d))
                         .filter(|_| !dims.is_empty());
                 }
+                k.params = Some(params(&stmt[p + 2..]));
                 image.kernels.push(k);
             }
         } else if stmt.first().map(|t| t.text) == Some(".target") {
