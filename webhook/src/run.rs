@@ -183,6 +183,42 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %opts.listen, "webhook serving");
-    server::serve(listener, tls, shutdown).await?;
+    let stats = Arc::new(server::Stats::default());
+    tokio::spawn(report_refusals(stats.clone(), Duration::from_secs(60)));
+    server::serve_with(listener, tls, server::Limits::default(), stats, shutdown).await?;
     Ok(())
+}
+
+/// Logs, once per `every` in which any happened, what the server's limits cut
+/// off: a sign of an attack or of a cluster that outgrew them.
+async fn report_refusals(stats: Arc<server::Stats>, every: Duration) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let read = |s: &server::Stats| {
+        [
+            s.refused.load(Relaxed),
+            s.timed_out.load(Relaxed),
+            s.too_large.load(Relaxed),
+            s.busy.load(Relaxed),
+            s.slow_body.load(Relaxed),
+        ]
+    };
+    let mut last = read(&stats);
+    loop {
+        tokio::time::sleep(every).await;
+        let now = read(&stats);
+        if now != last {
+            let d: Vec<u64> = now.iter().zip(&last).map(|(n, l)| n - l).collect();
+            tracing::warn!(
+                refused_at_cap = d[0],
+                timed_out = d[1],
+                too_large = d[2],
+                over_memory_budget = d[3],
+                slow_body = d[4],
+                peak_connections = stats.peak_open.load(Relaxed),
+                "requests cut off by the webhook's limits in the last {} s",
+                every.as_secs()
+            );
+            last = now;
+        }
+    }
 }
