@@ -26,6 +26,9 @@ fn local() -> MutexGuard<'static, BTreeMap<u64, u32>> {
 /// Makes memory of `bytes` on `device`, already charged to this process, a shared
 /// object keyed by `key`; this process holds one reference.
 pub fn create(rt: &Runtime, device: usize, bytes: u64, key: u64) -> CuResult<u64> {
+    // A dead process's entry may still name an inode its closed memfd gave back (and the
+    // kernel may now hand to ours): reaping first leaves only live objects to match keys.
+    rt.node.reap_dead();
     let id = rt
         .node
         .share_create(rt.slot, device, bytes, key)
