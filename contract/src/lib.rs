@@ -1,6 +1,6 @@
 //! The contract every part of Tessera shares, in one place so the parts
 //! cannot drift apart: the paths inside a container ([`paths`]), the
-//! environment variables that cross a boundary ([`env`]), names on
+//! environment variables that cross a boundary ([`env`](mod@env)), names on
 //! Kubernetes objects and allocation labels ([`labels`]), compute policies
 //! ([`policy`]), the one syntax for sizes, percentages and durations
 //! ([`units`]) and the spelling of GPU UUIDs ([`uuid`]). The shim links this

@@ -5,7 +5,7 @@
 //!
 //! The protocol lives in `tessera_shm::gate`; this file supplies what it
 //! needs from CUDA: which allocation device the work goes to, and how to
-//! wait for the work this process submitted ([`CudaDrain`]: every context
+//! wait for the work this process submitted (`CudaDrain`: every context
 //! it made on that device, pushed and synchronised with the real driver).
 //! The hot path stays one atomic load of the grant word when the grant is
 //! held: no locks, no system calls, no logging.

@@ -5,7 +5,7 @@
 //!
 //! `dlsym` answers relative to its caller (`RTLD_NEXT` means "after the
 //! object that called"), which glibc finds from the return address. So the
-//! exported `dlsym` is a small assembly trampoline: it asks [`route`]
+//! exported `dlsym` is a small assembly trampoline: it asks `route`
 //! whether the answer is a wrapper, and otherwise *jumps* (not calls) to
 //! the real `dlsym` with the caller's own return address still in place, so
 //! every lookup the shim does not govern, including `RTLD_NEXT` from

@@ -6,7 +6,14 @@
 /// Kubelet device plugin API (`k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1`).
 pub mod deviceplugin {
     /// Generated from `proto/deviceplugin_v1beta1.proto`.
-    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    // The comments come verbatim from the upstream .proto files, whose
+    // `<placeholders>` are not HTML.
+    #[allow(
+        clippy::all,
+        clippy::pedantic,
+        missing_docs,
+        rustdoc::invalid_html_tags
+    )]
     pub mod v1beta1 {
         tonic::include_proto!("v1beta1");
 
@@ -26,7 +33,14 @@ pub mod deviceplugin {
 /// Kubelet PodResources API (`k8s.io/kubelet/pkg/apis/podresources/v1`).
 pub mod podresources {
     /// Generated from `proto/podresources_v1.proto`.
-    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    // The comments come verbatim from the upstream .proto files, whose
+    // `<placeholders>` are not HTML.
+    #[allow(
+        clippy::all,
+        clippy::pedantic,
+        missing_docs,
+        rustdoc::invalid_html_tags
+    )]
     pub mod v1 {
         tonic::include_proto!("v1");
 
@@ -38,7 +52,14 @@ pub mod podresources {
 /// Tessera's node manager API.
 pub mod manager {
     /// Generated from `proto/tessera_manager_v1.proto`.
-    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    // The comments come verbatim from the upstream .proto files, whose
+    // `<placeholders>` are not HTML.
+    #[allow(
+        clippy::all,
+        clippy::pedantic,
+        missing_docs,
+        rustdoc::invalid_html_tags
+    )]
     pub mod v1 {
         tonic::include_proto!("tessera.manager.v1");
 

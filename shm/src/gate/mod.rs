@@ -6,7 +6,8 @@
 //!
 //! # Protocol
 //!
-//! The arbiter owns each device's grant word ([`DeviceControl::grant`]): a
+//! The arbiter owns each device's grant word
+//! ([`DeviceControl::grant`](crate::layout::DeviceControl::grant)): a
 //! `GRANTED` or `OPEN` flag and an epoch that grows on every transition.
 //!
 //! - **Submit.** A process loads the word. If it may submit and the process
@@ -24,7 +25,8 @@
 //!   transition that takes the grant away (grants do not wake it). When
 //!   the epoch its process last submitted under has ended, it
 //!   synchronises what the process submitted ([`Drain`]), stores
-//!   `drained_epoch` and rings [`DeviceState::drain_signal`]. The arbiter
+//!   `drained_epoch` and rings
+//!   [`DeviceState::drain_signal`](crate::layout::DeviceState::drain_signal). The arbiter
 //!   moves the grant on only when every live process that submitted under
 //!   the revoked epoch has drained (or a bounded wait ends).
 //! - **No arbiter, no hang.** A gate that sees the arbiter's heartbeat stand
