@@ -13,10 +13,12 @@
 //! ```
 
 pub mod bench;
+pub mod cc;
 pub mod paths;
 pub mod probe;
 pub mod sim;
 
+pub use cc::{cc, cc_text};
 pub use paths::{hook_library, sim_lib_dir, work_dir};
 pub use probe::{Line, Mode, ProbeChild, ProbeOutput, probe_binary};
 pub use sim::{SimNode, SimNodeBuilder};

@@ -68,31 +68,14 @@ fn build(mode: Mode) -> PathBuf {
     if newer(&out, &src) && newer(&out, &lib.cuda) {
         return out;
     }
-    let tmp = work_dir().join(format!(".probe-{}.{}", mode.name(), std::process::id()));
-    let mut cc = Command::new("cc");
-    cc.arg("-O2")
-        .arg("-Wall")
-        .arg(format!("-DPROBE_MODE={}", mode.number()))
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&src);
+    let define = format!("-DPROBE_MODE={}", mode.number());
+    let libs = format!("-L{}", lib.dir.display());
+    let mut args = vec!["-O2", define.as_str()];
     if mode == Mode::Link {
-        cc.arg(format!("-L{}", lib.dir.display()))
-            .arg("-lcuda")
-            .arg("-lnvidia-ml");
+        args.extend([libs.as_str(), "-lcuda", "-lnvidia-ml"]);
     }
-    cc.arg("-ldl");
-    let o = cc
-        .output()
-        .expect("running cc (a C compiler is needed for the e2e tests)");
-    assert!(
-        o.status.success(),
-        "cc for the probe ({}) failed:\n{}{}",
-        mode.name(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    std::fs::rename(&tmp, &out).expect("moving the compiled probe into place");
+    args.push("-ldl");
+    crate::cc::cc(&src, &out, &args).unwrap_or_else(|e| panic!("the probe ({}): {e}", mode.name()));
     out
 }
 

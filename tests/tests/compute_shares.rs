@@ -20,11 +20,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tessera_e2e::SimNode;
 use tessera_e2e::bench::compute::{
-    AllocSpec, Outcome, Scenario, launch_scenarios, run_scenario, standard_scenarios,
+    AllocSpec, Outcome, Scenario, launch_scenarios, run_round, standard_scenarios,
 };
-use tessera_manager::arbiter::{Arbiter, ArbiterConfig};
+use tessera_manager::arbiter::ArbiterConfig;
 use tessera_shm::Policy;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -34,21 +33,7 @@ const MEASURE: Duration = Duration::from_secs(10);
 /// Runs one scenario per (device, scenario) pair at once on a fresh node.
 fn run_parallel(scenarios: Vec<Scenario>) -> Vec<Outcome> {
     let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let node = SimNode::builder().devices(scenarios.len() as u32).build();
-    let arbiter = Arbiter::new(ArbiterConfig::default()).expect("default configuration");
-    let outcomes = std::thread::scope(|s| {
-        let runs: Vec<_> = scenarios
-            .iter()
-            .enumerate()
-            .map(|(dev, sc)| {
-                let (node, arbiter) = (&node, &arbiter);
-                s.spawn(move || run_scenario(node, arbiter, dev as u32, sc))
-            })
-            .collect();
-        runs.into_iter()
-            .map(|r| r.join().expect("scenario thread"))
-            .collect::<Vec<_>>()
-    });
+    let outcomes = run_round(&scenarios).expect("the scenarios run");
     for o in &outcomes {
         eprintln!(
             "{}: achieved {:?} (held {:?}, longest hold {:?}), GPU busy {:.2}%, hand-over p50 {:?} ns",

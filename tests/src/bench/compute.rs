@@ -159,28 +159,10 @@ int main(int argc, char **argv) {
 pub fn workload_binary() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let lib = sim_lib_dir();
+        let lib = format!("-L{}", sim_lib_dir().dir.display());
         let out = work_dir().join("compute-workload");
-        let tmp = work_dir().join(format!(".compute-workload.{}", std::process::id()));
-        let c = tmp.with_extension("c");
-        std::fs::write(&c, WORKLOAD_C).expect("writing the workload source");
-        let o = Command::new("cc")
-            .arg("-O2")
-            .arg("-Wall")
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&c)
-            .arg(format!("-L{}", lib.dir.display()))
-            .arg("-lcuda")
-            .output()
-            .expect("running cc (a C compiler is needed for the compute tests)");
-        let _ = std::fs::remove_file(&c);
-        assert!(
-            o.status.success(),
-            "cc for the compute workload failed:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        std::fs::rename(&tmp, &out).expect("moving the workload into place");
+        crate::cc::cc_text(WORKLOAD_C, &out, &["-O2", &lib, "-lcuda"])
+            .unwrap_or_else(|e| panic!("the compute workload: {e}"));
         out
     })
 }
@@ -687,6 +669,30 @@ pub fn launch_scenarios(measure: Duration) -> Vec<Scenario> {
         .collect()
 }
 
+/// Runs `scenarios` at once, scenario `i` on device `i` of a fresh node,
+/// under one in-process arbiter with the default configuration.
+///
+/// # Errors
+/// When the arbiter cannot start or a scenario panicked (set-up failures).
+pub fn run_round(scenarios: &[Scenario]) -> Result<Vec<Outcome>, String> {
+    let node = SimNode::builder().devices(scenarios.len() as u32).build();
+    let arbiter = Arbiter::new(tessera_manager::arbiter::ArbiterConfig::default())
+        .map_err(|e| e.to_string())?;
+    std::thread::scope(|s| {
+        let runs: Vec<_> = scenarios
+            .iter()
+            .enumerate()
+            .map(|(dev, sc)| {
+                let (node, arbiter) = (&node, &arbiter);
+                s.spawn(move || run_scenario(node, arbiter, dev as u32, sc))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().map_err(|_| "a scenario panicked".to_string()))
+            .collect()
+    })
+}
+
 /// The bench's compute section: every scenario of the issue (three
 /// guaranteed 20/30/50, one guaranteed 30 alone, two burst 25+25) with
 /// 50 µs, 1 ms and 20 ms kernels, measured for `measure` each (the three
@@ -718,23 +724,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for round in &rounds {
-        let node = SimNode::builder().devices(round.len() as u32).build();
-        let arbiter = Arbiter::new(tessera_manager::arbiter::ArbiterConfig::default())
-            .map_err(|e| e.to_string())?;
-        let outcomes: Vec<Outcome> = std::thread::scope(|s| {
-            let runs: Vec<_> = round
-                .iter()
-                .enumerate()
-                .map(|(dev, sc)| {
-                    let (node, arbiter) = (&node, &arbiter);
-                    s.spawn(move || run_scenario(node, arbiter, dev as u32, sc))
-                })
-                .collect();
-            runs.into_iter()
-                .map(|r| r.join().map_err(|_| "a scenario panicked".to_string()))
-                .collect::<Result<_, _>>()
-        })?;
-        for o in outcomes {
+        for o in run_round(round)? {
             failures.extend(o.failures.iter().cloned());
             let ms =
                 |ns: Option<u64>| ns.map_or("-".to_string(), |v| format!("{:.2}", v as f64 / 1e6));

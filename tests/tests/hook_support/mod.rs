@@ -21,26 +21,11 @@ pub fn hook_lib() -> PathBuf {
     hook_library().expect("libtessera.so is built with the tests (tessera-hook is a dependency)")
 }
 
-/// Compiles C source `src` into `out` with `cc`, panicking with the
+/// Compiles C source `src` into `out` with `cc -O1`, panicking with the
 /// compiler's output on failure.
 pub fn cc(src: &str, out: &Path, args: &[&str]) {
-    let c = out.with_extension("c");
-    std::fs::write(&c, src).expect("write C source");
-    let o = Command::new("cc")
-        .arg("-O1")
-        .arg("-Wall")
-        .arg("-o")
-        .arg(out)
-        .arg(&c)
-        .args(args)
-        .output()
-        .expect("run cc");
-    assert!(
-        o.status.success(),
-        "cc {} failed:\n{}",
-        c.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let args: Vec<&str> = std::iter::once("-O1").chain(args.iter().copied()).collect();
+    tessera_e2e::cc_text(src, out, &args).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// stdout of a finished process, as text.

@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -20,22 +19,10 @@ pub fn memprobe() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/memprobe.c");
-        let lib = sim_lib_dir();
+        let lib = format!("-L{}", sim_lib_dir().dir.display());
         let out = work_dir().join(format!("memprobe.{}", std::process::id()));
-        let o = Command::new("cc")
-            .args(["-O1", "-Wall", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg(format!("-L{}", lib.dir.display()))
-            .arg("-lcuda")
-            .output()
-            .expect("running cc (a C compiler is needed for the e2e tests)");
-        assert!(
-            o.status.success(),
-            "cc for memprobe failed:\n{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
+        tessera_e2e::cc(&src, &out, &["-O1", &lib, "-lcuda"])
+            .unwrap_or_else(|e| panic!("memprobe: {e}"));
         out
     })
 }
