@@ -11,18 +11,15 @@ use tessera_shm::ShmError;
 
 use crate::log::Level;
 
-/// Control file of a container's allocation, mounted read-only.
-pub const DEFAULT_CONTROL: &str = "/run/tessera/alloc/control";
-/// State file of a container's allocation, mounted read-write.
-pub const DEFAULT_STATE: &str = "/run/tessera/alloc/state";
-/// Env: path of the allocation's control file.
-pub const ENV_CONTROL: &str = "TESSERA_CONTROL";
-/// Env: path of the allocation's state file.
-pub const ENV_STATE: &str = "TESSERA_STATE";
-/// Env: log level.
-pub const ENV_LOG: &str = "TESSERA_LOG";
-/// Env: log file.
-pub const ENV_LOG_FILE: &str = "TESSERA_LOG_FILE";
+/// Control file (mounted read-only) and state file (read-write) of a
+/// container's allocation, where the device plugin mounts them.
+pub use tessera_contract::paths::{
+    CONTAINER_CONTROL as DEFAULT_CONTROL, CONTAINER_STATE as DEFAULT_STATE,
+};
+/// Env: paths of the allocation's control and state files; log level and file.
+pub use tessera_contract::env::{
+    CONTROL as ENV_CONTROL, LOG as ENV_LOG, LOG_FILE as ENV_LOG_FILE, STATE as ENV_STATE,
+};
 
 /// The two files of the allocation a governed process belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
