@@ -635,7 +635,6 @@ impl Governed {
             .collect();
         for device in graphs {
             drv.graph_trim(device);
-            books.trim_epoch += 1;
             self.reconcile_graph(drv, books, device);
         }
         let after = books.charged_on(dev);
@@ -829,13 +828,7 @@ impl Governed {
             return;
         };
         if exec {
-            books.execs.insert(
-                to,
-                crate::ledger::ExecRec {
-                    bytes,
-                    mapped_at: None,
-                },
-            );
+            books.execs.insert(to, crate::ledger::ExecRec { bytes });
         } else {
             books.graphs.insert(to, bytes);
         }
@@ -855,9 +848,12 @@ impl Governed {
     }
 
     /// Launch or upload of `exec`: the memory its allocation nodes map is
-    /// admitted first (what the device's graph memory would have to grow
-    /// by, unless an earlier launch since the last trim mapped it already);
-    /// after the call, the charge follows what the driver has reserved.
+    /// admitted first: what the device's graph memory would have to grow by
+    /// (its live allocations plus this graph's, less what it has reserved;
+    /// nothing when a freed reserve covers it, as for a graph launched
+    /// again after its allocation was freed). Graphs share the reserve, so
+    /// an earlier launch or upload of this graph proves nothing. After the
+    /// call, the charge follows what the driver has reserved.
     pub fn graph_launch(&self, exec: usize, call: impl FnOnce() -> CUresult) -> CUresult {
         if !self.graph_memory.load(Ordering::Acquire) {
             return call();
@@ -870,7 +866,6 @@ impl Governed {
             drop(books);
             return call();
         };
-        let mapped = e.mapped_at == Some(books.trim_epoch);
         // Admitted so far: (device, index, bytes).
         let mut admitted: Vec<(CUdevice, Option<usize>, u64)> = Vec::new();
         let undo = |books: &mut PoolBooks, admitted: &[(CUdevice, Option<usize>, u64)]| {
@@ -881,7 +876,7 @@ impl Governed {
                 self.release(index, grow);
             }
         };
-        if !mapped {
+        {
             for &(device, bytes) in &e.bytes {
                 let index = self.index_of(device);
                 // What the device's graph memory must grow by, asked again
@@ -926,10 +921,6 @@ impl Governed {
         for &(device, _) in &e.bytes {
             self.reconcile_graph(drv, &mut books, device);
         }
-        let epoch = books.trim_epoch;
-        if let Some(x) = books.execs.get_mut(&exec) {
-            x.mapped_at = Some(epoch);
-        }
         r
     }
 
@@ -940,7 +931,6 @@ impl Governed {
             return;
         };
         let mut books = self.books.lock();
-        books.trim_epoch += 1;
         self.reconcile_graph(drv, &mut books, device);
     }
 
@@ -1527,8 +1517,9 @@ pub(crate) mod tests {
         g.graph_copied(0x9, 0xe, true);
         assert_eq!(launch(&g), CUresult::CUDA_SUCCESS);
         assert_eq!(g.files.state.reserved(0), 600);
-        // Mapped already: a second launch takes nothing more, even with
-        // too little left for a first one.
+        // Its allocation freed, the reserve stays: launched again, it
+        // takes nothing more, even with too little left for a first one.
+        d.graph.lock().1 = 0;
         assert_eq!(g.reserve(Some(0), 400), Ok(()));
         assert_eq!(launch(&g), CUresult::CUDA_SUCCESS);
         assert_eq!(g.files.state.reserved(0), 1000);

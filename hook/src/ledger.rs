@@ -336,9 +336,6 @@ pub struct GraphMem {
 pub struct ExecRec {
     /// Bytes of its allocation nodes per device (`CUdevice`).
     pub bytes: Vec<(i32, u64)>,
-    /// The graph-memory trim epoch of its last launch or upload: memory a
-    /// launch mapped stays mapped for the next until a trim.
-    pub mapped_at: Option<u64>,
 }
 
 /// Memory the driver keeps for the process beyond what a free returns at
@@ -359,8 +356,6 @@ pub struct PoolBooks {
     pub graphs: HashMap<usize, Vec<(i32, u64)>>,
     /// Instantiated graphs with allocation nodes.
     pub execs: HashMap<usize, ExecRec>,
-    /// Counts graph-memory trims (the program's or the shim's).
-    pub trim_epoch: u64,
 }
 
 /// How much a pool must take from the device to hand out `bytes` more: what

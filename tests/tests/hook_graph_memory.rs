@@ -102,3 +102,26 @@ fn graphs_reuse_graph_memory_and_uploads_and_captures_are_charged() {
     assert_eq!(holds(&sim, "plain beside"), 60 * MI);
     assert!(c.finish().success());
 }
+
+#[test]
+fn instantiating_with_upload_is_admitted_like_a_launch() {
+    let sim = Sim::new(1, PHYSICAL);
+    sim.allocate(LIMIT);
+    let mut c = sim.client(true);
+    ok(&mut c, "init");
+    ok(&mut c, "stream 0");
+    let g = ok(&mut c, &format!("graph-upload {} 0 0", 40 * MI));
+    assert_eq!(g.u64("result"), 0, "CUDA_GRAPH_INSTANTIATE_SUCCESS");
+    ok(&mut c, "sync-stream 0");
+    assert_eq!(holds(&sim, "uploaded at instantiation"), 40 * MI);
+    // A second one reuses that reserve (nothing is live yet).
+    let g2 = ok(&mut c, &format!("graph-upload {} 0 0", 40 * MI));
+    assert_eq!(holds(&sim, "second upload"), 40 * MI);
+    // Launched, the first's allocation is live: the second no longer fits.
+    ok(&mut c, &format!("launch {} 0", g.u64("e")));
+    ok(&mut c, "sync-stream 0");
+    assert_eq!(holds(&sim, "first launched"), 40 * MI);
+    refused(&mut c, &format!("launch {} 0", g2.u64("e")), OOM);
+    assert_eq!(holds(&sim, "second refused"), 40 * MI);
+    assert!(c.finish().success());
+}

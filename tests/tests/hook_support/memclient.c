@@ -27,6 +27,8 @@
  *   pool-usage <p>                 reserved= used= (the driver's attributes)
  *   meminfo                        free= total= (cuMemGetInfo)
  *   graph-node <bytes> <dev>       a graph with one allocation node, instantiated -> e= h=
+ *   graph-upload <bytes> <dev> <s> a graph with one allocation node, instantiated with
+ *                                  CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD on <s> -> e= h=
  *   capture <bytes> <s>            capture cuMemAllocAsync on <s>, instantiate -> e= h=
  *   launch <e> <s>                 cuGraphLaunch
  *   upload <e> <s>                 cuGraphUpload
@@ -145,6 +147,13 @@ CUresult cuGraphCreate(CUgraph *, unsigned);
 CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuDeviceGraphMemTrim(CUdevice);
@@ -328,6 +337,25 @@ static void run(char *line) {
             CK(cuGraphInstantiateWithFlags(&execs[nexecs], g, 0))) {
             ptrs[nptrs] = p.dptr;
             printf("ok graph-node e=%d h=%d\n", nexecs++, nptrs++);
+        }
+    } else if (!strcmp(cmd, "graph-upload")) {
+        sscanf(rest, "%lld %lld %lld", &a, &b, &c);
+        CUgraph g;
+        CUgraphNode n;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.poolProps.allocType = 1;
+        p.poolProps.location.type = 1;
+        p.poolProps.location.id = (int)b;
+        p.bytesize = (size_t)a;
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+        memset(&ip, 0, sizeof ip);
+        ip.flags = 2; /* UPLOAD */
+        ip.hUploadStream = stream_of(c);
+        if (CK(cuGraphCreate(&g, 0)) && CK(cuGraphAddMemAllocNode(&n, g, 0, 0, &p)) &&
+            CK(cuGraphInstantiateWithParams(&execs[nexecs], g, &ip))) {
+            ptrs[nptrs] = p.dptr;
+            printf("ok graph-upload e=%d h=%d result=%d\n", nexecs++, nptrs++, ip.result_out);
         }
     } else if (!strcmp(cmd, "capture")) {
         sscanf(rest, "%lld %lld", &a, &b);
