@@ -19,8 +19,8 @@ pub mod plugin;
 pub mod pod_resources;
 pub mod registration;
 pub mod selector;
-pub mod slices_file;
 mod service;
+pub mod slices_file;
 pub mod state;
 /// Test doubles (kubelet, PodResources, manager, pods) on real unix sockets:
 /// built for tests only, never into the release binary.
