@@ -483,7 +483,9 @@ fn get_proc(
         ),
         Err((e, st)) => {
             if crate::export::tracing() {
-                eprintln!("tessera-sim libcuda: cuGetProcAddress {name} {version} {flags}: {st:?}");
+                crate::export::say(&format!(
+                    "cuGetProcAddress {name} {version} {flags}: {st:?}"
+                ));
             }
             (std::ptr::null(), st, Err(e))
         }
