@@ -520,6 +520,143 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
     })
 }
 
+/// The 64 KiB tile of a sparse array with this descriptor (the standard sparse block
+/// shapes: 2D 256×256 texels of 1 byte down to 64×64 of 16; 3D 64×32×32 down to
+/// 16×16×16).
+pub fn sparse_tile(d: &CUDA_ARRAY3D_DESCRIPTOR) -> CuResult<(u32, u32, u32)> {
+    let texel =
+        format_size(d.Format).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)? * u64::from(d.NumChannels);
+    let t = if d.Depth == 0 {
+        match texel {
+            1 => (256, 256, 1),
+            2 => (256, 128, 1),
+            4 => (128, 128, 1),
+            8 => (128, 64, 1),
+            _ => (64, 64, 1),
+        }
+    } else {
+        match texel {
+            1 => (64, 32, 32),
+            2 => (32, 32, 32),
+            4 => (32, 32, 16),
+            8 => (32, 16, 16),
+            _ => (16, 16, 16),
+        }
+    };
+    Ok(t)
+}
+
+/// Sparse properties of an array whose levels are `levels`: its tile, and its mip tail
+/// (the levels smaller than a tile in width or height, and their bytes).
+fn sparse_properties(
+    base: &CUDA_ARRAY3D_DESCRIPTOR,
+    levels: u32,
+) -> CuResult<CUDA_ARRAY_SPARSE_PROPERTIES> {
+    if base.Flags & CUDA_ARRAY3D_SPARSE == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (w, h, dd) = sparse_tile(base)?;
+    let first_small = (0..levels)
+        .find(|&l| {
+            let d = level_desc(base, l);
+            (d.Width as u64) < u64::from(w) || (d.Height.max(1) as u64) < u64::from(h)
+        })
+        .unwrap_or(levels);
+    let mut tail = 0u64;
+    for l in first_small..levels {
+        tail += array_bytes(&level_desc(base, l))?;
+    }
+    // SAFETY: all-zero is a valid properties struct.
+    let mut p: CUDA_ARRAY_SPARSE_PROPERTIES = unsafe { std::mem::zeroed() };
+    p.tileExtent.width = w;
+    p.tileExtent.height = h;
+    p.tileExtent.depth = dd;
+    p.miptailFirstLevel = first_small;
+    // The tail is mapped in whole tiles.
+    p.miptailSize = crate::memory::round_up(tail, 64 << 10).unwrap_or(tail);
+    Ok(p)
+}
+
+/// `cuArrayGetSparseProperties`: for arrays created with `CUDA_ARRAY3D_SPARSE`.
+///
+/// # Safety
+/// `sparseProperties` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayGetSparseProperties(
+    sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES,
+    array: CUarray,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let a = ARRAYS
+            .get(array as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let p = sparse_properties(&a.desc, 1)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(sparseProperties, p) }
+    })
+}
+
+/// `cuMipmappedArrayGetSparseProperties`.
+///
+/// # Safety
+/// `sparseProperties` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetSparseProperties(
+    sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES,
+    mipmap: CUmipmappedArray,
+) -> CUresult {
+    guard(|| {
+        rt()?;
+        let m = MIPMAPS
+            .get(mipmap as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let first = ARRAYS
+            .get(
+                *m.levels
+                    .first()
+                    .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
+            )
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let p = sparse_properties(&first.desc, m.levels.len() as u32)?;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(sparseProperties, p) }
+    })
+}
+
+/// `cuMipmappedArrayGetMemoryRequirements`: every level's bytes, rounded to the VMM
+/// granularity.
+///
+/// # Safety
+/// `memoryRequirements` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
+    memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
+    mipmap: CUmipmappedArray,
+    device: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let rt = rt()?;
+        rt.device(device)?;
+        let m = MIPMAPS
+            .get(mipmap as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let mut total = 0u64;
+        for l in &m.levels {
+            let a = ARRAYS.get(*l).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            total += array_bytes(&a.desc)?;
+        }
+        let g = crate::vmm::GRANULARITY;
+        // SAFETY: all-zero is a valid requirements struct.
+        let mut r: CUDA_ARRAY_MEMORY_REQUIREMENTS = unsafe { std::mem::zeroed() };
+        r.size =
+            crate::memory::round_up(total, g).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)? as usize;
+        r.alignment = g as usize;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(memoryRequirements, r) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,6 +670,27 @@ mod tests {
             NumChannels: 2,
             Flags: 0,
         }
+    }
+
+    #[test]
+    fn sparse_tiles_are_64_kib_and_the_mip_tail_holds_the_small_levels() {
+        let mut d = desc(4096, 4096, 0);
+        d.Flags = CUDA_ARRAY3D_SPARSE;
+        // FLOAT × 2 channels = 8-byte texels: 128 × 64 tiles.
+        assert_eq!(sparse_tile(&d), Ok((128, 64, 1)));
+        let (w, h, z) = sparse_tile(&d).expect("tile");
+        assert_eq!(u64::from(w * h * z) * 8, 64 << 10);
+        // 13 levels: 4096 .. 1; levels below 128 wide (level 6: 64×64) are the tail.
+        let p = sparse_properties(&d, 13).expect("props");
+        assert_eq!(p.miptailFirstLevel, 6);
+        assert!(p.miptailSize > 0 && p.miptailSize.is_multiple_of(64 << 10));
+        let mut d3 = desc(64, 64, 64);
+        d3.Flags = CUDA_ARRAY3D_SPARSE;
+        assert_eq!(sparse_tile(&d3), Ok((32, 16, 16)));
+        assert!(
+            sparse_properties(&desc(64, 64, 0), 1).is_err(),
+            "not sparse"
+        );
     }
 
     #[test]

@@ -389,6 +389,9 @@ entries! {
     "cuMemMapArrayAsync" 11010: PFN_cuMemMapArrayAsync_v11010 = cuMemMapArrayAsync;
     "cuMemMapArrayAsync" 11010 pt: PFN_cuMemMapArrayAsync_v11010_ptsz = cuMemMapArrayAsync_ptsz;
     "cuArrayGetMemoryRequirements" 11060: PFN_cuArrayGetMemoryRequirements_v11060 = cuArrayGetMemoryRequirements;
+    "cuMipmappedArrayGetMemoryRequirements" 11060: PFN_cuMipmappedArrayGetMemoryRequirements_v11060 = cuMipmappedArrayGetMemoryRequirements;
+    "cuArrayGetSparseProperties" 11010: PFN_cuArrayGetSparseProperties_v11010 = cuArrayGetSparseProperties;
+    "cuMipmappedArrayGetSparseProperties" 11010: PFN_cuMipmappedArrayGetSparseProperties_v11010 = cuMipmappedArrayGetSparseProperties;
     "cuGraphAddMemAllocNode" 11040: PFN_cuGraphAddMemAllocNode_v11040 = cuGraphAddMemAllocNode;
     "cuGraphAddMemFreeNode" 11040: PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode;
     "cuGraphMemAllocNodeGetParams" 11040: PFN_cuGraphMemAllocNodeGetParams_v11040 = cuGraphMemAllocNodeGetParams;
