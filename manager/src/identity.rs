@@ -90,9 +90,68 @@ impl ProcView for HostProc {
         Some(parse_maps(&text))
     }
     fn in_root(&self, pid: u32, path: &Path) -> Option<FileId> {
-        let rel = path.strip_prefix("/").unwrap_or(path);
-        FileId::of(&self.root.join(pid.to_string()).join("root").join(rel))
+        let root = self.root.join(pid.to_string()).join("root");
+        walk_no_symlinks(&root, path)
     }
+}
+
+/// The identity of `path` under `root`, walked one component at a time with
+/// `O_NOFOLLOW`: a symlink anywhere on the way is refused. Through
+/// `/proc/<pid>/root` an absolute symlink would be resolved from *our* root,
+/// so a tenant could otherwise plant `/run/tessera/alloc/control` as a link to
+/// another allocation's host file and be judged in that allocation.
+fn walk_no_symlinks(root: &Path, path: &Path) -> Option<FileId> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(root.as_os_str().as_bytes()).ok()?;
+    let flags = libc::O_PATH | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_DIRECTORY) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor open just returned, owned here alone.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let parts: Vec<_> = path
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let (last, dirs) = parts.split_last()?;
+    for (i, part) in dirs.iter().chain(std::iter::once(last)).enumerate() {
+        let name = CString::new(part.as_bytes()).ok()?;
+        let extra = if i < dirs.len() { libc::O_DIRECTORY } else { 0 };
+        // SAFETY: a directory descriptor we own and a NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags | libc::O_NOFOLLOW | extra,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: as above.
+        dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    // SAFETY: a plain C struct of integers, for which all-zero is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a descriptor we own into a struct we own.
+    if unsafe { libc::fstat(dir.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    // O_PATH | O_NOFOLLOW opens a final symlink itself: only a regular file counts.
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    Some(FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
 }
 
 /// The distinct files of a `/proc/<pid>/maps` text: `start-end perms offset MAJ:MIN
@@ -253,6 +312,46 @@ garbage line
         assert_eq!(prove(&v, 5, &claims()), None);
         assert!(!visible(&v, 5));
         assert!(visible(&v, 4));
+    }
+
+    #[test]
+    fn a_planted_symlink_proves_nothing() {
+        // A fake /proc: process 7's root holds run/tessera/alloc/control.
+        let proc_dir = tempfile::tempdir().unwrap();
+        let victim = proc_dir.path().join("victim-control");
+        std::fs::write(&victim, b"x").unwrap();
+        let alloc = proc_dir.path().join("7/root/run/tessera/alloc");
+        std::fs::create_dir_all(&alloc).unwrap();
+        let view = HostProc::at(proc_dir.path());
+        let claim = Claim {
+            alloc_id: "victim".into(),
+            control: FileId::of(&victim).unwrap(),
+            state: id(1),
+        };
+        // A link to another allocation's host file, absolute or relative: refused.
+        std::os::unix::fs::symlink(&victim, alloc.join("control")).unwrap();
+        assert_eq!(view.in_root(7, Path::new(CONTAINER_CONTROL)), None);
+        assert_eq!(prove(&view, 7, std::slice::from_ref(&claim)), None);
+        // A link higher up the path: refused too.
+        std::fs::remove_file(alloc.join("control")).unwrap();
+        let real = proc_dir.path().join("elsewhere/alloc");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::hard_link(&victim, real.join("control")).unwrap();
+        std::fs::remove_dir_all(proc_dir.path().join("7/root/run/tessera")).unwrap();
+        std::os::unix::fs::symlink(
+            proc_dir.path().join("elsewhere"),
+            proc_dir.path().join("7/root/run/tessera"),
+        )
+        .unwrap();
+        assert_eq!(view.in_root(7, Path::new(CONTAINER_CONTROL)), None);
+        // The real thing (a file there, as a bind mount makes it): proven.
+        std::fs::remove_file(proc_dir.path().join("7/root/run/tessera")).unwrap();
+        std::fs::create_dir_all(&alloc).unwrap();
+        std::fs::hard_link(&victim, alloc.join("control")).unwrap();
+        assert_eq!(
+            view.in_root(7, Path::new(CONTAINER_CONTROL)),
+            Some(claim.control)
+        );
     }
 
     #[test]
