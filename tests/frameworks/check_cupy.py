@@ -59,6 +59,25 @@ def basic(cupy, np):
     s.synchronize()
     cupy.cuda.Device(0).synchronize()
     say("stream_copy_equal", bool((a.get() == np.arange(1000)).all()))
+    # The second device, from threads of their own (each thread's runtime state and the
+    # device's primary context).
+    if rt.getDeviceCount() > 1:
+        import threading
+
+        ok = []
+
+        def work(d):
+            with cupy.cuda.Device(d):
+                b = cupy.asarray(np.arange(100) + d)
+                cupy.cuda.get_current_stream().synchronize()
+                ok.append(b.device.id == d and bool((b.get() == np.arange(100) + d).all()))
+
+        threads = [threading.Thread(target=work, args=(i % 2,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        say("two_devices_from_threads", len(ok), all(ok))
     # The stream-ordered pool (cudaMallocAsync).
     pool = cupy.cuda.MemoryAsyncPool()
     ptr = pool.malloc(MI)

@@ -213,6 +213,7 @@ fn cupy_runs_on_the_bare_simulated_node() {
     assert_cupy_basic(&f, &n, 16 * GI);
     assert_eq!(f.num("device_count", 0), 2);
     assert_eq!(f.num("total_global_mem", 0), 16 * GI);
+    assert_eq!(f.get("two_devices_from_threads"), ["4", "True"]);
 }
 
 #[test]
