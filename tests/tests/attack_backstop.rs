@@ -303,3 +303,46 @@ fn an_honest_tenant_at_its_limit_is_left_alone() {
     tenant.kill();
     m.stop();
 }
+
+/// A process outside every allocation (no shim, no mount) on a GPU Tessera shares takes
+/// from the tenants there and is stopped; on a GPU no allocation uses (a whole GPU
+/// handed out by another device plugin) it is only reported.
+#[test]
+fn a_process_outside_every_allocation_is_stopped_only_on_a_shared_gpu() {
+    let _serial = serial();
+    let n = node(2);
+    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let uuid0 = n.node().device_info(0).unwrap().uuid;
+    create(&m.socket, "shared", &uuid0, 4 * GI);
+    let stray = |device: &str| {
+        let mut c = n.probe(tessera_e2e::Mode::Dlopen, &[]);
+        c.env("CUDA_VISIBLE_DEVICES", device);
+        let mut p = ProbeChild::start(c);
+        for cmd in ["init", "ctx", "alloc 1048576"] {
+            let l = p.cmd(cmd, T);
+            assert!(l.ok, "{}", l.raw);
+        }
+        p
+    };
+    let mut on_shared = stray("0");
+    let mut on_whole = stray("1");
+    let stopped = eventually(Duration::from_secs(3), || !alive(&mut on_shared));
+    assert!(
+        stopped.is_some(),
+        "not stopped on the shared GPU:\n{}",
+        m.log()
+    );
+    std::thread::sleep(SAMPLE * 10);
+    assert!(
+        alive(&mut on_whole),
+        "stopped on an unshared GPU:\n{}",
+        m.log()
+    );
+    let log = strip_ansi(&m.log());
+    assert!(
+        log.contains("no_shim"),
+        "the unshared GPU's process is still reported:\n{log}"
+    );
+    on_whole.kill();
+    m.stop();
+}
