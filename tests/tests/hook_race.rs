@@ -162,51 +162,62 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
     assert!(state.processes(1).is_empty());
 }
 
-/// One racer of the pools-and-graphs race: a pool of its own that keeps
-/// everything, the default pool, plain memory, and graphs whose allocation
-/// nodes map memory at launch, freed in random order, with synchronisations
-/// and graph-memory trims now and then.
-fn pool_worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers: &Racers) {
+/// One racer of the pools-and-graphs race on `devices` devices: on each, a
+/// stream, a pool of its own that keeps everything, the default pool and
+/// graphs whose allocation nodes map memory at launch; plain memory on
+/// device 0 (the current context's), all freed in random order, with
+/// synchronisations and graph-memory trims now and then. Device 0's
+/// context stays current whatever device a stream belongs to.
+fn pool_worker(
+    sim: &Sim,
+    devices: u64,
+    id: usize,
+    seed: u64,
+    end: Instant,
+    counts: &Counts,
+    racers: &Racers,
+) {
     let mut rng = Rng(seed ^ (id as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     while Instant::now() < end {
         counts.processes.fetch_add(1, Ordering::Relaxed);
         let mut c = sim.client(true);
         racers.lock().unwrap().push(c.pid() as i32);
         let pid = c.pid() as i32;
-        for line in [
-            "init".to_owned(),
-            "stream 0".into(),
-            format!("pool 0 {}", u64::MAX),
-        ] {
+        let mut setup = vec!["init".to_owned()];
+        for d in 0..devices {
+            setup.push(format!("stream {d}"));
+            setup.push(format!("pool {d} {}", u64::MAX));
+        }
+        for line in setup {
             let l = c.ask(&line, HANG).expect("client alive");
             assert!(l.ok, "{}", l.raw);
         }
-        // Live allocations: (handle, freed asynchronously).
-        let mut live: Vec<(u64, bool)> = Vec::new();
+        // Live allocations: (handle, the stream it is freed on, if any).
+        let mut live: Vec<(u64, Option<u64>)> = Vec::new();
         for _ in 0..rng.range(30, 200) {
             if Instant::now() >= end {
                 break;
             }
             let roll = rng.range(0, 100);
+            let d = rng.range(0, devices);
             let line = if live.is_empty() || roll < 50 {
                 let bytes = rng.range(64 << 10, 12 * MI);
                 match rng.range(0, 4) {
-                    0 => format!("from-pool {bytes} 0 0"),
-                    1 => format!("async {bytes} 0"),
+                    0 => format!("from-pool {bytes} {d} {d}"),
+                    1 => format!("async {bytes} {d}"),
                     2 => format!("alloc {bytes}"),
-                    _ => format!("graph-node {bytes} 0"),
+                    _ => format!("graph-node {bytes} {d}"),
                 }
             } else if roll < 85 {
-                let (h, on_stream) = live.swap_remove(rng.range(0, live.len() as u64) as usize);
-                if on_stream {
-                    format!("free-async {h} 0")
-                } else {
-                    format!("free {h}")
+                let (h, stream) = live.swap_remove(rng.range(0, live.len() as u64) as usize);
+                match stream {
+                    Some(s) => format!("free-async {h} {s}"),
+                    None => format!("free {h}"),
                 }
             } else if roll < 95 {
-                "sync-stream 0".to_owned()
+                format!("sync-stream {d}")
             } else {
-                "graph-trim 0".to_owned()
+                format!("graph-trim {d}")
             };
             let l = c.ask(&line, HANG).expect("client alive");
             if !l.ok {
@@ -221,9 +232,9 @@ fn pool_worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, r
             }
             match l.cmd.as_str() {
                 "graph-node" => {
-                    let l2 = c.ask(&format!("launch {} 0", l.u64("e")), HANG).unwrap();
+                    let l2 = c.ask(&format!("launch {} {d}", l.u64("e")), HANG).unwrap();
                     if l2.ok {
-                        live.push((l.u64("h"), true));
+                        live.push((l.u64("h"), Some(d)));
                         counts.ok.fetch_add(1, Ordering::Relaxed);
                     } else {
                         assert_eq!(
@@ -236,11 +247,11 @@ fn pool_worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, r
                     }
                 }
                 "from-pool" | "async" => {
-                    live.push((l.u64("h"), true));
+                    live.push((l.u64("h"), Some(d)));
                     counts.ok.fetch_add(1, Ordering::Relaxed);
                 }
                 "alloc" => {
-                    live.push((l.u64("h"), false));
+                    live.push((l.u64("h"), None));
                     counts.ok.fetch_add(1, Ordering::Relaxed);
                 }
                 "free-async" | "free" => {
@@ -254,27 +265,50 @@ fn pool_worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, r
     }
 }
 
-#[test]
-fn racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit() {
-    let seed = seed("racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit");
-    let sim = Arc::new(Sim::new(1, 8 * LIMIT));
-    sim.allocate(LIMIT);
+/// Races `PROCESSES / 2` pool workers on the devices with these limits;
+/// returns per device (peak, samples over: (device, reserved)).
+/// Per device: the peak the device held, and the samples that were over
+/// (device, reserved); and the number of samples.
+type PoolRace = (Vec<u64>, Vec<Vec<(u64, u64)>>, u64);
+
+fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
+    let seed = seed(name);
+    let sim = Arc::new(Sim::new(limits.len() as u32, 8 * LIMIT));
+    let spec: Vec<(u32, u64)> = limits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    sim.allocate_with(&spec, 0);
+    let limits = limits.to_vec();
+    let n = limits.len();
     let done = Arc::new(AtomicBool::new(false));
     let racers = Arc::new(Racers::default());
     let sampler = {
-        let (sim, done, racers) = (sim.clone(), done.clone(), racers.clone());
+        let (sim, done, racers, limits) =
+            (sim.clone(), done.clone(), racers.clone(), limits.clone());
         std::thread::spawn(move || {
-            let (mut max, mut samples, mut over) = (0u64, 0u64, Vec::new());
+            let (mut max, mut over, mut samples) = (vec![0u64; n], vec![Vec::new(); n], 0u64);
             while !done.load(Ordering::Relaxed) {
-                let (used, reserved) = sample(&sim, &racers);
-                if used > LIMIT || used > reserved {
-                    over.push((used, reserved));
+                let racers = racers.lock().unwrap();
+                let (got, still) = frozen(&racers, || {
+                    let state = sim.state();
+                    (0..n)
+                        .map(|d| (sim.used(d), state.reserved(d)))
+                        .collect::<Vec<_>>()
+                });
+                drop(racers);
+                assert!(still, "a racer ran during the sample");
+                for (d, &(used, reserved)) in got.iter().enumerate() {
+                    if used > limits[d] || used > reserved {
+                        over[d].push((used, reserved));
+                    }
+                    max[d] = max[d].max(used);
                 }
-                max = max.max(used);
                 samples += 1;
                 std::thread::sleep(Duration::from_micros(200));
             }
-            (max, samples, over)
+            (max, over, samples)
         })
     };
     let counts = Arc::new(Counts::default());
@@ -282,28 +316,71 @@ fn racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit() {
     let workers: Vec<_> = (0..PROCESSES / 2)
         .map(|id| {
             let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
-            std::thread::spawn(move || pool_worker(&sim, id, seed, end, &counts, &racers))
+            std::thread::spawn(move || pool_worker(&sim, n as u64, id, seed, end, &counts, &racers))
         })
         .collect();
     for w in workers {
         w.join().expect("worker");
     }
     done.store(true, Ordering::Relaxed);
-    let (max, samples, over) = sampler.join().unwrap();
+    let (max, over, samples) = sampler.join().unwrap();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
     eprintln!(
-        "{} processes, {ok} allocations, {oom} refused, {} frees; {samples} samples, peak {max} of {LIMIT}",
+        "{} processes, {ok} allocations, {oom} refused, {} frees; {samples} samples, peaks {max:?} of {limits:?}",
         counts.processes.load(Ordering::Relaxed),
         counts.frees.load(Ordering::Relaxed)
     );
-    assert!(over.is_empty(), "(device, reserved) over: {over:?}");
-    assert!(max <= LIMIT, "the device held {max} bytes, over {LIMIT}");
-    assert!(max > LIMIT / 2, "the limit was contended: peak {max}");
     assert!(ok > 100 && oom > 10, "{ok} allocations, {oom} refused");
-    assert!(samples > 100, "{samples} samples");
     let state = sim.state();
     state.reclaim_dead(&LocalLiveness::thorough(), None);
     state.audit().unwrap();
-    assert_eq!(state.reserved(0), 0);
+    for d in 0..n {
+        assert_eq!(state.reserved(d), 0);
+    }
+    (max, over, samples)
+}
+
+#[test]
+fn racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit() {
+    let (max, over, samples) = pool_race(
+        "racing_pools_that_keep_memory_and_graphs_never_exceed_the_limit",
+        &[LIMIT],
+    );
+    assert!(over[0].is_empty(), "(device, reserved) over: {:?}", over[0]);
+    assert!(
+        max[0] <= LIMIT,
+        "the device held {} bytes, over {LIMIT}",
+        max[0]
+    );
+    assert!(
+        max[0] > LIMIT / 2,
+        "the limit was contended: peak {}",
+        max[0]
+    );
+    assert!(samples > 100, "{samples} samples");
+}
+
+#[test]
+fn racing_streams_and_pools_on_two_devices_stay_under_each_limit() {
+    let limits = [LIMIT, LIMIT / 2];
+    let (max, over, samples) = pool_race(
+        "racing_streams_and_pools_on_two_devices_stay_under_each_limit",
+        &limits,
+    );
+    for d in 0..2 {
+        assert!(
+            over[d].is_empty(),
+            "device {d}: (device, reserved) over: {:?}",
+            over[d]
+        );
+        assert!(
+            max[d] <= limits[d],
+            "device {d} held {}, over {}",
+            max[d],
+            limits[d]
+        );
+        assert!(max[d] > limits[d] / 2, "device {d}: peak {}", max[d]);
+    }
+    assert!(samples > 100, "{samples} samples");
 }
