@@ -1940,3 +1940,230 @@ no_green_contexts! {
     cuDeviceGetDevResource(dev: CUdevice, result: *mut CUdevResource, type_: CUdevResourceType);
     cuDevResourceGenerateDesc(phDesc: *mut CUdevResourceDesc, resources: *mut CUdevResource, nbResources: c_uint);
 }
+
+/// `cuTensorMapEncodeIm2col`: as `cuTensorMapEncodeTiled`, an opaque descriptor holding
+/// the address (rank 3 to 5).
+///
+/// # Safety
+/// `tensorMap` must be null or writable; the array arguments are not read.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuTensorMapEncodeIm2col(
+    tensorMap: *mut CUtensorMap,
+    _tensorDataType: CUtensorMapDataType,
+    tensorRank: cuuint32_t,
+    globalAddress: *mut c_void,
+    _globalDim: *const cuuint64_t,
+    _globalStrides: *const cuuint64_t,
+    _pixelBoxLowerCorner: *const c_int,
+    _pixelBoxUpperCorner: *const c_int,
+    _channelsPerPixel: cuuint32_t,
+    _pixelsPerColumn: cuuint32_t,
+    _elementStrides: *const cuuint32_t,
+    _interleave: CUtensorMapInterleave,
+    _swizzle: CUtensorMapSwizzle,
+    _l2Promotion: CUtensorMapL2promotion,
+    _oobFill: CUtensorMapFloatOOBfill,
+) -> CUresult {
+    guard(|| {
+        if !(3..=5).contains(&tensorRank) || globalAddress.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut map = CUtensorMap { opaque: [0; 16] };
+        map.opaque[0] = globalAddress as u64;
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        unsafe { put(tensorMap, map) }
+    })
+}
+
+/// `cuTensorMapReplaceAddress`: rewrites the address in a descriptor made here.
+///
+/// # Safety
+/// `tensorMap` must be null or a valid, writable descriptor.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuTensorMapReplaceAddress(
+    tensorMap: *mut CUtensorMap,
+    globalAddress: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        if tensorMap.is_null() || globalAddress.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { (*tensorMap).opaque[0] = globalAddress as u64 };
+        Ok(())
+    })
+}
+
+/// `cuStreamWaitValue32`: once the stream's earlier work has ended, the calling thread
+/// waits until the 32-bit value at `addr` satisfies the condition (`>=`, `==`, `& != 0`,
+/// `!(a | b)`), as a stream would before running later work; at most 10 s, then
+/// `CUDA_ERROR_TIMEOUT` (a real stream would hang; a host thread here must not).
+fn wait_value32(
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: c_uint,
+    pt: bool,
+) -> CuResult<()> {
+    rt()?;
+    let cond = flags & !(1 << 30);
+    if cond > 3 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = crate::stream::resolve(stream, pt)?;
+    crate::memory::check_device_range(addr, 4)?;
+    if !addr.is_multiple_of(4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    tessera_sim::clock::sleep_until(t.last_end());
+    let holds = || {
+        // SAFETY: 4 aligned bytes of live device memory (checked above), mapped in this
+        // process; another thread or process may write them, hence volatile.
+        let v = unsafe { (addr as *const u32).read_volatile() };
+        match cond {
+            0 => (v as i32).wrapping_sub(value as i32) >= 0,
+            1 => v == value,
+            2 => v & value != 0,
+            _ => !(v | value) != 0,
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !holds() {
+        if std::time::Instant::now() > deadline {
+            return Err(CUresult::CUDA_ERROR_TIMEOUT);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    Ok(())
+}
+
+macro_rules! wait_value32 {
+    ($($name:ident $pt:expr;)*) => {$(
+        /// `cuStreamWaitValue32` (see `wait_value32`).
+        ///
+        /// # Safety
+        /// No pointer arguments are dereferenced unchecked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint) -> CUresult {
+            guard(|| wait_value32(stream, addr, value, flags, $pt))
+        }
+    )*};
+}
+
+wait_value32! {
+    cuStreamWaitValue32 false;
+    cuStreamWaitValue32_v2 false;
+    cuStreamWaitValue32_ptsz true;
+    cuStreamWaitValue32_v2_ptsz true;
+}
+
+/// `cuStreamBatchMemOp`: not supported (use `cuStreamWriteValue32`/`cuStreamWaitValue32`).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBatchMemOp(
+    _stream: CUstream,
+    _count: c_uint,
+    _paramArray: *mut CUstreamBatchMemOpParams,
+    _flags: c_uint,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuLinkCreate_v2`: no JIT linker here (nothing is compiled): `CUDA_ERROR_NOT_SUPPORTED`.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLinkCreate_v2(
+    _numOptions: c_uint,
+    _options: *mut CUjit_option,
+    _optionValues: *mut *mut c_void,
+    _stateOut: *mut CUlinkState,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuLinkAddData_v2`: no JIT linker (`CUDA_ERROR_NOT_SUPPORTED`).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLinkAddData_v2(
+    _state: CUlinkState,
+    _type_: CUjitInputType,
+    _data: *mut c_void,
+    _size: usize,
+    _name: *const c_char,
+    _numOptions: c_uint,
+    _options: *mut CUjit_option,
+    _optionValues: *mut *mut c_void,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuLinkComplete`: no JIT linker (`CUDA_ERROR_NOT_SUPPORTED`).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLinkComplete(
+    _state: CUlinkState,
+    _cubinOut: *mut *mut c_void,
+    _sizeOut: *mut usize,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuLinkDestroy`: no link state can exist (`CUDA_ERROR_INVALID_HANDLE`).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLinkDestroy(_state: CUlinkState) -> CUresult {
+    CUresult::CUDA_ERROR_INVALID_HANDLE
+}
+
+// cuBLASLt (behind torch.matmul) resolves these with dlsym when it creates a handle and
+// refuses to start without them. Until graph.rs implements them they exist and answer
+// `CUDA_ERROR_NOT_SUPPORTED` (no cuGetProcAddress entries: the graph family owns those).
+
+/// `cuGraphNodeGetType`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetType(
+    _hNode: CUgraphNode,
+    _type_: *mut CUgraphNodeType,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuGraphKernelNodeGetParams`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams(
+    _hNode: CUgraphNode,
+    _nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuGraphExecKernelNodeSetParams`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    _hGraphExec: CUgraphExec,
+    _hNode: CUgraphNode,
+    _nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}

@@ -302,6 +302,17 @@ entries! {
     "cuMulticastBindMem" 12010: PFN_cuMulticastBindMem_v12010 = cuMulticastBindMem;
     "cuMulticastUnbind" 12010: PFN_cuMulticastUnbind_v12010 = cuMulticastUnbind;
     "cuTensorMapEncodeTiled" 12000: PFN_cuTensorMapEncodeTiled_v12000 = cuTensorMapEncodeTiled;
+    "cuTensorMapEncodeIm2col" 12000: PFN_cuTensorMapEncodeIm2col_v12000 = cuTensorMapEncodeIm2col;
+    "cuTensorMapReplaceAddress" 12000: PFN_cuTensorMapReplaceAddress_v12000 = cuTensorMapReplaceAddress;
+    "cuStreamWaitValue32" 8000: PFN_cuStreamWaitValue32_v8000 = cuStreamWaitValue32;
+    "cuStreamWaitValue32" 8000 pt: PFN_cuStreamWaitValue32_v8000_ptsz = cuStreamWaitValue32_ptsz;
+    "cuStreamWaitValue32" 11070: PFN_cuStreamWaitValue32_v11070 = cuStreamWaitValue32_v2;
+    "cuStreamWaitValue32" 11070 pt: PFN_cuStreamWaitValue32_v11070_ptsz = cuStreamWaitValue32_v2_ptsz;
+    "cuStreamBatchMemOp" 8000: PFN_cuStreamBatchMemOp_v8000 = cuStreamBatchMemOp;
+    "cuLinkCreate" 6050: PFN_cuLinkCreate_v6050 = cuLinkCreate_v2;
+    "cuLinkAddData" 6050: PFN_cuLinkAddData_v6050 = cuLinkAddData_v2;
+    "cuLinkComplete" 5050: PFN_cuLinkComplete_v5050 = cuLinkComplete;
+    "cuLinkDestroy" 5050: PFN_cuLinkDestroy_v5050 = cuLinkDestroy;
     "cuLogsRegisterCallback" 12090: PFN_cuLogsRegisterCallback_v12090 = cuLogsRegisterCallback;
     "cuLogsUnregisterCallback" 12090: PFN_cuLogsUnregisterCallback_v12090 = cuLogsUnregisterCallback;
     "cuCtxFromGreenCtx" 12040: PFN_cuCtxFromGreenCtx_v12040 = cuCtxFromGreenCtx;
