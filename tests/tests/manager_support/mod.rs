@@ -543,14 +543,7 @@ pub fn parse_exposition(text: &str) -> Result<Exposition, String> {
 
 /// The manager's status over its socket, synchronously.
 pub fn node_status(socket: &Path) -> tessera_proto::manager::v1::NodeStatus {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut c = tessera_client::connect(socket)
-            .await
-            .expect("connect to the manager");
+    with_client(socket, async |c| {
         c.get_node_status(tessera_proto::manager::v1::NodeStatusRequest {})
             .await
             .expect("GetNodeStatus")
