@@ -4,14 +4,17 @@
 //! series carry dcgm-exporter's labels (`gpu`, `UUID`, `modelName`,
 //! `Hostname`) so dashboards can join the two.
 //!
-//! The endpoint reads and parses a request before it renders anything, and
-//! holds at most [`MAX_CONNECTIONS`] connections at once (more wait in the
-//! kernel's backlog); a connection that does not send its request head
+//! The endpoint reads and parses a request before it renders anything. It
+//! holds at most [`Limits::connections`] connections, at most
+//! [`Limits::per_peer`] of them from one address, and closes any past that
+//! at once (so one client's idle connections cannot starve a scraper on
+//! another address); a connection that does not send its request head
 //! within [`HEADER_TIMEOUT`], or is not done within [`CONNECTION_DEADLINE`],
-//! is closed.
+//! is closed; at most [`Limits::renders`] expositions are rendered at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -303,10 +306,28 @@ pub fn render(s: &MetricsSnapshot) -> String {
 
 /// The content type of the text exposition.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
-/// Connections served at once; more wait in the listen backlog.
-pub const MAX_CONNECTIONS: usize = 64;
-/// Time a client has to send its request head.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much the endpoint holds at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Open connections in all.
+    pub connections: usize,
+    /// Open connections from one address.
+    pub per_peer: usize,
+    /// Expositions being rendered.
+    pub renders: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 256,
+            per_peer: 8,
+            renders: 4,
+        }
+    }
+}
+/// Time a client has to send its request head (Prometheus sends it at once).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time one connection may take, request to last byte.
 pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// Largest request head read.
@@ -327,6 +348,7 @@ fn text(status: StatusCode, ctype: &'static str, body: String) -> Response<Strin
 async fn respond(
     req: Request<Incoming>,
     body: Arc<dyn Fn() -> String + Send + Sync>,
+    renders: Arc<tokio::sync::Semaphore>,
 ) -> Response<String> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
@@ -342,7 +364,14 @@ async fn respond(
     match req.uri().path() {
         "/metrics" => {
             // Rendering reads shared memory and takes locks: off the
-            // async workers.
+            // async workers, a few at a time.
+            let Ok(_turn) = renders.acquire_owned().await else {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    PLAIN,
+                    "shutting down\n".into(),
+                );
+            };
             match tokio::task::spawn_blocking(move || body()).await {
                 Ok(t) => text(StatusCode::OK, CONTENT_TYPE, t),
                 Err(_) => text(
@@ -366,29 +395,76 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Serves `GET /metrics` with `body()` until `stop` turns true.
+/// Open connections, in all and per address.
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+/// One open connection's place in [`Open`], given back when dropped.
+struct Slot {
+    open: Arc<parking_lot::Mutex<Open>>,
+    peer: IpAddr,
+}
+
+impl Slot {
+    /// A place for a connection from `peer`, or `None` past the limits.
+    fn take(open: &Arc<parking_lot::Mutex<Open>>, peer: IpAddr, limits: &Limits) -> Option<Slot> {
+        let mut o = open.lock();
+        let mine = o.by_peer.get(&peer).copied().unwrap_or(0);
+        if o.total >= limits.connections || mine >= limits.per_peer {
+            return None;
+        }
+        o.total += 1;
+        o.by_peer.insert(peer, mine + 1);
+        Some(Slot {
+            open: open.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = self.open.lock();
+        o.total -= 1;
+        if let Some(n) = o.by_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                o.by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Serves `GET /metrics` with `body()` until `stop` turns true, within the
+/// default [`Limits`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     body: impl Fn() -> String + Send + Sync + 'static,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    serve_with(listener, body, stop, Limits::default()).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    body: impl Fn() -> String + Send + Sync + 'static,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
 ) {
     let body: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(body);
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let renders = Arc::new(tokio::sync::Semaphore::new(limits.renders.max(1)));
+    let open = Arc::new(parking_lot::Mutex::new(Open::default()));
     loop {
-        // A permit first: at the cap, connections wait unaccepted.
-        let permit = tokio::select! {
-            () = stopped(&mut stop) => return,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
         let accepted = tokio::select! {
             () = stopped(&mut stop) => return,
             accepted = listener.accept() => accepted,
         };
-        let conn = match accepted {
-            Ok((conn, _)) => conn,
+        let (conn, peer) = match accepted {
+            Ok(c) => c,
             Err(e) => {
                 // Out of descriptors, say: back off rather than spin.
                 tracing::debug!(error = %e, "metrics accept failed");
@@ -396,12 +472,20 @@ pub async fn serve(
                 continue;
             }
         };
+        // Past a limit the connection is closed unread: it costs nothing
+        // and leaves room for others.
+        let Some(slot) = Slot::take(&open, peer.ip(), &limits) else {
+            drop(conn);
+            continue;
+        };
         let body = body.clone();
+        let renders = renders.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let body = body.clone();
-                async move { Ok::<_, Infallible>(respond(req, body).await) }
+                let renders = renders.clone();
+                async move { Ok::<_, Infallible>(respond(req, body, renders).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -529,18 +613,30 @@ mod tests {
         tokio::sync::watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     ) {
+        server_with(Limits::default()).await
+    }
+
+    async fn server_with(
+        limits: Limits,
+    ) -> (
+        std::net::SocketAddr,
+        Arc<AtomicUsize>,
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let renders = Arc::new(AtomicUsize::new(0));
         let r = renders.clone();
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve(
+        let task = tokio::spawn(serve_with(
             l,
             move || {
                 r.fetch_add(1, Ordering::SeqCst);
                 "up 1\n".to_owned()
             },
             rx,
+            limits,
         ));
         (addr, renders, tx, task)
     }
@@ -598,30 +694,80 @@ mod tests {
         task.await.unwrap();
     }
 
+    /// A connection to `addr` from the local address `from`.
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind((std::net::Ipv4Addr::from(from), 0).into()).unwrap();
+        s.connect(addr).await.unwrap()
+    }
+
+    /// True when the server closes `c` without a word.
+    async fn closed_unanswered(c: &mut tokio::net::TcpStream) -> bool {
+        let _ = c
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))) && out.is_empty()
+    }
+
     #[tokio::test]
-    async fn connections_past_the_cap_wait_until_one_ends() {
-        let (addr, renders, stop, task) = server().await;
+    async fn one_address_cannot_hold_every_connection() {
+        let limits = Limits {
+            connections: 6,
+            per_peer: 3,
+            renders: 1,
+        };
+        let (addr, renders, stop, task) = server_with(limits).await;
+        // One address's idle connections up to its share ...
         let mut idle = Vec::new();
-        for _ in 0..MAX_CONNECTIONS {
-            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        for _ in 0..limits.per_peer {
+            idle.push(connect_from([127, 0, 0, 1], addr).await);
         }
-        let mut late = tokio::net::TcpStream::connect(addr).await.unwrap();
-        late.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut first = [0u8; 1];
-        let early = tokio::time::timeout(Duration::from_millis(300), late.read(&mut first)).await;
-        assert!(early.is_err(), "answered past the connection cap");
-        assert_eq!(renders.load(Ordering::SeqCst), 0);
-        // One idle connection ends: the waiting one is served.
-        drop(idle.pop());
-        let mut out = String::new();
-        tokio::time::timeout(Duration::from_secs(10), late.read_to_string(&mut out))
-            .await
-            .expect("served once a connection ended")
-            .unwrap();
+        // ... and one more from it is closed unread,
+        let mut extra = connect_from([127, 0, 0, 1], addr).await;
+        assert!(
+            closed_unanswered(&mut extra).await,
+            "past the per-address cap"
+        );
+        // while another address is served at once.
+        let mut other = connect_from([127, 0, 0, 2], addr).await;
+        let out = exchange(&mut other, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert_eq!(renders.load(Ordering::SeqCst), 1);
+        // Past the total, every address is refused.
+        for _ in 0..limits.per_peer {
+            idle.push(connect_from([127, 0, 0, 3], addr).await);
+        }
+        let mut fourth = connect_from([127, 0, 0, 4], addr).await;
+        assert!(closed_unanswered(&mut fourth).await, "past the total cap");
+        // Connections that end give their place back.
         drop(idle);
+        let out = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let mut c = connect_from([127, 0, 0, 1], addr).await;
+                let out = exchange(&mut c, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+                if !out.is_empty() {
+                    return out;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("served once the idle connections ended");
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_after_the_header_timeout() {
+        let (addr, renders, stop, task) = server().await;
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(HEADER_TIMEOUT * 5, c.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "still open after {:?}", HEADER_TIMEOUT * 5);
+        assert_eq!(renders.load(Ordering::SeqCst), 0);
         stop.send(true).unwrap();
         task.await.unwrap();
     }
