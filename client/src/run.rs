@@ -23,15 +23,23 @@ use crate::{CliError, SocketArg, connect as client, runtime};
 pub struct RunArgs {
     #[command(flatten)]
     pub socket: SocketArg,
-    /// The GPU: its index or UUID (a unique prefix of the UUID is enough).
-    #[arg(long)]
-    pub gpu: String,
-    /// Memory limit, e.g. 4Gi or 512Mi (see `tessera_contract::units`).
-    #[arg(long, value_name = "SIZE")]
-    pub memory: String,
-    /// Compute share, a percentage, e.g. 30%.
-    #[arg(long, value_name = "PERCENT", default_value = "100%")]
-    pub compute: String,
+    /// The GPUs: each an index or UUID (a unique prefix of the UUID is
+    /// enough), comma-separated (`0,1`) or the flag repeated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub gpu: Vec<String>,
+    /// Memory limit per GPU, e.g. 4Gi or 512Mi (see `tessera_contract::units`):
+    /// one value for every GPU, or one per GPU in `--gpu`'s order (`4Gi,8Gi`).
+    #[arg(long, value_name = "SIZE", value_delimiter = ',', required = true)]
+    pub memory: Vec<String>,
+    /// Compute share per GPU, a percentage, e.g. 30%: one value for every
+    /// GPU, or one per GPU (`30%,50%`).
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        value_delimiter = ',',
+        default_value = "100%"
+    )]
+    pub compute: Vec<String>,
     /// Compute policy: guaranteed (share is a cap) or burst (share is a floor).
     #[arg(long, value_name = "guaranteed|burst")]
     pub policy: Option<String>,
@@ -88,14 +96,85 @@ pub fn resolve_gpu<'a>(st: &'a pb::NodeStatus, want: &str) -> Result<&'a pb::Gpu
     }
 }
 
-/// The allocation request for `tessera run`.
+/// One GPU's limits as `tessera run` was asked for them: the GPU as the
+/// user named it, its memory limit in bytes, its share in ppm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuLimits {
+    pub gpu: String,
+    pub memory: u64,
+    pub share_ppm: u32,
+}
+
+/// Pairs `--gpu`, `--memory` and `--compute`: a list of one value applies to
+/// every GPU, otherwise each list has one value per GPU, in order. Sizes and
+/// shares are parsed here, so a bad one is reported before the manager is
+/// asked.
+pub fn limits(args: &RunArgs) -> Result<Vec<GpuLimits>, CliError> {
+    let n = args.gpu.len();
+    if n == 0 || args.gpu.iter().any(|g| g.trim().is_empty()) {
+        return Err(CliError::Usage(
+            "--gpu needs a GPU index or UUID (several: --gpu 0,1)".into(),
+        ));
+    }
+    let per_gpu = |flag: &str, values: &[String]| -> Result<(), CliError> {
+        if values.len() == 1 || values.len() == n {
+            Ok(())
+        } else {
+            Err(CliError::Usage(format!(
+                "{flag} has {} values for {n} GPUs: give one value (for every GPU) or one per GPU",
+                values.len()
+            )))
+        }
+    };
+    per_gpu("--memory", &args.memory)?;
+    per_gpu("--compute", &args.compute)?;
+    let pick = |values: &[String], i: usize| values[if values.len() == 1 { 0 } else { i }].clone();
+    (0..n)
+        .map(|i| {
+            Ok(GpuLimits {
+                gpu: args.gpu[i].trim().to_owned(),
+                memory: parse_size(pick(&args.memory, i).trim())?,
+                share_ppm: parse_share_ppm(pick(&args.compute, i).trim())?,
+            })
+        })
+        .collect()
+}
+
+/// Resolves every GPU of `limits` on the node; a GPU named twice (by index
+/// and by UUID, say) is refused.
+pub fn resolve_gpus<'a>(
+    st: &'a pb::NodeStatus,
+    limits: &[GpuLimits],
+) -> Result<Vec<&'a pb::GpuStatus>, CliError> {
+    let mut out: Vec<&pb::GpuStatus> = Vec::with_capacity(limits.len());
+    for l in limits {
+        let g = resolve_gpu(st, &l.gpu)?;
+        if out.iter().any(|o| o.uuid == g.uuid) {
+            return Err(CliError::Usage(format!(
+                "GPU {} ({}) is named twice in --gpu",
+                g.index, g.uuid
+            )));
+        }
+        out.push(g);
+    }
+    Ok(out)
+}
+
+/// The allocation request for `tessera run`: one allocation with a device
+/// entry per GPU, in `--gpu`'s order.
 pub fn request(
     args: &RunArgs,
-    gpu: &pb::GpuStatus,
+    gpus: &[&pb::GpuStatus],
     id: String,
 ) -> Result<pb::CreateAllocationRequest, CliError> {
-    let memory = parse_size(&args.memory)?;
-    let share = parse_share_ppm(&args.compute)?;
+    let limits = limits(args)?;
+    if limits.len() != gpus.len() {
+        return Err(CliError::Usage(format!(
+            "{} GPUs named, {} resolved",
+            limits.len(),
+            gpus.len()
+        )));
+    }
     let policy = match args.policy.as_deref() {
         None => pb::ComputePolicy::Unspecified,
         Some(p) => match Policy::parse(p) {
@@ -115,12 +194,16 @@ pub fn request(
     }
     Ok(pb::CreateAllocationRequest {
         id,
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: gpu.uuid.clone(),
-            memory_limit_bytes: memory,
-            compute_share_ppm: share,
-            slices: 0,
-        }],
+        devices: gpus
+            .iter()
+            .zip(&limits)
+            .map(|(g, l)| pb::DeviceRequest {
+                gpu_uuid: g.uuid.clone(),
+                memory_limit_bytes: l.memory,
+                compute_share_ppm: l.share_ppm,
+                slices: 0,
+            })
+            .collect(),
         policy: policy as i32,
         device_ids: vec![],
         labels,
@@ -129,7 +212,9 @@ pub fn request(
 
 /// The environment the command runs with: the allocation's files by their
 /// host paths (no container, no mounts), the hook preloaded ahead of any
-/// existing preload, and CUDA restricted to the allocation's GPUs.
+/// existing preload, and CUDA restricted to the allocation's GPUs, by UUID
+/// in the allocation's order (so device 0 in the command is the first
+/// `--gpu`, device 1 the second, ...).
 pub fn child_env(
     alloc: &pb::Allocation,
     hook: &str,
@@ -170,9 +255,8 @@ fn hook_path(alloc: &pb::Allocation) -> Option<String> {
 
 /// Runs `tessera run`; returns the exit code to leave with.
 pub fn run(args: &RunArgs) -> Result<i32, CliError> {
-    // Bad sizes are reported before the manager is even asked.
-    parse_size(&args.memory)?;
-    parse_share_ppm(&args.compute)?;
+    // Bad sizes and lists are reported before the manager is even asked.
+    limits(args)?;
     let rt = runtime()?;
     rt.block_on(run_async(args))
 }
@@ -184,9 +268,9 @@ async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
         .get_node_status(pb::NodeStatusRequest {})
         .await?
         .into_inner();
-    let gpu = resolve_gpu(&st, &args.gpu)?;
+    let gpus = resolve_gpus(&st, &limits(args)?)?;
     let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
-    let req = request(args, gpu, id)?;
+    let req = request(args, &gpus, id)?;
     let alloc = c.create_allocation(req).await?.into_inner();
     let result = run_child(args, &alloc, signals).await;
     if let Err(e) = c
@@ -321,7 +405,7 @@ mod tests {
             "1",
         ]);
         assert_eq!(a.command, ["python", "-c", "x", "--memory", "1"]);
-        assert_eq!(a.compute, "30%");
+        assert_eq!(a.compute, ["30%"]);
     }
 
     #[test]
@@ -349,25 +433,154 @@ mod tests {
             "--",
             "/usr/bin/python3",
         ]);
-        let r = request(&a, &st.gpus[0], "run-1".into()).unwrap();
+        let r = request(&a, &[&st.gpus[0]], "run-1".into()).unwrap();
         assert_eq!(r.devices[0].memory_limit_bytes, 4 << 30);
         assert_eq!(r.devices[0].compute_share_ppm, 300_000);
         assert_eq!(r.policy, pb::ComputePolicy::Guaranteed as i32);
         assert_eq!(r.labels["source"], "cli");
         assert_eq!(r.labels["command"], "python3");
         let bad = args(&["--policy", "fast", "--", "x"]);
-        let e = request(&bad, &st.gpus[0], "r".into())
+        let e = request(&bad, &[&st.gpus[0]], "r".into())
             .unwrap_err()
             .to_string();
         assert!(e.contains("bad --policy \"fast\""), "{e}");
         let bad = args(&["--compute", "300%", "--", "x"]);
-        assert!(request(&bad, &st.gpus[0], "r".into()).is_err());
+        assert!(request(&bad, &[&st.gpus[0]], "r".into()).is_err());
+    }
+
+    fn multi(argv: &[&str]) -> RunArgs {
+        let mut v = vec!["run"];
+        v.extend_from_slice(argv);
+        v.extend_from_slice(&["--", "x"]);
+        Cli::parse_from(v).args
+    }
+
+    #[test]
+    fn several_gpus_pair_with_their_limits() {
+        let st = crate::status::tests::sample();
+        let a = multi(&[
+            "--gpu",
+            "0,1",
+            "--memory",
+            "4Gi,8Gi",
+            "--compute",
+            "30%,50%",
+        ]);
+        let l = limits(&a).unwrap();
+        assert_eq!(
+            l,
+            [
+                GpuLimits {
+                    gpu: "0".into(),
+                    memory: 4 << 30,
+                    share_ppm: 300_000
+                },
+                GpuLimits {
+                    gpu: "1".into(),
+                    memory: 8 << 30,
+                    share_ppm: 500_000
+                },
+            ]
+        );
+        let gpus = resolve_gpus(&st, &l).unwrap();
+        let r = request(&a, &gpus, "run-2".into()).unwrap();
+        let got: Vec<(&str, u64, u32)> = r
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.gpu_uuid.as_str(),
+                    d.memory_limit_bytes,
+                    d.compute_share_ppm,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [("GPU-a", 4 << 30, 300_000), ("GPU-b", 8 << 30, 500_000)]
+        );
+
+        // One value applies to every GPU; the flag may be repeated instead.
+        let a = multi(&[
+            "--gpu",
+            "1",
+            "--gpu",
+            "0",
+            "--memory",
+            "2Gi",
+            "--compute",
+            "25%",
+        ]);
+        let l = limits(&a).unwrap();
+        assert_eq!(l.len(), 2);
+        assert!(
+            l.iter()
+                .all(|g| g.memory == 2 << 30 && g.share_ppm == 250_000)
+        );
+        let gpus = resolve_gpus(&st, &l).unwrap();
+        assert_eq!(gpus[0].uuid, "GPU-b");
+        assert_eq!(gpus[1].uuid, "GPU-a");
+        // Per-GPU values with the flags repeated pair in order too.
+        let a = multi(&[
+            "--gpu", "0", "--memory", "1Gi", "--gpu", "1", "--memory", "3Gi",
+        ]);
+        let mem: Vec<u64> = limits(&a).unwrap().iter().map(|g| g.memory).collect();
+        assert_eq!(mem, [1 << 30, 3 << 30]);
+    }
+
+    #[test]
+    fn bad_gpu_lists_are_refused_with_the_reason() {
+        let st = crate::status::tests::sample();
+        let e = limits(&multi(&["--gpu", "0,1", "--memory", "1Gi,2Gi,3Gi"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--memory has 3 values for 2 GPUs"), "{e}");
+        let e = limits(&multi(&[
+            "--gpu",
+            "0,1,1",
+            "--memory",
+            "1Gi",
+            "--compute",
+            "1%,2%",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--compute has 2 values for 3 GPUs"), "{e}");
+        let e = limits(&multi(&["--gpu", "0,", "--memory", "1Gi"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--gpu needs a GPU"), "{e}");
+        let e = limits(&multi(&["--gpu", "0,1", "--memory", "1Gi,2Gx"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad memory size \"2Gx\""), "{e}");
+        // The same GPU by index and by UUID.
+        let l = limits(&multi(&["--gpu", "0,GPU-a", "--memory", "1Gi"])).unwrap();
+        let e = resolve_gpus(&st, &l).unwrap_err().to_string();
+        assert!(e.contains("GPU 0 (GPU-a) is named twice"), "{e}");
+    }
+
+    #[test]
+    fn several_gpus_are_visible_in_allocation_order() {
+        let alloc = pb::Allocation {
+            id: "run-3".into(),
+            devices: ["GPU-b", "GPU-a"]
+                .iter()
+                .map(|u| pb::DeviceRequest {
+                    gpu_uuid: (*u).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let env: HashMap<_, _> = child_env(&alloc, "/h.so", None).into_iter().collect();
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-b,GPU-a");
     }
 
     #[test]
     fn a_bad_size_is_refused_before_contacting_the_manager() {
         let mut a = args(&["--", "true"]);
-        a.memory = "4Gx".into();
+        a.memory = vec!["4Gx".into()];
         a.socket.socket = "/nonexistent/socket".into();
         let e = run(&a).unwrap_err().to_string();
         assert!(e.contains("bad memory size \"4Gx\""), "{e}");
