@@ -14,9 +14,10 @@
 //! - [`core`]: the shared state and the allocation operations;
 //!   [`report`]: node status and metrics from it.
 //! - [`reaper`] (with [`procfs`]): host pids of the allocations' processes,
-//!   dead ones reclaimed; [`sampler`] (with [`backstop`]): samples, health
+//!   dead ones reclaimed; [`sampler`] (with [`enforce`]): samples, health
 //!   and NVML's view of GPU processes against the allocations they are
-//!   proven to be in ([`identity`], from `/proc`, never the state file).
+//!   proven to be in ([`identity`], from `/proc`, never the state file),
+//!   judged by the pure [`backstop`].
 //! - [`listeners`] (gRPC socket, [`metrics`] over HTTP), [`service`] (the
 //!   gRPC API) and [`daemon`] (start, serve, stop) put it together.
 //!
@@ -24,7 +25,8 @@
 //! crate; what every part shares is `tessera-contract`.
 //!
 //! Modules depend downwards only (no cycle): daemon → listeners →
-//! {service, metrics} → report → core; reaper and sampler → core; core →
+//! {service, metrics} → report → core; reaper, sampler → enforce → core
+//! (enforce → {backstop, identity}, both of which import nothing of it); core →
 //! {store, wire, arbiter} → alloc → {gpu, config}. The arbiter imports
 //! nothing of the manager (config holds its `ArbiterConfig`).
 
@@ -35,6 +37,7 @@ pub mod config;
 pub mod core;
 pub mod cuda_info;
 pub mod daemon;
+pub mod enforce;
 pub mod error;
 pub mod gpu;
 pub mod health;

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::backstop::{self, Backstop};
+use crate::backstop::Backstop;
 use crate::core::Core;
 use crate::gpu::GpuEvent;
 use crate::health::Change;
@@ -38,8 +38,8 @@ pub(crate) fn sample_once(core: &Core, backstop: &mut Backstop) {
     *core.samples.write() = samples;
 
     // Backstop: each GPU's processes against the allocations they are
-    // proven to be in (crate::backstop, crate::identity).
-    let confirmed = backstop::enforce(
+    // proven to be in (crate::enforce, crate::identity).
+    let confirmed = crate::enforce::run(
         core,
         &crate::identity::HostProc::host(),
         &driver_procs,

@@ -1,0 +1,172 @@
+//! One backstop pass over the node (called by the sampler): the allocations
+//! served, each GPU process proven in one of them or in none
+//! ([`crate::identity`]), judged by [`crate::backstop::check`], logged once
+//! and, with `backstopKill`, stopped ([`crate::backstop::stop`]). Kept apart
+//! from [`crate::backstop`] so that module stays pure and the module graph
+//! acyclic (this one depends on [`crate::core`]).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::backstop::{self, Backstop, Finding, Owner, Reason, check};
+use crate::core::Core;
+use crate::gpu::GpuProcess;
+use crate::identity::{self, Claim, FileId, ProcView};
+
+/// The claims of the allocations served, with their owners for log lines:
+/// (claim, "namespace/pod/container", limits by GPU UUID).
+type Served = Vec<(Claim, String, Vec<(String, u64)>)>;
+
+fn served(core: &Core) -> Served {
+    let mut out = Vec::new();
+    for l in core.live_list() {
+        let (Some(control), Some(state)) = (
+            FileId::of(&l.dir().join("control")),
+            FileId::of(&l.dir().join("state")),
+        ) else {
+            continue;
+        };
+        let rec = l.record();
+        let n = l.control().n_devices();
+        let limits = (0..n)
+            .map(|i| (l.control().uuid(i).to_owned(), l.control().memory_limit(i)))
+            .collect();
+        let who = if rec.pod.is_empty() {
+            String::new()
+        } else {
+            format!("{}/{}/{}", rec.namespace, rec.pod, rec.container)
+        };
+        out.push((
+            Claim {
+                alloc_id: rec.id,
+                control,
+                state,
+            },
+            who,
+            limits,
+        ));
+    }
+    out
+}
+
+/// One backstop pass over the processes the driver reported on each GPU
+/// (`driver_procs[i]` for `core.gpus[i]`, `None` when the query failed),
+/// taken at `sampled`. Returns the findings for status and metrics.
+pub(crate) fn run(
+    core: &Core,
+    view: &dyn ProcView,
+    driver_procs: &[Option<Vec<GpuProcess>>],
+    sampled: Instant,
+    state: &mut Backstop,
+) -> Vec<Finding> {
+    let served = served(core);
+    let claims: Vec<Claim> = served.iter().map(|(c, _, _)| c.clone()).collect();
+    let mut proofs: HashMap<u32, Option<usize>> = HashMap::new();
+    let mut findings = Vec::new();
+    for (g, procs) in core.gpus.iter().zip(driver_procs) {
+        let Some(procs) = procs else { continue };
+        let mut owners = HashMap::new();
+        let mut judged = Vec::new();
+        for p in procs {
+            // A process /proc cannot show (gone since the sample, or not
+            // visible from here) is judged by no one.
+            if !identity::visible(view, p.pid) {
+                continue;
+            }
+            judged.push(*p);
+            let proof = *proofs
+                .entry(p.pid)
+                .or_insert_with(|| identity::prove(view, p.pid, &claims).map(|(i, _)| i));
+            if let Some(i) = proof {
+                let limit = served[i]
+                    .2
+                    .iter()
+                    .find(|(u, _)| *u == g.uuid)
+                    .map(|(_, l)| *l);
+                owners.insert(
+                    p.pid,
+                    Owner {
+                        alloc_id: served[i].0.alloc_id.clone(),
+                        limit_on_gpu: limit,
+                    },
+                );
+            }
+        }
+        findings.extend(check(
+            &g.uuid,
+            &judged,
+            &owners,
+            core.config.backstop_slack_bytes,
+        ));
+    }
+    let (confirmed, new) = state.round(findings);
+    let who = |f: &Finding| {
+        f.alloc_id
+            .as_ref()
+            .and_then(|id| served.iter().find(|(c, _, _)| c.alloc_id == *id))
+            .map(|(_, w, _)| w.as_str())
+            .unwrap_or("")
+            .to_owned()
+    };
+    for f in &new {
+        tracing::warn!(
+            gpu = %f.gpu_uuid,
+            pid = f.pid,
+            used_bytes = f.used_bytes,
+            reason = f.reason.label(),
+            allocation = f.alloc_id.as_deref().unwrap_or(""),
+            pod = %who(f),
+            kill = core.config.backstop_kill,
+            "process escapes its GPU allocation"
+        );
+    }
+    if core.config.backstop_kill {
+        let own = std::process::id();
+        // GPUs Tessera shares: only there does a process outside every
+        // allocation take from tenants. On a GPU no allocation uses (a whole
+        // GPU handed out by another device plugin) it is reported, not stopped.
+        let shared: std::collections::HashSet<&str> = served
+            .iter()
+            .flat_map(|(_, _, limits)| limits.iter().map(|(u, _)| u.as_str()))
+            .collect();
+        for f in &confirmed {
+            if f.pid <= 1 || f.pid == own {
+                continue;
+            }
+            if f.reason == Reason::NoShim && !shared.contains(f.gpu_uuid.as_str()) {
+                continue;
+            }
+            let expect = f.alloc_id.clone();
+            let still_there = || {
+                core.gpus
+                    .iter()
+                    .find(|g| g.uuid == f.gpu_uuid)
+                    .and_then(|g| core.backend.processes(&g.uuid).ok())
+                    .is_some_and(|ps| ps.iter().any(|p| p.pid == f.pid))
+            };
+            let same = || {
+                identity::prove(view, f.pid, &claims).map(|(i, _)| claims[i].alloc_id.clone())
+                    == expect
+            };
+            match backstop::stop(f.pid, || still_there() && same()) {
+                Ok(true) => tracing::warn!(
+                    gpu = %f.gpu_uuid,
+                    pid = f.pid,
+                    reason = f.reason.label(),
+                    allocation = f.alloc_id.as_deref().unwrap_or(""),
+                    pod = %who(f),
+                    after_sample_ms = sampled.elapsed().as_secs_f64() * 1e3,
+                    "backstop stopped the process (SIGKILL)"
+                ),
+                Ok(false) => tracing::info!(
+                    pid = f.pid,
+                    "backstop left a process that changed since the sample"
+                ),
+                Err(e) => {
+                    tracing::warn!(pid = f.pid, error = %e, "backstop could not stop process")
+                }
+            }
+        }
+    }
+    confirmed
+}
