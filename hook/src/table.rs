@@ -308,6 +308,10 @@ symbols! {
         cuda fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult ["cuIpcGetMemHandle" @ 4010]: PFN_cuIpcGetMemHandle_v4010;
         cuda fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: CUmemAllocationHandleType, flags: c_ulonglong) -> CUresult
             ["cuMemExportToShareableHandle" @ 10020]: PFN_cuMemExportToShareableHandle_v10020;
+        cuda fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, kind: CUmemAllocationHandleType, flags: c_ulonglong) -> CUresult
+            ["cuMemPoolExportToShareableHandle" @ 11020]: PFN_cuMemPoolExportToShareableHandle_v11020;
+        cuda fn cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, kind: CUmemAllocationHandleType, flags: c_ulonglong) -> CUresult
+            ["cuMemPoolImportFromShareableHandle" @ 11020]: PFN_cuMemPoolImportFromShareableHandle_v11020;
         cuda fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult
             ["cuIpcOpenMemHandle" @ 4010]: PFN_cuIpcOpenMemHandle_v4010;
         cuda fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint) -> CUresult

@@ -354,3 +354,56 @@ pub unsafe fn cuMemImportFromShareableHandle(
     }
     r
 }
+
+/// A pool exported to other processes (its allocations are then shared
+/// with `cuMemPoolExportPointer`/`cuMemPoolImportPointer`): registered like
+/// any export. The pool's memory stays charged to this process's pool.
+pub unsafe fn cuMemPoolExportToShareableHandle(
+    handle_out: *mut c_void,
+    pool: CUmemoryPool,
+    kind: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemPoolExportToShareableHandle(
+        handle_out, pool, kind, flags
+    )));
+    let r = call_real!(cuMemPoolExportToShareableHandle(
+        handle_out, pool, kind, flags
+    ));
+    if r == OK
+        && !handle_out.is_null()
+        && let Some(key) = shareable_key(kind, handle_out, true)
+    {
+        register(g, &key);
+    }
+    r
+}
+
+/// Importing another process's pool: allowed only from the allocation's
+/// own exports (its memory is the exporter's, charged there).
+pub unsafe fn cuMemPoolImportFromShareableHandle(
+    pool_out: *mut CUmemoryPool,
+    handle: *mut c_void,
+    kind: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    let g = governed_or!(call_real!(cuMemPoolImportFromShareableHandle(
+        pool_out, handle, kind, flags
+    )));
+    let key = shareable_key(kind, handle, false);
+    match key {
+        Some(k) if exported_here(g, &k) => {
+            call_real!(cuMemPoolImportFromShareableHandle(
+                pool_out, handle, kind, flags
+            ))
+        }
+        _ => {
+            crate::log!(
+                Level::Warn,
+                "cuMemPoolImportFromShareableHandle: refused: not exported by a process of allocation {}",
+                g.files.control.alloc_id()
+            );
+            CUresult::CUDA_ERROR_NOT_PERMITTED
+        }
+    }
+}
