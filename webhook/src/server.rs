@@ -89,8 +89,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(15),
             max_connections: 128,
-            max_connections_per_peer: 16,
-            max_streams: 16,
+            max_connections_per_peer: 32,
+            max_streams: 32,
             max_body: MAX_BODY,
             memory_budget: PARSE_COST * MAX_BODY + (4 << 20),
         }
