@@ -196,25 +196,8 @@ fn poolbench() -> Result<PathBuf, String> {
     if out.is_file() {
         return Ok(out);
     }
-    let c = dir.join(format!(".poolbench-{}.c", std::process::id()));
-    std::fs::write(&c, src).map_err(|e| format!("{}: {e}", c.display()))?;
-    let tmp = dir.join(format!(".poolbench-{}", std::process::id()));
-    let lib = crate::paths::sim_lib_dir();
-    let o = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&tmp)
-        .arg(&c)
-        .arg(format!("-L{}", lib.dir.display()))
-        .arg("-lcuda")
-        .output()
-        .map_err(|e| format!("running cc: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "cc poolbench.c: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ));
-    }
-    std::fs::rename(&tmp, &out).map_err(|e| e.to_string())?;
+    let lib = format!("-L{}", crate::paths::sim_lib_dir().dir.display());
+    crate::cc::cc_text(src, &out, &["-O2", &lib, "-lcuda"])?;
     Ok(out)
 }
 
