@@ -233,10 +233,8 @@ fn real_images_load_launch_and_fail_cleanly() {
     assert!(memory() >= before + 4, "globals are charged to the device");
     let mut value = [0u8; 4];
     // SAFETY: 4 bytes of device memory at dptr, 4 host bytes.
-    assert_eq!(
-        unsafe { cuMemcpyDtoH_v2(value.as_mut_ptr().cast(), dptr, 4) },
-        OK
-    );
+    let rc = unsafe { cuMemcpyDtoH_v2(value.as_mut_ptr().cast(), dptr, 4) };
+    assert_eq!(rc, OK);
     assert_eq!(
         f32::from_le_bytes(value),
         2.0,
@@ -308,10 +306,8 @@ fn real_images_load_launch_and_fail_cleanly() {
     let fatbin = container(&[(2, 80, CUBIN), (2, 90, CUBIN), (1, 90, PTX)]);
     let mut m = std::ptr::null_mut();
     // SAFETY: valid out pointer, a whole container.
-    assert_eq!(
-        unsafe { cuModuleLoadFatBinary(&mut m, fatbin.as_ptr().cast()) },
-        OK
-    );
+    let rc = unsafe { cuModuleLoadFatBinary(&mut m, fatbin.as_ptr().cast()) };
+    assert_eq!(rc, OK);
     assert_eq!(function(m, "tessera_fill").0, OK);
     let wrapper = Wrapper {
         magic: 0x466243b1,
@@ -345,18 +341,14 @@ fn real_images_load_launch_and_fail_cleanly() {
     assert_eq!(rc, OK);
     let mut kernel = std::ptr::null_mut();
     // SAFETY: valid out pointer and C string.
-    assert_eq!(
-        unsafe { cuLibraryGetKernel(&mut kernel, lib, c"tessera_add".as_ptr()) },
-        OK
-    );
+    let rc = unsafe { cuLibraryGetKernel(&mut kernel, lib, c"tessera_add".as_ptr()) };
+    assert_eq!(rc, OK);
     // SAFETY: as above.
     let rc = unsafe { cuLibraryGetKernel(&mut kernel, lib, c"nope".as_ptr()) };
     assert_eq!(rc, CUresult::CUDA_ERROR_NOT_FOUND);
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { cuLibraryGetKernel(&mut kernel, lib, c"tessera_add".as_ptr()) },
-        OK
-    );
+    let rc = unsafe { cuLibraryGetKernel(&mut kernel, lib, c"tessera_add".as_ptr()) };
+    assert_eq!(rc, OK);
     let mut f = std::ptr::null_mut();
     // SAFETY: valid out pointer, a live kernel.
     assert_eq!(unsafe { cuKernelGetFunction(&mut f, kernel) }, OK);
@@ -381,10 +373,8 @@ fn real_images_load_launch_and_fail_cleanly() {
     let rc = unsafe { cuLibraryGetGlobal(&mut g, &mut n, lib, c"tessera_scale".as_ptr()) };
     assert_eq!((rc, n), (OK, 4));
     // SAFETY: 4 bytes each side.
-    assert_eq!(
-        unsafe { cuMemcpyDtoH_v2(value.as_mut_ptr().cast(), g, 4) },
-        OK
-    );
+    let rc = unsafe { cuMemcpyDtoH_v2(value.as_mut_ptr().cast(), g, 4) };
+    assert_eq!(rc, OK);
     assert_eq!(f32::from_le_bytes(value), 2.0);
 
     // ---- the simulated format still works, with its explicit durations ----
