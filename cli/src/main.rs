@@ -6,6 +6,7 @@ use clap::Parser;
 
 mod device_plugin_cmd;
 mod manager_cmd;
+mod resize_cmd;
 mod run_cmd;
 mod status_cmd;
 mod webhook_cmd;
@@ -48,6 +49,8 @@ enum Cmd {
     Top(tessera_client::top::TopArgs),
     /// Run a command under the shim with its own GPU slice, without Kubernetes.
     Run(tessera_client::run::RunArgs),
+    /// Change a running allocation's memory limits and compute shares.
+    Resize(tessera_client::resize::ResizeArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
     #[cfg(feature = "demo")]
     Demo(tessera_demo::DemoArgs),
@@ -89,6 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Status(args) => status_cmd::status_main(args)?,
         Cmd::Top(args) => status_cmd::top_main(args)?,
         Cmd::Run(args) => run_cmd::main(args)?,
+        Cmd::Resize(args) => resize_cmd::main(args)?,
         #[cfg(feature = "demo")]
         Cmd::Demo(args) => {
             let ok = tessera_demo::run(&args)?;

@@ -483,6 +483,15 @@ impl Manager for ManagerService {
         }))
     }
 
+    /// Not used by the device plugin yet: the double answers as a manager
+    /// without the call would.
+    async fn resize_allocation(
+        &self,
+        _req: Request<mgr::ResizeAllocationRequest>,
+    ) -> Result<Response<mgr::Allocation>, Status> {
+        Err(Status::unimplemented("the test manager does not resize"))
+    }
+
     async fn set_allocation_owner(
         &self,
         req: Request<mgr::SetAllocationOwnerRequest>,

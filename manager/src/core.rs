@@ -258,6 +258,138 @@ impl Core {
         Ok(self.allocation_pb(&live))
     }
 
+    /// ResizeAllocation: new memory limits and compute shares for some of
+    /// an allocation's GPUs, while its processes run. Checked as a create
+    /// would be (limits within the GPU, shares in 1..=100%, the GPU's
+    /// capacity beside every other allocation). A memory limit below what
+    /// the allocation holds on that GPU is refused with the figure: the
+    /// lowered limit is stored first and the holding read after (twice, 1 ms
+    /// apart), so a reservation racing the resize fits the new limit or
+    /// makes the resize fail (the old limit is put back), unless it read
+    /// the old limit and stalls for longer than that before landing.
+    pub fn resize(&self, req: &pb::ResizeAllocationRequest) -> Result<pb::Allocation, AllocError> {
+        let _w = self.writes.lock();
+        let live = self.allocation(&req.id).ok_or_else(|| {
+            AllocError::NotFound(format!("no allocation {}", alloc::clip(&req.id)))
+        })?;
+        let old = live.record();
+        if req.devices.is_empty() {
+            return Err(AllocError::Invalid(
+                "nothing to resize: name at least one GPU of the allocation".into(),
+            ));
+        }
+        let mut rec = old.clone();
+        for (i, d) in req.devices.iter().enumerate() {
+            let Some(k) = rec.devices.iter().position(|o| o.gpu_uuid == d.gpu_uuid) else {
+                return Err(AllocError::Invalid(format!(
+                    "device {i}: allocation {} has no GPU {}",
+                    rec.id,
+                    alloc::clip(&d.gpu_uuid)
+                )));
+            };
+            if req.devices[..i].iter().any(|o| o.gpu_uuid == d.gpu_uuid) {
+                return Err(AllocError::Invalid(format!(
+                    "device {i}: GPU {} listed twice",
+                    d.gpu_uuid
+                )));
+            }
+            if d.memory_limit_bytes != 0 {
+                rec.devices[k].memory_limit_bytes = d.memory_limit_bytes;
+            }
+            if d.compute_share_ppm != 0 {
+                rec.devices[k].compute_share_ppm = d.compute_share_ppm;
+            }
+        }
+        if rec.devices == old.devices {
+            return Ok(self.allocation_pb(&live));
+        }
+        // The same checks as a create of the resized allocation.
+        let as_create = pb::CreateAllocationRequest {
+            id: rec.id.clone(),
+            devices: rec
+                .devices
+                .iter()
+                .map(|d| pb::DeviceRequest {
+                    gpu_uuid: d.gpu_uuid.clone(),
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    compute_share_ppm: d.compute_share_ppm,
+                    slices: d.slices,
+                })
+                .collect(),
+            policy: alloc::policy_to_pb(rec.policy) as i32,
+            device_ids: vec![],
+            labels: Default::default(),
+        };
+        alloc::normalize(
+            &as_create,
+            rec.id.clone(),
+            &self.gpus,
+            rec.policy,
+            rec.created_unix_ms,
+        )?;
+        let others: Vec<AllocationRecord> = self
+            .live_list()
+            .iter()
+            .map(|l| l.record())
+            .filter(|r| r.id != rec.id)
+            .collect();
+        alloc::check_capacity(&rec, &self.gpus, others.iter())?;
+
+        let control = live.control();
+        let put_back = |upto: usize| {
+            for k in 0..upto {
+                let _ = control.set_memory_limit(k, old.devices[k].memory_limit_bytes);
+            }
+        };
+        // Lowered limits first, each checked against what is held after it
+        // is in force.
+        for (k, d) in rec.devices.iter().enumerate() {
+            if d.memory_limit_bytes >= old.devices[k].memory_limit_bytes {
+                continue;
+            }
+            control.set_memory_limit(k, d.memory_limit_bytes)?;
+            // A reservation that read the old limit just before the store
+            // can still land; read again after a moment to catch those.
+            let mut held = live.state().reserved(k);
+            if held <= d.memory_limit_bytes {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                held = live.state().reserved(k);
+            }
+            if held > d.memory_limit_bytes {
+                put_back(k + 1);
+                return Err(AllocError::Precondition(format!(
+                    "allocation {} holds {} ({held} bytes) on GPU {} (its device {k}); its \
+                     memory limit cannot go below that ({} asked): free memory first",
+                    rec.id,
+                    tessera_contract::units::format_bytes(held),
+                    d.gpu_uuid,
+                    tessera_contract::units::format_bytes(d.memory_limit_bytes)
+                )));
+            }
+        }
+        if let Err(e) = self.store.save(&rec) {
+            put_back(rec.devices.len());
+            return Err(e);
+        }
+        let mut crossed = false;
+        for (k, d) in rec.devices.iter().enumerate() {
+            control.set_memory_limit(k, d.memory_limit_bytes)?;
+            control.set_compute_share(k, d.compute_share_ppm)?;
+            crossed |= (d.compute_share_ppm >= 1_000_000)
+                != (old.devices[k].compute_share_ppm >= 1_000_000);
+        }
+        live.set_record(rec.clone());
+        // The arbiter follows share changes through the control file; a GPU
+        // that gains or loses its whole share enters or leaves arbitration.
+        if crossed {
+            self.arbitration.remove(&rec.id);
+            self.arbitration.add(&rec.id, live.clone());
+        }
+        tracing::info!(id = %rec.id, "allocation resized");
+        self.notify();
+        Ok(self.allocation_pb(&live))
+    }
+
     /// Loads every allocation on disk (manager restart).
     pub(crate) fn reload(&self) -> Result<(), ManagerError> {
         let loaded = self.store.load_all()?;

@@ -91,6 +91,16 @@ impl pb::manager_server::Manager for ManagerService {
             .map(Response::new)
     }
 
+    async fn resize_allocation(
+        &self,
+        req: Request<pb::ResizeAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let req = req.into_inner();
+        self.blocking(move |c| c.resize(&req))
+            .await
+            .map(Response::new)
+    }
+
     async fn get_node_status(
         &self,
         _req: Request<pb::NodeStatusRequest>,
