@@ -793,7 +793,94 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
         rows,
         notes,
     };
-    Ok(vec![shares, gate_cost()?])
+    Ok(vec![shares, no_arbiter(measure)?, gate_cost()?])
+}
+
+/// Two guaranteed 30% allocations on one GPU (1 ms kernels), measured for
+/// `measure` under an arbiter, with none (it shut down, which opens the
+/// gates, as the gate timeout does when one is killed), and under a new
+/// one: the figures `compute_arbiter_killed` leaves to the bench.
+fn no_arbiter(measure: Duration) -> Result<crate::bench::Table, String> {
+    use tessera_manager::arbiter::ArbiterConfig;
+    let node = SimNode::builder().devices(1).build();
+    let spec = AllocSpec::guaranteed(30);
+    let files: Vec<AllocFiles> = (0..2)
+        .map(|i| create_allocation(&node, 0, &format!("bench-no-arbiter-{i}"), spec))
+        .collect();
+    let add = |arbiter: &Arbiter| -> Result<(), String> {
+        for f in &files {
+            let opened = OpenFiles::open(&f.control, &f.state).map_err(|e| e.to_string())?;
+            arbiter
+                .add_allocation(std::sync::Arc::new(opened), 0)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let sc = Scenario::new(
+        "no arbiter",
+        vec![spec; 2],
+        Duration::from_millis(1),
+        measure,
+    );
+    let first = Arbiter::new(ArbiterConfig::default()).map_err(|e| e.to_string())?;
+    add(&first)?;
+    let seconds = 3.0 * (sc.warmup + measure).as_secs_f64() + 3.0;
+    let mut workloads: Vec<Workload> = files
+        .iter()
+        .map(|f| Workload::spawn(&node, f, 0, &sc, seconds))
+        .collect();
+    for w in &mut workloads {
+        if w.wait_line("ready", Duration::from_secs(20)).is_none() {
+            return Err(format!("workload {} did not start: {:?}", w.pid(), w.seen));
+        }
+    }
+    let pids: Vec<u32> = workloads.iter().map(Workload::pid).collect();
+    let phase = || {
+        std::thread::sleep(sc.warmup);
+        BusyMeter::start(&node, 0, pids.clone()).run_for(measure)
+    };
+    let governed = phase();
+    first.shutdown();
+    let free = phase();
+    let second = Arbiter::new(ArbiterConfig::default()).map_err(|e| e.to_string())?;
+    add(&second)?;
+    let rejoined = phase();
+    second.shutdown();
+    let failures: Vec<String> = workloads
+        .into_iter()
+        .filter_map(|w| w.finish(Duration::from_secs(30)).err())
+        .collect();
+    let rows = [
+        ("under an arbiter", governed, "each 30% +- 1 pp"),
+        ("no arbiter (gates open)", free, "GPU >= 90%"),
+        ("under a new arbiter", rejoined, "each 30% +- 1 pp"),
+    ]
+    .into_iter()
+    .map(|(name, (per, gpu), target)| {
+        vec![
+            name.to_string(),
+            per.iter()
+                .map(|p| format!("{p:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            format!("{gpu:.2}"),
+            target.to_string(),
+        ]
+    })
+    .collect();
+    let mut notes = vec![format!(
+        "Two guaranteed 30% allocations, one workload each (1 ms kernels), {} s per phase; achieved = ground truth.",
+        measure.as_secs_f64()
+    )];
+    notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
+    Ok(crate::bench::Table {
+        title: "Compute-time slices without an arbiter".into(),
+        columns: ["phase", "achieved % per allocation", "GPU busy %", "target"]
+            .map(String::from)
+            .to_vec(),
+        rows,
+        notes,
+    })
 }
 
 /// The GPU's idle time per hand-over, in µs, when the allocations kept it
