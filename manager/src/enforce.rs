@@ -1,7 +1,7 @@
 //! One backstop pass over the node (called by the sampler): the allocations
 //! served, each GPU process proven in one of them or in none
 //! ([`crate::identity`]), judged by [`crate::backstop::check`], logged once
-//! and, with `backstopKill`, stopped ([`crate::backstop::stop`]). Kept apart
+//! and, with `backstopKill`, stopped (`backstop::stop`). Kept apart
 //! from [`crate::backstop`] so that module stays pure and the module graph
 //! acyclic (this one depends on [`crate::core`]).
 
