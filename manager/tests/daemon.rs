@@ -128,18 +128,49 @@ async fn ids(socket: &Path) -> Vec<String> {
 }
 
 /// A child process that sleeps, and its identity as a slot records it.
+/// A process that really belongs to an allocation in the kernel's eyes: it has the
+/// allocation's state file mapped (what the backstop's identity proof reads from
+/// `/proc/<pid>/maps`), as the shim has in every governed process.
+fn mapper(state: &Path) -> (std::process::Child, ProcIdentity) {
+    let mut child = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import mmap, sys, time\n\
+             f = open(sys.argv[1], 'r+b')\n\
+             m = mmap.mmap(f.fileno(), 0)\n\
+             print('mapped', flush=True)\n\
+             time.sleep(60)\n",
+        )
+        .arg(state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "mapped", "the mapping helper did not start");
+    let id = identity_of(child.id());
+    (child, id)
+}
+
+fn identity_of(pid: u32) -> ProcIdentity {
+    let (_, start_time) = tessera_shm::process::stat_of(&pid.to_string()).unwrap();
+    ProcIdentity {
+        pid,
+        pidns: tessera_shm::process::pidns_of("self").unwrap(),
+        start_time,
+    }
+}
+
 fn sleeper() -> (std::process::Child, ProcIdentity) {
     let child = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let (_, start_time) = tessera_shm::process::stat_of(&pid.to_string()).unwrap();
-    let id = ProcIdentity {
-        pid,
-        pidns: tessera_shm::process::pidns_of("self").unwrap(),
-        start_time,
-    };
+    let id = identity_of(child.id());
     (child, id)
 }
 
@@ -295,12 +326,24 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         .into_inner()
         .allocations;
     assert_eq!(list.len(), 1, "failed requests leave nothing behind");
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("allocations"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert_eq!(leftovers, ["big"]);
+    // The allocations directory holds the one allocation and the store's own
+    // checksummed copies of the records (`.records/`), which hold its record only.
+    let names = |p: std::path::PathBuf| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let allocations = dir.path().join("allocations");
+    assert_eq!(names(allocations.clone()), [".records", "big"]);
+    let records = names(allocations.join(".records"));
+    assert!(
+        !records.is_empty() && records.iter().all(|r| r.starts_with("big")),
+        "records of failed requests left behind: {records:?}"
+    );
     m.stop().await;
 }
 
@@ -572,7 +615,11 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
             power_mw: 150_500,
         },
     );
-    let m = start(config(dir.path()), gpu.clone()).await;
+    // Killing off: this test watches what is reported, and keeps its processes.
+    let mut cfg = config(dir.path());
+    cfg.backstop_kill = false;
+    let cfg_slack = cfg.backstop_slack_bytes;
+    let m = start(cfg, gpu.clone()).await;
     let mut c = client::connect(&m.socket).await.unwrap();
     let a = c
         .create_allocation(request("a1", &u0, 4 * GI, 250_000))
@@ -580,7 +627,10 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
         .unwrap()
         .into_inner();
     let state = State::open(Path::new(&a.state_path), "a1").unwrap();
-    let (mut child, id) = sleeper();
+    let (mut child, id) = mapper(Path::new(&a.state_path));
+    // A live process on the GPU in no allocation (a pid that does not exist is
+    // not reported: the backstop judges only processes it can see).
+    let (mut stranger, _) = sleeper();
     let member = state.join(&id, &LocalLiveness::quick()).unwrap();
     state.reserve(member, 0, 2 * GI, 4 * GI).unwrap();
     assert!(state.reserve(member, 0, 3 * GI, 4 * GI).is_err());
@@ -593,7 +643,7 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
                 used_bytes: 2 * GI,
             },
             GpuProcess {
-                pid: 999_999,
+                pid: stranger.id(),
                 used_bytes: GI,
             },
         ],
@@ -671,13 +721,14 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
         Some(0.0)
     );
 
-    // Our process goes over its limit in the driver's view (it escaped the
-    // shim): reported, and not killed, since killing is off.
+    // Our process goes over its limit plus the per-process slack in the
+    // driver's view (it escaped the shim): reported, and not killed, since
+    // killing is off.
     gpu.set_processes(
         &u0,
         vec![GpuProcess {
             pid: child.id(),
-            used_bytes: 5 * GI,
+            used_bytes: 4 * GI + cfg_slack + 1,
         }],
     );
     let over = eventually(Duration::from_secs(5), async || {
@@ -696,6 +747,8 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
     );
     child.kill().unwrap();
     child.wait().unwrap();
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
     m.stop().await;
 }
 
@@ -707,6 +760,13 @@ async fn the_backstop_kills_only_when_told_to() {
     let mut cfg = config(dir.path());
     cfg.backstop_kill = true;
     let m = start(cfg, gpu.clone()).await;
+    // The GPU is shared (an allocation lives on it): a process in no allocation
+    // there is stopped. (On a GPU no allocation uses, it is only reported:
+    // tests/tests/attack_backstop.rs.)
+    let mut c = client::connect(&m.socket).await.unwrap();
+    c.create_allocation(request("a1", &u0, 4 * GI, 250_000))
+        .await
+        .unwrap();
     let mut stranger = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
