@@ -51,6 +51,10 @@ enum Cmd {
     Run(tessera_client::run::RunArgs),
     /// Change a running allocation's memory limits and compute shares.
     Resize(tessera_client::resize::ResizeArgs),
+    /// Pause an allocation: no GPU time; its launches and memory requests wait.
+    Pause(tessera_client::pause::PauseArgs),
+    /// Resume a paused allocation.
+    Resume(tessera_client::pause::PauseArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
     #[cfg(feature = "demo")]
     Demo(tessera_demo::DemoArgs),
@@ -93,6 +97,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Top(args) => status_cmd::top_main(args)?,
         Cmd::Run(args) => run_cmd::main(args)?,
         Cmd::Resize(args) => resize_cmd::main(args)?,
+        Cmd::Pause(args) => resize_cmd::pause_main(args, true)?,
+        Cmd::Resume(args) => resize_cmd::pause_main(args, false)?,
         #[cfg(feature = "demo")]
         Cmd::Demo(args) => {
             let ok = tessera_demo::run(&args)?;

@@ -1,11 +1,13 @@
 //! The client side of the manager: `tessera status`, `tessera top`,
-//! `tessera run` and `tessera resize`, with their flags, and the connection
-//! to the manager's socket ([`connect()`]). Each command is a function the `tessera` binary
-//! calls with its parsed arguments; rendering is pure and tested on its own.
+//! `tessera run`, `tessera resize` and `tessera pause`/`resume`, with
+//! their flags, and the connection to the manager's socket ([`connect()`]).
+//! Each command is a function the `tessera` binary calls with its parsed
+//! arguments; rendering is pure and tested on its own.
 //! The manager (the server) is not a dependency: only its API, in
 //! `tessera-proto`, and the shared contract.
 
 pub mod connect;
+pub mod pause;
 pub mod resize;
 pub mod run;
 pub mod status;

@@ -181,7 +181,15 @@ pub fn render(st: &pb::NodeStatus) -> String {
             rows.push(vec![
                 rec.id.clone(),
                 gpu_index(&d.gpu_uuid),
-                s(policy_str(rec.policy)),
+                if a.paused {
+                    format!(
+                        "{}, PAUSED {:.1}s",
+                        policy_str(rec.policy),
+                        a.paused_ns_total as f64 / 1e9
+                    )
+                } else {
+                    s(policy_str(rec.policy))
+                },
                 format!(
                     "{} / {}",
                     format_bytes(d.memory_used_bytes),
@@ -282,6 +290,8 @@ pub fn to_json(st: &pb::NodeStatus) -> Value {
         })).collect::<Vec<_>>(),
         "allocations": st.allocations.iter().map(|a| json!({
             "allocation": a.allocation.as_ref().map(alloc_json),
+            "paused": a.paused,
+            "paused_ns_total": a.paused_ns_total,
             "devices": a.devices.iter().map(|d| json!({
                 "gpu_uuid": d.gpu_uuid,
                 "memory_limit_bytes": d.memory_limit_bytes,
@@ -355,6 +365,8 @@ pub(crate) mod tests {
                     container_pid: 4242,
                     memory_used_bytes: vec![512 << 20],
                 }],
+                paused: false,
+                paused_ns_total: 0,
             }],
         }
     }
@@ -402,6 +414,20 @@ pub(crate) mod tests {
         st.allocations[0].devices[0].compute_achieved_ppm = 0;
         let t = render(&st);
         assert!(t.contains("- / 100%"), "{t}");
+    }
+
+    #[test]
+    fn a_paused_allocation_says_so_with_its_time() {
+        let mut st = sample();
+        assert!(!render(&st).contains("PAUSED"));
+        st.allocations[0].paused = true;
+        st.allocations[0].paused_ns_total = 2_500_000_000;
+        let t = render(&st);
+        let alloc = t.lines().find(|l| l.starts_with("run-1 ")).unwrap();
+        assert!(alloc.contains("burst, PAUSED 2.5s"), "{alloc}");
+        let v = to_json(&st);
+        assert_eq!(v["allocations"][0]["paused"], true);
+        assert_eq!(v["allocations"][0]["paused_ns_total"], 2_500_000_000u64);
     }
 
     #[test]

@@ -492,6 +492,20 @@ impl Manager for ManagerService {
         Err(Status::unimplemented("the test manager does not resize"))
     }
 
+    async fn pause_allocation(
+        &self,
+        _req: Request<mgr::PauseAllocationRequest>,
+    ) -> Result<Response<mgr::Allocation>, Status> {
+        Err(Status::unimplemented("the test manager does not pause"))
+    }
+
+    async fn resume_allocation(
+        &self,
+        _req: Request<mgr::PauseAllocationRequest>,
+    ) -> Result<Response<mgr::Allocation>, Status> {
+        Err(Status::unimplemented("the test manager does not pause"))
+    }
+
     async fn set_allocation_owner(
         &self,
         req: Request<mgr::SetAllocationOwnerRequest>,

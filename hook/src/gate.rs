@@ -7,8 +7,10 @@
 //! needs from CUDA: which allocation device the work goes to, and how to
 //! wait for the work this process submitted (`CudaDrain`: every context
 //! it made on that device, pushed and synchronised with the real driver).
-//! The hot path stays one atomic load of the grant word when the grant is
-//! held: no locks, no system calls, no logging.
+//! The hot path stays two atomic loads (the pause word, then the grant
+//! word) when the grant is held: no locks, no system calls, no logging.
+//! [`wait_while_paused`] is also where memory requests wait while the
+//! allocation is paused.
 
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -42,10 +44,28 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
     if gov.member() != Some(gate.member()) {
         return Ok(());
     }
+    // A paused allocation (`tessera pause`): the launch waits, it does not
+    // fail, until the manager resumes it. One more load of a word that
+    // changes only at pause and resume.
+    let control = &gov.files.control;
+    if control.paused() {
+        control.wait_while_paused();
+    }
     if let Some(dev) = gov.device_of_stream(stream) {
         gate.before_submit(dev);
     }
     Ok(())
+}
+
+/// Blocks the calling thread while the allocation is paused (`tessera
+/// pause`): memory requests wait here, as launches do in
+/// [`before_submit`], rather than fail.
+#[inline]
+pub fn wait_while_paused(gov: &Governed) {
+    let control = &gov.files.control;
+    if control.paused() {
+        control.wait_while_paused();
+    }
 }
 
 /// Called once a process has joined its allocation (at `cuInit`, and again

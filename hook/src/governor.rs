@@ -493,6 +493,7 @@ impl Governed {
     /// One reservation on `dev`, and once more after reclaiming the quota
     /// of dead processes. Counts the refusals in `tries`.
     fn try_quota(&self, dev: usize, bytes: u64, tries: &mut Tries) -> Result<(), Refused> {
+        crate::gate::wait_while_paused(self);
         let Some(m) = self.member() else {
             tries.refused_other = true;
             return Err(Refused::NoDevice(dev));

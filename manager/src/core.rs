@@ -390,6 +390,31 @@ impl Core {
         Ok(self.allocation_pb(&live))
     }
 
+    /// PauseAllocation (`pause` true) or ResumeAllocation: the pause word in
+    /// the control file, which the shim blocks on and the arbiter reads
+    /// (no grants while paused). Repeating either changes nothing.
+    pub fn set_paused(&self, id: &str, pause: bool) -> Result<pb::Allocation, AllocError> {
+        let _w = self.writes.lock();
+        let live = self
+            .allocation(id)
+            .ok_or_else(|| AllocError::NotFound(format!("no allocation {}", alloc::clip(id))))?;
+        let now = tessera_shm::sys::monotonic_ns();
+        let changed = if pause {
+            live.control().pause(now)?
+        } else {
+            live.control().resume(now)?
+        };
+        if changed {
+            tracing::info!(
+                id,
+                "allocation {}",
+                if pause { "paused" } else { "resumed" }
+            );
+            self.notify();
+        }
+        Ok(self.allocation_pb(&live))
+    }
+
     /// Loads every allocation on disk (manager restart).
     pub(crate) fn reload(&self) -> Result<(), ManagerError> {
         let loaded = self.store.load_all()?;

@@ -64,6 +64,9 @@ pub struct AllocMetrics {
     pub processes: u64,
     pub wait_seconds_total: f64,
     pub oom_refused_total: u64,
+    /// Paused by `tessera pause` now.
+    pub paused: bool,
+    pub paused_seconds_total: f64,
 }
 
 /// Everything one scrape shows.
@@ -147,6 +150,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "tessera_allocation_oom_refused_total",
         "counter",
         "Allocations refused because they would exceed the memory limit.",
+    ),
+    (
+        "tessera_allocation_paused",
+        "gauge",
+        "1 while the allocation is paused (tessera pause), else 0.",
+    ),
+    (
+        "tessera_allocation_paused_seconds_total",
+        "counter",
+        "Time the allocation has spent paused.",
     ),
 ];
 
@@ -294,8 +307,18 @@ pub fn render(s: &MetricsSnapshot) -> String {
         );
         add(
             "tessera_allocation_oom_refused_total",
-            l,
+            l.clone(),
             a.oom_refused_total as f64,
+        );
+        add(
+            "tessera_allocation_paused",
+            l.clone(),
+            if a.paused { 1.0 } else { 0.0 },
+        );
+        add(
+            "tessera_allocation_paused_seconds_total",
+            l,
+            a.paused_seconds_total,
         );
     }
     let mut out = String::new();
@@ -536,6 +559,8 @@ mod tests {
                 processes: 2,
                 wait_seconds_total: 1.5,
                 oom_refused_total: 7,
+                paused: true,
+                paused_seconds_total: 2.5,
             }],
         }
     }
@@ -589,6 +614,11 @@ mod tests {
         assert_eq!(
             sample(&text, "tessera_allocation_oom_refused_total", alloc),
             Some(7.0)
+        );
+        assert_eq!(sample(&text, "tessera_allocation_paused", alloc), Some(1.0));
+        assert_eq!(
+            sample(&text, "tessera_allocation_paused_seconds_total", alloc),
+            Some(2.5)
         );
         assert_eq!(
             sample(&text, "tessera_allocation_wait_seconds_total", alloc),

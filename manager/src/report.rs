@@ -47,10 +47,13 @@ impl Core {
                 memory_used_bytes: p.usage,
             })
             .collect();
+        let now = tessera_shm::sys::monotonic_ns();
         pb::AllocationStatus {
             allocation: Some(self.allocation_pb(live)),
             devices,
             processes,
+            paused: live.control().paused(),
+            paused_ns_total: live.control().paused_ns(now),
         }
     }
 
@@ -215,6 +218,8 @@ impl Core {
                     processes: a.processes.len() as u64,
                     wait_seconds_total: d.wait_ns_total as f64 / 1e9,
                     oom_refused_total: d.oom_refused_total,
+                    paused: a.paused,
+                    paused_seconds_total: a.paused_ns_total as f64 / 1e9,
                 });
             }
         }

@@ -101,6 +101,26 @@ impl pb::manager_server::Manager for ManagerService {
             .map(Response::new)
     }
 
+    async fn pause_allocation(
+        &self,
+        req: Request<pb::PauseAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let id = req.into_inner().id;
+        self.blocking(move |c| c.set_paused(&id, true))
+            .await
+            .map(Response::new)
+    }
+
+    async fn resume_allocation(
+        &self,
+        req: Request<pb::PauseAllocationRequest>,
+    ) -> Result<Response<pb::Allocation>, Status> {
+        let id = req.into_inner().id;
+        self.blocking(move |c| c.set_paused(&id, false))
+            .await
+            .map(Response::new)
+    }
+
     async fn get_node_status(
         &self,
         _req: Request<pb::NodeStatusRequest>,

@@ -358,6 +358,70 @@ impl Control {
             .load(Ordering::Acquire)
     }
 
+    /// Whether the manager holds the allocation paused.
+    #[inline]
+    pub fn paused(&self) -> bool {
+        self.map.header.paused.load(Ordering::Acquire) != 0
+    }
+
+    /// Blocks the calling thread while the allocation is paused (a futex
+    /// wait on the pause word; rechecked every second, so a lost wake-up
+    /// costs at most that). Returns at once when it is not paused.
+    pub fn wait_while_paused(&self) {
+        let word = &self.map.header.paused;
+        loop {
+            let v = word.load(Ordering::Acquire);
+            if v == 0 {
+                return;
+            }
+            crate::sys::futex_wait(word, v, 1_000_000_000);
+        }
+    }
+
+    /// Pauses the allocation at `now_ns` (CLOCK_MONOTONIC); false if it
+    /// already was.
+    pub fn pause(&self, now_ns: u64) -> Result<bool, ShmError> {
+        self.require_writable()?;
+        let h = &self.map.header;
+        if h.paused.load(Ordering::Acquire) != 0 {
+            return Ok(false);
+        }
+        h.paused_since_ns.store(now_ns.max(1), Ordering::Release);
+        h.paused.store(1, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Resumes the allocation at `now_ns` and wakes every thread blocked
+    /// on the pause; false if it was not paused.
+    pub fn resume(&self, now_ns: u64) -> Result<bool, ShmError> {
+        self.require_writable()?;
+        let h = &self.map.header;
+        if h.paused.load(Ordering::Acquire) == 0 {
+            return Ok(false);
+        }
+        let since = h.paused_since_ns.swap(0, Ordering::AcqRel);
+        if since != 0 {
+            h.paused_total_ns
+                .fetch_add(now_ns.saturating_sub(since), Ordering::AcqRel);
+        }
+        h.paused.store(0, Ordering::Release);
+        crate::sys::futex_wake_all(&h.paused);
+        Ok(true)
+    }
+
+    /// Nanoseconds the allocation has spent paused up to `now_ns`,
+    /// the current pause included.
+    pub fn paused_ns(&self, now_ns: u64) -> u64 {
+        let h = &self.map.header;
+        let since = h.paused_since_ns.load(Ordering::Acquire);
+        let total = h.paused_total_ns.load(Ordering::Acquire);
+        if since == 0 {
+            total
+        } else {
+            total + now_ns.saturating_sub(since)
+        }
+    }
+
     /// A snapshot of what the file says, as a spec.
     pub fn spec(&self) -> ControlSpec {
         ControlSpec {

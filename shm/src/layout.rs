@@ -66,7 +66,17 @@ pub struct ControlHeader {
     pub arbiter_heartbeat_ns: AtomicU64,
     /// How long a gate waits on a silent arbiter before running free.
     pub gate_timeout_ns: AtomicU64,
-    pub reserved: [u64; 4],
+    /// Futex word: 1 while the manager holds the allocation paused
+    /// (`tessera pause`), 0 otherwise. The shim blocks launches and memory
+    /// requests on it; woken on resume. Taken from what was reserved space
+    /// (zero in older files: not paused), so the layout and ABI stay.
+    pub paused: AtomicU32,
+    pub paused_pad: u32,
+    /// CLOCK_MONOTONIC ns when the current pause began (0: not paused).
+    pub paused_since_ns: AtomicU64,
+    /// Nanoseconds of pauses that have ended.
+    pub paused_total_ns: AtomicU64,
+    pub reserved: [u64; 1],
 }
 
 /// One GPU of an allocation, as the manager configured it.

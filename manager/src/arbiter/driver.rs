@@ -9,8 +9,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_shm::sys::{futex_wait, monotonic_ns, set_timer_slack};
 use tessera_shm::layout::{Owner, grant};
+use tessera_shm::sys::{futex_wait, monotonic_ns, set_timer_slack};
 use tessera_shm::{Liveness, LocalLiveness, Policy, ProcIdentity};
 
 use super::sched::{Action, ClientId, Event, Scheduler, View};
@@ -110,7 +110,9 @@ impl Member {
 
     /// Live processes blocked at the gate, through the cache.
     fn waiting(&mut self, now: u64) -> bool {
-        if self.settle_by.is_some() {
+        // A paused allocation (`tessera pause`) is never granted: its
+        // processes are held before the gate, so what waits there is stale.
+        if self.settle_by.is_some() || self.files.control().paused() {
             return false;
         }
         let state = self.files.state();
