@@ -11,14 +11,15 @@
 #
 # Usage: tests/frameworks/run-torch.sh [--install-only]
 # Environment: TORCH_VENV (default target/torch-venv), PYTHON (default python3),
-#              TORCH_SPEC (pip requirement, default `torch`), CARGO_PROFILE_DIR
+#              TORCH_SPEC (pip requirement, default `torch==2.15.0`), CARGO_PROFILE_DIR
 #              (default target/debug: where the built binaries are).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${TORCH_VENV:-$root/target/torch-venv}
 python=${PYTHON:-python3}
-spec=${TORCH_SPEC:-torch}
+# Pinned, so CI installs what was measured (the PyPI build targets CUDA 13.2).
+spec=${TORCH_SPEC:-torch==2.15.0}
 bin=${CARGO_PROFILE_DIR:-$root/target/debug}
 
 install() {
