@@ -26,6 +26,9 @@ pub struct ResizeArgs {
     /// New compute share: one value for every GPU, or one per GPU.
     #[arg(long, value_name = "PERCENT", value_delimiter = ',')]
     pub compute: Vec<String>,
+    /// New priority for burst time (higher first, -1000..=1000).
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i32>,
 }
 
 /// The request for `args`, given the allocation's GPUs (`alloc_gpus`, its
@@ -35,10 +38,17 @@ pub fn request(
     alloc_gpus: &[String],
     st: &pb::NodeStatus,
 ) -> Result<pb::ResizeAllocationRequest, CliError> {
-    if args.memory.is_empty() && args.compute.is_empty() {
+    if args.memory.is_empty() && args.compute.is_empty() && args.priority.is_none() {
         return Err(CliError::Usage(
-            "nothing to change: give --memory, --compute or both".into(),
+            "nothing to change: give --memory, --compute or --priority".into(),
         ));
+    }
+    if args.memory.is_empty() && args.compute.is_empty() {
+        return Ok(pb::ResizeAllocationRequest {
+            id: args.id.clone(),
+            devices: vec![],
+            priority: args.priority,
+        });
     }
     let uuids: Vec<String> = if args.gpu.is_empty() {
         alloc_gpus.to_vec()
@@ -100,6 +110,7 @@ pub fn request(
     Ok(pb::ResizeAllocationRequest {
         id: args.id.clone(),
         devices,
+        priority: args.priority,
     })
 }
 
@@ -117,7 +128,16 @@ pub fn summary(alloc: &pb::Allocation) -> String {
             )
         })
         .collect();
-    format!("{}: {}", alloc.id, gpus.join(", "))
+    if alloc.priority != 0 {
+        format!(
+            "{}: {}, priority {}",
+            alloc.id,
+            gpus.join(", "),
+            alloc.priority
+        )
+    } else {
+        format!("{}: {}", alloc.id, gpus.join(", "))
+    }
 }
 
 /// Runs `tessera resize`: prints the allocation's new limits.
@@ -206,6 +226,9 @@ mod tests {
         assert!(m.contains("--memory has 2 values for 1 GPUs"), "{m}");
         let m = e(&["--compute", "0%"]);
         assert!(m.contains("0%"), "{m}");
+        let r = request(&args(&["--priority", "-5"]), &one, &st).unwrap();
+        assert_eq!(r.priority, Some(-5));
+        assert!(r.devices.is_empty());
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct RunArgs {
     /// Compute policy: guaranteed (share is a cap) or burst (share is a floor).
     #[arg(long, value_name = "guaranteed|burst")]
     pub policy: Option<String>,
+    /// Priority for burst time: idle GPU time beyond the shares goes to the
+    /// highest priority first (-1000..=1000, default 0).
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i32>,
     /// The hook library to preload [default: what the manager hands out].
     #[arg(long, value_name = "PATH")]
     pub hook_library: Option<PathBuf>,
@@ -272,7 +276,22 @@ async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
     let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
     let req = request(args, &gpus, id)?;
     let alloc = c.create_allocation(req).await?.into_inner();
-    let result = run_child(args, &alloc, signals).await;
+    let result = match args.priority {
+        // Set once the allocation exists (ResizeAllocation), before the
+        // command starts.
+        Some(p) => match c
+            .resize_allocation(pb::ResizeAllocationRequest {
+                id: alloc.id.clone(),
+                devices: vec![],
+                priority: Some(p),
+            })
+            .await
+        {
+            Ok(_) => run_child(args, &alloc, signals).await,
+            Err(e) => Err(e.into()),
+        },
+        None => run_child(args, &alloc, signals).await,
+    };
     if let Err(e) = c
         .delete_allocation(pb::DeleteAllocationRequest {
             id: alloc.id.clone(),

@@ -181,14 +181,15 @@ pub fn render(st: &pb::NodeStatus) -> String {
             rows.push(vec![
                 rec.id.clone(),
                 gpu_index(&d.gpu_uuid),
-                if a.paused {
-                    format!(
-                        "{}, PAUSED {:.1}s",
-                        policy_str(rec.policy),
-                        a.paused_ns_total as f64 / 1e9
-                    )
-                } else {
-                    s(policy_str(rec.policy))
+                {
+                    let mut p = s(policy_str(rec.policy));
+                    if rec.priority != 0 {
+                        p.push_str(&format!(" p{}", rec.priority));
+                    }
+                    if a.paused {
+                        p.push_str(&format!(", PAUSED {:.1}s", a.paused_ns_total as f64 / 1e9));
+                    }
+                    p
                 },
                 format!(
                     "{} / {}",
@@ -240,6 +241,7 @@ fn alloc_json(a: &pb::Allocation) -> Value {
     json!({
         "id": a.id,
         "policy": policy_str(a.policy),
+        "priority": a.priority,
         "devices": a.devices.iter().map(|d| json!({
             "gpu_uuid": d.gpu_uuid,
             "memory_limit_bytes": d.memory_limit_bytes,
@@ -425,6 +427,11 @@ pub(crate) mod tests {
         let t = render(&st);
         let alloc = t.lines().find(|l| l.starts_with("run-1 ")).unwrap();
         assert!(alloc.contains("burst, PAUSED 2.5s"), "{alloc}");
+        st.allocations[0].allocation.as_mut().unwrap().priority = 5;
+        let t = render(&st);
+        let alloc = t.lines().find(|l| l.starts_with("run-1 ")).unwrap();
+        assert!(alloc.contains("burst p5, PAUSED 2.5s"), "{alloc}");
+        assert_eq!(to_json(&st)["allocations"][0]["allocation"]["priority"], 5);
         let v = to_json(&st);
         assert_eq!(v["allocations"][0]["paused"], true);
         assert_eq!(v["allocations"][0]["paused_ns_total"], 2_500_000_000u64);

@@ -273,10 +273,17 @@ impl Core {
             AllocError::NotFound(format!("no allocation {}", alloc::clip(&req.id)))
         })?;
         let old = live.record();
-        if req.devices.is_empty() {
+        if req.devices.is_empty() && req.priority.is_none() {
             return Err(AllocError::Invalid(
-                "nothing to resize: name at least one GPU of the allocation".into(),
+                "nothing to resize: name at least one GPU of the allocation, or a priority".into(),
             ));
+        }
+        if let Some(p) = req.priority
+            && !(-1000..=1000).contains(&p)
+        {
+            return Err(AllocError::Invalid(format!(
+                "priority {p} is not in -1000..=1000"
+            )));
         }
         let mut rec = old.clone();
         for (i, d) in req.devices.iter().enumerate() {
@@ -301,6 +308,13 @@ impl Core {
             }
         }
         if rec.devices == old.devices {
+            if let Some(p) = req.priority
+                && p != live.control().priority()
+            {
+                live.control().set_priority(p)?;
+                tracing::info!(id = %rec.id, priority = p, "allocation priority changed");
+                self.notify();
+            }
             return Ok(self.allocation_pb(&live));
         }
         // The same checks as a create of the resized allocation.
@@ -379,6 +393,9 @@ impl Core {
                 != (old.devices[k].compute_share_ppm >= 1_000_000);
         }
         live.set_record(rec.clone());
+        if let Some(p) = req.priority {
+            control.set_priority(p)?;
+        }
         // The arbiter follows share changes through the control file; a GPU
         // that gains or loses its whole share enters or leaves arbitration.
         if crossed {

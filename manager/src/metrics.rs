@@ -64,6 +64,8 @@ pub struct AllocMetrics {
     pub processes: u64,
     pub wait_seconds_total: f64,
     pub oom_refused_total: u64,
+    /// Priority for burst time.
+    pub priority: i32,
     /// Paused by `tessera pause` now.
     pub paused: bool,
     pub paused_seconds_total: f64,
@@ -150,6 +152,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "tessera_allocation_oom_refused_total",
         "counter",
         "Allocations refused because they would exceed the memory limit.",
+    ),
+    (
+        "tessera_allocation_priority",
+        "gauge",
+        "Priority for burst time (higher first; 0 by default).",
     ),
     (
         "tessera_allocation_paused",
@@ -309,6 +316,11 @@ pub fn render(s: &MetricsSnapshot) -> String {
             "tessera_allocation_oom_refused_total",
             l.clone(),
             a.oom_refused_total as f64,
+        );
+        add(
+            "tessera_allocation_priority",
+            l.clone(),
+            f64::from(a.priority),
         );
         add(
             "tessera_allocation_paused",
@@ -559,6 +571,7 @@ mod tests {
                 processes: 2,
                 wait_seconds_total: 1.5,
                 oom_refused_total: 7,
+                priority: -2,
                 paused: true,
                 paused_seconds_total: 2.5,
             }],
@@ -616,6 +629,10 @@ mod tests {
             Some(7.0)
         );
         assert_eq!(sample(&text, "tessera_allocation_paused", alloc), Some(1.0));
+        assert_eq!(
+            sample(&text, "tessera_allocation_priority", alloc),
+            Some(-2.0)
+        );
         assert_eq!(
             sample(&text, "tessera_allocation_paused_seconds_total", alloc),
             Some(2.5)

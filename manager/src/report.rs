@@ -218,6 +218,7 @@ impl Core {
                     processes: a.processes.len() as u64,
                     wait_seconds_total: d.wait_ns_total as f64 / 1e9,
                     oom_refused_total: d.oom_refused_total,
+                    priority: rec.priority,
                     paused: a.paused,
                     paused_seconds_total: a.paused_ns_total as f64 / 1e9,
                 });

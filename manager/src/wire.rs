@@ -46,6 +46,7 @@ pub fn allocation(live: &LiveAllocation, hook_library: &Path) -> pb::Allocation 
             })
             .collect(),
         policy: alloc::policy_to_pb(rec.policy) as i32,
+        priority: live.control().priority(),
         device_ids: rec.device_ids.clone(),
         labels: rec.labels.clone().into_iter().collect(),
         control_path: control.display().to_string(),

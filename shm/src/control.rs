@@ -358,6 +358,18 @@ impl Control {
             .load(Ordering::Acquire)
     }
 
+    /// The allocation's priority for burst time (higher first).
+    pub fn priority(&self) -> i32 {
+        self.map.header.priority.load(Ordering::Acquire)
+    }
+
+    /// Changes the priority in place (the arbiter picks it up).
+    pub fn set_priority(&self, priority: i32) -> Result<(), ShmError> {
+        self.require_writable()?;
+        self.map.header.priority.store(priority, Ordering::Release);
+        Ok(())
+    }
+
     /// Whether the manager holds the allocation paused.
     #[inline]
     pub fn paused(&self) -> bool {

@@ -7,7 +7,7 @@
 //! identity strings) are written once, before the file is published by a
 //! rename, and never again.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
 /// Most GPUs one allocation can span.
 pub const MAX_DEVICES: usize = 16;
@@ -76,7 +76,10 @@ pub struct ControlHeader {
     pub paused_since_ns: AtomicU64,
     /// Nanoseconds of pauses that have ended.
     pub paused_total_ns: AtomicU64,
-    pub reserved: [u64; 1],
+    /// The allocation's priority for burst time (higher first; 0 by
+    /// default), read by the arbiter. Also from what was reserved space.
+    pub priority: AtomicI32,
+    pub priority_pad: u32,
 }
 
 /// One GPU of an allocation, as the manager configured it.

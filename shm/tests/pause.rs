@@ -27,8 +27,21 @@ fn the_pause_words_take_reserved_space_only() {
     assert_eq!(offset_of!(ControlHeader, paused), 112);
     assert_eq!(offset_of!(ControlHeader, paused_since_ns), 120);
     assert_eq!(offset_of!(ControlHeader, paused_total_ns), 128);
+    assert_eq!(offset_of!(ControlHeader, priority), 136);
     assert_eq!(offset_of!(ControlFile, devices), 192);
     assert_eq!(size_of::<ControlFile>(), 2240);
+}
+
+#[test]
+fn the_priority_is_the_managers_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, _s) = create_allocation_files(dir.path(), &spec()).unwrap();
+    let ro = Control::open(&c).unwrap();
+    let rw = Control::open_rw(&c).unwrap();
+    assert_eq!(ro.priority(), 0);
+    assert!(matches!(ro.set_priority(5), Err(ShmError::ReadOnly(_))));
+    rw.set_priority(-3).unwrap();
+    assert_eq!(ro.priority(), -3);
 }
 
 #[test]

@@ -72,6 +72,7 @@ fn resize_api(
             compute_share_ppm: ppm,
             slices: 0,
         }],
+        priority: None,
     };
     with_client(socket, async |c| c.resize_allocation(req).await).map(|r| r.into_inner())
 }
@@ -205,5 +206,27 @@ fn a_share_moves_in_and_out_of_arbitration() {
     // Back to the whole GPU: out of arbitration, the gate open at once.
     resize_api(&m.socket, "whole", &uuid, 0, 1_000_000).unwrap();
     assert!(open(), "the gate is not open after going back to 100%");
+
+    // A priority, through the CLI, alone: in the control file (the
+    // arbiter's), the status and the metrics; limits unchanged.
+    resize_cli(&m.socket, &["whole", "--priority", "-7"]).unwrap();
+    assert_eq!(control.priority(), -7);
+    let st = node_status(&m.socket);
+    let al = st.allocations[0].allocation.as_ref().unwrap();
+    assert_eq!(al.priority, -7);
+    assert_eq!(al.devices[0].memory_limit_bytes, GI);
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert_eq!(
+        e.get("tessera_allocation_priority", &[("allocation", "whole")]),
+        Some(-7.0)
+    );
+    let bad = pb::ResizeAllocationRequest {
+        id: "whole".into(),
+        devices: vec![],
+        priority: Some(5000),
+    };
+    let e = with_client(&m.socket, async |c| c.resize_allocation(bad).await).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(control.priority(), -7);
     m.stop();
 }

@@ -86,6 +86,8 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
         "2Gi,1Gi",
         "--compute",
         "50%,30%",
+        "--priority",
+        "4",
         "--",
         &probe,
     ]
@@ -161,6 +163,7 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
         [(uuid(1), 2 * GI, 500_000), (uuid(0), GI, 300_000)],
         "{alloc:?}"
     );
+    assert_eq!(alloc.priority, 4, "tessera run --priority");
     let used_of = |u: &str| {
         a.devices
             .iter()

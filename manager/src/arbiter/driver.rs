@@ -390,6 +390,7 @@ impl Driver {
             undrained_seen: now,
         };
         self.sched.add(id, share, policy);
+        self.sched.set_priority(id, control.priority());
         self.members.push(member);
         lock(&self.shared).members.insert(
             id,
@@ -461,6 +462,7 @@ impl Driver {
                 let c = m.files.control();
                 let (share, policy) = (c.compute_share_ppm(m.dev), c.policy(m.dev));
                 self.sched.set_params(m.id, share, policy);
+                self.sched.set_priority(m.id, c.priority());
                 if let Some(s) = shared.members.get_mut(&m.id) {
                     s.target_ppm = share;
                     s.policy = policy;

@@ -22,6 +22,15 @@
 //! - **`burst` is a floor.** No arrival time: when no one else has work a
 //!   burst holder keeps the GPU (its quantum is renewed without a
 //!   hand-over); when others do, fair queueing gives it at least its share.
+//! - **Priority hands out burst time.** Each client has a priority (0 by
+//!   default). While every client that could run has the same priority the
+//!   decision is the one above. When they differ, clients still owed their
+//!   share go first (a guaranteed client within its cap; a burst client
+//!   whose *floor arrival time*, a GCRA at its share like the cap's, has
+//!   come), by least virtual time; only when none is owed does the time
+//!   left over, the burst time, go to the highest priority with work (ties
+//!   by least virtual time). So a share stays a floor (and a cap) whatever
+//!   the priorities, and priorities decide only who gets what is beyond.
 //! - **Early release.** A holder that has launched nothing for
 //!   `idle_release` gives the GPU back when anyone else has work, or at once
 //!   when it is `guaranteed` (it would be charged for idling).
@@ -129,6 +138,12 @@ struct Client {
     vtime: u128,
     /// `guaranteed`: not grantable before this time.
     tat: u64,
+    /// Higher first for burst time (see the module's algorithm).
+    priority: i32,
+    /// The same arrival time kept for every policy: at or past it, the
+    /// client has had no more than its share (it is owed); before it, it
+    /// is running on burst time.
+    floor_tat: u64,
     /// Had work at the last look: a process waiting at its gate, or the
     /// grace after a revocation (below). Idle time before becoming active
     /// is not banked.
@@ -157,12 +172,33 @@ impl Client {
         // kept from it by others (or the arbiter's own delay): it keeps
         // what it is owed, within `catch_up`. Without work at its arrival
         // time it is owed nothing: time not used is not banked.
-        let base = if self.active_since <= self.tat {
-            self.tat.max(start.saturating_sub(catch_up))
+        Self::arrival(
+            self.tat,
+            self.active_since,
+            start,
+            catch_up,
+            self.vcost(held),
+        )
+    }
+
+    /// [`Self::tat_after`] for the floor arrival time.
+    fn floor_tat_after(&self, start: u64, held: u64, catch_up: u64) -> u64 {
+        Self::arrival(
+            self.floor_tat,
+            self.active_since,
+            start,
+            catch_up,
+            self.vcost(held),
+        )
+    }
+
+    fn arrival(tat: u64, active_since: u64, start: u64, catch_up: u64, vcost: u128) -> u64 {
+        let base = if active_since <= tat {
+            tat.max(start.saturating_sub(catch_up))
         } else {
-            start.max(self.tat)
+            start.max(tat)
         };
-        let cost = u64::try_from(self.vcost(held)).unwrap_or(u64::MAX);
+        let cost = u64::try_from(vcost).unwrap_or(u64::MAX);
         base.saturating_add(cost)
     }
 }
@@ -225,6 +261,8 @@ impl Scheduler {
             policy,
             vtime: self.vclock,
             tat: 0,
+            priority: 0,
+            floor_tat: 0,
             active: false,
             waiting: false,
             active_since: 0,
@@ -251,6 +289,13 @@ impl Scheduler {
         if let Some(c) = self.find_mut(id) {
             c.share_ppm = share_ppm.max(1);
             c.policy = policy;
+        }
+    }
+
+    /// Changes a client's priority for burst time; from now on.
+    pub fn set_priority(&mut self, id: ClientId, priority: i32) {
+        if let Some(c) = self.find_mut(id) {
+            c.priority = priority;
         }
     }
 
@@ -445,6 +490,7 @@ impl Scheduler {
             if c.policy == Policy::Guaranteed {
                 c.tat = c.tat_after(start, held, catch_up);
             }
+            c.floor_tat = c.floor_tat_after(start, held, catch_up);
         }
         self.events.push(Event::Charged { id, start, end });
     }
@@ -480,28 +526,41 @@ impl Scheduler {
     /// `holder`: the current holder and its grant start, judged as if
     /// charged up to `now` (for renewal).
     fn pick(&self, now: u64, holder: Option<(ClientId, u64)>) -> Option<ClientId> {
-        let mut best: Option<(u128, u64, ClientId)> = None;
+        // (owed, priority, vtime, last grant, id) of each client that may run.
+        let mut cands: Vec<(bool, i32, u128, u64, ClientId)> = Vec::new();
         for c in &self.clients {
-            let (vtime, tat) = match holder {
+            let (vtime, tat, floor_tat) = match holder {
                 Some((h, start)) if h == c.id => {
                     let held = now.saturating_sub(start);
                     (
                         c.vtime + c.vcost(held),
                         c.tat_after(start, held, self.cfg.catch_up_ns),
+                        c.floor_tat_after(start, held, self.cfg.catch_up_ns),
                     )
                 }
                 _ if !c.waiting => continue,
-                _ => (c.vtime, c.tat),
+                _ => (c.vtime, c.tat, c.floor_tat),
             };
             if c.policy == Policy::Guaranteed && now < tat {
                 continue;
             }
-            let key = (vtime, c.last_grant, c.id);
-            if best.is_none_or(|b| key < b) {
-                best = Some(key);
-            }
+            let owed = c.policy == Policy::Guaranteed || now >= floor_tat;
+            cands.push((owed, c.priority, vtime, c.last_grant, c.id));
         }
-        best.map(|(_, _, id)| id)
+        let first = cands.first()?.1;
+        let key = |c: &(bool, i32, u128, u64, ClientId)| (c.2, c.3, c.4);
+        if cands.iter().all(|c| c.1 == first) {
+            // One priority: weighted fair queueing alone.
+            return cands.iter().min_by_key(|c| key(c)).map(|c| c.4);
+        }
+        if let Some(c) = cands.iter().filter(|c| c.0).min_by_key(|c| key(c)) {
+            return Some(c.4);
+        }
+        // No one is owed: burst time, to the highest priority first.
+        cands
+            .iter()
+            .min_by_key(|c| (std::cmp::Reverse(c.1), key(c)))
+            .map(|c| c.4)
     }
 
     /// When the first capped client with work becomes grantable.
@@ -941,6 +1000,95 @@ mod tests {
         near("guaranteed", w.busy(1, 2 * S, 11 * S), 30.0, 1.0);
         let burst = w.busy(2, 2 * S, 11 * S);
         assert!(burst >= 67.0, "burst got {burst:.2}%");
+    }
+
+    /// Three burst clients always busy: shares 20/20/20 %, 40 % of the GPU
+    /// unallocated. With one priority the spare time splits by share; with
+    /// client 2 above the others it takes all of it, while clients 1 and 3
+    /// keep their 20 % floors.
+    #[test]
+    fn burst_time_goes_to_the_higher_priority_and_floors_hold() {
+        let three = || {
+            World::new(
+                cfg(),
+                vec![
+                    (client(1, MS, 2), 200_000, Policy::Burst),
+                    (client(2, MS, 2), 200_000, Policy::Burst),
+                    (client(3, MS, 2), 200_000, Policy::Burst),
+                ],
+            )
+        };
+        let mut even = three();
+        even.run_until(11 * S);
+        for id in 1..=3 {
+            near("one priority", even.busy(id, 2 * S, 11 * S), 33.3, 1.5);
+        }
+        let mut w = three();
+        w.sched.set_priority(2, 10);
+        w.run_until(11 * S);
+        near("high priority", w.busy(2, 2 * S, 11 * S), 60.0, 1.5);
+        near("floor 1", w.busy(1, 2 * S, 11 * S), 20.0, 1.5);
+        near("floor 3", w.busy(3, 2 * S, 11 * S), 20.0, 1.5);
+        assert!(w.total_busy(2 * S, 11 * S) >= 98.0, "the GPU idled");
+    }
+
+    /// Priorities rank: the spare time goes to the highest priority with
+    /// work; when it has none, to the next; a guaranteed client stays at
+    /// exactly its share whatever its priority, above or below the others.
+    #[test]
+    fn priorities_rank_and_guaranteed_shares_stay_guaranteed() {
+        let mut top = client(3, MS, 2);
+        top.until = 6 * S;
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 300_000, Policy::Guaranteed),
+                (client(2, MS, 2), 100_000, Policy::Burst),
+                (top, 100_000, Policy::Burst),
+            ],
+        );
+        w.sched.set_priority(1, 100); // a cap is a cap: no burst time
+        w.sched.set_priority(2, 1);
+        w.sched.set_priority(3, 5);
+        w.run_until(12 * S);
+        near(
+            "guaranteed, top priority",
+            w.busy(1, 2 * S, 6 * S),
+            30.0,
+            1.5,
+        );
+        near(
+            "priority 5 takes the rest",
+            w.busy(3, 2 * S, 6 * S),
+            60.0,
+            1.5,
+        );
+        near(
+            "priority 1 at its floor",
+            w.busy(2, 2 * S, 6 * S),
+            10.0,
+            1.5,
+        );
+        // Client 3 leaves: the spare time moves down to client 2.
+        near("guaranteed after", w.busy(1, 7 * S, 12 * S), 30.0, 1.5);
+        near("priority 1 after", w.busy(2, 7 * S, 12 * S), 70.0, 1.5);
+        // The guaranteed client below the burst ones keeps its 30 % too.
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (client(1, MS, 2), 300_000, Policy::Guaranteed),
+                (client(2, MS, 2), 100_000, Policy::Burst),
+            ],
+        );
+        w.sched.set_priority(2, 7);
+        w.run_until(11 * S);
+        near(
+            "guaranteed, low priority",
+            w.busy(1, 2 * S, 11 * S),
+            30.0,
+            1.5,
+        );
+        near("burst, high priority", w.busy(2, 2 * S, 11 * S), 70.0, 1.5);
     }
 
     #[test]
