@@ -237,10 +237,7 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
                 Policy::Burst => pb::ComputePolicy::Burst,
             } as i32,
             device_ids: vec![],
-            labels: HashMap::from([(
-                labels::SOURCE.to_owned(),
-                labels::SOURCE_DEMO.to_owned(),
-            )]),
+            labels: HashMap::from([(labels::SOURCE.to_owned(), labels::SOURCE_DEMO.to_owned())]),
         };
         let alloc = rt
             .block_on(client.create_allocation(req))

@@ -11,14 +11,14 @@ use tessera_shm::ShmError;
 
 use crate::log::Level;
 
+/// Env: paths of the allocation's control and state files; log level and file.
+pub use tessera_contract::env::{
+    CONTROL as ENV_CONTROL, LOG as ENV_LOG, LOG_FILE as ENV_LOG_FILE, STATE as ENV_STATE,
+};
 /// Control file (mounted read-only) and state file (read-write) of a
 /// container's allocation, where the device plugin mounts them.
 pub use tessera_contract::paths::{
     CONTAINER_CONTROL as DEFAULT_CONTROL, CONTAINER_STATE as DEFAULT_STATE,
-};
-/// Env: paths of the allocation's control and state files; log level and file.
-pub use tessera_contract::env::{
-    CONTROL as ENV_CONTROL, LOG as ENV_LOG, LOG_FILE as ENV_LOG_FILE, STATE as ENV_STATE,
 };
 
 /// The two files of the allocation a governed process belongs to.

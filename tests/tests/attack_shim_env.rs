@@ -137,7 +137,12 @@ fn logging_into_the_state_file_is_refused_and_the_allocation_keeps_working() {
     let mut c = sim.probe(Mode::Dlopen, true);
     c.args(["init", "ctx", "alloc 4096", "pid"]);
     let (o, _) = run_bounded(c);
-    assert!(raw(&o)[0].starts_with("ok init"), "{}{}", o.stdout, o.stderr);
+    assert!(
+        raw(&o)[0].starts_with("ok init"),
+        "{}{}",
+        o.stdout,
+        o.stderr
+    );
     assert!(raw(&o)[2].starts_with("ok alloc"), "{}", o.stdout);
 }
 

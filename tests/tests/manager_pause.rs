@@ -90,12 +90,7 @@ fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
         assert!(w.cmd("sync", T).ok);
     }
     let pid = w.pid();
-    let busy = || {
-        n.node()
-            .process(pid)
-            .expect("probe on the node")
-            .busy_ns[0]
-    };
+    let busy = || n.node().process(pid).expect("probe on the node").busy_ns[0];
     assert!(busy() >= 15_000_000, "the workload ran before the pause");
 
     // Paused: the next launch waits, the GPU does no work for it.
