@@ -189,6 +189,9 @@ pub fn render(st: &pb::NodeStatus) -> String {
                     if a.paused {
                         p.push_str(&format!(", PAUSED {:.1}s", a.paused_ns_total as f64 / 1e9));
                     }
+                    if !a.recovered.is_empty() {
+                        p.push_str(", RECOVERED");
+                    }
                     p
                 },
                 format!(
@@ -230,6 +233,14 @@ pub fn render(st: &pb::NodeStatus) -> String {
         }
     }
     out.push_str(&table(&rows));
+    // What RECOVERED means for each, in full.
+    for a in st.allocations.iter().filter(|a| !a.recovered.is_empty()) {
+        let id = a.allocation.as_ref().map_or("?", |r| r.id.as_str());
+        out.push_str(&format!(
+            "RECOVERED {id}: damaged files found at the manager's start: {}\n",
+            a.recovered
+        ));
+    }
     if procs.len() > 1 {
         out.push('\n');
         out.push_str(&table(&procs));
@@ -294,6 +305,7 @@ pub fn to_json(st: &pb::NodeStatus) -> Value {
             "allocation": a.allocation.as_ref().map(alloc_json),
             "paused": a.paused,
             "paused_ns_total": a.paused_ns_total,
+            "recovered": a.recovered,
             "devices": a.devices.iter().map(|d| json!({
                 "gpu_uuid": d.gpu_uuid,
                 "memory_limit_bytes": d.memory_limit_bytes,
@@ -369,6 +381,7 @@ pub(crate) mod tests {
                 }],
                 paused: false,
                 paused_ns_total: 0,
+                recovered: String::new(),
             }],
         }
     }
@@ -435,6 +448,24 @@ pub(crate) mod tests {
         let v = to_json(&st);
         assert_eq!(v["allocations"][0]["paused"], true);
         assert_eq!(v["allocations"][0]["paused_ns_total"], 2_500_000_000u64);
+    }
+
+    #[test]
+    fn a_recovered_allocation_is_marked_and_explained() {
+        let mut st = sample();
+        assert!(!render(&st).contains("RECOVERED"));
+        st.allocations[0].recovered = "state header restored".into();
+        let t = render(&st);
+        let alloc = t.lines().find(|l| l.starts_with("run-1 ")).unwrap();
+        assert!(alloc.contains("burst, RECOVERED"), "{alloc}");
+        assert!(
+            t.contains("RECOVERED run-1: damaged files found at the manager's start: state header restored\n"),
+            "{t}"
+        );
+        assert_eq!(
+            to_json(&st)["allocations"][0]["recovered"],
+            "state header restored"
+        );
     }
 
     #[test]

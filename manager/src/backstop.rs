@@ -126,6 +126,18 @@ pub fn check(
     out
 }
 
+/// One series of `tessera_backstop_stops_total`: the GPU, why, and whose
+/// process was stopped (empty owner for a process in no allocation).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StopKey {
+    pub gpu_uuid: String,
+    pub reason: Reason,
+    pub alloc_id: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
 /// What was reported in the last round, so each finding is logged once.
 #[derive(Debug, Default)]
 pub struct Backstop {

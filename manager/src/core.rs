@@ -13,13 +13,13 @@ use tessera_proto::manager::v1 as pb;
 
 use crate::alloc::{self, AllocError, AllocationRecord};
 use crate::arbiter::Arbitration;
-use crate::backstop::Finding;
+use crate::backstop::{Finding, StopKey};
 use crate::config::Config;
 use crate::error::ManagerError;
 use crate::gpu::{GpuBackend, GpuInfo, GpuSample};
 use crate::health::{GpuHealth, HealthPolicy};
 use crate::procfs::Resolver;
-use crate::store::{LiveAllocation, Store};
+use crate::store::{LiveAllocation, Recovery, Store};
 use crate::wire;
 
 pub(crate) fn now_unix_ms() -> i64 {
@@ -44,6 +44,11 @@ pub struct Core {
     pub(crate) writes: Mutex<()>,
     pub(crate) store: Store,
     pub(crate) findings: Mutex<Vec<Finding>>,
+    /// Processes the backstop stopped since start (`tessera_backstop_stops_total`).
+    pub(crate) backstop_stops: Mutex<BTreeMap<StopKey, u64>>,
+    /// Allocations found damaged at start-up and repaired, by id, until
+    /// deleted (status `recovered`, `tessera_allocation_recovered`).
+    pub(crate) recovered: Mutex<BTreeMap<String, Recovery>>,
     pub(crate) arbitration: Arc<dyn Arbitration>,
     pub(crate) changes: tokio::sync::watch::Sender<u64>,
     pub(crate) stop: AtomicBool,
@@ -83,6 +88,8 @@ impl Core {
             writes: Mutex::new(()),
             store,
             findings: Mutex::new(Vec::new()),
+            backstop_stops: Mutex::new(BTreeMap::new()),
+            recovered: Mutex::new(BTreeMap::new()),
             arbitration,
             changes,
             stop: AtomicBool::new(false),
@@ -207,6 +214,7 @@ impl Core {
         let doomed = self.store.retire(id)?;
         self.allocs.write().remove(id);
         self.arbitration.remove(id);
+        self.recovered.lock().remove(id);
         let procs = live.state().processes(live.control().n_devices()).len();
         drop(live);
         if let Err(e) = self.store.purge(&doomed) {
@@ -443,8 +451,13 @@ impl Core {
                 "allocation directory unreadable and nothing to rebuild it from; moved aside"
             );
         }
-        for (id, how) in &loaded.recovered {
+        for (id, how, source) in &loaded.recovered {
             tracing::error!(allocation = %id, %how, "allocation record damaged; recovered");
+            self.recovered
+                .lock()
+                .entry(id.clone())
+                .or_default()
+                .add("record", format!("record recovered from {source}"));
         }
         for rec in loaded.records {
             let id = rec.id.clone();
@@ -466,6 +479,19 @@ impl Core {
                     repaired = %repaired.join(", "),
                     "allocation files damaged; repaired in place"
                 );
+                {
+                    let mut recovered = self.recovered.lock();
+                    let r = recovered.entry(id.clone()).or_default();
+                    for what in repaired {
+                        // The store names each file first ("control ...", "state ...").
+                        let part = if what.starts_with("control") {
+                            "control"
+                        } else {
+                            "state"
+                        };
+                        r.add(part, what);
+                    }
+                }
                 LiveAllocation::open(rec.clone(), dir.clone())
             });
             match opened.map(Arc::new) {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::backstop::{self, Backstop, Finding, Owner, Reason, check};
+use crate::backstop::{self, Backstop, Finding, Owner, Reason, StopKey, check};
 use crate::core::Core;
 use crate::gpu::GpuProcess;
 use crate::identity::{self, Claim, FileId, ProcView};
@@ -47,6 +47,25 @@ fn served(core: &Core) -> Served {
         ));
     }
     out
+}
+
+/// Counts a stop in `tessera_backstop_stops_total`, under the owner the
+/// manager's record names (not the tenant's files).
+fn count_stop(core: &Core, f: &Finding) {
+    let alloc_id = f.alloc_id.clone().unwrap_or_default();
+    let rec = core.allocs.read().get(&alloc_id).map(|l| l.record());
+    let (namespace, pod, container) = rec
+        .map(|r| (r.namespace, r.pod, r.container))
+        .unwrap_or_default();
+    let key = StopKey {
+        gpu_uuid: f.gpu_uuid.clone(),
+        reason: f.reason,
+        alloc_id,
+        namespace,
+        pod,
+        container,
+    };
+    *core.backstop_stops.lock().entry(key).or_insert(0) += 1;
 }
 
 /// One backstop pass over the processes the driver reported on each GPU
@@ -149,15 +168,18 @@ pub(crate) fn run(
                     == expect
             };
             match backstop::stop(f.pid, || still_there() && same()) {
-                Ok(true) => tracing::warn!(
-                    gpu = %f.gpu_uuid,
-                    pid = f.pid,
-                    reason = f.reason.label(),
-                    allocation = f.alloc_id.as_deref().unwrap_or(""),
-                    pod = %who(f),
-                    after_sample_ms = sampled.elapsed().as_secs_f64() * 1e3,
-                    "backstop stopped the process (SIGKILL)"
-                ),
+                Ok(true) => {
+                    tracing::warn!(
+                        gpu = %f.gpu_uuid,
+                        pid = f.pid,
+                        reason = f.reason.label(),
+                        allocation = f.alloc_id.as_deref().unwrap_or(""),
+                        pod = %who(f),
+                        after_sample_ms = sampled.elapsed().as_secs_f64() * 1e3,
+                        "backstop stopped the process (SIGKILL)"
+                    );
+                    count_stop(core, f);
+                }
                 Ok(false) => tracing::info!(
                     pid = f.pid,
                     "backstop left a process that changed since the sample"

@@ -71,12 +71,44 @@ pub struct AllocMetrics {
     pub paused_seconds_total: f64,
 }
 
+/// A GPU and, when known, the allocation and owner a series is about.
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    pub gpu_index: u32,
+    pub uuid: String,
+    pub model: String,
+    /// Empty for a process in no allocation.
+    pub allocation: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// An allocation found damaged at start-up and repaired, on one of its GPUs.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveredMetrics {
+    pub subject: Subject,
+    /// What was repaired: "record", "control", "state", joined by `+`.
+    pub repaired: String,
+}
+
+/// Processes the backstop stopped since the manager started.
+#[derive(Debug, Clone, Default)]
+pub struct StopMetrics {
+    pub subject: Subject,
+    /// `no_shim`, `other_gpu` or `over_limit`.
+    pub reason: &'static str,
+    pub stops: u64,
+}
+
 /// Everything one scrape shows.
 #[derive(Debug, Clone, Default)]
 pub struct MetricsSnapshot {
     pub hostname: String,
     pub gpus: Vec<GpuMetrics>,
     pub allocations: Vec<AllocMetrics>,
+    pub recovered: Vec<RecoveredMetrics>,
+    pub backstop_stops: Vec<StopMetrics>,
 }
 
 /// Every metric: name as exposed, type, help. The order is the exposition's.
@@ -167,6 +199,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "tessera_allocation_paused_seconds_total",
         "counter",
         "Time the allocation has spent paused.",
+    ),
+    (
+        "tessera_allocation_recovered",
+        "gauge",
+        "1 for an allocation whose files were found damaged at start-up and repaired, by what was repaired (record, control, state).",
+    ),
+    (
+        "tessera_backstop_stops_total",
+        "counter",
+        "Processes the backstop stopped (SIGKILL) since the manager started, by reason and owner.",
     ),
 ];
 
@@ -332,6 +374,28 @@ pub fn render(s: &MetricsSnapshot) -> String {
             l,
             a.paused_seconds_total,
         );
+    }
+    let who = |x: &Subject, idx: &str| -> Vec<(String, String)> {
+        labels(&[
+            ("gpu", idx),
+            ("UUID", x.uuid.as_str()),
+            ("modelName", x.model.as_str()),
+            ("Hostname", s.hostname.as_str()),
+            ("allocation", x.allocation.as_str()),
+            ("namespace", x.namespace.as_str()),
+            ("pod", x.pod.as_str()),
+            ("container", x.container.as_str()),
+        ])
+    };
+    for r in &s.recovered {
+        let mut l = who(&r.subject, &r.subject.gpu_index.to_string());
+        l.push(("repaired".into(), r.repaired.clone()));
+        add("tessera_allocation_recovered", l, 1.0);
+    }
+    for b in &s.backstop_stops {
+        let mut l = who(&b.subject, &b.subject.gpu_index.to_string());
+        l.push(("reason".into(), b.reason.into()));
+        add("tessera_backstop_stops_total", l, b.stops as f64);
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -575,6 +639,43 @@ mod tests {
                 paused: true,
                 paused_seconds_total: 2.5,
             }],
+            recovered: vec![RecoveredMetrics {
+                subject: Subject {
+                    gpu_index: 0,
+                    uuid: "GPU-a".into(),
+                    model: "Sim \"H100\"".into(),
+                    allocation: "a1".into(),
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                },
+                repaired: "record+state".into(),
+            }],
+            backstop_stops: vec![
+                StopMetrics {
+                    subject: Subject {
+                        gpu_index: 0,
+                        uuid: "GPU-a".into(),
+                        model: "Sim \"H100\"".into(),
+                        allocation: "a1".into(),
+                        namespace: "ns".into(),
+                        pod: "p".into(),
+                        container: "c".into(),
+                    },
+                    reason: "over_limit",
+                    stops: 3,
+                },
+                StopMetrics {
+                    subject: Subject {
+                        gpu_index: 0,
+                        uuid: "GPU-a".into(),
+                        model: "Sim \"H100\"".into(),
+                        ..Default::default()
+                    },
+                    reason: "no_shim",
+                    stops: 1,
+                },
+            ],
         }
     }
 
@@ -640,6 +741,21 @@ mod tests {
         assert_eq!(
             sample(&text, "tessera_allocation_wait_seconds_total", alloc),
             Some(1.5)
+        );
+        let recovered = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c",repaired="record+state"}"#;
+        assert_eq!(
+            sample(&text, "tessera_allocation_recovered", recovered),
+            Some(1.0)
+        );
+        let stops = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c",reason="over_limit"}"#;
+        assert_eq!(
+            sample(&text, "tessera_backstop_stops_total", stops),
+            Some(3.0)
+        );
+        let stray = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="",namespace="",pod="",container="",reason="no_shim"}"#;
+        assert_eq!(
+            sample(&text, "tessera_backstop_stops_total", stray),
+            Some(1.0)
         );
         // No arbiter: no achieved series, and so no family.
         assert!(!text.contains("tessera_allocation_compute_achieved_ratio"));

@@ -54,6 +54,12 @@ impl Core {
             processes,
             paused: live.control().paused(),
             paused_ns_total: live.control().paused_ns(now),
+            recovered: self
+                .recovered
+                .lock()
+                .get(&rec.id)
+                .map(|r| r.summary())
+                .unwrap_or_default(),
         }
     }
 
@@ -224,10 +230,64 @@ impl Core {
                 });
             }
         }
+        let subject = |uuid: &str| {
+            self.gpus
+                .iter()
+                .find(|g| g.uuid == uuid)
+                .map(|g| metrics::Subject {
+                    gpu_index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.name.clone(),
+                    ..Default::default()
+                })
+        };
+        let recovered_parts = self.recovered.lock().clone();
+        let mut recovered = Vec::new();
+        for a in &status.allocations {
+            let Some(rec) = &a.allocation else { continue };
+            let Some(r) = recovered_parts.get(&rec.id) else {
+                continue;
+            };
+            for d in &a.devices {
+                let Some(s) = subject(&d.gpu_uuid) else {
+                    continue;
+                };
+                recovered.push(metrics::RecoveredMetrics {
+                    subject: metrics::Subject {
+                        allocation: rec.id.clone(),
+                        namespace: rec.namespace.clone(),
+                        pod: rec.pod.clone(),
+                        container: rec.container.clone(),
+                        ..s
+                    },
+                    repaired: r.label(),
+                });
+            }
+        }
+        let backstop_stops = self
+            .backstop_stops
+            .lock()
+            .iter()
+            .filter_map(|(k, n)| {
+                Some(metrics::StopMetrics {
+                    subject: metrics::Subject {
+                        allocation: k.alloc_id.clone(),
+                        namespace: k.namespace.clone(),
+                        pod: k.pod.clone(),
+                        container: k.container.clone(),
+                        ..subject(&k.gpu_uuid)?
+                    },
+                    reason: k.reason.label(),
+                    stops: *n,
+                })
+            })
+            .collect();
         metrics::render(&MetricsSnapshot {
             hostname: status.hostname,
             gpus,
             allocations: alloc_rows,
+            recovered,
+            backstop_stops,
         })
     }
 }

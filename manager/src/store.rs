@@ -47,8 +47,39 @@ pub struct Loaded {
     pub records: Vec<AllocationRecord>,
     /// Directories moved aside (nothing left to rebuild them from).
     pub broken: Vec<Quarantined>,
-    /// Records that were damaged and recovered: (id, how).
-    pub recovered: Vec<(String, String)>,
+    /// Records that were damaged and recovered: (id, how, and where from:
+    /// "its checksummed copy" or "the control file").
+    pub recovered: Vec<(String, String, &'static str)>,
+}
+
+/// What start-up found damaged in one allocation and repaired, reported
+/// (status, metrics) until the allocation is deleted or the manager stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// What was repaired: "record", "control", "state", each once.
+    pub parts: Vec<&'static str>,
+    /// One line per repair, for status.
+    pub notes: Vec<String>,
+}
+
+impl Recovery {
+    /// Records one repair of `part`.
+    pub fn add(&mut self, part: &'static str, note: String) {
+        if !self.parts.contains(&part) {
+            self.parts.push(part);
+        }
+        self.notes.push(note);
+    }
+
+    /// The metric label: the parts joined by `+` ("record+state").
+    pub fn label(&self) -> String {
+        self.parts.join("+")
+    }
+
+    /// The status line: every repair, `; `-separated.
+    pub fn summary(&self) -> String {
+        self.notes.join("; ")
+    }
 }
 
 /// Where the checksummed copies of the records live, under the allocations
@@ -333,8 +364,12 @@ impl Store {
                 continue;
             }
             let read = self.read(&path).or_else(|first| {
-                let (rec, how) = match self.read_copy(&name) {
-                    Ok(rec) => (rec, "from its checksummed copy".to_owned()),
+                let (rec, how, source) = match self.read_copy(&name) {
+                    Ok(rec) => (
+                        rec,
+                        "from its checksummed copy".to_owned(),
+                        "its checksummed copy",
+                    ),
                     Err(second) => match self.rebuild_from_control(&path, &name) {
                         Ok(rec) => (
                             rec,
@@ -342,6 +377,7 @@ impl Store {
                                 "from the control file (policy guaranteed; device ids, \
                                  labels and owner lost; copy: {second})"
                             ),
+                            "the control file",
                         ),
                         Err(third) => return Err(format!("{first}; copy: {second}; {third}")),
                     },
@@ -350,7 +386,8 @@ impl Store {
                 if let Err(e) = self.write_record(&path, &rec) {
                     tracing::error!(allocation = %name, error = %e, "cannot rewrite a recovered record");
                 }
-                out.recovered.push((name.clone(), format!("{first}; recovered {how}")));
+                out.recovered
+                    .push((name.clone(), format!("{first}; recovered {how}"), source));
                 Ok(rec)
             });
             match read {
@@ -665,6 +702,7 @@ mod tests {
             "{:?}",
             loaded.recovered
         );
+        assert_eq!(loaded.recovered[0].2, "its checksummed copy");
         // Written back whole.
         assert_eq!(store.read(&store.alloc_dir("a1")).unwrap(), rec);
 
@@ -691,6 +729,7 @@ mod tests {
             "{:?}",
             loaded.recovered
         );
+        assert_eq!(loaded.recovered[0].2, "the control file");
     }
 
     #[test]

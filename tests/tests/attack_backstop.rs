@@ -5,7 +5,8 @@
 //! the kernel says (`manager/src/identity.rs`), never by the state file's words: the
 //! neighbour lives, the cheat is stopped within a second of the sample that shows it, and
 //! an honest tenant at its limit, with the driver's own per-context memory on top, is left
-//! alone. Figures are printed (`-- --nocapture`) and quoted in docs/security.md.
+//! alone. Every stop is counted in `tessera_backstop_stops_total`, labelled with the GPU,
+//! the reason and the owner the manager's record names. Figures are printed (`-- --nocapture`) and quoted in docs/security.md.
 
 mod manager_support;
 
@@ -65,6 +66,18 @@ fn create(socket: &std::path::Path, id: &str, uuid: &str, mem: u64) -> pb::Alloc
     with_client(socket, async |c| c.create_allocation(req).await)
         .expect("CreateAllocation")
         .into_inner()
+}
+
+/// The stops counted for the series whose labels include `want`, waiting up to 2 s for
+/// the count to reach `at_least` (the counter is bumped just after the kill).
+fn stops(m: &ManagerProc, want: &[(&str, &str)], at_least: f64) -> Option<f64> {
+    let mut last = None;
+    eventually(Duration::from_secs(2), || {
+        let e = parse_exposition(&scrape(m.metrics)).expect("a valid exposition");
+        last = e.get("tessera_backstop_stops_total", want);
+        last.is_some_and(|n| n >= at_least)
+    });
+    last
 }
 
 fn alive(p: &mut ProbeChild) -> bool {
@@ -195,6 +208,16 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let limit = GI;
     let a = create(&m.socket, "cheat", &uuid0, limit);
+    let owner = pb::SetAllocationOwnerRequest {
+        id: "cheat".into(),
+        namespace: "team-a".into(),
+        pod: "trainer-0".into(),
+        container: "main".into(),
+        ..Default::default()
+    };
+    with_client(&m.socket, async |c| c.set_allocation_owner(owner).await).expect("owner");
+    // Nothing stopped yet: no series, and so no family.
+    assert!(!scrape(m.metrics).contains("tessera_backstop_stops_total"));
     let mut tenant = governed_probe(&n, &a.control_path, &a.state_path);
     for cmd in ["init", "ctx"] {
         let l = tenant.cmd(cmd, T);
@@ -237,6 +260,29 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
         .unwrap_or_else(|| panic!("no stop line naming the delay:\n{log}"));
     assert!(
         log.contains("reason=over_limit") || log.contains("over_limit"),
+        "{log}"
+    );
+    // Counted once, under the owner the manager's record names.
+    let labels = [
+        ("gpu", "0"),
+        ("reason", "over_limit"),
+        ("allocation", "cheat"),
+        ("namespace", "team-a"),
+        ("pod", "trainer-0"),
+        ("container", "main"),
+    ];
+    assert_eq!(stops(&m, &labels, 1.0), Some(1.0), "{log}");
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert_eq!(
+        e.types
+            .get("tessera_backstop_stops_total")
+            .map(String::as_str),
+        Some("counter")
+    );
+    // The stop log line names the pod and container.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("stopped the process") && l.contains("team-a/trainer-0/main")),
         "{log}"
     );
     // The guarantee: stopped within 1 s of the sample that showed it.
@@ -342,6 +388,16 @@ fn a_process_outside_every_allocation_is_stopped_only_on_a_shared_gpu() {
     assert!(
         log.contains("no_shim"),
         "the unshared GPU's process is still reported:\n{log}"
+    );
+    // The stop is counted on the shared GPU, with no owner; nothing on the other.
+    let stray = [("gpu", "0"), ("reason", "no_shim"), ("allocation", "")];
+    assert_eq!(stops(&m, &stray, 1.0), Some(1.0), "{log}");
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert_eq!(
+        e.get("tessera_backstop_stops_total", &[("gpu", "1")]),
+        None,
+        "{:?}",
+        e.samples
     );
     on_whole.kill();
     m.stop();

@@ -2,7 +2,9 @@
 //! read-write in its container), or an allocation's record is damaged, and the manager
 //! restarts. The allocation must keep its capacity (a new allocation that would need it is
 //! refused while the old one's process still runs), be served again (repaired in place,
-//! the running process keeps working under its limit) and say so loudly in the log.
+//! the running process keeps working under its limit) and say so loudly: in the log, in
+//! status (`recovered`, `RECOVERED` in `tessera status`) and in the metric
+//! `tessera_allocation_recovered`, labelled with what was repaired.
 
 mod manager_support;
 
@@ -57,8 +59,15 @@ fn request(id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequ
 }
 
 /// A 12 GiB, 10 % allocation whose process holds 6 GiB; `spoil` damages it while the
-/// manager is down; after the restart it must still hold its place.
-fn survives_restart(spoil: impl FnOnce(&pb::Allocation), expect_in_log: &str) {
+/// manager is down; after the restart it must still hold its place, and status and
+/// metrics must say it was recovered: `repaired` is the metric's label, `in_status` a
+/// part of the status field.
+fn survives_restart(
+    spoil: impl FnOnce(&pb::Allocation),
+    expect_in_log: &str,
+    repaired: &str,
+    in_status: &str,
+) {
     let _serial = serial();
     let n = node();
     let dir = n.dir.path().join("m");
@@ -73,6 +82,10 @@ fn survives_restart(spoil: impl FnOnce(&pb::Allocation), expect_in_log: &str) {
         let l = w.cmd(cmd, T);
         assert!(l.ok, "{}", l.raw);
     }
+    // Before the damage, nothing is reported as recovered.
+    assert_eq!(node_status(&m.socket).allocations[0].recovered, "");
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert!(!e.types.contains_key("tessera_allocation_recovered"));
     m.stop();
     spoil(&a);
 
@@ -85,6 +98,39 @@ fn survives_restart(spoil: impl FnOnce(&pb::Allocation), expect_in_log: &str) {
         st.allocations[0].allocation.as_ref().unwrap().id,
         "held",
         "{log}"
+    );
+    // Reported in status, with what was repaired ...
+    let recovered = &st.allocations[0].recovered;
+    assert!(recovered.contains(in_status), "status says {recovered:?}");
+    let out = client(&n, &["status", "--socket", m.socket.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("held "))
+        .unwrap_or_else(|| panic!("no row for the allocation:\n{text}"));
+    assert!(row.contains("RECOVERED"), "{row}");
+    assert!(
+        text.contains(&format!(
+            "RECOVERED held: damaged files found at the manager's start: {recovered}"
+        )),
+        "{text}"
+    );
+    // ... and in the metric, on its GPU, labelled with what was repaired.
+    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    assert_eq!(
+        e.types
+            .get("tessera_allocation_recovered")
+            .map(String::as_str),
+        Some("gauge")
+    );
+    assert_eq!(
+        e.get(
+            "tessera_allocation_recovered",
+            &[("allocation", "held"), ("gpu", "0"), ("repaired", repaired)]
+        ),
+        Some(1.0),
+        "{:?}",
+        e.samples
     );
     // Its capacity is not re-sold: 15 GiB does not fit beside its 12.
     let big = request("greedy", &uuid, 15 * GI, 100_000);
@@ -115,6 +161,8 @@ fn a_tenant_that_corrupts_its_state_magic_keeps_its_place_after_a_restart() {
             f.write_all_at(b"XXXXXXXX", 0).expect("write");
         },
         "repaired in place",
+        "state",
+        "state header restored",
     );
 }
 
@@ -126,5 +174,7 @@ fn a_damaged_allocation_record_is_recovered_after_a_restart() {
             std::fs::write(dir.join("allocation.json"), "{\"id\": \"held\", \"dev").expect("write");
         },
         "recovered",
+        "record",
+        "record recovered from its checksummed copy",
     );
 }
