@@ -8,6 +8,7 @@
 
 pub mod connect;
 pub mod pause;
+pub mod private;
 pub mod resize;
 pub mod run;
 pub mod status;

@@ -262,12 +262,58 @@ pub fn run(args: &RunArgs) -> Result<i32, CliError> {
     // Bad sizes and lists are reported before the manager is even asked.
     limits(args)?;
     let rt = runtime()?;
-    rt.block_on(run_async(args))
+    let mut private = None;
+    let result = rt.block_on(run_async(args, &mut private));
+    // The runtime goes first: it closes our connections, which a stopping
+    // manager waits for.
+    drop(rt);
+    if let Some(p) = private {
+        p.release();
+    }
+    result
 }
 
-async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
+async fn run_async(
+    args: &RunArgs,
+    private: &mut Option<crate::private::Private>,
+) -> Result<i32, CliError> {
     let signals = catch_signals();
-    let mut c = client::connect(&args.socket.socket).await?;
+    match client::connect(&args.socket.socket).await {
+        Ok(c) => run_with(args, c, signals).await,
+        Err(client::ClientError::NotRunning(_) | client::ClientError::Refused(_)) => {
+            // No manager: the session's private one (started if need be).
+            let hook = match &args.hook_library {
+                Some(p) => std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+                None => crate::private::default_hook().ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "no manager on {} and no libtessera.so beside this program to start a \
+                         private one with: pass --hook-library",
+                        args.socket.socket.display()
+                    ))
+                })?,
+            };
+            let dir = crate::private::session_dir();
+            let p = crate::private::Private::join(&dir, &hook)?;
+            eprintln!(
+                "tessera run: no manager on {}; {} this session's private manager ({})",
+                args.socket.socket.display(),
+                if p.started { "started" } else { "using" },
+                p.dir.display()
+            );
+            let socket = p.socket.clone();
+            *private = Some(p);
+            let c = client::connect(&socket).await?;
+            run_with(args, c, signals).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn run_with(
+    args: &RunArgs,
+    mut c: tessera_proto::manager::v1::manager_client::ManagerClient<tonic::transport::Channel>,
+    signals: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
+) -> Result<i32, CliError> {
     let st = c
         .get_node_status(pb::NodeStatusRequest {})
         .await?
