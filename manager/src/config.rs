@@ -32,7 +32,7 @@ pub struct ManagerArgs {
     #[arg(long, env = "TESSERA_MANAGER_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Unix socket of the manager API [default: /run/tessera/manager.sock].
-    #[arg(long, env = "TESSERA_SOCKET", value_name = "PATH")]
+    #[arg(long, env = tessera_contract::env::SOCKET, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Group that may use the socket (besides root).
     #[arg(long, env = "TESSERA_SOCKET_GROUP", value_name = "GROUP")]
