@@ -7,6 +7,15 @@ use std::collections::BTreeMap;
 pub const RESOURCE: &str = "tessera.dev/vgpu";
 /// Pod annotation: the compute policy the pod asks for (`guaranteed` | `burst`).
 pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
+/// Pod annotation: the allocation's priority for burst time, an integer in
+/// [`PRIORITY_MIN`]`..=`[`PRIORITY_MAX`] (higher first; 0 when unset). The
+/// device plugin applies it, and a later change of it, with the manager's
+/// ResizeAllocation.
+pub const ANNOTATION_PRIORITY: &str = "tessera.dev/priority";
+/// The lowest priority the manager accepts.
+pub const PRIORITY_MIN: i32 = -1000;
+/// The highest priority the manager accepts.
+pub const PRIORITY_MAX: i32 = 1000;
 /// Pod annotation: the GPU class the pod must run on.
 pub const ANNOTATION_GPU_CLASS: &str = "tessera.dev/gpu-class";
 /// Annotation naming a container's allocation (for the runtime and humans).
@@ -70,6 +79,20 @@ impl RunOwner {
     }
 }
 
+/// The priority a [`ANNOTATION_PRIORITY`] value names; the error is one
+/// line naming the value and what is accepted.
+pub fn parse_priority(value: &str) -> Result<i32, String> {
+    value
+        .parse::<i32>()
+        .ok()
+        .filter(|p| (PRIORITY_MIN..=PRIORITY_MAX).contains(p))
+        .ok_or_else(|| {
+            format!(
+                "annotation {ANNOTATION_PRIORITY}={value:?} is not a priority; use a whole number in {PRIORITY_MIN}..={PRIORITY_MAX}, like \"10\""
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +112,16 @@ mod tests {
         let mut broken = labels;
         broken.insert(CLI_PID.into(), "x".into());
         assert_eq!(RunOwner::from_labels(&broken), None);
+    }
+
+    #[test]
+    fn priorities_parse_within_the_managers_range_only() {
+        assert_eq!(parse_priority("10"), Ok(10));
+        assert_eq!(parse_priority("-1000"), Ok(-1000));
+        assert_eq!(parse_priority("1000"), Ok(1000));
+        for bad in ["1001", "-1001", "high", "", "1.5", " 5", "99999999999"] {
+            let e = parse_priority(bad).expect_err(bad);
+            assert!(e.contains("-1000..=1000"), "{e}");
+        }
     }
 }

@@ -701,6 +701,12 @@ mod tests {
         ) -> Result<mgr::Allocation, Status> {
             Err(Status::unimplemented("not here"))
         }
+        async fn resize_allocation(
+            &self,
+            _req: mgr::ResizeAllocationRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            Err(Status::unimplemented("not here"))
+        }
         async fn watch_node_status(
             &self,
             _interval_ms: u32,

@@ -27,6 +27,12 @@ pub(crate) trait ManagerApi: Send + Sync + 'static {
         &self,
         req: mgr::SetAllocationOwnerRequest,
     ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
+    /// ResizeAllocation; the plugin sends a priority only (a pod's memory
+    /// and compute come from its slice count).
+    fn resize_allocation(
+        &self,
+        req: mgr::ResizeAllocationRequest,
+    ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
     fn watch_node_status(
         &self,
         interval_ms: u32,
@@ -87,6 +93,18 @@ impl ManagerApi for GrpcManager {
             .client
             .clone()
             .set_allocation_owner(req)
+            .await?
+            .into_inner())
+    }
+
+    async fn resize_allocation(
+        &self,
+        req: mgr::ResizeAllocationRequest,
+    ) -> Result<mgr::Allocation, Status> {
+        Ok(self
+            .client
+            .clone()
+            .resize_allocation(req)
             .await?
             .into_inner())
     }

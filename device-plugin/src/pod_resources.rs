@@ -10,7 +10,13 @@
 //!
 //! With the Kubernetes API on, the owner pod's `tessera.dev/compute-policy`
 //! annotation goes along as the allocation's policy; the manager takes it
-//! only when it is stricter than the node's.
+//! only when it is stricter than the node's. Its `tessera.dev/priority`
+//! annotation (burst-time priority, -1000..=1000) is applied with
+//! `ResizeAllocation`, and applied again whenever it changes: the pods are
+//! read every pass for that, and the call is made only when the value
+//! differs from the one last applied. A pod's memory limit and compute share
+//! come from its slice count and change only by scheduling it again, so the
+//! priority is the one live change a pod asks for.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -30,6 +36,8 @@ use tessera_contract::Policy;
 
 /// The pod annotation asking for a compute policy (`guaranteed` | `burst`).
 pub use tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
+/// The pod annotation giving the allocation's burst-time priority.
+pub use tessera_contract::labels::ANNOTATION_PRIORITY;
 
 /// Pods through the Kubernetes API, as far as annotations go.
 pub trait PodApi: Send + Sync + 'static {
@@ -76,18 +84,44 @@ pub fn policy_from_annotations(
     namespace: &str,
     pod: &str,
 ) -> mgr::ComputePolicy {
+    policy_of(annotations).unwrap_or_else(|e| {
+        tracing::warn!(%namespace, %pod, "{e}");
+        mgr::ComputePolicy::Unspecified
+    })
+}
+
+/// The policy the annotations ask for, or the one-line reason it is not
+/// taken.
+fn policy_of(annotations: &BTreeMap<String, String>) -> Result<mgr::ComputePolicy, String> {
     match annotations
         .get(ANNOTATION_COMPUTE_POLICY)
         .map(String::as_str)
     {
-        None => mgr::ComputePolicy::Unspecified,
-        Some(v) if Policy::parse(v) == Some(Policy::Guaranteed) => mgr::ComputePolicy::Guaranteed,
-        Some(v) if Policy::parse(v) == Some(Policy::Burst) => mgr::ComputePolicy::Burst,
-        Some(other) => {
-            tracing::warn!(%namespace, %pod, value = %other, "annotation {ANNOTATION_COMPUTE_POLICY} is not \"guaranteed\" or \"burst\"; the node's policy applies");
-            mgr::ComputePolicy::Unspecified
+        None => Ok(mgr::ComputePolicy::Unspecified),
+        Some(v) if Policy::parse(v) == Some(Policy::Guaranteed) => {
+            Ok(mgr::ComputePolicy::Guaranteed)
         }
+        Some(v) if Policy::parse(v) == Some(Policy::Burst) => Ok(mgr::ComputePolicy::Burst),
+        Some(other) => Err(format!(
+            "annotation {ANNOTATION_COMPUTE_POLICY}={other:?} is not \"guaranteed\" or \"burst\"; the node's policy applies"
+        )),
     }
+}
+
+/// The priority a pod's annotations ask for: None without the annotation;
+/// an error (one line) for a value that is not a whole number in
+/// -1000..=1000 (the webhook refuses those at admission, but an annotation
+/// can be changed after it), which leaves the priority as it is.
+pub fn priority_from_annotations(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<i32>, String> {
+    annotations
+        .get(ANNOTATION_PRIORITY)
+        .map(|v| {
+            tessera_contract::labels::parse_priority(v)
+                .map_err(|e| format!("{e}; the priority is left as it is"))
+        })
+        .transpose()
 }
 
 /// The kubelet's PodResources API as the plugin uses it.
@@ -145,14 +179,18 @@ pub enum Action {
 /// Remembers since when each allocation has had no pod, so that one is
 /// deleted only after it stayed orphaned for the whole grace period (the
 /// kubelet lists a container's devices shortly after Allocate, not before),
-/// and which allocations have their pod's policy settled (applied, not
-/// asked for, or refused), so that each pod is looked up until that is done
-/// and a refusal is logged once.
+/// which allocations have their pod's policy settled (applied, not asked
+/// for, or refused), so that a refusal is logged once, which priority was
+/// last applied to each allocation, so that it is sent only when the pod's
+/// annotation changes, and which bad annotation values were logged, so that
+/// each is logged once.
 #[derive(Debug)]
 pub struct OrphanTracker {
     grace: Duration,
     since: HashMap<String, Instant>,
     settled: HashSet<String>,
+    priority_applied: HashMap<String, i32>,
+    warned: HashSet<(String, String, String)>,
 }
 
 impl OrphanTracker {
@@ -161,7 +199,14 @@ impl OrphanTracker {
             grace,
             since: HashMap::new(),
             settled: HashSet::new(),
+            priority_applied: HashMap::new(),
+            warned: HashSet::new(),
         }
+    }
+
+    /// The priority last applied (or found in force) for the allocation.
+    pub fn priority_applied(&self, id: &str) -> Option<i32> {
+        self.priority_applied.get(id).copied()
     }
 
     /// Whether the allocation's pod policy needs no more work.
@@ -173,6 +218,10 @@ impl OrphanTracker {
 /// (namespace, pod) → the policy its annotations ask for; pods missing
 /// here were not looked up, or the lookup failed.
 pub type PodPolicies = HashMap<(String, String), mgr::ComputePolicy>;
+
+/// (namespace, pod) → the priority its annotation asks for; pods missing
+/// here ask for none, have a bad value, or were not read.
+pub type PodPriorities = HashMap<(String, String), i32>;
 
 fn is_ours(a: &mgr::Allocation) -> bool {
     a.labels.get(SOURCE_LABEL).map(String::as_str) == Some(SOURCE_DEVICE_PLUGIN)
@@ -193,18 +242,19 @@ fn owner_of(a: &mgr::Allocation, owners: &BTreeMap<String, Owner>) -> Option<Own
         .map(|(o, _)| (*o).clone())
 }
 
-/// The pods whose policy a pass needs: owners of our allocations whose
-/// policy is not settled yet.
+/// The pods whose annotations a pass reads: the owners of our
+/// allocations, every pass, since a pod's priority annotation may change at
+/// any time (one GET per pod with slices on the node per pass). A settled
+/// policy is not sent again whatever is read.
 pub fn pods_to_look_up(
     pods: &pr::ListPodResourcesResponse,
     allocations: &[mgr::Allocation],
     resource: &str,
-    tracker: &OrphanTracker,
 ) -> Vec<(String, String)> {
     let owners = owners(pods, resource);
     let mut want: Vec<(String, String)> = allocations
         .iter()
-        .filter(|a| is_ours(a) && !tracker.is_settled(&a.id))
+        .filter(|a| is_ours(a))
         .filter_map(|a| owner_of(a, &owners))
         .map(|o| (o.namespace, o.pod))
         .collect();
@@ -294,30 +344,99 @@ pub fn plan(
     actions
 }
 
+/// The priorities to send, (allocation id, priority): for each of our
+/// allocations whose owner pod asks for a priority that differs from the one
+/// last applied to it and from the one the manager reports. A value equal to
+/// the one last applied is not sent again even when the manager reports
+/// another (set since with `tessera resize --priority`): the annotation is
+/// applied when it changes, not held against an operator. A pod that drops
+/// the annotation keeps the priority it has.
+pub fn plan_priorities(
+    pods: &pr::ListPodResourcesResponse,
+    allocations: &[mgr::Allocation],
+    resource: &str,
+    priorities: &PodPriorities,
+    tracker: &mut OrphanTracker,
+) -> Vec<(String, i32)> {
+    let owners = owners(pods, resource);
+    let mut out = Vec::new();
+    for a in allocations.iter().filter(|a| is_ours(a)) {
+        let Some(o) = owner_of(a, &owners) else {
+            continue;
+        };
+        let Some(&want) = priorities.get(&(o.namespace, o.pod)) else {
+            continue;
+        };
+        if tracker.priority_applied(&a.id) == Some(want) {
+            continue;
+        }
+        if a.priority == want {
+            tracker.priority_applied.insert(a.id.clone(), want);
+            continue;
+        }
+        out.push((a.id.clone(), want));
+    }
+    tracker
+        .priority_applied
+        .retain(|id, _| allocations.iter().any(|a| &a.id == id));
+    out
+}
+
 /// Counts of what one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SyncReport {
     pub owners_set: usize,
+    pub priorities_set: usize,
     pub deleted: usize,
     pub failed: usize,
 }
 
-/// Looks up the policies of `wanted` pods; a failed lookup leaves the pod
-/// out (its owner is still recorded, the policy is tried next pass).
-async fn look_up_policies<A: PodApi>(api: &A, wanted: Vec<(String, String)>) -> PodPolicies {
+/// Logs a bad annotation value once per pod and value.
+fn warn_once(tracker: &mut OrphanTracker, namespace: &str, pod: &str, message: String) {
+    if tracker
+        .warned
+        .insert((namespace.to_owned(), pod.to_owned(), message.clone()))
+    {
+        tracing::warn!(%namespace, %pod, "{message}");
+    }
+}
+
+/// Reads the annotations of `wanted` pods: the policy and the priority each
+/// asks for. A failed lookup leaves the pod out (its owner is still
+/// recorded, its annotations are read again next pass); a bad value is
+/// logged once and ignored.
+async fn look_up_annotations<A: PodApi>(
+    api: &A,
+    wanted: Vec<(String, String)>,
+    tracker: &mut OrphanTracker,
+) -> (PodPolicies, PodPriorities) {
     let mut policies = PodPolicies::new();
+    let mut priorities = PodPriorities::new();
+    tracker
+        .warned
+        .retain(|(ns, pod, _)| wanted.iter().any(|(n, p)| n == ns && p == pod));
     for (namespace, pod) in wanted {
         match api.annotations(&namespace, &pod).await {
             Ok(ann) => {
-                let p = policy_from_annotations(&ann, &namespace, &pod);
-                policies.insert((namespace, pod), p);
+                let policy = policy_of(&ann).unwrap_or_else(|e| {
+                    warn_once(tracker, &namespace, &pod, e);
+                    mgr::ComputePolicy::Unspecified
+                });
+                match priority_from_annotations(&ann) {
+                    Ok(Some(p)) => {
+                        priorities.insert((namespace.clone(), pod.clone()), p);
+                    }
+                    Ok(None) => {}
+                    Err(e) => warn_once(tracker, &namespace, &pod, e),
+                }
+                policies.insert((namespace, pod), policy);
             }
             Err(e) => {
-                tracing::warn!(%namespace, %pod, error = %e, "cannot read the pod's annotations; its compute policy is tried again next pass");
+                tracing::warn!(%namespace, %pod, error = %e, "cannot read the pod's annotations; its compute policy and priority are tried again next pass");
             }
         }
     }
-    policies
+    (policies, priorities)
 }
 
 /// One pass: list, plan, apply. Nothing is deleted when either list fails.
@@ -332,15 +451,12 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
 ) -> Result<SyncReport, Status> {
     let listed = pods.list().await?;
     let allocations = manager.list_allocations().await?;
-    let policies = match pod_api {
+    let (policies, priorities) = match pod_api {
         Some(api) => {
-            look_up_policies(
-                api,
-                pods_to_look_up(&listed, &allocations, resource, tracker),
-            )
-            .await
+            let wanted = pods_to_look_up(&listed, &allocations, resource);
+            look_up_annotations(api, wanted, tracker).await
         }
-        None => PodPolicies::new(),
+        None => (PodPolicies::new(), PodPriorities::new()),
     };
     let mut report = SyncReport::default();
     for action in plan(
@@ -401,6 +517,37 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
                     report.failed += 1;
                 }
             },
+        }
+    }
+    for (id, priority) in plan_priorities(&listed, &allocations, resource, &priorities, tracker) {
+        let req = mgr::ResizeAllocationRequest {
+            id: id.clone(),
+            devices: Vec::new(),
+            priority: Some(priority),
+        };
+        match manager.resize_allocation(req).await {
+            Ok(_) => {
+                tracing::info!(%id, priority, "allocation priority set from the pod's annotation");
+                tracker.priority_applied.insert(id, priority);
+                report.priorities_set += 1;
+            }
+            Err(e) => {
+                // A refusal (a manager without the call, a range it does
+                // not take) is logged once, until the annotation changes;
+                // anything else is tried again next pass.
+                let refused = matches!(
+                    e.code(),
+                    tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                        | tonic::Code::Unimplemented
+                        | tonic::Code::NotFound
+                );
+                tracing::warn!(%id, priority, error = %e.message(), retried = !refused, "cannot set the allocation's priority");
+                if refused {
+                    tracker.priority_applied.insert(id, priority);
+                }
+                report.failed += 1;
+            }
         }
     }
     Ok(report)
@@ -615,7 +762,7 @@ mod tests {
         let mut t = OrphanTracker::new(Duration::from_secs(60));
         let now = Instant::now();
         assert_eq!(
-            pods_to_look_up(&p, std::slice::from_ref(&x), RES, &t),
+            pods_to_look_up(&p, std::slice::from_ref(&x), RES),
             vec![("ns".to_owned(), "a".to_owned())]
         );
         // The lookup failed: the owner is recorded all the same.
@@ -651,7 +798,11 @@ mod tests {
         x.policy = mgr::ComputePolicy::Guaranteed as i32;
         assert!(plan(&p, std::slice::from_ref(&x), RES, &g, &mut t, now).is_empty());
         assert!(t.is_settled("x"));
-        assert!(pods_to_look_up(&p, std::slice::from_ref(&x), RES, &t).is_empty());
+        assert_eq!(
+            pods_to_look_up(&p, std::slice::from_ref(&x), RES),
+            vec![("ns".to_owned(), "a".to_owned())],
+            "still read every pass: its priority may change"
+        );
     }
 
     #[test]
@@ -674,9 +825,201 @@ mod tests {
             )
             .is_empty()
         );
-        assert!(
-            t.is_settled("x"),
-            "no policy asked for: not looked up again"
+        assert!(t.is_settled("x"), "no policy asked for: none is sent");
+    }
+
+    /// A manager that keeps allocations in memory and records every
+    /// ResizeAllocation.
+    #[derive(Default)]
+    struct RecordingManager {
+        allocs: std::sync::Mutex<Vec<mgr::Allocation>>,
+        resizes: std::sync::Mutex<Vec<(String, i32)>>,
+    }
+
+    impl RecordingManager {
+        fn resizes(&self) -> Vec<(String, i32)> {
+            self.resizes.lock().expect("lock").clone()
+        }
+        fn priority(&self, id: &str) -> i32 {
+            self.allocs
+                .lock()
+                .expect("lock")
+                .iter()
+                .find(|a| a.id == id)
+                .expect("allocation")
+                .priority
+        }
+    }
+
+    impl ManagerApi for RecordingManager {
+        async fn create_allocation(
+            &self,
+            _req: mgr::CreateAllocationRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+        async fn list_allocations(&self) -> Result<Vec<mgr::Allocation>, Status> {
+            Ok(self.allocs.lock().expect("lock").clone())
+        }
+        async fn delete_allocation(&self, _id: String) -> Result<(), Status> {
+            Err(Status::unimplemented("not here"))
+        }
+        async fn set_allocation_owner(
+            &self,
+            req: mgr::SetAllocationOwnerRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            let mut all = self.allocs.lock().expect("lock");
+            let a = all
+                .iter_mut()
+                .find(|a| a.id == req.id)
+                .ok_or_else(|| Status::not_found("no"))?;
+            a.namespace = req.namespace;
+            a.pod = req.pod;
+            a.container = req.container;
+            Ok(a.clone())
+        }
+        async fn resize_allocation(
+            &self,
+            req: mgr::ResizeAllocationRequest,
+        ) -> Result<mgr::Allocation, Status> {
+            assert!(req.devices.is_empty(), "the plugin resizes a priority only");
+            let p = req.priority.expect("a priority");
+            self.resizes.lock().expect("lock").push((req.id.clone(), p));
+            let mut all = self.allocs.lock().expect("lock");
+            let a = all
+                .iter_mut()
+                .find(|a| a.id == req.id)
+                .ok_or_else(|| Status::not_found("no"))?;
+            a.priority = p;
+            Ok(a.clone())
+        }
+        async fn watch_node_status(
+            &self,
+            _interval_ms: u32,
+        ) -> Result<crate::manager::StatusStream, Status> {
+            Err(Status::unimplemented("not here"))
+        }
+    }
+
+    struct StaticPods(pr::ListPodResourcesResponse);
+
+    impl PodResourcesApi for StaticPods {
+        async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
+            Ok(self.0.clone())
+        }
+    }
+
+    async fn pass(
+        m: &RecordingManager,
+        kubelet: &StaticPods,
+        api: &crate::testing::FakePods,
+        t: &mut OrphanTracker,
+    ) -> SyncReport {
+        sync_once(m, kubelet, Some(api), RES, t)
+            .await
+            .expect("pass")
+    }
+
+    #[tokio::test]
+    async fn a_priority_annotation_is_applied_once_and_again_when_it_changes() {
+        let m = RecordingManager::default();
+        m.allocs.lock().expect("lock").extend([
+            alloc("x", &["G::0"], "device-plugin"),
+            alloc("cli", &["G::1"], "cli"),
+        ]);
+        let kubelet = StaticPods(pods(&[
+            ("ns", "a", "main", RES, &["G::0"]),
+            ("ns", "b", "main", RES, &["G::1"]),
+        ]));
+        let api = crate::testing::FakePods::default();
+        api.set("ns", "a", &[(ANNOTATION_PRIORITY, "10")]);
+        api.set("ns", "b", &[(ANNOTATION_PRIORITY, "20")]);
+        let mut t = OrphanTracker::new(Duration::from_secs(60));
+
+        let r = pass(&m, &kubelet, &api, &mut t).await;
+        assert_eq!(r.priorities_set, 1);
+        assert_eq!(
+            m.resizes(),
+            vec![("x".to_owned(), 10)],
+            "the CLI's allocation is never touched"
         );
+        assert_eq!(m.priority("x"), 10);
+        for _ in 0..3 {
+            pass(&m, &kubelet, &api, &mut t).await;
+        }
+        assert_eq!(m.resizes().len(), 1, "unchanged: not sent again");
+
+        // The annotation changes: the next pass applies it, once.
+        api.set("ns", "a", &[(ANNOTATION_PRIORITY, "-5")]);
+        pass(&m, &kubelet, &api, &mut t).await;
+        pass(&m, &kubelet, &api, &mut t).await;
+        assert_eq!(
+            m.resizes(),
+            vec![("x".to_owned(), 10), ("x".to_owned(), -5)]
+        );
+        assert_eq!(m.priority("x"), -5);
+
+        // An operator's tessera resize --priority stands until the
+        // annotation changes again.
+        m.allocs.lock().expect("lock")[0].priority = 7;
+        pass(&m, &kubelet, &api, &mut t).await;
+        assert_eq!(m.resizes().len(), 2);
+        assert_eq!(m.priority("x"), 7);
+        api.set("ns", "a", &[(ANNOTATION_PRIORITY, "0")]);
+        pass(&m, &kubelet, &api, &mut t).await;
+        assert_eq!(m.priority("x"), 0);
+        assert_eq!(m.resizes().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_bad_or_already_applied_priority_makes_no_call() {
+        let m = RecordingManager::default();
+        m.allocs.lock().expect("lock").extend([
+            alloc("x", &["G::0"], "device-plugin"),
+            alloc("y", &["G::1"], "device-plugin"),
+        ]);
+        let kubelet = StaticPods(pods(&[
+            ("ns", "bad", "main", RES, &["G::0"]),
+            ("ns", "zero", "main", RES, &["G::1"]),
+        ]));
+        let api = crate::testing::FakePods::default();
+        api.set(
+            "ns",
+            "bad",
+            &[
+                (ANNOTATION_PRIORITY, "1001"),
+                (ANNOTATION_COMPUTE_POLICY, "guaranteed"),
+            ],
+        );
+        api.set("ns", "zero", &[(ANNOTATION_PRIORITY, "0")]);
+        let mut t = OrphanTracker::new(Duration::from_secs(60));
+        for _ in 0..3 {
+            let r = pass(&m, &kubelet, &api, &mut t).await;
+            assert_eq!(r.failed, 0);
+        }
+        assert!(m.resizes().is_empty(), "out of range, or already in force");
+        assert_eq!(m.priority("x"), 0);
+        assert_eq!(t.priority_applied("y"), Some(0), "found in force");
+        assert_eq!(t.priority_applied("x"), None);
+        // The bad value is logged once, not every pass.
+        assert_eq!(t.warned.len(), 1);
+        // Fixed: applied.
+        api.set("ns", "bad", &[(ANNOTATION_PRIORITY, "1000")]);
+        pass(&m, &kubelet, &api, &mut t).await;
+        assert_eq!(m.resizes(), vec![("x".to_owned(), 1000)]);
+    }
+
+    #[test]
+    fn priority_annotations_parse_or_say_why_not() {
+        let ann = |v: &str| BTreeMap::from([(ANNOTATION_PRIORITY.to_owned(), v.to_owned())]);
+        assert_eq!(priority_from_annotations(&ann("-3")), Ok(Some(-3)));
+        assert_eq!(priority_from_annotations(&BTreeMap::new()), Ok(None));
+        for bad in ["high", "1e3", "-1001", ""] {
+            let e = priority_from_annotations(&ann(bad)).expect_err(bad);
+            assert!(
+                e.contains(ANNOTATION_PRIORITY) && e.contains("left as it is"),
+                "{e}"
+            );
+        }
     }
 }

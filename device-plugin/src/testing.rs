@@ -384,6 +384,8 @@ struct ManagerService {
     status: Arc<watch::Sender<mgr::NodeStatus>>,
     allocations: Arc<Mutex<BTreeMap<String, mgr::Allocation>>>,
     create_calls: Arc<Mutex<u32>>,
+    /// Every ResizeAllocation received, refused ones too.
+    resize_calls: Arc<Mutex<Vec<mgr::ResizeAllocationRequest>>>,
     state_dir: PathBuf,
     /// Set by `stop`: calls fail and status streams end, even on
     /// connections made before (the server only stops accepting new ones).
@@ -483,13 +485,37 @@ impl Manager for ManagerService {
         }))
     }
 
-    /// Not used by the device plugin yet: the double answers as a manager
-    /// without the call would.
+    /// The device plugin resizes a priority only (a pod's memory and
+    /// compute come from its slices): that is kept, with the real one's
+    /// range check; a device change is answered as a manager without it.
     async fn resize_allocation(
         &self,
-        _req: Request<mgr::ResizeAllocationRequest>,
+        req: Request<mgr::ResizeAllocationRequest>,
     ) -> Result<Response<mgr::Allocation>, Status> {
-        Err(Status::unimplemented("the test manager does not resize"))
+        self.check_up()?;
+        let r = req.into_inner();
+        lock(&self.resize_calls).push(r.clone());
+        if !r.devices.is_empty() {
+            return Err(Status::unimplemented(
+                "the test manager resizes priorities only",
+            ));
+        }
+        let mut allocs = lock(&self.allocations);
+        let a = allocs
+            .get_mut(&r.id)
+            .ok_or_else(|| Status::not_found(format!("no allocation {}", r.id)))?;
+        let Some(p) = r.priority else {
+            return Err(Status::invalid_argument("nothing to resize"));
+        };
+        if !(tessera_contract::labels::PRIORITY_MIN..=tessera_contract::labels::PRIORITY_MAX)
+            .contains(&p)
+        {
+            return Err(Status::invalid_argument(format!(
+                "priority {p} is not in -1000..=1000"
+            )));
+        }
+        a.priority = p;
+        Ok(Response::new(a.clone()))
     }
 
     async fn pause_allocation(
@@ -597,6 +623,7 @@ impl FakeManager {
             status: Arc::new(tx),
             allocations: Arc::default(),
             create_calls: Arc::default(),
+            resize_calls: Arc::default(),
             state_dir: state_dir.to_owned(),
             down: Arc::new(watch::channel(false).0),
         };
@@ -633,6 +660,11 @@ impl FakeManager {
     /// How many CreateAllocation calls it received.
     pub fn create_calls(&self) -> u32 {
         *lock(&self.svc.create_calls)
+    }
+
+    /// Every ResizeAllocation it received, in order.
+    pub fn resize_calls(&self) -> Vec<mgr::ResizeAllocationRequest> {
+        lock(&self.svc.resize_calls).clone()
     }
 
     /// Stops serving (its socket disappears), keeping its allocations.

@@ -216,3 +216,46 @@ async fn a_looser_pod_policy_is_refused_and_the_owner_still_recorded() {
     );
     node.stop().await;
 }
+
+#[tokio::test]
+async fn a_priority_annotation_is_applied_and_reapplied_when_it_changes() {
+    let annotations = FakePods::default();
+    annotations.set("team-a", "urgent", &[("tessera.dev/priority", "10")]);
+    annotations.set("team-a", "typo", &[("tessera.dev/priority", "high")]);
+    let mut node = node_with_pods("burst", &annotations);
+    node.wait_devices("8 slices", |d| d.len() == 8).await;
+    let a = allocate(&node, &["GPU-a::0"]).await;
+    let typo = allocate(&node, &["GPU-a::1"]).await;
+    let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
+    pods.set_pods(&[
+        ("team-a", "urgent", "main", RES, strings(&["GPU-a::0"])),
+        ("team-a", "typo", "main", RES, strings(&["GPU-a::1"])),
+    ]);
+    wait_for("a at priority 10", || {
+        find(&node, &a).is_some_and(|x| x.priority == 10)
+    })
+    .await;
+    // Many passes later (50 ms apart): one call, and none for the bad value.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let calls = node.manager.resize_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].priority),
+        (a.as_str(), Some(10))
+    );
+    assert!(
+        calls[0].devices.is_empty(),
+        "a pod's slices are not resized"
+    );
+    assert_eq!(find(&node, &typo).expect("typo").priority, 0);
+    assert_eq!(find(&node, &typo).expect("typo").pod, "typo");
+    // The user changes the annotation: the next pass applies it.
+    annotations.set("team-a", "urgent", &[("tessera.dev/priority", "-20")]);
+    wait_for("a at priority -20", || {
+        find(&node, &a).is_some_and(|x| x.priority == -20)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node.manager.resize_calls().len(), 2);
+    node.stop().await;
+}

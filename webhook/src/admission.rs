@@ -27,7 +27,8 @@ pub use tessera_contract::env::{
     COMPUTE_POLICY as ENV_COMPUTE_POLICY, NO_GPUS, NVIDIA_VISIBLE_DEVICES as ENV_VISIBLE_DEVICES,
 };
 pub use tessera_contract::labels::{
-    ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, NODE_GPU_CLASS as LABEL_GPU_CLASS, RESOURCE,
+    ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, ANNOTATION_PRIORITY,
+    NODE_GPU_CLASS as LABEL_GPU_CLASS, RESOURCE,
 };
 pub use tessera_contract::paths::CONTAINER_HOOK_LIBRARY as HOOK_PATH;
 use tessera_contract::{Policy, env};
@@ -43,7 +44,11 @@ const DEVICE_PLUGIN_ENV: [&str; 4] = [
 ];
 
 /// Pod annotations a user may set under `tessera.dev/`.
-const USER_ANNOTATIONS: [&str; 2] = [ANNOTATION_GPU_CLASS, ANNOTATION_COMPUTE_POLICY];
+const USER_ANNOTATIONS: [&str; 3] = [
+    ANNOTATION_GPU_CLASS,
+    ANNOTATION_COMPUTE_POLICY,
+    ANNOTATION_PRIORITY,
+];
 
 /// Why a pod is refused. Each message names the container (or annotation) and says what
 /// to change, because it is what `kubectl apply` prints.
@@ -53,13 +58,16 @@ pub enum Refusal {
     NotAPod { reason: String },
     #[error(
         "annotation {key:?} is in Tessera's namespace and only Tessera may set it; users may set only {}",
-        USER_ANNOTATIONS.join(" and ")
+        USER_ANNOTATIONS.join(", ")
     )]
     ForgedAnnotation { key: String },
     #[error(
         "annotation {ANNOTATION_COMPUTE_POLICY}={value:?} is not a compute policy; use \"guaranteed\" or \"burst\""
     )]
     BadComputePolicy { value: String },
+    /// `reason` is the contract's one line: the value and the range.
+    #[error("{reason}")]
+    BadPriority { value: String, reason: String },
     #[error(
         "annotation {ANNOTATION_GPU_CLASS}={value:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
     )]
@@ -321,6 +329,14 @@ fn check_annotations(
         && Policy::parse(p).is_none()
     {
         refusals.push(Refusal::BadComputePolicy { value: p.clone() });
+    }
+    if let Some(p) = annotations.get(ANNOTATION_PRIORITY)
+        && let Err(reason) = tessera_contract::labels::parse_priority(p)
+    {
+        refusals.push(Refusal::BadPriority {
+            value: p.clone(),
+            reason,
+        });
     }
     (class, policy)
 }
@@ -678,5 +694,59 @@ mod tests {
         for bad in ["", "-a", "a-", "a b", "x".repeat(64).as_str(), "ä"] {
             assert!(!is_label_value(bad), "{bad}");
         }
+    }
+
+    fn pod_with_annotations(annotations: &[(&str, &str)]) -> Value {
+        let ann: serde_json::Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned())))
+            .collect();
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "annotations": ann},
+            "spec": {"containers": [{
+                "name": "main",
+                "image": "x",
+                "resources": {"limits": {RESOURCE: "1"}}
+            }]}
+        })
+    }
+
+    #[test]
+    fn priority_annotation_is_a_users_and_must_be_in_range() {
+        for ok in ["10", "-1000", "1000", "0"] {
+            assert!(
+                mutate_pod(&pod_with_annotations(&[(ANNOTATION_PRIORITY, ok)])).is_ok(),
+                "{ok} is a priority"
+            );
+        }
+        for bad in ["1001", "-1001", "high", "", "2.5"] {
+            let e =
+                mutate_pod(&pod_with_annotations(&[(ANNOTATION_PRIORITY, bad)])).expect_err(bad);
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert!(
+                matches!(&e.0[0], Refusal::BadPriority { value, .. } if value == bad),
+                "{e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(ANNOTATION_PRIORITY) && msg.contains("-1000..=1000"),
+                "{msg}"
+            );
+        }
+        // Still refused: a tessera.dev/ annotation that is not a user's.
+        let e = mutate_pod(&pod_with_annotations(&[
+            (ANNOTATION_PRIORITY, "5"),
+            ("tessera.dev/allocation", "x"),
+        ]))
+        .expect_err("forged");
+        assert_eq!(
+            e.0,
+            vec![Refusal::ForgedAnnotation {
+                key: "tessera.dev/allocation".into()
+            }]
+        );
+        assert!(e.to_string().contains(ANNOTATION_PRIORITY), "{e}");
     }
 }
