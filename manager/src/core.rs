@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{SystemTime, UNIX_EPOCH};
+use tessera_contract::labels::{PRIORITY_MAX, PRIORITY_MIN};
 
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::manager::v1 as pb;
@@ -287,10 +288,10 @@ impl Core {
             ));
         }
         if let Some(p) = req.priority
-            && !(-1000..=1000).contains(&p)
+            && !(PRIORITY_MIN..=PRIORITY_MAX).contains(&p)
         {
             return Err(AllocError::Invalid(format!(
-                "priority {p} is not in -1000..=1000"
+                "priority {p} is not in {PRIORITY_MIN}..={PRIORITY_MAX}"
             )));
         }
         let mut rec = old.clone();
