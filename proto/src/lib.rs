@@ -95,3 +95,27 @@ pub mod unix {
         Ok(endpoint(path)?.connect_lazy())
     }
 }
+
+impl manager::v1::CreateAllocationRequest {
+    /// A request for `memory_limit_bytes` and `compute_share_ppm` of one GPU,
+    /// no slices, with the default policy and no device ids or labels: the
+    /// simplest allocation, the one the manager's and the end-to-end tests
+    /// make again and again (set the other fields on the result).
+    pub fn one_device(
+        id: impl Into<String>,
+        gpu_uuid: impl Into<String>,
+        memory_limit_bytes: u64,
+        compute_share_ppm: u32,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            devices: vec![manager::v1::DeviceRequest {
+                gpu_uuid: gpu_uuid.into(),
+                memory_limit_bytes,
+                compute_share_ppm,
+                slices: 0,
+            }],
+            ..Default::default()
+        }
+    }
+}
