@@ -1363,6 +1363,15 @@ pub(crate) mod tests {
         }
     }
 
+    /// A process governed with a 1000-byte limit on one device whose pools
+    /// are `FakePools` of `grain`.
+    fn with_pools(grain: u64) -> (Governed, &'static FakePools) {
+        let g = governed(&[1000]);
+        let d = FakePools::new(grain);
+        g.set_pool_driver(d);
+        (g, d)
+    }
+
     fn pool_alloc(g: &Governed, d: &FakePools, pool: usize, bytes: u64) -> CUresult {
         g.pool_alloc(
             d,
@@ -1380,9 +1389,7 @@ pub(crate) mod tests {
 
     #[test]
     fn pool_memory_counts_until_the_pool_gives_it_back() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(1);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(1);
         d.threshold(1, u64::MAX);
         assert_eq!(pool_alloc(&g, d, 1, 768), CUresult::CUDA_SUCCESS);
         let ptr = 1 << 32 | 768;
@@ -1421,9 +1428,7 @@ pub(crate) mod tests {
 
     #[test]
     fn many_pools_that_keep_everything_stay_under_the_limit() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(1);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(1);
         for pool in 1..=10usize {
             d.threshold(pool, u64::MAX);
             assert_eq!(pool_alloc(&g, d, pool, 400), CUresult::CUDA_SUCCESS);
@@ -1448,9 +1453,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_pool_that_grows_by_more_than_admitted_is_undone_if_the_rest_does_not_fit() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(256);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(256);
         // 100 bytes take a 256-byte grain: charged 256.
         assert_eq!(pool_alloc(&g, d, 1, 100), CUresult::CUDA_SUCCESS);
         assert_eq!(g.files.state.reserved(0), 256);
@@ -1468,9 +1471,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_destroyed_pool_keeps_its_live_allocations_charged_until_freed() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(1);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(1);
         d.threshold(5, u64::MAX);
         pool_alloc(&g, d, 5, 300);
         pool_alloc(&g, d, 5, 200);
@@ -1503,9 +1504,7 @@ pub(crate) mod tests {
 
     #[test]
     fn graph_memory_is_charged_at_launch_and_returned_when_trimmed() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(1);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(1);
         let launch = |g: &Governed| {
             g.graph_launch(0xe, || {
                 let mut m = d.graph.lock();
@@ -1539,9 +1538,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_launch_refused_until_a_trim_is_admitted_for_what_it_needs_after_it() {
-        let g = governed(&[1000]);
-        let d = FakePools::new(1);
-        g.set_pool_driver(d);
+        let (g, d) = with_pools(1);
         // Graph memory holds 600, 300 of them live; plain memory 300.
         g.graph_alloc_node(0x9, 0, 600);
         g.graph_copied(0x9, 0xe, true);

@@ -60,31 +60,25 @@ fn instantiated(g: &Governed, exec: *mut CUgraphExec, graph: CUgraph, r: CUresul
     r
 }
 
-pub unsafe fn cuGraphInstantiate(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    err: *mut CUgraphNode,
-    log: *mut c_char,
-    size: usize,
-) -> CUresult {
-    let g = governed_or!(call_real!(cuGraphInstantiate(exec, graph, err, log, size)));
-    let r = call_real!(cuGraphInstantiate(exec, graph, err, log, size));
-    instantiated(g, exec, graph, r)
+/// `cuGraphInstantiate` and its `_v2`: one C signature and one body, each
+/// calling its own real entry point.
+macro_rules! instantiate {
+    ($($name:ident),+) => {$(
+        pub unsafe fn $name(
+            exec: *mut CUgraphExec,
+            graph: CUgraph,
+            err: *mut CUgraphNode,
+            log: *mut c_char,
+            size: usize,
+        ) -> CUresult {
+            let g = governed_or!(call_real!($name(exec, graph, err, log, size)));
+            let r = call_real!($name(exec, graph, err, log, size));
+            instantiated(g, exec, graph, r)
+        }
+    )+};
 }
 
-pub unsafe fn cuGraphInstantiate_v2(
-    exec: *mut CUgraphExec,
-    graph: CUgraph,
-    err: *mut CUgraphNode,
-    log: *mut c_char,
-    size: usize,
-) -> CUresult {
-    let g = governed_or!(call_real!(cuGraphInstantiate_v2(
-        exec, graph, err, log, size
-    )));
-    let r = call_real!(cuGraphInstantiate_v2(exec, graph, err, log, size));
-    instantiated(g, exec, graph, r)
-}
+instantiate!(cuGraphInstantiate, cuGraphInstantiate_v2);
 
 pub unsafe fn cuGraphInstantiateWithFlags(
     exec: *mut CUgraphExec,

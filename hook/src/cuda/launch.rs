@@ -12,48 +12,45 @@ fn submit(stream: CUstream) -> Result<(), CUresult> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchKernel(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuLaunchKernel(
-        f, gx, gy, gz, bx, by, bz, shared, stream, params, extra
-    ))
+/// Wrappers whose only step before the driver is the gate: each name listed
+/// gets a body that submits on `stream` (an expression over its arguments),
+/// then calls its own real entry point with the same arguments. A macro, not
+/// a generic helper taking the real call as a closure, so each wrapper stays
+/// what it was written as by hand: an inlined gate and one direct call, with
+/// the default and `_ptsz` flavours sharing one parameter list.
+macro_rules! gated {
+    ($([$($name:ident),+] $params:tt on $stream:expr;)*) => {
+        $($(gated!(@one $name $params $stream);)+)*
+    };
+    (@one $name:ident ($($arg:ident: $ty:ty),* $(,)?) $stream:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name($($arg: $ty),*) -> CUresult {
+            if let Err(e) = submit($stream) {
+                return e;
+            }
+            call_real!($name($($arg),*))
+        }
+    };
 }
 
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchKernel_ptsz(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuLaunchKernel_ptsz(
-        f, gx, gy, gz, bx, by, bz, shared, stream, params, extra
-    ))
+gated! {
+    [cuLaunchKernel, cuLaunchKernel_ptsz] (
+        f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void,
+    ) on stream;
+    [cuLaunchKernelEx, cuLaunchKernelEx_ptsz] (
+        config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) on
+        // SAFETY: the caller passes a readable configuration (or null).
+        unsafe { config_stream(config) };
+    [cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz] (
+        f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: CUstream, params: *mut *mut c_void,
+    ) on stream;
+    [cuLaunch] (f: CUfunction) on std::ptr::null_mut();
+    [cuLaunchGrid] (f: CUfunction, width: c_int, height: c_int) on std::ptr::null_mut();
+    [cuLaunchGridAsync] (f: CUfunction, width: c_int, height: c_int, stream: CUstream) on stream;
 }
 
 /// The stream of a `cuLaunchKernelEx` configuration.
@@ -68,74 +65,6 @@ unsafe fn config_stream(config: *const CUlaunchConfig) -> CUstream {
         // SAFETY: non-null and readable per the contract.
         unsafe { (*config).hStream }
     }
-}
-
-pub unsafe fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller passes a readable configuration (or null).
-    if let Err(e) = submit(unsafe { config_stream(config) }) {
-        return e;
-    }
-    call_real!(cuLaunchKernelEx(config, f, params, extra))
-}
-
-pub unsafe fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller passes a readable configuration (or null).
-    if let Err(e) = submit(unsafe { config_stream(config) }) {
-        return e;
-    }
-    call_real!(cuLaunchKernelEx_ptsz(config, f, params, extra))
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchCooperativeKernel(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuLaunchCooperativeKernel(
-        f, gx, gy, gz, bx, by, bz, shared, stream, params
-    ))
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLaunchCooperativeKernel_ptsz(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuLaunchCooperativeKernel_ptsz(
-        f, gx, gy, gz, bx, by, bz, shared, stream, params
-    ))
 }
 
 pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
@@ -182,30 +111,4 @@ pub unsafe fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresul
     graph_launch(exec, stream, || {
         call_real!(cuGraphLaunch_ptsz(exec, stream))
     })
-}
-
-pub unsafe fn cuLaunch(f: CUfunction) -> CUresult {
-    if let Err(e) = submit(std::ptr::null_mut()) {
-        return e;
-    }
-    call_real!(cuLaunch(f))
-}
-
-pub unsafe fn cuLaunchGrid(f: CUfunction, width: c_int, height: c_int) -> CUresult {
-    if let Err(e) = submit(std::ptr::null_mut()) {
-        return e;
-    }
-    call_real!(cuLaunchGrid(f, width, height))
-}
-
-pub unsafe fn cuLaunchGridAsync(
-    f: CUfunction,
-    width: c_int,
-    height: c_int,
-    stream: CUstream,
-) -> CUresult {
-    if let Err(e) = submit(stream) {
-        return e;
-    }
-    call_real!(cuLaunchGridAsync(f, width, height, stream))
 }
