@@ -7,6 +7,7 @@
 //! | size       | a number of bytes, or a number with a unit: `Ki Mi Gi Ti Pi` (powers of 1024) or `k`/`K` `M G T P` (powers of 1000), as Kubernetes quantities are written; a fraction is allowed with a unit and rounded down to a whole byte | `4096`, `4K`, `512Mi`, `1.5Gi`, `0.1Gi` |
 //! | percentage | a number followed by `%`, at most four decimals; a bare number is refused (it reads as 30 to some and 0.3 to others) | `30%`, `12.5%`, `100%` |
 //! | duration   | a number with a unit: `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`; fractions allowed; a bare number is refused (seconds to some, milliseconds to others) | `500ms`, `1.5s`, `2m` |
+//! | fine duration | a duration, or a number of picoseconds (`ps`), for costs below a nanosecond (the simulator's per-thread kernel time) | `5ps`, `0.5ns`, `2us` |
 //!
 //! Sizes and percentages are computed in integers, so `1.5Gi` and `12.5%`
 //! are exact. Each error names the input and shows what would have parsed.
@@ -29,6 +30,10 @@ pub enum UnitError {
         "bad duration {0:?}: use a number with a unit, ns us ms s m or h, e.g. 500ms, 2s or 5m"
     )]
     Duration(String),
+    #[error(
+        "bad duration {0:?}: use a number with a unit, ps ns us ms s m or h, e.g. 5ps, 2us or 1ms"
+    )]
+    FineDuration(String),
 }
 
 /// A decimal number split into its integer digits and fraction digits;
@@ -118,23 +123,43 @@ pub fn parse_share_ppm(text: &str) -> Result<u32, UnitError> {
     }
 }
 
-/// Parses a duration: `500ms`, `1s`, `1.5s`, `5m`, `2h`, `250us`.
-pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
-    let bad = || UnitError::Duration(text.to_owned());
-    let (num, unit) = split_unit(text);
-    let (int, frac) = decimal(num).ok_or_else(bad)?;
-    let ns_per: u128 = match unit {
+/// Nanoseconds in one of the duration units.
+fn ns_per(unit: &str) -> Option<u128> {
+    Some(match unit {
         "ns" => 1,
         "us" | "µs" => 1_000,
         "ms" => 1_000_000,
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
-        _ => return Err(bad()),
-    };
+        _ => return None,
+    })
+}
+
+/// Parses a duration: `500ms`, `1s`, `1.5s`, `5m`, `2h`, `250us`.
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
+    let bad = || UnitError::Duration(text.to_owned());
+    let (num, unit) = split_unit(text);
+    let (int, frac) = decimal(num).ok_or_else(bad)?;
+    let ns_per = ns_per(unit).ok_or_else(bad)?;
     let ns = scaled(int, frac, ns_per, 1).ok_or_else(bad)?;
     let secs = u64::try_from(ns / 1_000_000_000).map_err(|_| bad())?;
     Ok(Duration::new(secs, (ns % 1_000_000_000) as u32))
+}
+
+/// Parses a duration into picoseconds, rounded down: the units of [`parse_duration`]
+/// and `ps` (`5ps`, `0.5ns`, `2us`). For costs below a nanosecond, which a
+/// [`Duration`] cannot hold: the simulator's per-thread kernel time.
+pub fn parse_duration_ps(text: &str) -> Result<u64, UnitError> {
+    let bad = || UnitError::FineDuration(text.to_owned());
+    let (num, unit) = split_unit(text);
+    let (int, frac) = decimal(num).ok_or_else(bad)?;
+    let ps_per = match unit {
+        "ps" => 1,
+        _ => ns_per(unit).ok_or_else(bad)? * 1_000,
+    };
+    let ps = scaled(int, frac, ps_per, 1).ok_or_else(bad)?;
+    u64::try_from(ps).map_err(|_| bad())
 }
 
 /// [`parse_size`] with a `String` error, for clap's `value_parser`.
@@ -295,6 +320,30 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn fine_durations_add_picoseconds() {
+        assert_eq!(parse_duration_ps("5ps"), Ok(5));
+        assert_eq!(parse_duration_ps("0.5ns"), Ok(500));
+        assert_eq!(parse_duration_ps("2us"), Ok(2_000_000));
+        assert_eq!(parse_duration_ps("2µs"), Ok(2_000_000));
+        assert_eq!(parse_duration_ps("1.5s"), Ok(1_500_000_000_000));
+        assert_eq!(parse_duration_ps("2h"), Ok(7_200_000_000_000_000));
+        assert_eq!(parse_duration_ps(" 0ps "), Ok(0));
+        // Below a picosecond rounds down, as sizes round down to a byte.
+        assert_eq!(parse_duration_ps("1.9ps"), Ok(1));
+        for bad in [
+            "5", "5x", "", "ps", "-1ps", "1.2.3ns", "5 ps ps", "1e3ps", "9999999h",
+        ] {
+            let e = parse_duration_ps(bad).expect_err(bad).to_string();
+            assert!(
+                e.contains(&format!("{bad:?}")) && e.contains("e.g. 5ps"),
+                "{e}"
+            );
+        }
+        // The coarse parser keeps refusing picoseconds: a Duration cannot hold them.
+        assert!(parse_duration("5ps").is_err());
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! their values (sizes like `16Gi`, compute capabilities like `9.0`).
 
 use crate::layout::{MAX_DEVICES, NAME_LEN};
+/// Sizes are the contract's syntax (`16Gi`, `512Mi`, `2G`, bytes), as every other part
+/// reads them; re-exported for the tests that build nodes from size strings.
+pub use tessera_contract::units::parse_size;
 
 /// Environment variable naming the node state file.
 pub const ENV_STATE: &str = "TESSERA_SIM_STATE";
@@ -69,7 +72,8 @@ pub enum ConfigError {
     Invalid {
         var: &'static str,
         value: String,
-        reason: &'static str,
+        /// Why, and what would have parsed (the contract's message, for sizes).
+        reason: String,
     },
 }
 
@@ -116,7 +120,7 @@ impl NodeConfig {
             config.devices = n as u32;
         }
         if let Some(v) = lookup(ENV_MEMORY) {
-            let bytes = parse_size(&v).map_err(|reason| invalid(ENV_MEMORY, &v, reason))?;
+            let bytes = parse_size(&v).map_err(|e| invalid(ENV_MEMORY, &v, e))?;
             if bytes < (1 << 20) {
                 return Err(invalid(ENV_MEMORY, &v, "must be at least 1Mi"));
             }
@@ -161,11 +165,11 @@ impl NodeConfig {
     }
 }
 
-fn invalid(var: &'static str, value: &str, reason: &'static str) -> ConfigError {
+pub(crate) fn invalid(var: &'static str, value: &str, reason: impl ToString) -> ConfigError {
     ConfigError::Invalid {
         var,
         value: value.to_string(),
-        reason,
+        reason: reason.to_string(),
     }
 }
 
@@ -176,31 +180,6 @@ fn parse_u64(var: &'static str, value: &str) -> Result<u64, ConfigError> {
         None => v.parse::<u64>(),
     };
     parsed.map_err(|_| invalid(var, value, "not a non-negative integer"))
-}
-
-/// Parses a byte size: plain bytes, or a number with a binary (`Ki`, `Mi`, `Gi`, `Ti`) or
-/// decimal (`K`, `M`, `G`, `T`) suffix, as Kubernetes quantities are written.
-pub fn parse_size(value: &str) -> Result<u64, &'static str> {
-    let v = value.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (digits, unit) = v.split_at(split);
-    if digits.is_empty() {
-        return Err("must start with a number");
-    }
-    let n: u64 = digits.parse().map_err(|_| "number too large")?;
-    let mult: u64 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "K" | "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return Err("unknown unit (use Ki, Mi, Gi, Ti, K, M, G, T or plain bytes)"),
-    };
-    n.checked_mul(mult).ok_or("size too large")
 }
 
 /// A stable per-host seed, so a host's simulated GPUs keep their UUIDs across runs but two

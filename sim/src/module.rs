@@ -9,13 +9,16 @@
 //! kernel scaled 2us/block     # 2 µs per block of the launch grid
 //! ```
 //!
-//! Durations: a number (decimals allowed) with `ns`, `us`, `ms` or `s`; a bare `0`.
+//! Durations: the contract's duration syntax (`tessera_contract::units`: a number,
+//! decimals allowed, with `ns`, `us`, `ms`, `s`, `m` or `h`), or a bare `0`; at most 1e6 s.
 //!
 //! Real kernels (from cubins, PTX and fat binaries, see [`crate::image`]) carry no
 //! duration: they get [`KernelTime`]'s model, a fixed cost plus a cost per thread of the
 //! launch, set by `TESSERA_SIM_KERNEL_TIME` (default `2us+5ps/thread`).
 
 use std::collections::HashMap;
+
+use tessera_contract::units;
 
 /// How long one launch of a kernel occupies the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,32 +126,17 @@ impl KernelTime {
     }
 }
 
-/// Parses `0`, `5ps`, `1.5ns`, `2us`, ... into picoseconds.
-fn parse_ps(text: &str) -> Result<u64, &'static str> {
+/// Parses `0`, `5ps`, `1.5ns`, `2us`, ... into picoseconds: the contract's fine
+/// duration syntax, or a bare `0`; at most 1e6 s.
+fn parse_ps(text: &str) -> Result<u64, String> {
     if text == "0" {
         return Ok(0);
     }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or("a duration needs a unit (ps, ns, us, ms, s)")?;
-    let (number, unit) = text.split_at(split);
-    let scale: f64 = match unit {
-        "ps" => 1.0,
-        "ns" => 1e3,
-        "us" => 1e6,
-        "ms" => 1e9,
-        "s" => 1e12,
-        _ => return Err("unknown unit (use ps, ns, us, ms or s)"),
-    };
-    if number.is_empty() || number.matches('.').count() > 1 {
-        return Err("bad number");
+    let ps = units::parse_duration_ps(text).map_err(|e| e.to_string())?;
+    if ps > 1_000_000_000_000_000_000 {
+        return Err("out of range (at most 1e6 s)".into());
     }
-    let value: f64 = number.parse().map_err(|_| "bad number")?;
-    let ps = (value * scale).round();
-    if !(0.0..=1e18).contains(&ps) {
-        return Err("out of range");
-    }
-    Ok(ps as u64)
+    Ok(ps)
 }
 
 /// A parsed module: kernel names and their costs, in declaration order.
@@ -210,8 +198,8 @@ pub fn parse_module(text: &str) -> Result<ModuleSpec, ModuleError> {
             return Err(err(format!("unexpected {extra:?} after the duration")));
         }
         let cost = match cost_text.strip_suffix("/block") {
-            Some(d) => Cost::PerBlock(parse_duration(d).map_err(|r| err(r.to_string()))?),
-            None => Cost::Fixed(parse_duration(cost_text).map_err(|r| err(r.to_string()))?),
+            Some(d) => Cost::PerBlock(parse_duration(d).map_err(err)?),
+            None => Cost::Fixed(parse_duration(cost_text).map_err(err)?),
         };
         if seen.insert(name.to_string(), ()).is_some() {
             return Err(err(format!("kernel {name} declared twice")));
@@ -224,29 +212,17 @@ pub fn parse_module(text: &str) -> Result<ModuleSpec, ModuleError> {
     Ok(ModuleSpec { kernels })
 }
 
-/// Parses `0`, `500ns`, `50us`, `1.5ms`, `2s` into ns.
-pub fn parse_duration(text: &str) -> Result<u64, &'static str> {
+/// Parses `0`, `500ns`, `50us`, `1.5ms`, `2s` into ns: the contract's duration syntax,
+/// or a bare `0` (a kernel that takes no time); at most 1e6 s.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
     if text == "0" {
         return Ok(0);
     }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or("duration needs a unit (ns, us, ms, s)")?;
-    let (number, unit) = text.split_at(split);
-    let scale: f64 = match unit {
-        "ns" => 1.0,
-        "us" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        _ => return Err("unknown duration unit (use ns, us, ms or s)"),
-    };
-    if number.is_empty() || number.matches('.').count() > 1 {
-        return Err("bad duration number");
-    }
-    let value: f64 = number.parse().map_err(|_| "bad duration number")?;
-    let ns = (value * scale).round();
-    if !(0.0..=1e15).contains(&ns) {
-        return Err("duration out of range (at most 1e6 s)");
+    let ns = units::parse_duration(text)
+        .map_err(|e| e.to_string())?
+        .as_nanos();
+    if ns > 1_000_000_000_000_000 {
+        return Err("duration out of range (at most 1e6 s)".into());
     }
     Ok(ns as u64)
 }
@@ -316,12 +292,16 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(0));
         assert_eq!(parse_duration("7ns"), Ok(7));
         assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
+        assert_eq!(parse_duration("1.5ms"), Ok(1_500_000));
+        // The contract's units, minutes and hours included.
+        assert_eq!(parse_duration("5h"), Ok(18_000_000_000_000));
         for bad in [
             "",
             "5",
             "ms",
             "1.2.3ms",
-            "5h",
+            "5ps",
+            "300h",
             "-1ms",
             "1e3ms",
             "99999999999s",

@@ -9,9 +9,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::clock::now_ns;
-use crate::config::{ConfigError, ENV_STATE, NodeConfig, parse_size};
+use crate::config::{ConfigError, ENV_STATE, NodeConfig, invalid, parse_size};
 use crate::layout::*;
 use crate::process::{is_alive, own_start_time};
+/// The UUID spelling NVML, nvidia-smi and the control file share (the contract's),
+/// re-exported for the tests that name a simulated device by UUID.
+pub use tessera_contract::format_uuid;
 
 /// Why the node state cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +52,7 @@ pub const DEFAULT_CONTEXT_MEMORY: u64 = 300 << 20;
 pub fn context_memory_from_env() -> Result<u64, NodeError> {
     match std::env::var(ENV_CONTEXT_MEMORY) {
         Err(_) => Ok(DEFAULT_CONTEXT_MEMORY),
-        Ok(v) => parse_size(&v).map_err(|reason| {
-            NodeError::Config(ConfigError::Invalid {
-                var: ENV_CONTEXT_MEMORY,
-                value: v.clone(),
-                reason,
-            })
-        }),
+        Ok(v) => parse_size(&v).map_err(|e| NodeError::Config(invalid(ENV_CONTEXT_MEMORY, &v, e))),
     }
 }
 
@@ -915,19 +912,6 @@ fn device_uuid_bytes(d: &DeviceState) -> [u8; 16] {
     out[..8].copy_from_slice(&d.uuid[0].load(Ordering::Relaxed).to_le_bytes());
     out[8..].copy_from_slice(&d.uuid[1].load(Ordering::Relaxed).to_le_bytes());
     out
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and nvidia-smi print UUIDs.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
 
 /// Parses a PCI bus id `[domain:]bus:device.function` (hex, any case, any domain width,
