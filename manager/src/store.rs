@@ -621,16 +621,7 @@ mod tests {
     }
 
     fn req(uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
-        pb::CreateAllocationRequest {
-            id: "a1".into(),
-            devices: vec![pb::DeviceRequest {
-                gpu_uuid: uuid.into(),
-                memory_limit_bytes: mem,
-                compute_share_ppm: ppm,
-                slices: 0,
-            }],
-            ..Default::default()
-        }
+        pb::CreateAllocationRequest::one_device("a1", uuid, mem, ppm)
     }
 
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {

@@ -12,7 +12,7 @@ use tessera_manager::gpu::fake::FakeGpu;
 use tessera_manager::gpu::{GpuEvent, GpuProcess, GpuSample};
 use tessera_manager::{Config, Manager, ManagerError};
 use tessera_proto::manager::v1 as pb;
-use tessera_shm::{LocalLiveness, ProcIdentity, State};
+use tessera_shm::{LocalLiveness, Member, ProcIdentity, State};
 use tonic::Code;
 
 const GI: u64 = 1 << 30;
@@ -60,17 +60,43 @@ async fn start(c: Config, gpu: Arc<FakeGpu>) -> Running {
     }
 }
 
+type Client = pb::manager_client::ManagerClient<tonic::transport::Channel>;
+
+/// The common start: a manager over `gpus` fake 16 GiB GPUs with the tests'
+/// `config` in a fresh state directory, and a client connected to it.
+async fn start_fake(gpus: u32) -> (tempfile::TempDir, Arc<FakeGpu>, Running, Client) {
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(gpus, 16 * GI));
+    let m = start(config(dir.path()), gpu.clone()).await;
+    let c = client::connect(&m.socket).await.unwrap();
+    (dir, gpu, m, c)
+}
+
+/// A one-GPU request (see `CreateAllocationRequest::one_device`).
 fn request(id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
-    pb::CreateAllocationRequest {
-        id: id.into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid.into(),
-            memory_limit_bytes: mem,
-            compute_share_ppm: ppm,
-            slices: 0,
-        }],
-        ..Default::default()
-    }
+    pb::CreateAllocationRequest::one_device(id, uuid, mem, ppm)
+}
+
+/// Creates the one-GPU allocation, which must succeed.
+async fn create(c: &mut Client, id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::Allocation {
+    c.create_allocation(request(id, uuid, mem, ppm))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Asks for the one-GPU allocation, which must be refused; the error.
+async fn refused(c: &mut Client, id: &str, uuid: &str, mem: u64, ppm: u32) -> tonic::Status {
+    c.create_allocation(request(id, uuid, mem, ppm))
+        .await
+        .unwrap_err()
+}
+
+async fn node_status(c: &mut Client) -> pb::NodeStatus {
+    c.get_node_status(pb::NodeStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 /// Polls `f` until it holds or `limit` passes; returns how long it took.
@@ -109,6 +135,17 @@ fn metric(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Asserts the value of each `(name, labels, value)` in `text`.
+fn assert_metrics(text: &str, want: &[(&str, &[(&str, &str)], f64)]) {
+    for (name, labels, value) in want {
+        assert_eq!(
+            metric(text, name, labels),
+            Some(*value),
+            "{name} {labels:?}"
+        );
+    }
 }
 
 /// The ids of every allocation, sorted.
@@ -174,19 +211,27 @@ fn sleeper() -> (std::process::Child, ProcIdentity) {
     (child, id)
 }
 
+/// SIGKILLs a child and reaps it.
+fn kill(child: &mut std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The state file of allocation `a`, a sleeping child process and its slot
+/// there (joined as the shim joins).
+fn joined_sleeper(a: &pb::Allocation) -> (State, std::process::Child, Member) {
+    let state = State::open(Path::new(&a.state_path), &a.id).unwrap();
+    let (child, id) = sleeper();
+    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    (state, child, member)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_list_delete_over_the_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let (dir, gpu, m, mut c) = start_fake(2).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu.clone()).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
 
-    let a = c
-        .create_allocation(request("a1", &u0, 4 * GI, 300_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create(&mut c, "a1", &u0, 4 * GI, 300_000).await;
     assert_eq!(a.id, "a1");
     assert_eq!(a.policy, pb::ComputePolicy::Burst as i32, "node default");
     assert!(Path::new(&a.control_path).exists() && Path::new(&a.state_path).exists());
@@ -213,24 +258,13 @@ async fn create_list_delete_over_the_socket() {
     assert_eq!(ctl.compute_share_ppm(0), 300_000);
 
     // Same id and request: the same allocation back. Different: conflict.
-    let again = c
-        .create_allocation(request("a1", &u0, 4 * GI, 300_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = create(&mut c, "a1", &u0, 4 * GI, 300_000).await;
     assert_eq!(again, a);
-    let e = c
-        .create_allocation(request("a1", &u0, 5 * GI, 300_000))
-        .await
-        .unwrap_err();
+    let e = refused(&mut c, "a1", &u0, 5 * GI, 300_000).await;
     assert_eq!(e.code(), Code::AlreadyExists, "{e}");
 
     // An empty id gets one chosen.
-    let b = c
-        .create_allocation(request("", &u0, GI, 100_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let b = create(&mut c, "", &u0, GI, 100_000).await;
     assert!(b.id.starts_with("alloc-"), "{}", b.id);
 
     let list = c
@@ -243,11 +277,7 @@ async fn create_list_delete_over_the_socket() {
     ids.sort();
     assert_eq!(ids, ["a1".to_owned(), b.id.clone()]);
 
-    let st = c
-        .get_node_status(pb::NodeStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let st = node_status(&mut c).await;
     assert_eq!(st.gpus[0].memory_allocated_bytes, 5 * GI);
     assert_eq!(st.gpus[0].compute_allocated_ppm, 400_000);
     assert_eq!(st.gpus[1].memory_allocated_bytes, 0);
@@ -268,11 +298,8 @@ async fn create_list_delete_over_the_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_errors_and_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let (dir, gpu, m, mut c) = start_fake(1).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
     let cases = [
         (
             request("x", "GPU-missing", GI, 1),
@@ -305,19 +332,11 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         assert_eq!(e.code(), code, "{e}");
         assert!(e.message().contains(words), "{e}");
     }
-    c.create_allocation(request("big", &u0, 12 * GI, 700_000))
-        .await
-        .unwrap();
-    let e = c
-        .create_allocation(request("more", &u0, 5 * GI, 100_000))
-        .await
-        .unwrap_err();
+    create(&mut c, "big", &u0, 12 * GI, 700_000).await;
+    let e = refused(&mut c, "more", &u0, 5 * GI, 100_000).await;
     assert_eq!(e.code(), Code::ResourceExhausted);
     assert!(e.message().contains("memory unallocated"), "{e}");
-    let e = c
-        .create_allocation(request("more", &u0, GI, 400_000))
-        .await
-        .unwrap_err();
+    let e = refused(&mut c, "more", &u0, GI, 400_000).await;
     assert_eq!(e.code(), Code::ResourceExhausted);
     let list = c
         .list_allocations(pb::ListAllocationsRequest {})
@@ -349,16 +368,9 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_are_recorded_and_policies_only_tighten() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let (_dir, gpu, m, mut c) = start_fake(1).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
-    let a = c
-        .create_allocation(request("a1", &u0, GI, 100_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create(&mut c, "a1", &u0, GI, 100_000).await;
     let owned = c
         .set_allocation_owner(pb::SetAllocationOwnerRequest {
             id: "a1".into(),
@@ -417,11 +429,8 @@ async fn owners_are_recorded_and_policies_only_tighten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let (_dir, gpu, m, mut c) = start_fake(2).await;
     let u1 = gpu.uuid(1);
-    let m = start(config(dir.path()), gpu.clone()).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
     let mut watch = c
         .watch_node_status(pb::WatchNodeStatusRequest {
             interval_ms: 10_000,
@@ -453,26 +462,21 @@ async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(unhealthy.gpus[1].unhealthy_reason, "critical XID 79");
     assert!(unhealthy.gpus[0].healthy, "only the GPU with the XID");
-    let e = c
-        .create_allocation(request("on-bad", &u1, GI, 1))
-        .await
-        .unwrap_err();
+    let e = refused(&mut c, "on-bad", &u1, GI, 1).await;
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().contains("unhealthy"), "{e}");
     let text = scrape(m.metrics).await;
-    assert_eq!(
-        metric(&text, "tessera_gpu_healthy", &[("gpu", "1")]),
-        Some(0.0)
-    );
-    assert_eq!(
-        metric(&text, "tessera_gpu_healthy", &[("gpu", "0")]),
-        Some(1.0)
+    assert_metrics(
+        &text,
+        &[
+            ("tessera_gpu_healthy", &[("gpu", "1")], 0.0),
+            ("tessera_gpu_healthy", &[("gpu", "0")], 1.0),
+        ],
     );
 
     // Recovers after the hold-off (500 ms here).
     let took = eventually(Duration::from_secs(5), async || {
-        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
-        s.into_inner().gpus[1].healthy
+        node_status(&mut c).await.gpus[1].healthy
     })
     .await;
     assert!(took.is_some(), "GPU 1 never recovered from the XID");
@@ -480,16 +484,14 @@ async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
     // A lost GPU is unhealthy until it answers again.
     gpu.set_lost(&u1, true);
     let lost = eventually(Duration::from_secs(5), async || {
-        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
-        let g = &s.into_inner().gpus[1];
+        let g = &node_status(&mut c).await.gpus[1];
         !g.healthy && g.unhealthy_reason.contains("lost")
     })
     .await;
     assert!(lost.is_some(), "a lost GPU was not noticed");
     gpu.set_lost(&u1, false);
     let back = eventually(Duration::from_secs(5), async || {
-        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
-        s.into_inner().gpus[1].healthy
+        node_status(&mut c).await.gpus[1].healthy
     })
     .await;
     assert!(back.is_some(), "a GPU that answers again stays unhealthy");
@@ -498,33 +500,22 @@ async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_process_has_its_memory_reclaimed_within_a_second() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let (_dir, gpu, m, mut c) = start_fake(1).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
-    let a = c
-        .create_allocation(request("a1", &u0, 4 * GI, 1_000_000))
-        .await
-        .unwrap()
-        .into_inner();
-    let state = State::open(Path::new(&a.state_path), "a1").unwrap();
-    let (mut child, id) = sleeper();
-    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    let a = create(&mut c, "a1", &u0, 4 * GI, 1_000_000).await;
+    let (state, mut child, member) = joined_sleeper(&a);
     state.reserve(member, 0, 3 * GI, 4 * GI).unwrap();
 
     // The manager finds the process's host pid.
     let found = eventually(Duration::from_secs(3), async || {
-        let s = c.get_node_status(pb::NodeStatusRequest {}).await.unwrap();
-        let s = s.into_inner();
+        let s = node_status(&mut c).await;
         s.allocations[0].processes.first().map(|p| p.host_pid) == Some(child.id())
     })
     .await;
     assert!(found.is_some(), "host pid never resolved");
     assert_eq!(state.reserved(0), 3 * GI);
 
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(&mut child);
     let took = eventually(Duration::from_secs(3), async || state.reserved(0) == 0).await;
     let took = took.expect("memory of a killed process was never reclaimed");
     assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
@@ -535,16 +526,9 @@ async fn a_killed_process_has_its_memory_reclaimed_within_a_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_manager_keeps_allocations_and_processes() {
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let (dir, gpu, m, mut c) = start_fake(1).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu.clone()).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
-    let a = c
-        .create_allocation(request("keep", &u0, 4 * GI, 500_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create(&mut c, "keep", &u0, 4 * GI, 500_000).await;
     c.set_allocation_owner(pb::SetAllocationOwnerRequest {
         id: "keep".into(),
         namespace: "ns".into(),
@@ -554,9 +538,7 @@ async fn a_restarted_manager_keeps_allocations_and_processes() {
     })
     .await
     .unwrap();
-    let state = State::open(Path::new(&a.state_path), "keep").unwrap();
-    let (mut child, id) = sleeper();
-    let member = state.join(&id, &LocalLiveness::quick()).unwrap();
+    let (state, mut child, member) = joined_sleeper(&a);
     state.reserve(member, 0, GI, 4 * GI).unwrap();
     drop(c);
     m.stop().await;
@@ -564,11 +546,7 @@ async fn a_restarted_manager_keeps_allocations_and_processes() {
     // The process runs on while no manager is up, and after.
     let m = start(config(dir.path()), gpu).await;
     let mut c = client::connect(&m.socket).await.unwrap();
-    let st = c
-        .get_node_status(pb::NodeStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let st = node_status(&mut c).await;
     assert_eq!(st.allocations.len(), 1);
     let al = &st.allocations[0];
     let rec = al.allocation.as_ref().unwrap();
@@ -579,23 +557,12 @@ async fn a_restarted_manager_keeps_allocations_and_processes() {
     // The same files, not new ones: the process's mapping still counts.
     assert_eq!(rec.state_path, a.state_path);
     state.reserve(member, 0, GI, 4 * GI).unwrap();
-    let used = c
-        .get_node_status(pb::NodeStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .allocations[0]
-        .devices[0]
-        .memory_used_bytes;
+    let used = node_status(&mut c).await.allocations[0].devices[0].memory_used_bytes;
     assert_eq!(used, 2 * GI);
     // Capacity accounting survived too.
-    let e = c
-        .create_allocation(request("more", &u0, 13 * GI, 100_000))
-        .await
-        .unwrap_err();
+    let e = refused(&mut c, "more", &u0, 13 * GI, 100_000).await;
     assert_eq!(e.code(), Code::ResourceExhausted);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill(&mut child);
     let took = eventually(Duration::from_secs(3), async || state.reserved(0) == 0).await;
     assert!(took.is_some(), "the restarted manager does not reap");
     m.stop().await;
@@ -621,11 +588,7 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
     let cfg_slack = cfg.backstop_slack_bytes;
     let m = start(cfg, gpu.clone()).await;
     let mut c = client::connect(&m.socket).await.unwrap();
-    let a = c
-        .create_allocation(request("a1", &u0, 4 * GI, 250_000))
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create(&mut c, "a1", &u0, 4 * GI, 250_000).await;
     let state = State::open(Path::new(&a.state_path), "a1").unwrap();
     let (mut child, id) = mapper(Path::new(&a.state_path));
     // A live process on the GPU in no allocation (a pid that does not exist is
@@ -660,65 +623,32 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
     })
     .await;
     assert!(seen.is_some(), "stranger not reported:\n{text}");
-    assert_eq!(
-        metric(&text, "tessera_gpu_memory_used_bytes", &g0),
-        Some(3.0 * GI as f64)
-    );
-    assert_eq!(
-        metric(&text, "tessera_gpu_memory_total_bytes", &g0),
-        Some(16.0 * GI as f64)
-    );
-    assert_eq!(
-        metric(&text, "tessera_gpu_utilization_ratio", &g0),
-        Some(0.42)
-    );
-    assert_eq!(
-        metric(&text, "tessera_gpu_temperature_celsius", &g0),
-        Some(55.0)
-    );
-    assert_eq!(metric(&text, "tessera_gpu_power_watts", &g0), Some(150.5));
-    // 4 GiB of 16 at 8 slices per GPU: 2 slices; 25% of compute: 2 slices.
-    assert_eq!(
-        metric(&text, "tessera_gpu_slices_allocated", &g0),
-        Some(2.0)
-    );
-    assert_eq!(metric(&text, "tessera_gpu_slices", &g0), Some(8.0));
-    assert_eq!(
-        metric(&text, "tessera_gpu_slices_allocated", &[("gpu", "1")]),
-        Some(0.0)
-    );
     let a1 = [("allocation", "a1"), ("gpu", "0")];
-    assert_eq!(
-        metric(&text, "tessera_allocation_memory_used_bytes", &a1),
-        Some(2.0 * GI as f64)
-    );
-    assert_eq!(
-        metric(&text, "tessera_allocation_memory_limit_bytes", &a1),
-        Some(4.0 * GI as f64)
-    );
-    assert_eq!(
-        metric(&text, "tessera_allocation_compute_share_ratio", &a1),
-        Some(0.25)
-    );
-    assert_eq!(
-        metric(&text, "tessera_allocation_processes", &a1),
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(&text, "tessera_allocation_oom_refused_total", &a1),
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(&text, "tessera_allocation_wait_seconds_total", &a1),
-        Some(0.0)
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "tessera_ungoverned_processes",
-            &[("gpu", "0"), ("reason", "over_limit")]
-        ),
-        Some(0.0)
+    let over_limit = [("gpu", "0"), ("reason", "over_limit")];
+    assert_metrics(
+        &text,
+        &[
+            ("tessera_gpu_memory_used_bytes", &g0, 3.0 * GI as f64),
+            ("tessera_gpu_memory_total_bytes", &g0, 16.0 * GI as f64),
+            ("tessera_gpu_utilization_ratio", &g0, 0.42),
+            ("tessera_gpu_temperature_celsius", &g0, 55.0),
+            ("tessera_gpu_power_watts", &g0, 150.5),
+            // 4 GiB of 16 at 8 slices per GPU: 2 slices; 25% of compute: 2 slices.
+            ("tessera_gpu_slices_allocated", &g0, 2.0),
+            ("tessera_gpu_slices", &g0, 8.0),
+            ("tessera_gpu_slices_allocated", &[("gpu", "1")], 0.0),
+            ("tessera_allocation_memory_used_bytes", &a1, 2.0 * GI as f64),
+            (
+                "tessera_allocation_memory_limit_bytes",
+                &a1,
+                4.0 * GI as f64,
+            ),
+            ("tessera_allocation_compute_share_ratio", &a1, 0.25),
+            ("tessera_allocation_processes", &a1, 1.0),
+            ("tessera_allocation_oom_refused_total", &a1, 1.0),
+            ("tessera_allocation_wait_seconds_total", &a1, 0.0),
+            ("tessera_ungoverned_processes", &over_limit, 0.0),
+        ],
     );
 
     // Our process goes over its limit plus the per-process slack in the
@@ -745,10 +675,8 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
         child.try_wait().unwrap().is_none(),
         "killed although killing is off"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
-    stranger.kill().unwrap();
-    stranger.wait().unwrap();
+    kill(&mut child);
+    kill(&mut stranger);
     m.stop().await;
 }
 
@@ -764,9 +692,7 @@ async fn the_backstop_kills_only_when_told_to() {
     // there is stopped. (On a GPU no allocation uses, it is only reported:
     // tests/tests/attack_backstop.rs.)
     let mut c = client::connect(&m.socket).await.unwrap();
-    c.create_allocation(request("a1", &u0, 4 * GI, 250_000))
-        .await
-        .unwrap();
+    create(&mut c, "a1", &u0, 4 * GI, 250_000).await;
     let mut stranger = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
@@ -845,11 +771,8 @@ async fn start_up_errors_are_clear() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gone() {
     use tessera_contract::labels::RunOwner;
-    let dir = tempfile::tempdir().unwrap();
-    let gpu = Arc::new(FakeGpu::new(1, 16 * GI));
+    let (_dir, gpu, m, mut c) = start_fake(1).await;
     let u0 = gpu.uuid(0);
-    let m = start(config(dir.path()), gpu).await;
-    let mut c = client::connect(&m.socket).await.unwrap();
 
     // A "tessera run" (a sleeper) with one process of its own joined.
     let (mut run, run_id) = sleeper();
@@ -862,15 +785,12 @@ async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gon
     req.labels = owner.labels().into_iter().collect();
     let a = c.create_allocation(req).await.unwrap().into_inner();
     // A device-plugin allocation with no process is never touched.
-    c.create_allocation(request("pod-y", &u0, GI, 100_000))
-        .await
-        .unwrap();
+    create(&mut c, "pod-y", &u0, GI, 100_000).await;
     let state = State::open(Path::new(&a.state_path), "run-x").unwrap();
     let (mut worker, worker_id) = sleeper();
     state.join(&worker_id, &LocalLiveness::quick()).unwrap();
 
-    run.kill().unwrap();
-    run.wait().unwrap();
+    kill(&mut run);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         ids(&m.socket).await,
@@ -878,8 +798,7 @@ async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gon
         "kept while a process runs"
     );
 
-    worker.kill().unwrap();
-    worker.wait().unwrap();
+    kill(&mut worker);
     let gone = eventually(Duration::from_secs(3), async || {
         ids(&m.socket).await == ["pod-y"]
     })
