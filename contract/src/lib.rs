@@ -4,7 +4,9 @@
 //! Kubernetes objects and allocation labels ([`labels`]), compute policies
 //! ([`policy`]), the one syntax for sizes, percentages and durations
 //! ([`units`]) and the spelling of GPU UUIDs ([`uuid`]). The shim links this
-//! crate, so it stays synchronous with no dependency beyond `thiserror`.
+//! crate, so it stays synchronous with no dependency beyond `thiserror`; the
+//! daemons' YAML config reading (module `yaml`, behind the feature `yaml`) is
+//! the one optional part.
 
 pub mod env;
 pub mod labels;
@@ -12,6 +14,8 @@ pub mod paths;
 pub mod policy;
 pub mod units;
 pub mod uuid;
+#[cfg(feature = "yaml")]
+pub mod yaml;
 
 pub use policy::Policy;
 pub use uuid::format_uuid;

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use tessera_contract::yaml::{YamlError, from_yaml};
 
 use crate::selector::{LabelSelector, SelectorError};
 
@@ -37,18 +38,18 @@ pub enum ConfigError {
     },
     #[error("config file is empty (or only comments)")]
     Empty,
-    /// YAML syntax, an unknown field or a wrong type. serde_yaml's message
-    /// names the field path and the line.
+    /// YAML syntax, an unknown field or a wrong type: the message names the
+    /// field's path and the line.
     #[error("config is not valid: {0}")]
-    Syntax(serde_yaml::Error),
+    Syntax(YamlError),
     #[error("{field}: {reason}")]
     Invalid { field: String, reason: String },
 }
 
 // Not `#[from]`: that would also make the YAML error the `source`, and
 // error reports would print its message twice.
-impl From<serde_yaml::Error> for ConfigError {
-    fn from(e: serde_yaml::Error) -> Self {
+impl From<YamlError> for ConfigError {
+    fn from(e: YamlError) -> Self {
         Self::Syntax(e)
     }
 }
@@ -372,10 +373,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         // Comments only is empty too: most likely everything was commented
         // out by mistake, and defaults would silently replace the config.
-        if serde_yaml::from_str::<serde_yaml::Value>(text)?.is_null() {
-            return Err(ConfigError::Empty);
-        }
-        let raw: RawConfig = serde_yaml::from_str(text)?;
+        let raw: RawConfig = from_yaml(text)?.ok_or(ConfigError::Empty)?;
         raw.validate()
     }
 

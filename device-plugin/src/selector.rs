@@ -151,7 +151,9 @@ mod tests {
     }
 
     fn sel(yaml: &str) -> LabelSelector {
-        let raw: RawSelector = serde_yaml::from_str(yaml).expect("yaml");
+        let raw: RawSelector = tessera_contract::yaml::from_yaml(yaml)
+            .expect("yaml")
+            .expect("a selector");
         raw.validate().expect("valid")
     }
 

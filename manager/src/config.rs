@@ -338,13 +338,13 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
         path: path.to_owned(),
         error,
     })?;
-    if text.trim().is_empty() {
-        return Ok(FileConfig::default());
-    }
-    serde_yaml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })
+    // An empty file (or only comments) sets nothing: every default stands.
+    tessera_contract::yaml::from_yaml(&text)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
 }
 
 fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
@@ -386,7 +386,9 @@ mod tests {
     }
 
     fn yaml(s: &str) -> FileConfig {
-        serde_yaml::from_str(s).expect("test YAML parses")
+        tessera_contract::yaml::from_yaml(s)
+            .expect("test YAML parses")
+            .expect("not empty")
     }
 
     #[test]
@@ -503,7 +505,11 @@ mod tests {
 
         std::fs::write(&path, "stateDir: [1\n").unwrap();
         let e = Config::load(&args).unwrap_err().to_string();
-        assert!(e.contains("m.yaml"), "{e}");
+        assert!(e.contains("m.yaml") && e.contains("line 1"), "{e}");
+
+        std::fs::write(&path, "metricsAddr: off\nquantum: [10ms]\n").unwrap();
+        let e = Config::load(&args).unwrap_err().to_string();
+        assert!(e.contains("quantum: ") && e.contains("line 2"), "{e}");
 
         let missing = ManagerArgs {
             config: Some(dir.path().join("nope.yaml")),
@@ -520,11 +526,13 @@ mod tests {
     fn an_empty_file_means_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.yaml");
-        std::fs::write(&path, "\n").unwrap();
         let args = ManagerArgs {
-            config: Some(path),
+            config: Some(path.clone()),
             ..Default::default()
         };
-        assert_eq!(Config::load(&args).unwrap().slices_per_gpu, 10);
+        for text in ["", "\n", "# everything commented out\n# stateDir: /x\n"] {
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(Config::load(&args).unwrap().slices_per_gpu, 10, "{text:?}");
+        }
     }
 }

@@ -47,12 +47,12 @@ fn standalone() -> String {
 }
 
 fn docs(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| {
-            let v: Value = serde::Deserialize::deserialize(d).expect("valid YAML document");
-            v
-        })
-        .filter(|v| !v.is_null())
+    // Helm leaves a document that is only a `# Source:` comment where a template
+    // renders nothing.
+    serde_saphyr::from_multiple::<Option<Value>>(yaml)
+        .expect("valid YAML documents")
+        .into_iter()
+        .flatten()
         .collect()
 }
 
@@ -330,8 +330,8 @@ fn node_objects_carry_the_agreed_paths_and_config() {
     // The ConfigMap holds exactly the chart's nodeConfig, as YAML.
     let cm: ConfigMap = find(&out, "ConfigMap", "tessera-node-config");
     let text = &cm.data.expect("data")["config.yaml"];
-    let in_cm: serde_yaml::Value = serde_yaml::from_str(text).expect("config.yaml is YAML");
-    let values: serde_yaml::Value = serde_yaml::from_str(
+    let in_cm: Value = serde_saphyr::from_str(text).expect("config.yaml is YAML");
+    let values: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values.yaml"),
     )
     .expect("values.yaml is YAML");

@@ -6,20 +6,22 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
+
 use tessera_device_plugin::config::{ComputePolicy, Config, DeviceListStrategy, Placement};
 
-fn shipped_node_config() -> serde_yaml::Value {
+fn shipped_node_config() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../deploy/helm/tessera/values.yaml"
     );
     let text = std::fs::read_to_string(path).expect("the chart's values.yaml");
-    let values: serde_yaml::Value = serde_yaml::from_str(&text).expect("values.yaml is YAML");
+    let values: Value = serde_saphyr::from_str(&text).expect("values.yaml is YAML");
     values["nodeConfig"].clone()
 }
 
-fn parse(v: &serde_yaml::Value) -> Result<Config, String> {
-    let text = serde_yaml::to_string(v).expect("to yaml");
+fn parse(v: &Value) -> Result<Config, String> {
+    let text = serde_saphyr::to_string(v).expect("to yaml");
     Config::parse(&text).map_err(|e| e.to_string())
 }
 
@@ -57,7 +59,7 @@ fn shipped_node_config_parses_and_resolves_as_documented() {
 #[test]
 fn a_bad_value_in_the_node_config_is_caught_by_the_plugin() {
     let mut v = shipped_node_config();
-    v["default"]["placement"] = serde_yaml::Value::from("scatter");
+    v["default"]["placement"] = Value::from("scatter");
     let e = parse(&v).expect_err("refused");
     assert!(
         e.contains("default.placement") && e.contains("scatter"),
