@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::clock::now_ns;
 use crate::config::{ConfigError, ENV_STATE, NodeConfig, invalid, parse_size};
@@ -15,6 +15,7 @@ use crate::process::{is_alive, own_start_time};
 /// The UUID spelling NVML, nvidia-smi and the control file share (the contract's),
 /// re-exported for the tests that name a simulated device by UUID.
 pub use tessera_contract::format_uuid;
+use tessera_shm::sys::{futex_wait, futex_wake_all};
 
 /// Why the node state cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -801,7 +802,7 @@ impl Node {
         rec.seq.store(seq, Ordering::Release);
         let word = &self.state().header.event_seq;
         word.fetch_add(1, Ordering::AcqRel);
-        futex_wake(word);
+        futex_wake_all(word);
         Ok(())
     }
 
@@ -856,38 +857,6 @@ impl Node {
             .devices
             .get(device)
             .is_some_and(|d| d.lost.load(Ordering::Acquire) != 0)
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a valid, aligned u32 inside a shared mapping; it only wakes.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-fn futex_wait(word: &AtomicU32, seen: u32, timeout_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT (shared, not PRIVATE: the word is in a file mapping other
-    // processes wake) on a valid aligned u32 with a relative timeout; it returns at once
-    // if the word no longer equals `seen`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            seen,
-            &ts as *const libc::timespec,
-        );
     }
 }
 
