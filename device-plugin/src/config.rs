@@ -308,26 +308,22 @@ pub struct Settings {
 
 impl Settings {
     fn apply_to(&self, node: &mut NodeConfig) {
-        if let Some(s) = self.slice {
-            // A slice block replaces the whole slice: mixing a default memory
-            // size with an override's count would surprise.
-            node.slice = s;
-        }
-        if let Some(p) = self.compute_policy {
-            node.compute_policy = p;
-        }
-        if let Some(p) = self.placement {
-            node.placement = p;
-        }
-        if let Some(t) = self.shared_threshold {
-            node.shared_threshold = t;
-        }
-        if let Some(b) = self.ld_so_preload {
-            node.ld_so_preload = b;
-        }
-        if let Some(d) = self.device_list_strategy {
-            node.device_list_strategy = d;
-        }
+        // A slice block replaces the whole slice: mixing a default memory
+        // size with an override's count would surprise.
+        set(&mut node.slice, self.slice);
+        set(&mut node.compute_policy, self.compute_policy);
+        set(&mut node.placement, self.placement);
+        set(&mut node.shared_threshold, self.shared_threshold);
+        set(&mut node.ld_so_preload, self.ld_so_preload);
+        set(&mut node.device_list_strategy, self.device_list_strategy);
+    }
+}
+
+/// A setting the section names replaces what an earlier one set; one it
+/// leaves out keeps it.
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *slot = v;
     }
 }
 
