@@ -329,16 +329,7 @@ impl Core {
         // The same checks as a create of the resized allocation.
         let as_create = pb::CreateAllocationRequest {
             id: rec.id.clone(),
-            devices: rec
-                .devices
-                .iter()
-                .map(|d| pb::DeviceRequest {
-                    gpu_uuid: d.gpu_uuid.clone(),
-                    memory_limit_bytes: d.memory_limit_bytes,
-                    compute_share_ppm: d.compute_share_ppm,
-                    slices: d.slices,
-                })
-                .collect(),
+            devices: wire::device_requests(&rec.devices),
             policy: alloc::policy_to_pb(rec.policy) as i32,
             device_ids: vec![],
             labels: Default::default(),

@@ -244,6 +244,35 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
+/// dcgm-exporter's labels of a GPU, so that dashboards can join the two.
+fn gpu_labels<'a>(
+    host: &'a str,
+    idx: &'a str,
+    uuid: &'a str,
+    model: &'a str,
+) -> [(&'static str, &'a str); 4] {
+    [
+        ("gpu", idx),
+        ("UUID", uuid),
+        ("modelName", model),
+        ("Hostname", host),
+    ]
+}
+
+/// A GPU's labels, then the owner's: a series about an allocation (or a
+/// process in none, all four empty) on that GPU.
+fn owner_labels(gpu: &[(&str, &str)], owner: [&String; 4]) -> Labels {
+    let [allocation, namespace, pod, container] = owner;
+    let mut l = gpu.to_vec();
+    l.extend([
+        ("allocation", allocation.as_str()),
+        ("namespace", namespace.as_str()),
+        ("pod", pod.as_str()),
+        ("container", container.as_str()),
+    ]);
+    labels(&l)
+}
+
 /// Renders the exposition (Prometheus text format 0.0.4). A family with no
 /// series (no allocation yet, no arbiter measuring) is left out, HELP and
 /// TYPE included, as the library does.
@@ -271,43 +300,36 @@ pub fn render(s: &MetricsSnapshot) -> String {
             f.add(l, v);
         }
     };
+    let subject_labels = |x: &Subject| {
+        let idx = x.gpu_index.to_string();
+        let gpu = gpu_labels(&s.hostname, &idx, &x.uuid, &x.model);
+        owner_labels(&gpu, [&x.allocation, &x.namespace, &x.pod, &x.container])
+    };
     for g in &s.gpus {
         let idx = g.index.to_string();
-        let base = [
-            ("gpu", idx.as_str()),
-            ("UUID", g.uuid.as_str()),
-            ("modelName", g.model.as_str()),
-            ("Hostname", s.hostname.as_str()),
-        ];
+        let base = gpu_labels(&s.hostname, &idx, &g.uuid, &g.model);
         let l = labels(&base);
-        add(
-            "tessera_gpu_memory_used_bytes",
-            l.clone(),
-            g.memory_used_bytes as f64,
-        );
-        add(
-            "tessera_gpu_memory_total_bytes",
-            l.clone(),
-            g.memory_total_bytes as f64,
-        );
-        add(
-            "tessera_gpu_utilization_ratio",
-            l.clone(),
-            g.utilization_ratio,
-        );
-        add(
-            "tessera_gpu_temperature_celsius",
-            l.clone(),
-            f64::from(g.temperature_celsius),
-        );
-        add("tessera_gpu_power_watts", l.clone(), g.power_watts);
-        add(
-            "tessera_gpu_slices_allocated",
-            l.clone(),
-            f64::from(g.slices_allocated),
-        );
-        add("tessera_gpu_slices", l.clone(), f64::from(g.slices_total));
-        add("tessera_gpu_healthy", l, if g.healthy { 1.0 } else { 0.0 });
+        for (name, v) in [
+            ("tessera_gpu_memory_used_bytes", g.memory_used_bytes as f64),
+            (
+                "tessera_gpu_memory_total_bytes",
+                g.memory_total_bytes as f64,
+            ),
+            ("tessera_gpu_utilization_ratio", g.utilization_ratio),
+            (
+                "tessera_gpu_temperature_celsius",
+                f64::from(g.temperature_celsius),
+            ),
+            ("tessera_gpu_power_watts", g.power_watts),
+            (
+                "tessera_gpu_slices_allocated",
+                f64::from(g.slices_allocated),
+            ),
+            ("tessera_gpu_slices", f64::from(g.slices_total)),
+            ("tessera_gpu_healthy", if g.healthy { 1.0 } else { 0.0 }),
+        ] {
+            add(name, l.clone(), v);
+        }
         for (reason, n) in &g.ungoverned {
             let mut with = base.to_vec();
             with.push(("reason", reason));
@@ -316,84 +338,55 @@ pub fn render(s: &MetricsSnapshot) -> String {
     }
     for a in &s.allocations {
         let idx = a.gpu_index.to_string();
-        let l = labels(&[
-            ("gpu", idx.as_str()),
-            ("UUID", a.uuid.as_str()),
-            ("modelName", a.model.as_str()),
-            ("Hostname", s.hostname.as_str()),
-            ("allocation", a.allocation.as_str()),
-            ("namespace", a.namespace.as_str()),
-            ("pod", a.pod.as_str()),
-            ("container", a.container.as_str()),
-        ]);
-        add(
-            "tessera_allocation_memory_limit_bytes",
-            l.clone(),
-            a.memory_limit_bytes as f64,
-        );
-        add(
-            "tessera_allocation_memory_used_bytes",
-            l.clone(),
-            a.memory_used_bytes as f64,
-        );
-        add(
-            "tessera_allocation_compute_share_ratio",
-            l.clone(),
-            a.compute_share_ratio,
-        );
-        if let Some(r) = a.compute_achieved_ratio {
-            add("tessera_allocation_compute_achieved_ratio", l.clone(), r);
+        let gpu = gpu_labels(&s.hostname, &idx, &a.uuid, &a.model);
+        let l = owner_labels(&gpu, [&a.allocation, &a.namespace, &a.pod, &a.container]);
+        let achieved = a.compute_achieved_ratio;
+        for (name, v) in [
+            (
+                "tessera_allocation_memory_limit_bytes",
+                Some(a.memory_limit_bytes as f64),
+            ),
+            (
+                "tessera_allocation_memory_used_bytes",
+                Some(a.memory_used_bytes as f64),
+            ),
+            (
+                "tessera_allocation_compute_share_ratio",
+                Some(a.compute_share_ratio),
+            ),
+            // No arbiter measuring: no series.
+            ("tessera_allocation_compute_achieved_ratio", achieved),
+            ("tessera_allocation_processes", Some(a.processes as f64)),
+            (
+                "tessera_allocation_wait_seconds_total",
+                Some(a.wait_seconds_total),
+            ),
+            (
+                "tessera_allocation_oom_refused_total",
+                Some(a.oom_refused_total as f64),
+            ),
+            ("tessera_allocation_priority", Some(f64::from(a.priority))),
+            (
+                "tessera_allocation_paused",
+                Some(if a.paused { 1.0 } else { 0.0 }),
+            ),
+            (
+                "tessera_allocation_paused_seconds_total",
+                Some(a.paused_seconds_total),
+            ),
+        ] {
+            if let Some(v) = v {
+                add(name, l.clone(), v);
+            }
         }
-        add(
-            "tessera_allocation_processes",
-            l.clone(),
-            a.processes as f64,
-        );
-        add(
-            "tessera_allocation_wait_seconds_total",
-            l.clone(),
-            a.wait_seconds_total,
-        );
-        add(
-            "tessera_allocation_oom_refused_total",
-            l.clone(),
-            a.oom_refused_total as f64,
-        );
-        add(
-            "tessera_allocation_priority",
-            l.clone(),
-            f64::from(a.priority),
-        );
-        add(
-            "tessera_allocation_paused",
-            l.clone(),
-            if a.paused { 1.0 } else { 0.0 },
-        );
-        add(
-            "tessera_allocation_paused_seconds_total",
-            l,
-            a.paused_seconds_total,
-        );
     }
-    let who = |x: &Subject, idx: &str| -> Vec<(String, String)> {
-        labels(&[
-            ("gpu", idx),
-            ("UUID", x.uuid.as_str()),
-            ("modelName", x.model.as_str()),
-            ("Hostname", s.hostname.as_str()),
-            ("allocation", x.allocation.as_str()),
-            ("namespace", x.namespace.as_str()),
-            ("pod", x.pod.as_str()),
-            ("container", x.container.as_str()),
-        ])
-    };
     for r in &s.recovered {
-        let mut l = who(&r.subject, &r.subject.gpu_index.to_string());
+        let mut l = subject_labels(&r.subject);
         l.push(("repaired".into(), r.repaired.clone()));
         add("tessera_allocation_recovered", l, 1.0);
     }
     for b in &s.backstop_stops {
-        let mut l = who(&b.subject, &b.subject.gpu_index.to_string());
+        let mut l = subject_labels(&b.subject);
         l.push(("reason".into(), b.reason.into()));
         add("tessera_backstop_stops_total", l, b.stops as f64);
     }
@@ -698,65 +691,33 @@ mod tests {
             assert!(text.contains(&format!("# HELP {name} {help}\n")), "{name}");
         }
         let gpu = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1"}"#;
-        assert_eq!(
-            sample(&text, "tessera_gpu_memory_total_bytes", gpu),
-            Some(17179869184.0)
-        );
-        assert_eq!(
-            sample(&text, "tessera_gpu_utilization_ratio", gpu),
-            Some(0.25)
-        );
-        assert_eq!(sample(&text, "tessera_gpu_power_watts", gpu), Some(123.5));
-        assert_eq!(sample(&text, "tessera_gpu_healthy", gpu), Some(1.0));
-        assert_eq!(sample(&text, "tessera_gpu_slices", gpu), Some(10.0));
-        assert_eq!(
-            sample(&text, "tessera_gpu_slices_allocated", gpu),
-            Some(3.0)
-        );
-        assert!(!text.contains("tessera_gpu_slices_total"), "{text}");
         let no_shim =
             r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",reason="no_shim"}"#;
-        assert_eq!(
-            sample(&text, "tessera_ungoverned_processes", no_shim),
-            Some(1.0)
-        );
         let alloc = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c"}"#;
-        assert_eq!(
-            sample(&text, "tessera_allocation_compute_share_ratio", alloc),
-            Some(0.3)
-        );
-        assert_eq!(
-            sample(&text, "tessera_allocation_oom_refused_total", alloc),
-            Some(7.0)
-        );
-        assert_eq!(sample(&text, "tessera_allocation_paused", alloc), Some(1.0));
-        assert_eq!(
-            sample(&text, "tessera_allocation_priority", alloc),
-            Some(-2.0)
-        );
-        assert_eq!(
-            sample(&text, "tessera_allocation_paused_seconds_total", alloc),
-            Some(2.5)
-        );
-        assert_eq!(
-            sample(&text, "tessera_allocation_wait_seconds_total", alloc),
-            Some(1.5)
-        );
         let recovered = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c",repaired="record+state"}"#;
-        assert_eq!(
-            sample(&text, "tessera_allocation_recovered", recovered),
-            Some(1.0)
-        );
         let stops = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="a1",namespace="ns",pod="p",container="c",reason="over_limit"}"#;
-        assert_eq!(
-            sample(&text, "tessera_backstop_stops_total", stops),
-            Some(3.0)
-        );
         let stray = r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",allocation="",namespace="",pod="",container="",reason="no_shim"}"#;
-        assert_eq!(
-            sample(&text, "tessera_backstop_stops_total", stray),
-            Some(1.0)
-        );
+        for (name, labels, want) in [
+            ("tessera_gpu_memory_total_bytes", gpu, 17179869184.0),
+            ("tessera_gpu_utilization_ratio", gpu, 0.25),
+            ("tessera_gpu_power_watts", gpu, 123.5),
+            ("tessera_gpu_healthy", gpu, 1.0),
+            ("tessera_gpu_slices", gpu, 10.0),
+            ("tessera_gpu_slices_allocated", gpu, 3.0),
+            ("tessera_ungoverned_processes", no_shim, 1.0),
+            ("tessera_allocation_compute_share_ratio", alloc, 0.3),
+            ("tessera_allocation_oom_refused_total", alloc, 7.0),
+            ("tessera_allocation_priority", alloc, -2.0),
+            ("tessera_allocation_paused", alloc, 1.0),
+            ("tessera_allocation_paused_seconds_total", alloc, 2.5),
+            ("tessera_allocation_wait_seconds_total", alloc, 1.5),
+            ("tessera_allocation_recovered", recovered, 1.0),
+            ("tessera_backstop_stops_total", stops, 3.0),
+            ("tessera_backstop_stops_total", stray, 1.0),
+        ] {
+            assert_eq!(sample(&text, name, labels), Some(want), "{name}{labels}");
+        }
+        assert!(!text.contains("tessera_gpu_slices_total"), "{text}");
         // No arbiter: no achieved series, and so no family.
         assert!(!text.contains("tessera_allocation_compute_achieved_ratio"));
     }

@@ -11,6 +11,19 @@ use tessera_proto::manager::v1 as pb;
 use crate::alloc;
 use crate::store::LiveAllocation;
 
+/// The wire form of an allocation's devices, as a create asks for them.
+pub fn device_requests(devices: &[alloc::DeviceRecord]) -> Vec<pb::DeviceRequest> {
+    devices
+        .iter()
+        .map(|d| pb::DeviceRequest {
+            gpu_uuid: d.gpu_uuid.clone(),
+            memory_limit_bytes: d.memory_limit_bytes,
+            compute_share_ppm: d.compute_share_ppm,
+            slices: d.slices,
+        })
+        .collect()
+}
+
 /// The wire form of an allocation: paths, mounts and environment.
 pub fn allocation(live: &LiveAllocation, hook_library: &Path) -> pb::Allocation {
     let rec = live.record();
@@ -35,16 +48,7 @@ pub fn allocation(live: &LiveAllocation, hook_library: &Path) -> pb::Allocation 
     );
     pb::Allocation {
         id: rec.id.clone(),
-        devices: rec
-            .devices
-            .iter()
-            .map(|d| pb::DeviceRequest {
-                gpu_uuid: d.gpu_uuid.clone(),
-                memory_limit_bytes: d.memory_limit_bytes,
-                compute_share_ppm: d.compute_share_ppm,
-                slices: d.slices,
-            })
-            .collect(),
+        devices: device_requests(&rec.devices),
         policy: alloc::policy_to_pb(rec.policy) as i32,
         priority: live.control().priority(),
         device_ids: rec.device_ids.clone(),
