@@ -557,7 +557,7 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
 mod tests {
     use super::*;
 
-    const RES: &str = "tessera.dev/vgpu";
+    const RES: &str = tessera_contract::labels::RESOURCE;
 
     fn pods(entries: &[(&str, &str, &str, &str, &[&str])]) -> pr::ListPodResourcesResponse {
         pr::ListPodResourcesResponse {
@@ -597,6 +597,16 @@ mod tests {
         }
     }
 
+    /// `plan` for our resource, no pod naming a compute policy.
+    fn plan_at(
+        p: &pr::ListPodResourcesResponse,
+        allocs: &[mgr::Allocation],
+        t: &mut OrphanTracker,
+        now: Instant,
+    ) -> Vec<Action> {
+        plan(p, allocs, RES, &PodPolicies::new(), t, now)
+    }
+
     #[test]
     fn owners_are_set_once_and_only_for_our_resource() {
         let p = pods(&[
@@ -609,7 +619,7 @@ mod tests {
         ];
         let mut t = OrphanTracker::new(Duration::from_secs(60));
         let now = Instant::now();
-        let acts = plan(&p, &allocs, RES, &PodPolicies::new(), &mut t, now);
+        let acts = plan_at(&p, &allocs, &mut t, now);
         assert_eq!(
             acts,
             vec![Action::SetOwner {
@@ -623,7 +633,7 @@ mod tests {
         allocs[0].pod = "a".into();
         allocs[0].container = "main".into();
         assert!(
-            plan(&p, &allocs, RES, &PodPolicies::new(), &mut t, now).is_empty(),
+            plan_at(&p, &allocs, &mut t, now).is_empty(),
             "owner already recorded"
         );
     }
@@ -637,27 +647,10 @@ mod tests {
         ];
         let mut t = OrphanTracker::new(Duration::from_secs(60));
         let t0 = Instant::now();
-        assert!(plan(&p, &allocs, RES, &PodPolicies::new(), &mut t, t0).is_empty());
-        assert!(
-            plan(
-                &p,
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(59)
-            )
-            .is_empty()
-        );
+        assert!(plan_at(&p, &allocs, &mut t, t0).is_empty());
+        assert!(plan_at(&p, &allocs, &mut t, t0 + Duration::from_secs(59)).is_empty());
         assert_eq!(
-            plan(
-                &p,
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(60)
-            ),
+            plan_at(&p, &allocs, &mut t, t0 + Duration::from_secs(60)),
             vec![Action::Delete { id: "gone".into() }],
             "the CLI's allocation is never touched"
         );
@@ -668,53 +661,17 @@ mod tests {
         let allocs = vec![alloc("x", &["G::0"], "device-plugin")];
         let mut t = OrphanTracker::new(Duration::from_secs(60));
         let t0 = Instant::now();
-        assert!(plan(&pods(&[]), &allocs, RES, &PodPolicies::new(), &mut t, t0).is_empty());
+        assert!(plan_at(&pods(&[]), &allocs, &mut t, t0).is_empty());
         let with_pod = pods(&[("ns", "a", "c", RES, &["G::0"])]);
         assert_eq!(
-            plan(
-                &with_pod,
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(30)
-            )
-            .len(),
+            plan_at(&with_pod, &allocs, &mut t, t0 + Duration::from_secs(30)).len(),
             1
         );
         // Gone again: the clock restarts.
-        assert!(
-            plan(
-                &pods(&[]),
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(70)
-            )
-            .is_empty()
-        );
-        assert!(
-            plan(
-                &pods(&[]),
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(129)
-            )
-            .is_empty()
-        );
+        assert!(plan_at(&pods(&[]), &allocs, &mut t, t0 + Duration::from_secs(70)).is_empty());
+        assert!(plan_at(&pods(&[]), &allocs, &mut t, t0 + Duration::from_secs(129)).is_empty());
         assert_eq!(
-            plan(
-                &pods(&[]),
-                &allocs,
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                t0 + Duration::from_secs(130)
-            )
-            .len(),
+            plan_at(&pods(&[]), &allocs, &mut t, t0 + Duration::from_secs(130)).len(),
             1
         );
     }
@@ -767,14 +724,7 @@ mod tests {
         );
         // The lookup failed: the owner is recorded all the same.
         assert_eq!(
-            plan(
-                &p,
-                std::slice::from_ref(&x),
-                RES,
-                &PodPolicies::new(),
-                &mut t,
-                now
-            ),
+            plan_at(&p, std::slice::from_ref(&x), &mut t, now),
             vec![Action::SetOwner {
                 id: "x".into(),
                 owner: owner("ns", "a", "main"),
