@@ -193,17 +193,7 @@ mod tests {
         let gpus = vec!["GPU-a".to_owned(), "GPU-b".to_owned()];
         let r = request(&args(&["--memory", "2Gi"]), &gpus, &st).unwrap();
         assert_eq!(r.id, "run-1");
-        let got: Vec<(&str, u64, u32)> = r
-            .devices
-            .iter()
-            .map(|d| {
-                (
-                    d.gpu_uuid.as_str(),
-                    d.memory_limit_bytes,
-                    d.compute_share_ppm,
-                )
-            })
-            .collect();
+        let got = crate::run::tests::asked(&r.devices);
         assert_eq!(got, [("GPU-a", 2 << 30, 0), ("GPU-b", 2 << 30, 0)]);
         let r = request(&args(&["--gpu", "1", "--compute", "40%"]), &gpus, &st).unwrap();
         assert_eq!(r.devices.len(), 1);

@@ -441,9 +441,23 @@ async fn run_child(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::Parser;
+
+    /// What a request asks of each GPU: (UUID, memory, compute share).
+    pub(crate) fn asked(devices: &[pb::DeviceRequest]) -> Vec<(&str, u64, u32)> {
+        devices
+            .iter()
+            .map(|d| {
+                (
+                    d.gpu_uuid.as_str(),
+                    d.memory_limit_bytes,
+                    d.compute_share_ppm,
+                )
+            })
+            .collect()
+    }
 
     #[derive(Parser)]
     struct Cli {
@@ -549,17 +563,7 @@ mod tests {
         );
         let gpus = resolve_gpus(&st, &l).unwrap();
         let r = request(&a, &gpus, "run-2".into()).unwrap();
-        let got: Vec<(&str, u64, u32)> = r
-            .devices
-            .iter()
-            .map(|d| {
-                (
-                    d.gpu_uuid.as_str(),
-                    d.memory_limit_bytes,
-                    d.compute_share_ppm,
-                )
-            })
-            .collect();
+        let got = asked(&r.devices);
         assert_eq!(
             got,
             [("GPU-a", 4 << 30, 300_000), ("GPU-b", 8 << 30, 500_000)]
