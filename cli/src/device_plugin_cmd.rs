@@ -20,7 +20,7 @@ pub enum KubeMode {
 #[derive(clap::Args, Debug)]
 pub struct DevicePluginArgs {
     /// This node's name [default: the kernel's hostname].
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = tessera_contract::node::NODE_NAME_ENV)]
     pub node_name: Option<String>,
     /// Slice config file (a ConfigMap in a cluster); reloaded when it changes
     /// [default: built-in defaults, 4 slices per GPU].
@@ -32,9 +32,9 @@ pub struct DevicePluginArgs {
     #[arg(
         long = "socket",
         alias = "manager-socket",
-        env = "TESSERA_SOCKET",
+        env = tessera_contract::env::SOCKET,
         value_name = "PATH",
-        default_value = "/run/tessera/manager.sock"
+        default_value = tessera_proto::manager::v1::DEFAULT_SOCKET
     )]
     pub manager_socket: PathBuf,
     /// The kubelet's root dir.
@@ -61,7 +61,7 @@ pub struct DevicePluginArgs {
         long,
         env = "TESSERA_HOOK_LIBRARY",
         value_name = "PATH",
-        default_value = "/var/lib/tessera/lib/libtessera.so"
+        default_value = tessera_contract::paths::HOST_HOOK_LIBRARY
     )]
     pub hook_library: PathBuf,
     /// The host file mounted as /etc/ld.so.preload when the config sets ldSoPreload.
@@ -69,7 +69,7 @@ pub struct DevicePluginArgs {
         long,
         env = "TESSERA_PRELOAD_FILE",
         value_name = "PATH",
-        default_value = "/run/tessera/ld.so.preload"
+        default_value = tessera_contract::paths::HOST_PRELOAD_FILE
     )]
     pub preload_file: PathBuf,
     /// Where the CDI spec of this node's GPUs is written when the node config's
@@ -106,17 +106,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     tessera_contract::units::duration_arg(s)
 }
 
-fn hostname() -> anyhow::Result<String> {
-    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .context("no --node-name and cannot read the hostname")?;
-    Ok(h.trim().to_owned())
-}
-
 impl DevicePluginArgs {
     pub fn options(&self) -> anyhow::Result<Options> {
         let node = match &self.node_name {
             Some(n) => n.clone(),
-            None => hostname()?,
+            None => tessera_contract::node::kernel_hostname()
+                .context("no --node-name and cannot read the hostname")?,
         };
         let mut labels = BTreeMap::new();
         for l in &self.node_labels {
@@ -165,25 +160,8 @@ pub fn main(args: DevicePluginArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run(opts, terminated()))?;
+    runtime.block_on(run(opts, crate::terminated()))?;
     Ok(())
-}
-
-/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
-async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]

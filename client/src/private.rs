@@ -89,7 +89,7 @@ pub fn default_hook() -> Option<PathBuf> {
     beside
         .into_iter()
         .chain([
-            PathBuf::from("/var/lib/tessera/lib/libtessera.so"),
+            PathBuf::from(tessera_contract::paths::HOST_HOOK_LIBRARY),
             PathBuf::from(tessera_contract::paths::CONTAINER_HOOK_LIBRARY),
         ])
         .find(|p| p.exists())

@@ -1,7 +1,8 @@
 //! The contract every part of Tessera shares, in one place so the parts
 //! cannot drift apart: the paths inside a container ([`paths`]), the
 //! environment variables that cross a boundary ([`env`](mod@env)), names on
-//! Kubernetes objects and allocation labels ([`labels`]), compute policies
+//! Kubernetes objects and allocation labels ([`labels`]), the node's name
+//! ([`node`]), compute policies
 //! ([`policy`]), the one syntax for sizes, percentages and durations
 //! ([`units`]) and the spelling of GPU UUIDs ([`uuid`]). The shim links this
 //! crate, so it stays synchronous with no dependency beyond `thiserror`; the
@@ -10,6 +11,7 @@
 
 pub mod env;
 pub mod labels;
+pub mod node;
 pub mod paths;
 pub mod policy;
 pub mod units;

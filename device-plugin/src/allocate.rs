@@ -259,8 +259,8 @@ pub struct HostPaths {
 impl Default for HostPaths {
     fn default() -> Self {
         Self {
-            hook_library: PathBuf::from("/var/lib/tessera/lib/libtessera.so"),
-            preload_file: PathBuf::from("/run/tessera/ld.so.preload"),
+            hook_library: PathBuf::from(tessera_contract::paths::HOST_HOOK_LIBRARY),
+            preload_file: PathBuf::from(tessera_contract::paths::HOST_PRELOAD_FILE),
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::service::{PluginService, plugin_options};
 use crate::state::PluginState;
 
 /// The extended resource the plugin advertises.
-pub const RESOURCE_NAME: &str = "tessera.dev/vgpu";
+pub use tessera_contract::labels::RESOURCE as RESOURCE_NAME;
 /// The plugin's socket file name in the kubelet's device-plugins dir.
 pub const SOCKET_NAME: &str = "tessera.sock";
 

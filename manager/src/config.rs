@@ -15,7 +15,7 @@ use tessera_contract::units::{UnitError, parse_duration};
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/tessera";
 /// Default host path of the hook library handed to containers.
-pub const DEFAULT_HOOK_LIBRARY: &str = "/var/lib/tessera/lib/libtessera.so";
+pub const DEFAULT_HOOK_LIBRARY: &str = tessera_contract::paths::HOST_HOOK_LIBRARY;
 /// Default listen address of the metrics endpoint (dcgm-exporter's port).
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9400";
 /// XIDs caused by the application, not the GPU: the same list NVIDIA's own
@@ -51,7 +51,7 @@ pub struct ManagerArgs {
     #[arg(long, env = "TESSERA_NVML_LIBRARY", value_name = "PATH")]
     pub nvml_library: Option<PathBuf>,
     /// Node name for metrics and status [default: the kernel's hostname].
-    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    #[arg(long, env = tessera_contract::node::NODE_NAME_ENV, value_name = "NAME")]
     pub hostname: Option<String>,
     /// Compute policy of allocations that do not name one [default: burst].
     #[arg(long, env = "TESSERA_DEFAULT_POLICY", value_name = "guaranteed|burst")]
@@ -367,8 +367,7 @@ fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, ConfigError> {
 
 /// The kernel's hostname, or `localhost` if it cannot be read.
 pub fn local_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
+    tessera_contract::node::kernel_hostname()
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".to_owned())

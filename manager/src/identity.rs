@@ -188,7 +188,7 @@ pub fn parse_maps(text: &str) -> Vec<FileId> {
 }
 
 /// The fixed path of the control file inside a container.
-pub const CONTAINER_CONTROL: &str = "/run/tessera/alloc/control";
+pub use tessera_contract::paths::CONTAINER_CONTROL;
 
 /// The allocation among `claims` that `pid` is proven to be in, and how; `None` when it
 /// is in none of them, or cannot be read. A process that maps files of several (only a
