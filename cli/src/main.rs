@@ -82,6 +82,24 @@ fn init_logs(format: LogFormat) {
     };
 }
 
+/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C: the daemons'
+/// (device plugin, webhook) cue to stop serving.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if matches!(
         cli.cmd,

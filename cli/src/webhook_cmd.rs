@@ -13,23 +13,6 @@ pub fn main(args: WebhookArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run(args.options(), terminated()))?;
+    runtime.block_on(run(args.options(), crate::terminated()))?;
     Ok(())
-}
-
-/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
-async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
 }
