@@ -22,3 +22,34 @@ pub use node::{
     DeviceInfo, DeviceUsage, Node, NodeError, ProcessUsage, XidEvent, default_state_path,
     state_path_from_env,
 };
+
+/// Exports one C function under several ABI names (`cuCtxDestroy` and `cuCtxDestroy_v2`,
+/// `nvmlInit` and `nvmlInit_v2`): one body and one set of docs, and still a function of
+/// its own per name, as the real libraries have (the tests of `cuGetProcAddress` tell
+/// the entries apart by address).
+///
+/// ```ignore
+/// tessera_sim::exports! {
+///     /// `cuCtxDestroy`, `cuCtxDestroy_v2`.
+///     ///
+///     /// # Safety
+///     /// Any handle value is accepted; unknown ones are reported.
+///     fn [cuCtxDestroy, cuCtxDestroy_v2](ctx: CUcontext) -> CUresult {
+///         guard(|| ctx_destroy(ctx))
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! exports {
+    ($($(#[$attr:meta])* fn [$($name:ident),+] $params:tt -> $ret:ty $body:block)*) => {
+        $($crate::exports!(@each [$(#[$attr])*] [$($name),+] $params $ret $body);)*
+    };
+    (@each $attrs:tt [$($name:ident),+] $params:tt $ret:ty $body:block) => {
+        $($crate::exports!(@one $attrs $name $params $ret $body);)+
+    };
+    (@one [$(#[$attr:meta])*] $name:ident $params:tt $ret:ty $body:block) => {
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name $params -> $ret $body
+    };
+}

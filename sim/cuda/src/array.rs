@@ -311,9 +311,7 @@ pub unsafe extern "C" fn cuMipmappedArrayGetLevel(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let m = MIPMAPS
-            .get(hMipmappedArray as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MIPMAPS.lookup(hMipmappedArray as usize)?;
         let h = *m
             .levels
             .get(level as usize)
@@ -339,9 +337,7 @@ fn destroy_mipmap(rt: &Runtime, handle: usize, m: &Mipmap) {
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) -> CUresult {
     guard(|| {
         let rt = rt()?;
-        let m = MIPMAPS
-            .remove(hMipmappedArray as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MIPMAPS.take(hMipmappedArray as usize)?;
         destroy_mipmap(rt, hMipmappedArray as usize, &m);
         Ok(())
     })
@@ -372,21 +368,15 @@ fn unbacked_resource(info: &CUarrayMapInfo) -> CuResult<(usize, usize)> {
         }
     };
     let (device, flags) = if array {
-        let a = ARRAYS
-            .get(handle)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let a = ARRAYS.lookup(handle)?;
         (a.device, a.desc.Flags)
     } else {
-        let m = MIPMAPS
-            .get(handle)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        let first = ARRAYS
-            .get(
-                *m.levels
-                    .first()
-                    .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
-            )
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MIPMAPS.lookup(handle)?;
+        let first = ARRAYS.lookup(
+            *m.levels
+                .first()
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
+        )?;
         (m.device, first.desc.Flags)
     };
     if flags & UNBACKED_FLAGS == 0 {
@@ -505,9 +495,7 @@ pub unsafe extern "C" fn cuArrayGetMemoryRequirements(
     guard(|| {
         let rt = rt()?;
         rt.device(device)?;
-        let a = ARRAYS
-            .get(array as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let a = ARRAYS.lookup(array as usize)?;
         let g = crate::vmm::GRANULARITY;
         let size = crate::memory::round_up(array_bytes(&a.desc)?, g)
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
@@ -588,9 +576,7 @@ pub unsafe extern "C" fn cuArrayGetSparseProperties(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let a = ARRAYS
-            .get(array as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let a = ARRAYS.lookup(array as usize)?;
         let p = sparse_properties(&a.desc, 1)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(sparseProperties, p) }
@@ -608,16 +594,12 @@ pub unsafe extern "C" fn cuMipmappedArrayGetSparseProperties(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let m = MIPMAPS
-            .get(mipmap as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        let first = ARRAYS
-            .get(
-                *m.levels
-                    .first()
-                    .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
-            )
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MIPMAPS.lookup(mipmap as usize)?;
+        let first = ARRAYS.lookup(
+            *m.levels
+                .first()
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?,
+        )?;
         let p = sparse_properties(&first.desc, m.levels.len() as u32)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
         unsafe { put(sparseProperties, p) }
@@ -638,12 +620,10 @@ pub unsafe extern "C" fn cuMipmappedArrayGetMemoryRequirements(
     guard(|| {
         let rt = rt()?;
         rt.device(device)?;
-        let m = MIPMAPS
-            .get(mipmap as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MIPMAPS.lookup(mipmap as usize)?;
         let mut total = 0u64;
         for l in &m.levels {
-            let a = ARRAYS.get(*l).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let a = ARRAYS.lookup(*l)?;
             total += array_bytes(&a.desc)?;
         }
         let g = crate::vmm::GRANULARITY;

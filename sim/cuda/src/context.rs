@@ -137,30 +137,18 @@ fn ctx_create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult<()
     runtime::push_current(ctx)
 }
 
-/// `cuCtxCreate` (the pre-3.2 symbol; same arguments).
-///
-/// # Safety
-/// `pctx` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(|| ctx_create(pctx, flags, dev))
-}
-
-/// `cuCtxCreate_v2`.
-///
-/// # Safety
-/// `pctx` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard(|| ctx_create(pctx, flags, dev))
+tessera_sim::exports! {
+    /// `cuCtxCreate_v2` and `cuCtxCreate` (the pre-3.2 symbol; same arguments).
+    ///
+    /// # Safety
+    /// `pctx` must be null or writable.
+    fn [cuCtxCreate, cuCtxCreate_v2](
+        pctx: *mut CUcontext,
+        flags: c_uint,
+        dev: CUdevice,
+    ) -> CUresult {
+        guard(|| ctx_create(pctx, flags, dev))
+    }
 }
 
 /// `cuCtxCreate_v3`: execution-affinity parameters are accepted only when empty (the
@@ -221,22 +209,14 @@ fn ctx_destroy(ctx: CUcontext) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuCtxDestroy`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
-    guard(|| ctx_destroy(ctx))
-}
-
-/// `cuCtxDestroy_v2`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    guard(|| ctx_destroy(ctx))
+tessera_sim::exports! {
+    /// `cuCtxDestroy`, `cuCtxDestroy_v2`.
+    ///
+    /// # Safety
+    /// Any handle value is accepted; unknown ones are reported.
+    fn [cuCtxDestroy, cuCtxDestroy_v2](ctx: CUcontext) -> CUresult {
+        guard(|| ctx_destroy(ctx))
+    }
 }
 
 fn push(ctx: CUcontext) -> CuResult<()> {
@@ -244,22 +224,14 @@ fn push(ctx: CUcontext) -> CuResult<()> {
     runtime::push_current(lookup(ctx)?)
 }
 
-/// `cuCtxPushCurrent`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
-    guard(|| push(ctx))
-}
-
-/// `cuCtxPushCurrent_v2`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    guard(|| push(ctx))
+tessera_sim::exports! {
+    /// `cuCtxPushCurrent`, `cuCtxPushCurrent_v2`.
+    ///
+    /// # Safety
+    /// Any handle value is accepted; unknown ones are reported.
+    fn [cuCtxPushCurrent, cuCtxPushCurrent_v2](ctx: CUcontext) -> CUresult {
+        guard(|| push(ctx))
+    }
 }
 
 fn pop(pctx: *mut CUcontext) -> CuResult<()> {
@@ -272,22 +244,14 @@ fn pop(pctx: *mut CUcontext) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuCtxPopCurrent`.
-///
-/// # Safety
-/// `pctx` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
-    guard(|| pop(pctx))
-}
-
-/// `cuCtxPopCurrent_v2`.
-///
-/// # Safety
-/// `pctx` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
-    guard(|| pop(pctx))
+tessera_sim::exports! {
+    /// `cuCtxPopCurrent`, `cuCtxPopCurrent_v2`.
+    ///
+    /// # Safety
+    /// `pctx` must be null or writable.
+    fn [cuCtxPopCurrent, cuCtxPopCurrent_v2](pctx: *mut CUcontext) -> CUresult {
+        guard(|| pop(pctx))
+    }
 }
 
 /// `cuCtxSetCurrent`: NULL unbinds the current context.
@@ -577,22 +541,14 @@ fn primary_release(dev: CUdevice) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuDevicePrimaryCtxRelease`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    guard(|| primary_release(dev))
-}
-
-/// `cuDevicePrimaryCtxRelease_v2`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    guard(|| primary_release(dev))
+tessera_sim::exports! {
+    /// `cuDevicePrimaryCtxRelease`, `cuDevicePrimaryCtxRelease_v2`.
+    ///
+    /// # Safety
+    /// No pointer arguments.
+    fn [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2](dev: CUdevice) -> CUresult {
+        guard(|| primary_release(dev))
+    }
 }
 
 fn primary_reset(dev: CUdevice) -> CuResult<()> {
@@ -606,23 +562,15 @@ fn primary_reset(dev: CUdevice) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuDevicePrimaryCtxReset`: frees everything allocated in the primary context; the
-/// retained handle stays usable.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
-    guard(|| primary_reset(dev))
-}
-
-/// `cuDevicePrimaryCtxReset_v2`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    guard(|| primary_reset(dev))
+tessera_sim::exports! {
+    /// `cuDevicePrimaryCtxReset`, `cuDevicePrimaryCtxReset_v2`: frees everything allocated
+    /// in the primary context; the retained handle stays usable.
+    ///
+    /// # Safety
+    /// No pointer arguments.
+    fn [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2](dev: CUdevice) -> CUresult {
+        guard(|| primary_reset(dev))
+    }
 }
 
 fn primary_set_flags(dev: CUdevice, flags: c_uint) -> CuResult<()> {
@@ -639,22 +587,14 @@ fn primary_set_flags(dev: CUdevice, flags: c_uint) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuDevicePrimaryCtxSetFlags`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CUresult {
-    guard(|| primary_set_flags(dev, flags))
-}
-
-/// `cuDevicePrimaryCtxSetFlags_v2`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
-    guard(|| primary_set_flags(dev, flags))
+tessera_sim::exports! {
+    /// `cuDevicePrimaryCtxSetFlags`, `cuDevicePrimaryCtxSetFlags_v2`.
+    ///
+    /// # Safety
+    /// No pointer arguments.
+    fn [cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2](dev: CUdevice, flags: c_uint) -> CUresult {
+        guard(|| primary_set_flags(dev, flags))
+    }
 }
 
 /// `cuDevicePrimaryCtxGetState`.

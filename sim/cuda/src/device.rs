@@ -133,22 +133,14 @@ fn uuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult<()> {
     unsafe { put(uuid, u) }
 }
 
-/// `cuDeviceGetUuid`.
-///
-/// # Safety
-/// `uuid` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetUuid(uuid_out: *mut CUuuid, dev: CUdevice) -> CUresult {
-    guard(|| uuid(uuid_out, dev))
-}
-
-/// `cuDeviceGetUuid_v2` (the same bytes: the simulated devices have no MIG instances).
-///
-/// # Safety
-/// `uuid` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid_out: *mut CUuuid, dev: CUdevice) -> CUresult {
-    guard(|| uuid(uuid_out, dev))
+tessera_sim::exports! {
+    /// `cuDeviceGetUuid`, `cuDeviceGetUuid_v2`.
+    ///
+    /// # Safety
+    /// `uuid` must be null or writable.
+    fn [cuDeviceGetUuid, cuDeviceGetUuid_v2](uuid_out: *mut CUuuid, dev: CUdevice) -> CUresult {
+        guard(|| uuid(uuid_out, dev))
+    }
 }
 
 /// `cuDeviceGetLuid`: Windows only, as on Linux drivers.

@@ -425,30 +425,18 @@ fn instantiate_with_params(
     r
 }
 
-/// `cuGraphInstantiateWithParams`.
-///
-/// # Safety
-/// Pointers must be null or valid and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult {
-    guard(|| instantiate_with_params(phGraphExec, hGraph, instantiateParams))
-}
-
-/// `cuGraphInstantiateWithParams_ptsz`.
-///
-/// # Safety
-/// Pointers must be null or valid and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult {
-    guard(|| instantiate_with_params(phGraphExec, hGraph, instantiateParams))
+tessera_sim::exports! {
+    /// `cuGraphInstantiateWithParams`, `cuGraphInstantiateWithParams_ptsz`.
+    ///
+    /// # Safety
+    /// Pointers must be null or valid and writable.
+    fn [cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz](
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+    ) -> CUresult {
+        guard(|| instantiate_with_params(phGraphExec, hGraph, instantiateParams))
+    }
 }
 
 fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {

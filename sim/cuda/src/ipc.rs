@@ -285,32 +285,21 @@ fn open_mem_handle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uin
     Ok(())
 }
 
-/// `cuIpcOpenMemHandle_v2`: maps another process's allocation into this one (the whole
-/// allocation, at an address of this process). Opening one handle again returns the same
-/// address; each open needs a close.
-///
-/// # Safety
-/// `pdptr` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
-    pdptr: *mut CUdeviceptr,
-    handle: CUipcMemHandle,
-    Flags: c_uint,
-) -> CUresult {
-    guard(|| open_mem_handle(pdptr, handle, Flags))
-}
-
-/// `cuIpcOpenMemHandle` (the CUDA 4.1 symbol; same arguments).
-///
-/// # Safety
-/// As `cuIpcOpenMemHandle_v2`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuIpcOpenMemHandle(
-    pdptr: *mut CUdeviceptr,
-    handle: CUipcMemHandle,
-    Flags: c_uint,
-) -> CUresult {
-    guard(|| open_mem_handle(pdptr, handle, Flags))
+tessera_sim::exports! {
+    /// `cuIpcOpenMemHandle_v2` and `cuIpcOpenMemHandle` (the CUDA 4.1 symbol; same
+    /// arguments): maps another process's allocation into this one (the whole allocation,
+    /// at an address of this process). Opening one handle again returns the same address;
+    /// each open needs a close.
+    ///
+    /// # Safety
+    /// `pdptr` must be null or writable.
+    fn [cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle](
+        pdptr: *mut CUdeviceptr,
+        handle: CUipcMemHandle,
+        Flags: c_uint,
+    ) -> CUresult {
+        guard(|| open_mem_handle(pdptr, handle, Flags))
+    }
 }
 
 /// `cuIpcCloseMemHandle`: the last close unmaps the memory (the exporter still has it).
@@ -427,9 +416,7 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(
 ) -> CUresult {
     guard(|| {
         rt()?;
-        let e = crate::stream::EVENTS
-            .get(event as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let e = crate::stream::EVENTS.lookup(event as usize)?;
         let s = e
             .shared
             .as_ref()

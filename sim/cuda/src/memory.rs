@@ -608,30 +608,19 @@ fn host_register(p: *mut c_void, bytesize: usize, flags: c_uint) -> CuResult<()>
     Ok(())
 }
 
-/// `cuMemHostRegister_v2`: records the range (nothing is pinned).
-///
-/// # Safety
-/// `p` must point to `bytesize` bytes of the program's memory.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostRegister_v2(
-    p: *mut c_void,
-    bytesize: usize,
-    Flags: c_uint,
-) -> CUresult {
-    guard(|| host_register(p, bytesize, Flags))
-}
-
-/// `cuMemHostRegister` (same ABI as `_v2`).
-///
-/// # Safety
-/// `p` must point to `bytesize` bytes of the program's memory.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostRegister(
-    p: *mut c_void,
-    bytesize: usize,
-    Flags: c_uint,
-) -> CUresult {
-    guard(|| host_register(p, bytesize, Flags))
+tessera_sim::exports! {
+    /// `cuMemHostRegister_v2` and `cuMemHostRegister` (same ABI): records the range
+    /// (nothing is pinned).
+    ///
+    /// # Safety
+    /// `p` must point to `bytesize` bytes of the program's memory.
+    fn [cuMemHostRegister_v2, cuMemHostRegister](
+        p: *mut c_void,
+        bytesize: usize,
+        Flags: c_uint,
+    ) -> CUresult {
+        guard(|| host_register(p, bytesize, Flags))
+    }
 }
 
 /// `cuMemHostUnregister`.

@@ -406,8 +406,8 @@ pub struct Module {
     pub ctx_id: u64,
     pub device: usize,
     pub code: Arc<Code>,
-    /// Function handles made so far, by kernel name (the same name gives the same handle).
-    functions: Mutex<Vec<(String, usize)>>,
+    /// Function handles made so far.
+    functions: Made,
     /// The globals' device memory (base, name → address and size), once looked up.
     globals: Mutex<Option<Globals>>,
 }
@@ -424,25 +424,16 @@ impl Module {
             ctx_id,
             device,
             code,
-            functions: Mutex::new(Vec::new()),
+            functions: Made::default(),
             globals: Mutex::new(None),
         }
     }
 
     /// The function handle of a kernel, made on first request.
     pub fn function(&self, name: &str, self_handle: usize) -> CuResult<usize> {
-        let mut made = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, h)) = made.iter().find(|(n, _)| n == name) {
-            return Ok(*h);
-        }
-        let spec = self
-            .code
-            .contents()?
-            .kernel(name)
-            .ok_or_else(|| not_found("kernel", name))?;
-        let h = new_function(spec, self.device, self.ctx_id, self_handle, 0);
-        made.push((name.to_string(), h));
-        Ok(h)
+        self.functions.get_or_make(&self.code, name, |spec| {
+            new_function(spec, self.device, self.ctx_id, self_handle, 0)
+        })
     }
 
     /// A global's device address and size, allocating every global of the module the
@@ -462,14 +453,7 @@ impl Module {
     /// context is gone: the context freed them, and the address may already be another
     /// allocation's).
     fn release(&self, rt: Option<&Runtime>) {
-        for (_, f) in self
-            .functions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            FUNCTIONS.remove(f);
-        }
+        self.functions.remove_all();
         let globals = self
             .globals
             .lock()
@@ -518,6 +502,40 @@ fn allocate_globals(rt: &Runtime, ctx_id: u64, globals: &[Global]) -> CuResult<G
         base: Some(base),
         at,
     })
+}
+
+/// The function handles made from one image's kernels, by kernel name: the same name
+/// gives the same handle (a module's functions, a library's kernels).
+#[derive(Debug, Default)]
+struct Made(Mutex<Vec<(String, usize)>>);
+
+impl Made {
+    /// The handle of kernel `name` of `code`, made by `make` on first request.
+    fn get_or_make(
+        &self,
+        code: &Code,
+        name: &str,
+        make: impl FnOnce(&KernelSpec) -> usize,
+    ) -> CuResult<usize> {
+        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, h)) = made.iter().find(|(n, _)| n == name) {
+            return Ok(*h);
+        }
+        let spec = code
+            .contents()?
+            .kernel(name)
+            .ok_or_else(|| not_found("kernel", name))?;
+        let h = make(spec);
+        made.push((name.to_string(), h));
+        Ok(h)
+    }
+
+    /// Takes every handle made out of [`FUNCTIONS`] (the module or library is going).
+    fn remove_all(&self) {
+        for (_, f) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            FUNCTIONS.remove(f);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -660,9 +678,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut CUmodule, fname: *const c_cha
 pub unsafe extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
     guard(|| {
         let rt = rt()?;
-        let m = MODULES
-            .remove(hmod as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let m = MODULES.take(hmod as usize)?;
         m.release(Some(rt));
         Ok(())
     })
@@ -691,9 +707,7 @@ fn c_name<'a>(name: *const c_char) -> CuResult<std::borrow::Cow<'a, str>> {
 }
 
 fn module(hmod: CUmodule) -> CuResult<Arc<Module>> {
-    MODULES
-        .get(hmod as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    MODULES.lookup(hmod as usize)
 }
 
 /// `cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND` for a name the module lacks.
@@ -749,6 +763,49 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     })
 }
 
+/// Writes how many kernels `code` has (`cuModuleGetFunctionCount`,
+/// `cuLibraryGetKernelCount`).
+///
+/// # Safety
+/// `count` must be null (rejected) or writable.
+unsafe fn put_kernel_count(code: &Code, count: *mut c_uint) -> CuResult<()> {
+    let n = code.contents()?.kernels.len();
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(count, n as c_uint) }
+}
+
+/// Writes the handles of the first `wanted` kernels of `code`, in image order, each from
+/// `handle` (`cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`); more than the
+/// image has is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `out` must be null (rejected) or hold `wanted` writable handles.
+unsafe fn put_kernels<H>(
+    code: &Code,
+    out: *mut H,
+    wanted: c_uint,
+    handle: impl Fn(&str) -> CuResult<H>,
+) -> CuResult<()> {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let names: Vec<String> = code
+        .contents()?
+        .kernels
+        .iter()
+        .map(|k| k.name.clone())
+        .collect();
+    if (wanted as usize) > names.len() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    for (i, n) in names.iter().take(wanted as usize).enumerate() {
+        let h = handle(n)?;
+        // SAFETY: the caller passes room for `wanted` handles.
+        unsafe { out.add(i).write(h) };
+    }
+    Ok(())
+}
+
 /// `cuModuleGetFunctionCount`.
 ///
 /// # Safety
@@ -757,9 +814,8 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut c_uint, hmod: CUmodule) -> CUresult {
     guard(|| {
         rt()?;
-        let n = module(hmod)?.code.contents()?.kernels.len();
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(count, n as c_uint) }
+        // SAFETY: the caller's contract.
+        unsafe { put_kernel_count(&module(hmod)?.code, count) }
     })
 }
 
@@ -776,25 +832,12 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
     guard(|| {
         rt()?;
         let m = module(hmod)?;
-        if functions.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        // SAFETY: the caller's contract.
+        unsafe {
+            put_kernels(&m.code, functions, numFunctions, |n| {
+                Ok(m.function(n, hmod as usize)? as CUfunction)
+            })
         }
-        let names: Vec<String> = m
-            .code
-            .contents()?
-            .kernels
-            .iter()
-            .map(|k| k.name.clone())
-            .collect();
-        if (numFunctions as usize) > names.len() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        for (i, n) in names.iter().take(numFunctions as usize).enumerate() {
-            let f = m.function(n, hmod as usize)?;
-            // SAFETY: the caller passes room for `numFunctions` handles.
-            unsafe { functions.add(i).write(f as CUfunction) };
-        }
-        Ok(())
     })
 }
 
@@ -821,9 +864,7 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode) 
 /// Looks up a function (or a library kernel used as one).
 #[inline]
 pub fn function(h: CUfunction) -> CuResult<Arc<Function>> {
-    FUNCTIONS
-        .get(h as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    FUNCTIONS.lookup(h as usize)
 }
 
 // ---- attributes and occupancy (an H100's limits) ----
@@ -926,6 +967,16 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
     })
 }
 
+/// Checks a cache preference for a function (`CU_FUNC_CACHE_PREFER_*`, 0 to 3); it has no
+/// effect here.
+fn check_cache_config(f: CUfunction, config: CUfunc_cache) -> CuResult<()> {
+    function(f)?;
+    if config.0 > 3 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
 /// `cuFuncSetCacheConfig`: accepted, no effect.
 ///
 /// # Safety
@@ -934,11 +985,7 @@ pub unsafe extern "C" fn cuFuncSetAttribute(
 pub unsafe extern "C" fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> CUresult {
     guard(|| {
         rt()?;
-        function(hfunc)?;
-        if config.0 > 3 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        Ok(())
+        check_cache_config(hfunc, config)
     })
 }
 
@@ -1213,8 +1260,9 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     blockSizeLimit: c_int,
     _flags: c_uint,
 ) -> CUresult {
-    guard(|| {
-        potential_block_size(
+    // SAFETY: the same contract; the flags change nothing here.
+    unsafe {
+        cuOccupancyMaxPotentialBlockSize(
             minGridSize,
             blockSize,
             func,
@@ -1222,7 +1270,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
             dynamicSMemSize,
             blockSizeLimit,
         )
-    })
+    }
 }
 
 /// `cuOccupancyAvailableDynamicSMemPerBlock`.
@@ -1355,8 +1403,8 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
 #[derive(Debug)]
 pub struct Library {
     pub code: Arc<Code>,
-    /// Kernel handles made so far (context-independent functions), by name.
-    kernels: Mutex<Vec<(String, usize)>>,
+    /// Kernel handles made so far (context-independent functions).
+    kernels: Made,
     /// The library's module in each context that asked for one (`cuLibraryGetModule`,
     /// `cuLibraryGetGlobal`).
     modules: Mutex<Vec<(u64, usize)>>,
@@ -1364,18 +1412,9 @@ pub struct Library {
 
 impl Library {
     fn kernel(&self, name: &str, self_handle: usize) -> CuResult<usize> {
-        let mut made = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, h)) = made.iter().find(|(n, _)| n == name) {
-            return Ok(*h);
-        }
-        let spec = self
-            .code
-            .contents()?
-            .kernel(name)
-            .ok_or_else(|| not_found("kernel", name))?;
-        let h = new_function(spec, ANY_DEVICE, 0, 0, self_handle);
-        made.push((name.to_string(), h));
-        Ok(h)
+        self.kernels.get_or_make(&self.code, name, |spec| {
+            new_function(spec, ANY_DEVICE, 0, 0, self_handle)
+        })
     }
 
     /// The library's module in the current context, made on first request.
@@ -1398,9 +1437,7 @@ impl Library {
 }
 
 fn library(h: CUlibrary) -> CuResult<Arc<Library>> {
-    LIBRARIES
-        .get(h as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    LIBRARIES.lookup(h as usize)
 }
 
 fn library_load(library: *mut CUlibrary, raw: CuResult<Raw>) -> CuResult<()> {
@@ -1416,7 +1453,7 @@ fn library_load(library: *mut CUlibrary, raw: CuResult<Raw>) -> CuResult<()> {
     let code = code_of(raw?, arch_of(rt, device))?;
     let h = LIBRARIES.insert(Arc::new(Library {
         code: Arc::new(code),
-        kernels: Mutex::new(Vec::new()),
+        kernels: Made::default(),
         modules: Mutex::new(Vec::new()),
     }));
     // SAFETY: checked non-null above.
@@ -1469,17 +1506,8 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 pub unsafe extern "C" fn cuLibraryUnload(library: CUlibrary) -> CUresult {
     guard(|| {
         let rt = rt()?;
-        let l = LIBRARIES
-            .remove(library as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        for (_, f) in l
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            FUNCTIONS.remove(f);
-        }
+        let l = LIBRARIES.take(library as usize)?;
+        l.kernels.remove_all();
         for (_, m) in l
             .modules
             .lock()
@@ -1523,9 +1551,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, lib: CUlibrary) -> CUresult {
     guard(|| {
         rt()?;
-        let n = library(lib)?.code.contents()?.kernels.len();
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(count, n as c_uint) }
+        // SAFETY: the caller's contract.
+        unsafe { put_kernel_count(&library(lib)?.code, count) }
     })
 }
 
@@ -1542,25 +1569,12 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     guard(|| {
         rt()?;
         let l = library(lib)?;
-        if kernels.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        // SAFETY: the caller's contract.
+        unsafe {
+            put_kernels(&l.code, kernels, numKernels, |n| {
+                Ok(l.kernel(n, lib as usize)? as CUkernel)
+            })
         }
-        let names: Vec<String> = l
-            .code
-            .contents()?
-            .kernels
-            .iter()
-            .map(|k| k.name.clone())
-            .collect();
-        if (numKernels as usize) > names.len() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        for (i, n) in names.iter().take(numKernels as usize).enumerate() {
-            let h = l.kernel(n, lib as usize)?;
-            // SAFETY: the caller passes room for `numKernels` handles.
-            unsafe { kernels.add(i).write(h as CUkernel) };
-        }
-        Ok(())
     })
 }
 
@@ -1711,11 +1725,7 @@ pub unsafe extern "C" fn cuKernelSetCacheConfig(
     guard(|| {
         let rt = rt()?;
         rt.device(dev)?;
-        function(kernel as CUfunction)?;
-        if config.0 > 3 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        Ok(())
+        check_cache_config(kernel as CUfunction, config)
     })
 }
 
@@ -1752,6 +1762,18 @@ pub unsafe extern "C" fn cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkern
 // lookup that fails leaves `cudaErrorSymbolNotFound` as the runtime's last error, which
 // PyTorch's next error check then reports. So they exist, doing what the simulator can.
 
+/// Checks that `addr` is 4 aligned bytes of device memory, then waits until the work
+/// queued on `stream` so far has ended: the start of a stream memory operation.
+fn after_stream_work(stream: CUstream, addr: CUdeviceptr, pt: bool) -> CuResult<()> {
+    let t = crate::stream::resolve(stream, pt)?;
+    crate::memory::check_device_range(addr, 4)?;
+    if !addr.is_multiple_of(4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    tessera_sim::clock::sleep_until(t.last_end());
+    Ok(())
+}
+
 /// `cuStreamWriteValue32`: writes `value` at `addr` once the stream's earlier work has
 /// ended (the calling thread waits for that, as `cuLaunchHostFunc` does here).
 fn write_value32(
@@ -1765,12 +1787,7 @@ fn write_value32(
     if flags & !1 != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let t = crate::stream::resolve(stream, pt)?;
-    crate::memory::check_device_range(addr, 4)?;
-    if !addr.is_multiple_of(4) {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    tessera_sim::clock::sleep_until(t.last_end());
+    after_stream_work(stream, addr, pt)?;
     // SAFETY: 4 aligned bytes of live device memory (checked above), mapped read-write in
     // this process.
     unsafe { (addr as *mut u32).write_volatile(value) };
@@ -1851,6 +1868,26 @@ pub unsafe extern "C" fn cuMulticastUnbind(
     CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
 
+/// Writes the opaque descriptor of a tensor map here: just the address, for a rank from
+/// `min_rank` to 5.
+///
+/// # Safety
+/// `tensorMap` must be null (rejected) or writable.
+unsafe fn put_tensor_map(
+    tensorMap: *mut CUtensorMap,
+    rank: cuuint32_t,
+    min_rank: cuuint32_t,
+    globalAddress: *mut c_void,
+) -> CuResult<()> {
+    if !(min_rank..=5).contains(&rank) || globalAddress.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut map = CUtensorMap { opaque: [0; 16] };
+    map.opaque[0] = globalAddress as u64;
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(tensorMap, map) }
+}
+
 /// `cuTensorMapEncodeTiled`: checks the rank and writes an opaque descriptor (zeros with
 /// the address first); kernels never read it here.
 ///
@@ -1872,15 +1909,8 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     _l2Promotion: CUtensorMapL2promotion,
     _oobFill: CUtensorMapFloatOOBfill,
 ) -> CUresult {
-    guard(|| {
-        if !(1..=5).contains(&tensorRank) || globalAddress.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let mut map = CUtensorMap { opaque: [0; 16] };
-        map.opaque[0] = globalAddress as u64;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(tensorMap, map) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { put_tensor_map(tensorMap, tensorRank, 1, globalAddress) })
 }
 
 /// `cuLogsRegisterCallback`: accepted; the simulated driver logs nothing through it.
@@ -1965,15 +1995,8 @@ pub unsafe extern "C" fn cuTensorMapEncodeIm2col(
     _l2Promotion: CUtensorMapL2promotion,
     _oobFill: CUtensorMapFloatOOBfill,
 ) -> CUresult {
-    guard(|| {
-        if !(3..=5).contains(&tensorRank) || globalAddress.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let mut map = CUtensorMap { opaque: [0; 16] };
-        map.opaque[0] = globalAddress as u64;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(tensorMap, map) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { put_tensor_map(tensorMap, tensorRank, 3, globalAddress) })
 }
 
 /// `cuTensorMapReplaceAddress`: rewrites the address in a descriptor made here.
@@ -2011,12 +2034,7 @@ fn wait_value32(
     if cond > 3 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let t = crate::stream::resolve(stream, pt)?;
-    crate::memory::check_device_range(addr, 4)?;
-    if !addr.is_multiple_of(4) {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    tessera_sim::clock::sleep_until(t.last_end());
+    after_stream_work(stream, addr, pt)?;
     let holds = || {
         // SAFETY: 4 aligned bytes of live device memory (checked above), mapped in this
         // process; another thread or process may write them, hence volatile.

@@ -5,6 +5,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use tessera_ffi::cuda::CUresult;
+
+use crate::CuResult;
+
 /// Live objects of one kind, by handle.
 #[derive(Debug)]
 pub struct Registry<T> {
@@ -41,6 +45,19 @@ impl<T> Registry<T> {
             .unwrap_or_else(|e| e.into_inner())
             .get(&handle)
             .cloned()
+    }
+
+    /// The object a handle names; `CUDA_ERROR_INVALID_HANDLE` for a stale or made-up one.
+    #[inline]
+    pub fn lookup(&self, handle: usize) -> CuResult<Arc<T>> {
+        self.get(handle).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// Removes the object a handle names; `CUDA_ERROR_INVALID_HANDLE` for a stale or
+    /// made-up one.
+    pub fn take(&self, handle: usize) -> CuResult<Arc<T>> {
+        self.remove(handle)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
     }
 
     pub fn remove(&self, handle: usize) -> Option<Arc<T>> {

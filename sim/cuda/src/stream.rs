@@ -199,9 +199,7 @@ pub fn resolve(h: CUstream, per_thread_default: bool) -> CuResult<Target> {
         0 | 1 => Ok(Target::Legacy(current()?)),
         2 => per_thread(current()?),
         other => {
-            let s = STREAMS
-                .get(other)
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let s = STREAMS.lookup(other)?;
             s.ctx.check()?;
             Ok(Target::Stream(s))
         }
@@ -258,28 +256,17 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 fn stream_destroy(h: CUstream) -> CuResult<()> {
     rt()?;
     // Pending work still completes on the device; only the handle goes.
-    STREAMS
-        .remove(h as usize)
-        .map(|_| ())
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    STREAMS.take(h as usize).map(|_| ())
 }
 
-/// `cuStreamDestroy`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamDestroy(hStream: CUstream) -> CUresult {
-    guard(|| stream_destroy(hStream))
-}
-
-/// `cuStreamDestroy_v2`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamDestroy_v2(hStream: CUstream) -> CUresult {
-    guard(|| stream_destroy(hStream))
+tessera_sim::exports! {
+    /// `cuStreamDestroy`, `cuStreamDestroy_v2`.
+    ///
+    /// # Safety
+    /// Any handle value is accepted; unknown ones are reported.
+    fn [cuStreamDestroy, cuStreamDestroy_v2](hStream: CUstream) -> CUresult {
+        guard(|| stream_destroy(hStream))
+    }
 }
 
 macro_rules! stream_fn {
@@ -333,7 +320,7 @@ stream_fn! {
         if Flags & !1 != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let e = EVENTS.get(hEvent as usize).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let e = EVENTS.lookup(hEvent as usize)?;
         let time = e.time();
         t.state().last_end.fetch_max(time, Ordering::AcqRel);
         t.ctx().note_end(time);
@@ -590,28 +577,17 @@ pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> 
 
 fn event_destroy(h: CUevent) -> CuResult<()> {
     rt()?;
-    EVENTS
-        .remove(h as usize)
-        .map(|_| ())
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    EVENTS.take(h as usize).map(|_| ())
 }
 
-/// `cuEventDestroy`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventDestroy(hEvent: CUevent) -> CUresult {
-    guard(|| event_destroy(hEvent))
-}
-
-/// `cuEventDestroy_v2`.
-///
-/// # Safety
-/// Any handle value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventDestroy_v2(hEvent: CUevent) -> CUresult {
-    guard(|| event_destroy(hEvent))
+tessera_sim::exports! {
+    /// `cuEventDestroy`, `cuEventDestroy_v2`.
+    ///
+    /// # Safety
+    /// Any handle value is accepted; unknown ones are reported.
+    fn [cuEventDestroy, cuEventDestroy_v2](hEvent: CUevent) -> CUresult {
+        guard(|| event_destroy(hEvent))
+    }
 }
 
 fn record(h: CUevent, stream: CUstream, per_thread: bool, flags: c_uint) -> CuResult<()> {
@@ -619,9 +595,7 @@ fn record(h: CUevent, stream: CUstream, per_thread: bool, flags: c_uint) -> CuRe
     if flags & !1 != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let e = EVENTS
-        .get(h as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let e = EVENTS.lookup(h as usize)?;
     let t = resolve(stream, per_thread)?;
     if t.ctx().device != e.ctx.device {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
@@ -683,9 +657,7 @@ pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
 pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
     guard(|| {
         rt()?;
-        let e = EVENTS
-            .get(hEvent as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let e = EVENTS.lookup(hEvent as usize)?;
         if now_ns() >= e.time() {
             Ok(())
         } else {
@@ -702,9 +674,7 @@ pub unsafe extern "C" fn cuEventQuery(hEvent: CUevent) -> CUresult {
 pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
     guard(|| {
         let rt = rt()?;
-        let e = EVENTS
-            .get(hEvent as usize)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        let e = EVENTS.lookup(hEvent as usize)?;
         rt.check_device(e.ctx.device)?;
         sleep_until(e.time());
         // A synchronisation point for memory pools, as stream and context syncs are.
@@ -718,12 +688,8 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult<()> {
     if ms.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let a = EVENTS
-        .get(start as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    let b = EVENTS
-        .get(end as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let a = EVENTS.lookup(start as usize)?;
+    let b = EVENTS.lookup(end as usize)?;
     let no_timing = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
     if (a.flags | b.flags) & no_timing != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
@@ -741,28 +707,16 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuEventElapsedTime`: ms between two recorded, completed events.
-///
-/// # Safety
-/// `pMilliseconds` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventElapsedTime(
-    pMilliseconds: *mut f32,
-    hStart: CUevent,
-    hEnd: CUevent,
-) -> CUresult {
-    guard(|| elapsed(pMilliseconds, hStart, hEnd))
-}
-
-/// `cuEventElapsedTime_v2` (CUDA 12.8; same contract).
-///
-/// # Safety
-/// `pMilliseconds` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(
-    pMilliseconds: *mut f32,
-    hStart: CUevent,
-    hEnd: CUevent,
-) -> CUresult {
-    guard(|| elapsed(pMilliseconds, hStart, hEnd))
+tessera_sim::exports! {
+    /// `cuEventElapsedTime`, `cuEventElapsedTime_v2`: ms between two recorded, completed events.
+    ///
+    /// # Safety
+    /// `pMilliseconds` must be null or writable.
+    fn [cuEventElapsedTime, cuEventElapsedTime_v2](
+        pMilliseconds: *mut f32,
+        hStart: CUevent,
+        hEnd: CUevent,
+    ) -> CUresult {
+        guard(|| elapsed(pMilliseconds, hStart, hEnd))
+    }
 }

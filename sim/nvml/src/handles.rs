@@ -66,22 +66,14 @@ fn count(c: *mut c_uint) -> NvResult<()> {
     unsafe { put(c, node.device_count()) }
 }
 
-/// `nvmlDeviceGetCount_v2`.
-///
-/// # Safety
-/// `deviceCount` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCount_v2(deviceCount: *mut c_uint) -> nvmlReturn_t {
-    guard(|| count(deviceCount))
-}
-
-/// `nvmlDeviceGetCount`.
-///
-/// # Safety
-/// `deviceCount` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCount(deviceCount: *mut c_uint) -> nvmlReturn_t {
-    guard(|| count(deviceCount))
+tessera_sim::exports! {
+    /// `nvmlDeviceGetCount_v2`, `nvmlDeviceGetCount`.
+    ///
+    /// # Safety
+    /// `deviceCount` must be null or writable.
+    fn [nvmlDeviceGetCount_v2, nvmlDeviceGetCount](deviceCount: *mut c_uint) -> nvmlReturn_t {
+        guard(|| count(deviceCount))
+    }
 }
 
 fn by_index(index: c_uint, out: *mut nvmlDevice_t) -> NvResult<()> {
@@ -93,28 +85,17 @@ fn by_index(index: c_uint, out: *mut nvmlDevice_t) -> NvResult<()> {
     unsafe { put(out, handle(index)) }
 }
 
-/// `nvmlDeviceGetHandleByIndex_v2`.
-///
-/// # Safety
-/// `device` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
-    index: c_uint,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| by_index(index, device))
-}
-
-/// `nvmlDeviceGetHandleByIndex`.
-///
-/// # Safety
-/// `device` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
-    index: c_uint,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| by_index(index, device))
+tessera_sim::exports! {
+    /// `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetHandleByIndex`.
+    ///
+    /// # Safety
+    /// `device` must be null or writable.
+    fn [nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByIndex](
+        index: c_uint,
+        device: *mut nvmlDevice_t,
+    ) -> nvmlReturn_t {
+        guard(|| by_index(index, device))
+    }
 }
 
 fn c_arg<'a>(s: *const c_char) -> NvResult<std::borrow::Cow<'a, str>> {
@@ -160,26 +141,15 @@ fn by_bus_id(bus: *const c_char, out: *mut nvmlDevice_t) -> NvResult<()> {
     Err(nvmlReturn_t::NVML_ERROR_NOT_FOUND)
 }
 
-/// `nvmlDeviceGetHandleByPciBusId_v2`.
-///
-/// # Safety
-/// `pciBusId` must be null or a C string; `device` null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
-    pciBusId: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| by_bus_id(pciBusId, device))
-}
-
-/// `nvmlDeviceGetHandleByPciBusId`.
-///
-/// # Safety
-/// `pciBusId` must be null or a C string; `device` null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
-    pciBusId: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| by_bus_id(pciBusId, device))
+tessera_sim::exports! {
+    /// `nvmlDeviceGetHandleByPciBusId_v2`, `nvmlDeviceGetHandleByPciBusId`.
+    ///
+    /// # Safety
+    /// `pciBusId` must be null or a C string; `device` null or writable.
+    fn [nvmlDeviceGetHandleByPciBusId_v2, nvmlDeviceGetHandleByPciBusId](
+        pciBusId: *const c_char,
+        device: *mut nvmlDevice_t,
+    ) -> nvmlReturn_t {
+        guard(|| by_bus_id(pciBusId, device))
+    }
 }

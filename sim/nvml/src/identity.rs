@@ -156,28 +156,17 @@ fn pci_info(d: nvmlDevice_t, out: *mut nvmlPciInfo_t) -> NvResult<()> {
     unsafe { put(out, p) }
 }
 
-/// `nvmlDeviceGetPciInfo_v3`.
-///
-/// # Safety
-/// `pci` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
-    device_: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
-    guard(|| pci_info(device_, pci))
-}
-
-/// `nvmlDeviceGetPciInfo_v2` (same layout).
-///
-/// # Safety
-/// `pci` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
-    device_: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
-    guard(|| pci_info(device_, pci))
+tessera_sim::exports! {
+    /// `nvmlDeviceGetPciInfo_v3`, `nvmlDeviceGetPciInfo_v2`.
+    ///
+    /// # Safety
+    /// `pci` must be null or writable.
+    fn [nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfo_v2](
+        device_: nvmlDevice_t,
+        pci: *mut nvmlPciInfo_t,
+    ) -> nvmlReturn_t {
+        guard(|| pci_info(device_, pci))
+    }
 }
 
 /// `nvmlDeviceGetCudaComputeCapability`.

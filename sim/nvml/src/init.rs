@@ -29,22 +29,14 @@ pub(crate) fn node() -> NvResult<&'static Node> {
     }
 }
 
-/// `nvmlInit_v2`.
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    guard(init)
-}
-
-/// `nvmlInit` (the pre-v2 symbol; same behaviour).
-///
-/// # Safety
-/// No pointer arguments.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
-    guard(init)
+tessera_sim::exports! {
+    /// `nvmlInit_v2` and `nvmlInit` (the pre-v2 symbol; same behaviour).
+    ///
+    /// # Safety
+    /// No pointer arguments.
+    fn [nvmlInit_v2, nvmlInit]() -> nvmlReturn_t {
+        guard(init)
+    }
 }
 
 /// `nvmlInitWithFlags`: `NVML_INIT_FLAG_NO_GPUS` and `NVML_INIT_FLAG_NO_ATTACH` accepted.

@@ -101,30 +101,19 @@ fn no_processes(d: nvmlDevice_t, count: *mut c_uint) -> NvResult<()> {
     unsafe { put(count, 0) }
 }
 
-/// `nvmlDeviceGetGraphicsRunningProcesses_v3`: no graphics work is simulated.
-///
-/// # Safety
-/// `infoCount` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
-    device_: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    _infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    guard(|| no_processes(device_, infoCount))
-}
-
-/// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: there is no MPS here.
-///
-/// # Safety
-/// `infoCount` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
-    device_: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    _infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    guard(|| no_processes(device_, infoCount))
+tessera_sim::exports! {
+    /// `nvmlDeviceGetGraphicsRunningProcesses_v3` (no graphics work is simulated) and
+    /// `nvmlDeviceGetMPSComputeRunningProcesses_v3` (there is no MPS here): no processes.
+    ///
+    /// # Safety
+    /// `infoCount` must be null or writable.
+    fn [nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlDeviceGetMPSComputeRunningProcesses_v3](
+        device_: nvmlDevice_t,
+        infoCount: *mut c_uint,
+        _infos: *mut nvmlProcessInfo_t,
+    ) -> nvmlReturn_t {
+        guard(|| no_processes(device_, infoCount))
+    }
 }
 
 /// `nvmlDeviceGetRunningProcessDetailList` (NVML 12.x): compute processes as the `_v3`

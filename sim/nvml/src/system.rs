@@ -33,22 +33,13 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     })
 }
 
-/// `nvmlSystemGetCudaDriverVersion`.
-///
-/// # Safety
-/// `v` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> nvmlReturn_t {
-    // SAFETY: the caller passes a writable pointer or null (rejected).
-    guard(|| unsafe { put(v, CUDA_DRIVER_VERSION) })
-}
-
-/// `nvmlSystemGetCudaDriverVersion_v2`.
-///
-/// # Safety
-/// `v` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvmlReturn_t {
-    // SAFETY: the caller passes a writable pointer or null (rejected).
-    guard(|| unsafe { put(v, CUDA_DRIVER_VERSION) })
+tessera_sim::exports! {
+    /// `nvmlSystemGetCudaDriverVersion`, `nvmlSystemGetCudaDriverVersion_v2`.
+    ///
+    /// # Safety
+    /// `v` must be null or writable.
+    fn [nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2](v: *mut c_int) -> nvmlReturn_t {
+        // SAFETY: the caller passes a writable pointer or null (rejected).
+        guard(|| unsafe { put(v, CUDA_DRIVER_VERSION) })
+    }
 }
