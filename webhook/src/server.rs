@@ -401,15 +401,20 @@ trait ConnFuture: Future<Output = hyper::Result<()>> + Send {
     fn shut(self: Pin<&mut Self>);
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body a connection of either protocol can send from any thread.
+trait SendBody: hyper::body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> SendBody for B where B: hyper::body::Body<Data: Send, Error: Into<BoxError>> + Send + 'static
+{}
+
 impl<I, S, B> ConnFuture for hyper::server::conn::http1::Connection<I, S>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send,
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send,
+    S: hyper::service::HttpService<Incoming, ResBody = B, Error: Into<BoxError>> + Send,
     S::Future: Send,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: SendBody,
 {
     fn shut(self: Pin<&mut Self>) {
         self.graceful_shutdown();
@@ -419,12 +424,9 @@ where
 impl<I, S, B> ConnFuture for hyper::server::conn::http2::Connection<I, S, TokioExecutor>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send,
+    S: hyper::service::HttpService<Incoming, ResBody = B, Error: Into<BoxError>> + Send,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: SendBody,
 {
     fn shut(self: Pin<&mut Self>) {
         self.graceful_shutdown();
