@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 
-use crate::launch::Shape;
+use crate::launch::{Shape, shape_of};
 use crate::memory::{Alloc, Kind, PAGE, allocs, arena, commit, round_up};
 use crate::module::{ANY_DEVICE, Function, function};
 use crate::registry::Registry;
@@ -219,11 +219,7 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
     guard(|| {
         // SAFETY: the caller passes null (rejected) or valid parameters.
         let p = unsafe { get(nodeParams) }?;
-        let shape = Shape {
-            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
-            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
-            shared: p.sharedMemBytes,
-        };
+        let shape = shape_of!(p);
         let k = kernel_of(p.func, shape)?;
         add_node(phGraphNode, hGraph, dependencies, numDependencies, Some(k))
     })
@@ -244,11 +240,7 @@ pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
     guard(|| {
         // SAFETY: the caller passes null (rejected) or valid parameters.
         let p = unsafe { get(nodeParams) }?;
-        let shape = Shape {
-            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
-            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
-            shared: p.sharedMemBytes,
-        };
+        let shape = shape_of!(p);
         let func = if p.func.is_null() {
             p.kern as CUfunction
         } else {

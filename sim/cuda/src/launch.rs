@@ -23,6 +23,20 @@ pub struct Shape {
     pub shared: c_uint,
 }
 
+/// The [`Shape`] of any of the driver's parameter structs that spell it out field by
+/// field (`CUlaunchConfig`, `CUDA_LAUNCH_PARAMS`, the kernel node parameters of both
+/// versions): the same field names in different types.
+macro_rules! shape_of {
+    ($p:expr) => {
+        $crate::launch::Shape {
+            grid: [$p.gridDimX, $p.gridDimY, $p.gridDimZ],
+            block: [$p.blockDimX, $p.blockDimY, $p.blockDimZ],
+            shared: $p.sharedMemBytes,
+        }
+    };
+}
+pub(crate) use shape_of;
+
 impl Shape {
     /// Checks the limits the device enforces (an H100's) and returns the block count.
     #[inline]
@@ -220,11 +234,7 @@ fn launch_ex(
             cooperative = unsafe { a.value.cooperative } != 0;
         }
     }
-    let shape = Shape {
-        grid: [c.gridDimX, c.gridDimY, c.gridDimZ],
-        block: [c.blockDimX, c.blockDimY, c.blockDimZ],
-        shared: c.sharedMemBytes,
-    };
+    let shape = shape_of!(c);
     launch(f, shape, c.hStream, per_thread, params, extra, cooperative)
 }
 
@@ -276,11 +286,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
         for i in 0..numDevices as usize {
             // SAFETY: the caller passes `numDevices` entries.
             let p = unsafe { &*launchParamsList.add(i) };
-            let shape = Shape {
-                grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
-                block: [p.blockDimX, p.blockDimY, p.blockDimZ],
-                shared: p.sharedMemBytes,
-            };
+            let shape = shape_of!(p);
             let prepared = prepare(
                 rt,
                 p.function,

@@ -308,6 +308,20 @@ fn prefetch(ptr: CUdeviceptr, count: usize, stream: CUstream, per_thread: bool) 
     Ok(())
 }
 
+/// A prefetch to device `dst`, or to the host (`CU_DEVICE_CPU`, -1).
+fn prefetch_to(
+    ptr: CUdeviceptr,
+    count: usize,
+    dst: CUdevice,
+    stream: CUstream,
+    pt: bool,
+) -> CuResult<()> {
+    if dst != -1 {
+        rt()?.device(dst)?;
+    }
+    prefetch(ptr, count, stream, pt)
+}
+
 /// `cuMemPrefetchAsync` (CUDA 8 form): managed memory already lives on its device here,
 /// so a prefetch of a valid managed range to a valid device (or `CU_DEVICE_CPU`) is done
 /// at once.
@@ -321,12 +335,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync(
     dstDevice: CUdevice,
     hStream: CUstream,
 ) -> CUresult {
-    guard(|| {
-        if dstDevice != -1 {
-            rt()?.device(dstDevice)?;
-        }
-        prefetch(devPtr, count, hStream, false)
-    })
+    guard(|| prefetch_to(devPtr, count, dstDevice, hStream, false))
 }
 
 /// `cuMemPrefetchAsync_ptsz`.
@@ -340,12 +349,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
     dstDevice: CUdevice,
     hStream: CUstream,
 ) -> CUresult {
-    guard(|| {
-        if dstDevice != -1 {
-            rt()?.device(dstDevice)?;
-        }
-        prefetch(devPtr, count, hStream, true)
-    })
+    guard(|| prefetch_to(devPtr, count, dstDevice, hStream, true))
 }
 
 /// `cuMemPrefetchAsync_v2` (CUDA 12.2 form, a location); `flags` must be 0.

@@ -343,6 +343,16 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
     })
 }
 
+/// The pool an attribute call names, with its value pointer checked non-null.
+fn attribute_target(pool: CUmemoryPool, value: *mut c_void) -> CuResult<Arc<Pool>> {
+    rt()?;
+    let p = lookup(pool)?;
+    if value.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(p)
+}
+
 /// `cuMemPoolSetAttribute`.
 ///
 /// # Safety
@@ -354,11 +364,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        rt()?;
-        let p = lookup(pool)?;
-        if value.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
+        let p = attribute_target(pool, value)?;
         use CUmemPool_attribute as A;
         let mut s = p.lock();
         match attr {
@@ -400,11 +406,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        rt()?;
-        let p = lookup(pool)?;
-        if value.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
+        let p = attribute_target(pool, value)?;
         use CUmemPool_attribute as A;
         let s = p.lock();
         let v64 = match attr {

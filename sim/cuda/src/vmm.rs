@@ -61,6 +61,31 @@ fn phys() -> MutexGuard<'static, BTreeMap<u64, Phys>> {
     PHYS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records a new physical allocation with its one handle reference, not yet mapped, and
+/// returns its handle.
+fn new_phys(
+    device: usize,
+    size: u64,
+    fd: OwnedFd,
+    prop: CUmemAllocationProp,
+    share: Option<u64>,
+) -> CUmemGenericAllocationHandle {
+    let h = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+    phys().insert(
+        h,
+        Phys {
+            device,
+            size,
+            fd,
+            prop: Prop(prop),
+            handle_refs: 1,
+            mappings: 0,
+            share,
+        },
+    );
+    h
+}
+
 fn reservations() -> MutexGuard<'static, BTreeMap<u64, u64>> {
     RESERVATIONS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -196,19 +221,7 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         prop.requestedHandleTypes = CUmemAllocationHandleType(POSIX_FD);
         prop.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         prop.location.id = rt.ordinal(device);
-        let h = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        phys().insert(
-            h,
-            Phys {
-                device,
-                size,
-                fd,
-                prop: Prop(prop),
-                handle_refs: 1,
-                mappings: 0,
-                share: Some(id),
-            },
-        );
+        let h = new_phys(device, size, fd, prop, Some(id));
         // SAFETY: checked non-null above.
         unsafe { handle.write(h) };
         Ok(())
@@ -283,19 +296,7 @@ pub unsafe extern "C" fn cuMemCreate(
             rt.uncharge(device, size);
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let h = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        phys().insert(
-            h,
-            Phys {
-                device,
-                size,
-                fd,
-                prop: Prop(prop),
-                handle_refs: 1,
-                mappings: 0,
-                share: None,
-            },
-        );
+        let h = new_phys(device, size, fd, prop, None);
         // SAFETY: checked non-null above.
         unsafe { handle.write(h) };
         Ok(())

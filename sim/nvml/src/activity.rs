@@ -258,6 +258,22 @@ fn clock_mhz(node: &Node, i: u32, t: nvmlClockType_t, max: bool) -> NvResult<c_u
     })
 }
 
+/// Writes a device's current (or, with `max`, its highest) clock of a kind, in MHz.
+///
+/// # Safety
+/// `clock` must be null (rejected) or writable.
+unsafe fn put_clock(
+    device_: nvmlDevice_t,
+    type_: nvmlClockType_t,
+    clock: *mut c_uint,
+    max: bool,
+) -> NvResult<()> {
+    let (node, i) = live(device_)?;
+    let v = clock_mhz(node, i, type_, max)?;
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(clock, v) }
+}
+
 /// `nvmlDeviceGetClockInfo` (MHz): boost clocks while busy, idle clocks otherwise.
 ///
 /// # Safety
@@ -268,12 +284,8 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     type_: nvmlClockType_t,
     clock: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let (node, i) = live(device_)?;
-        let v = clock_mhz(node, i, type_, false)?;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(clock, v) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { put_clock(device_, type_, clock, false) })
 }
 
 /// `nvmlDeviceGetMaxClockInfo` (MHz).
@@ -286,12 +298,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     type_: nvmlClockType_t,
     clock: *mut c_uint,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let (node, i) = live(device_)?;
-        let v = clock_mhz(node, i, type_, true)?;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(clock, v) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { put_clock(device_, type_, clock, true) })
 }
 
 /// `nvmlDeviceGetPerformanceState`: P0 while busy, P8 idle.

@@ -145,8 +145,7 @@ mod tests {
 
     #[test]
     fn table_is_registered_under_its_index() {
-        assert_eq!(super::super::TABLES[T].guid, GUID);
-        assert_eq!(TABLE.0[0] as usize, N * 8);
+        super::super::assert_sized_table(T, GUID, &TABLE);
     }
 
     #[test]

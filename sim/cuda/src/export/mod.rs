@@ -54,6 +54,16 @@ pub const fn size_slot(slots: usize) -> *const c_void {
     (slots * size_of::<usize>()) as *const c_void
 }
 
+/// For each sized table's tests: it is `TABLES[index]` under `guid`, hands out these
+/// slots, starts with its own size and has no null slot.
+#[cfg(test)]
+fn assert_sized_table<const N: usize>(index: usize, guid: [u8; 16], table: &'static Slots<N>) {
+    assert_eq!(TABLES[index].guid, guid);
+    assert_eq!((TABLES[index].ptr)(), table.as_ptr());
+    assert_eq!(table.0[0] as usize, N * size_of::<usize>());
+    assert!(table.0.iter().all(|p| !p.is_null()));
+}
+
 /// One known table.
 pub struct Table {
     /// A short name for logs and docs (ZLUDA's name where it has one).

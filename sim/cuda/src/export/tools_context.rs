@@ -118,8 +118,6 @@ mod tests {
 
     #[test]
     fn table_is_registered_under_its_index() {
-        assert_eq!(super::super::TABLES[T].guid, GUID);
-        assert_eq!(TABLE.0[0] as usize, N * 8);
-        assert!(TABLE.0.iter().all(|p| !p.is_null()));
+        super::super::assert_sized_table(T, GUID, &TABLE);
     }
 }
