@@ -752,15 +752,7 @@ impl Governed {
         }
         let destroyed = books.pools.get(&id).is_none_or(|p| p.destroyed);
         if destroyed {
-            let left = books.live_bytes(id);
-            if let Some(p) = books.pools.get_mut(&id) {
-                let (dev, mut charged) = (p.dev, p.charged);
-                self.settle_charge(dev, &mut charged, left);
-                p.charged = charged;
-            }
-            if left == 0 {
-                books.pools.remove(&id);
-            }
+            self.settle_destroyed(&mut books, id);
         } else {
             self.pool_slack.store(true, Ordering::Release);
         }
@@ -775,9 +767,15 @@ impl Governed {
         if r != CUDA_SUCCESS {
             return r;
         }
-        let Some(id) = books.destroyed(pool) else {
-            return r;
-        };
+        if let Some(id) = books.destroyed(pool) {
+            self.settle_destroyed(&mut books, id);
+        }
+        r
+    }
+
+    /// A destroyed pool (its reserve released by the driver) stays charged
+    /// for its live allocations only, and is forgotten once none is left.
+    fn settle_destroyed(&self, books: &mut PoolBooks, id: u64) {
         let left = books.live_bytes(id);
         if let Some(p) = books.pools.get_mut(&id) {
             let (dev, mut charged) = (p.dev, p.charged);
@@ -787,7 +785,6 @@ impl Governed {
         if left == 0 {
             books.pools.remove(&id);
         }
-        r
     }
 
     /// A pool operation that may release memory (`cuMemPoolTrimTo`, a
@@ -1248,20 +1245,10 @@ pub(crate) mod tests {
         let g = governed(&[1000]);
         let state = &g.files.state;
         // A process that died holding 800 bytes: a real, exited child.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = ProcIdentity {
-            pid: child.id(),
-            pidns: tessera_shm::process::pidns_of("self").unwrap(),
-            start_time: 1,
-        };
-        child.wait().unwrap();
-        struct Alive;
-        impl tessera_shm::Liveness for Alive {
-            fn check(&self, _: &ProcIdentity) -> Option<bool> {
-                Some(true)
-            }
-        }
-        let m = state.join(&dead, &Alive).unwrap();
+        let dead = tessera_shm::testing::exited_process();
+        let m = state
+            .join(&dead, &tessera_shm::testing::AssumeAlive)
+            .unwrap();
         state.reserve(m, 0, 800, 1000).unwrap();
         assert_eq!(state.reserved(0), 800);
         // 300 more fit only once the dead process's 800 come back.

@@ -21,6 +21,7 @@ mod map;
 pub mod process;
 pub mod state;
 pub mod sys;
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 
