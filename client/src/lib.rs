@@ -47,6 +47,19 @@ pub struct SocketArg {
     pub socket: PathBuf,
 }
 
+/// A per-GPU flag (`--memory`, `--compute` of `run` and `resize`) takes one
+/// value for every GPU or one per GPU.
+fn check_per_gpu(flag: &str, values: &[String], gpus: usize) -> Result<(), CliError> {
+    if values.len() == 1 || values.len() == gpus {
+        Ok(())
+    } else {
+        Err(CliError::Usage(format!(
+            "{flag} has {} values for {gpus} GPUs: give one value (for every GPU) or one per GPU",
+            values.len()
+        )))
+    }
+}
+
 /// A runtime for one client command.
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_current_thread()

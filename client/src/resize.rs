@@ -70,18 +70,12 @@ pub fn request(
         v
     };
     let n = uuids.len();
-    let per_gpu = |flag: &str, values: &[String]| -> Result<(), CliError> {
-        if values.is_empty() || values.len() == 1 || values.len() == n {
-            Ok(())
-        } else {
-            Err(CliError::Usage(format!(
-                "{flag} has {} values for {n} GPUs: give one value (for every GPU) or one per GPU",
-                values.len()
-            )))
+    // Neither is required: a flag not given leaves that limit as it is.
+    for (flag, values) in [("--memory", &args.memory), ("--compute", &args.compute)] {
+        if !values.is_empty() {
+            crate::check_per_gpu(flag, values, n)?;
         }
-    };
-    per_gpu("--memory", &args.memory)?;
-    per_gpu("--compute", &args.compute)?;
+    }
     let pick = |values: &[String], i: usize| -> Option<String> {
         match values.len() {
             0 => None,

@@ -120,18 +120,8 @@ pub fn limits(args: &RunArgs) -> Result<Vec<GpuLimits>, CliError> {
             "--gpu needs a GPU index or UUID (several: --gpu 0,1)".into(),
         ));
     }
-    let per_gpu = |flag: &str, values: &[String]| -> Result<(), CliError> {
-        if values.len() == 1 || values.len() == n {
-            Ok(())
-        } else {
-            Err(CliError::Usage(format!(
-                "{flag} has {} values for {n} GPUs: give one value (for every GPU) or one per GPU",
-                values.len()
-            )))
-        }
-    };
-    per_gpu("--memory", &args.memory)?;
-    per_gpu("--compute", &args.compute)?;
+    crate::check_per_gpu("--memory", &args.memory, n)?;
+    crate::check_per_gpu("--compute", &args.compute, n)?;
     let pick = |values: &[String], i: usize| values[if values.len() == 1 { 0 } else { i }].clone();
     (0..n)
         .map(|i| {
