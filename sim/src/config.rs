@@ -185,8 +185,8 @@ fn parse_u64(var: &'static str, value: &str) -> Result<u64, ConfigError> {
 /// A stable per-host seed, so a host's simulated GPUs keep their UUIDs across runs but two
 /// hosts do not share them.
 fn host_seed() -> u64 {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    fnv1a(host.trim().as_bytes())
+    let host = tessera_contract::node::kernel_hostname().unwrap_or_default();
+    fnv1a(host.as_bytes())
 }
 
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
