@@ -92,6 +92,23 @@ impl SimNode {
         Self::builder().build()
     }
 
+    /// The node the manager's end-to-end tests run on: `devices` GPUs of 16 GiB and
+    /// 100 SMs, compute capability 8.6, named "E2E Simulated GPU". Each test file
+    /// passes a `seed` of its own, so the UUIDs it sees are its own too.
+    pub fn e2e(devices: u32, seed: u64) -> SimNode {
+        Self::builder()
+            .config(NodeConfig {
+                devices,
+                memory_per_device: 16 << 30,
+                sms: 100,
+                cc_major: 8,
+                cc_minor: 6,
+                name: "E2E Simulated GPU".into(),
+                seed,
+            })
+            .build()
+    }
+
     /// The node state, read directly (the ground truth).
     pub fn node(&self) -> &Node {
         &self.node

@@ -8,29 +8,13 @@ mod manager_support;
 use manager_support::*;
 use tessera_e2e::SimNode;
 use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 
-/// Not a test: the body of this executable when a test re-runs it as the manager.
-#[test]
-#[ignore = "helper: the manager process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0xf22,
-        })
-        .build()
+    SimNode::e2e(1, 0xf22)
 }
 
 /// A small deterministic generator (xorshift), so a failure replays.
@@ -66,7 +50,7 @@ const MAX_MESSAGE: usize = 1024;
 #[test]
 fn hostile_requests_get_short_errors_and_the_manager_keeps_serving() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid = n.node().device_info(0).unwrap().uuid;
     let huge = "x".repeat(1 << 20);
     let strings = vec![

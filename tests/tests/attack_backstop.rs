@@ -17,55 +17,16 @@ use manager_support::*;
 use tessera_e2e::{ProbeChild, SimNode};
 use tessera_proto::manager::v1 as pb;
 use tessera_shm::State;
-use tessera_sim::NodeConfig;
 
 const MI: u64 = 1 << 20;
 const GI: u64 = 1 << 30;
 /// How long a probe may take to answer one command.
 const T: Duration = Duration::from_secs(10);
 
-/// Not a test: the body of this executable when a test re-runs it as the manager.
-#[test]
-#[ignore = "helper: the manager process the other tests start"]
-fn role() {
-    role_main();
-}
-
-/// These tests measure how soon a process is stopped: one at a time.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+role_test!();
 
 fn node(devices: u32) -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0xa77,
-        })
-        .build()
-}
-
-fn create(socket: &std::path::Path, id: &str, uuid: &str, mem: u64) -> pb::Allocation {
-    let req = pb::CreateAllocationRequest {
-        id: id.into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid.into(),
-            memory_limit_bytes: mem,
-            compute_share_ppm: 1_000_000,
-            slices: 0,
-        }],
-        ..Default::default()
-    };
-    with_client(socket, async |c| c.create_allocation(req).await)
-        .expect("CreateAllocation")
-        .into_inner()
+    SimNode::e2e(devices, 0xa77)
 }
 
 /// The stops counted for the series whose labels include `want`, waiting up to 2 s for
@@ -110,11 +71,11 @@ fn identity_of(pid: u32) -> (u64, u64) {
 fn a_forged_host_pid_does_not_get_a_neighbour_killed() {
     let _serial = serial();
     let n = node(2);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let uuid1 = n.node().device_info(1).unwrap().uuid;
-    let a = create(&m.socket, "tenant", &uuid1, 4 * GI);
-    let b = create(&m.socket, "neighbour", &uuid0, 4 * GI);
+    let a = create(&m.socket, "tenant", &uuid1, 4 * GI, 1_000_000);
+    let b = create(&m.socket, "neighbour", &uuid0, 4 * GI, 1_000_000);
 
     let mut neighbour = governed_probe(&n, &b.control_path, &b.state_path);
     for cmd in ["init", "ctx", "alloc 268435456"] {
@@ -204,10 +165,10 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
     let n = node(1);
     // The driver's own memory per context, as a GPU has it.
     n.node().set_context_memory(300 * MI);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let limit = GI;
-    let a = create(&m.socket, "cheat", &uuid0, limit);
+    let a = create(&m.socket, "cheat", &uuid0, limit, 1_000_000);
     let owner = pb::SetAllocationOwnerRequest {
         id: "cheat".into(),
         namespace: "team-a".into(),
@@ -315,9 +276,9 @@ fn an_honest_tenant_at_its_limit_is_left_alone() {
     let _serial = serial();
     let n = node(1);
     n.node().set_context_memory(300 * MI);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
-    let a = create(&m.socket, "honest", &uuid0, GI);
+    let a = create(&m.socket, "honest", &uuid0, GI, 1_000_000);
     let mut tenant = governed_probe(&n, &a.control_path, &a.state_path);
     for cmd in ["init", "ctx"] {
         let l = tenant.cmd(cmd, T);
@@ -357,9 +318,9 @@ fn an_honest_tenant_at_its_limit_is_left_alone() {
 fn a_process_outside_every_allocation_is_stopped_only_on_a_shared_gpu() {
     let _serial = serial();
     let n = node(2);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
-    create(&m.socket, "shared", &uuid0, 4 * GI);
+    create(&m.socket, "shared", &uuid0, 4 * GI, 1_000_000);
     let stray = |device: &str| {
         let mut c = n.probe(tessera_e2e::Mode::Dlopen, &[]);
         c.env("CUDA_VISIBLE_DEVICES", device);

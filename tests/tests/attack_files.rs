@@ -14,19 +14,12 @@ use std::time::Duration;
 
 use manager_support::*;
 use tessera_e2e::SimNode;
-use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
 const NOBODY: u32 = 65534;
 
-/// Not a test: the body of this executable when a test re-runs it as the manager.
-#[test]
-#[ignore = "helper: the manager process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777
@@ -49,33 +42,11 @@ fn nobody_can_write(path: &Path) -> bool {
 
 #[test]
 fn other_local_users_cannot_reach_an_allocations_files() {
-    let n = SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0xf11e,
-        })
-        .build();
+    let n = SimNode::e2e(1, 0xf11e);
     let dir = n.dir.path().join("m");
     let m = ManagerProc::start(&n, &dir, &[]);
     let uuid = n.node().device_info(0).unwrap().uuid;
-    let req = pb::CreateAllocationRequest {
-        id: "private".into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid,
-            memory_limit_bytes: GI,
-            compute_share_ppm: 1_000_000,
-            slices: 0,
-        }],
-        ..Default::default()
-    };
-    let a = with_client(&m.socket, async |c| c.create_allocation(req).await)
-        .expect("create")
-        .into_inner();
+    let a = create(&m.socket, "private", &uuid, GI, 1_000_000);
     let state = Path::new(&a.state_path);
     let alloc_dir = state.parent().unwrap();
     let allocations = alloc_dir.parent().unwrap();

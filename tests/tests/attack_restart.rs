@@ -13,49 +13,14 @@ use std::time::Duration;
 use manager_support::*;
 use tessera_e2e::SimNode;
 use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
 
-/// Not a test: the body of this executable when a test re-runs it as the manager.
-#[test]
-#[ignore = "helper: the manager process the other tests start"]
-fn role() {
-    role_main();
-}
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0x5e7,
-        })
-        .build()
-}
-
-fn request(id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::CreateAllocationRequest {
-    pb::CreateAllocationRequest {
-        id: id.into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid.into(),
-            memory_limit_bytes: mem,
-            compute_share_ppm: ppm,
-            slices: 0,
-        }],
-        ..Default::default()
-    }
+    SimNode::e2e(1, 0x5e7)
 }
 
 /// A 12 GiB, 10 % allocation whose process holds 6 GiB; `spoil` damages it while the
@@ -73,10 +38,7 @@ fn survives_restart(
     let dir = n.dir.path().join("m");
     let m = ManagerProc::start(&n, &dir, &[]);
     let uuid = n.node().device_info(0).unwrap().uuid;
-    let req = request("held", &uuid, 12 * GI, 100_000);
-    let a = with_client(&m.socket, async |c| c.create_allocation(req).await)
-        .expect("create")
-        .into_inner();
+    let a = create(&m.socket, "held", &uuid, 12 * GI, 100_000);
     let mut w = governed_probe(&n, &a.control_path, &a.state_path);
     for cmd in ["init", "ctx", &format!("alloc {}", 6 * GI)] {
         let l = w.cmd(cmd, T);
@@ -133,12 +95,12 @@ fn survives_restart(
         e.samples
     );
     // Its capacity is not re-sold: 15 GiB does not fit beside its 12.
-    let big = request("greedy", &uuid, 15 * GI, 100_000);
+    let big = pb::CreateAllocationRequest::one_device("greedy", &uuid, 15 * GI, 100_000);
     let e = with_client(&m.socket, async |c| c.create_allocation(big).await)
         .expect_err("capacity re-sold");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
     // Nor its compute share: 95 % does not fit beside its 10 %.
-    let greedy = request("greedy", &uuid, GI, 950_000);
+    let greedy = pb::CreateAllocationRequest::one_device("greedy", &uuid, GI, 950_000);
     let e = with_client(&m.socket, async |c| c.create_allocation(greedy).await)
         .expect_err("share re-sold");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");

@@ -13,34 +13,16 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use manager_support::*;
 use tessera_e2e::SimNode;
-use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
 /// How long the test holds a paused call before resuming it.
 const HOLD: Duration = Duration::from_millis(300);
 
-/// Not a test: the body of this executable when a test re-runs it as the
-/// manager or a client command (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0x9a5e,
-        })
-        .build()
+    SimNode::e2e(1, 0x9a5e)
 }
 
 /// `tessera pause ID` or `tessera resume ID`, in this process.
@@ -55,31 +37,11 @@ fn cli(socket: &std::path::Path, pause: bool, id: &str) -> Result<(), String> {
     tessera_client::pause::pause(&cli.args, pause).map_err(|e| e.to_string())
 }
 
-fn status_of(socket: &std::path::Path, id: &str) -> pb::AllocationStatus {
-    node_status(socket)
-        .allocations
-        .into_iter()
-        .find(|a| a.allocation.as_ref().is_some_and(|x| x.id == id))
-        .expect("the allocation in the status")
-}
-
 fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid = n.node().device_info(0).unwrap().uuid;
-    let req = pb::CreateAllocationRequest {
-        id: "held".into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid,
-            memory_limit_bytes: 2 * GI,
-            compute_share_ppm: share_ppm,
-            slices: 0,
-        }],
-        ..Default::default()
-    };
-    let a = with_client(&m.socket, async |c| c.create_allocation(req).await)
-        .expect("CreateAllocation")
-        .into_inner();
+    let a = create(&m.socket, "held", &uuid, 2 * GI, share_ppm);
     let mut w = governed_probe(&n, &a.control_path, &a.state_path);
     for cmd in ["init", "ctx", "load kernel k 1ms", &format!("alloc {GI}")] {
         let l = w.cmd(cmd, T);

@@ -13,47 +13,14 @@ use clap::Parser;
 use manager_support::*;
 use tessera_e2e::SimNode;
 use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
 
-/// Not a test: the body of this executable when a test re-runs it as the
-/// manager or a client command (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0x4e5,
-        })
-        .build()
-}
-
-fn create(socket: &std::path::Path, id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::Allocation {
-    let req = pb::CreateAllocationRequest {
-        id: id.into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid.into(),
-            memory_limit_bytes: mem,
-            compute_share_ppm: ppm,
-            slices: 0,
-        }],
-        ..Default::default()
-    };
-    with_client(socket, async |c| c.create_allocation(req).await)
-        .expect("CreateAllocation")
-        .into_inner()
+    SimNode::e2e(1, 0x4e5)
 }
 
 /// ResizeAllocation over the API: memory and share of the one GPU (0: as is).
@@ -98,7 +65,7 @@ fn total(line: &tessera_e2e::probe::Line) -> u64 {
 #[test]
 fn a_running_process_sees_a_resize_and_capacity_holds() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid = n.node().device_info(0).unwrap().uuid;
     let a = create(&m.socket, "grow", &uuid, 2 * GI, 300_000);
     create(&m.socket, "other", &uuid, 8 * GI, 500_000);
@@ -154,12 +121,7 @@ fn a_running_process_sees_a_resize_and_capacity_holds() {
     let e = resize_cli(&m.socket, &["grow", "--memory", "3Gi"]).unwrap_err();
     assert!(e.contains("holds 4Gi (4294967296 bytes)"), "{e}");
     assert_eq!(total(&w.cmd("meminfo", T)), 4 * GI);
-    let st = node_status(&m.socket);
-    let grow = st
-        .allocations
-        .iter()
-        .find(|x| x.allocation.as_ref().unwrap().id == "grow")
-        .unwrap();
+    let grow = status_of(&m.socket, "grow");
     assert_eq!(grow.devices[0].memory_limit_bytes, 4 * GI);
     assert_eq!(grow.devices[0].compute_share_ppm, 300_000);
 
@@ -174,13 +136,8 @@ fn a_running_process_sees_a_resize_and_capacity_holds() {
     assert_eq!(one.error.as_deref(), Some("CUDA_ERROR_OUT_OF_MEMORY"));
     // The record on disk follows (a restarted manager keeps the new size).
     m.stop();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
-    let st = node_status(&m.socket);
-    let grow = st
-        .allocations
-        .iter()
-        .find(|x| x.allocation.as_ref().unwrap().id == "grow")
-        .unwrap();
+    let m = ManagerProc::on(&n);
+    let grow = status_of(&m.socket, "grow");
     assert_eq!(grow.devices[0].memory_limit_bytes, GI);
     assert_eq!(grow.devices[0].compute_share_ppm, 500_000);
     w.kill();
@@ -190,7 +147,7 @@ fn a_running_process_sees_a_resize_and_capacity_holds() {
 #[test]
 fn a_share_moves_in_and_out_of_arbitration() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid = n.node().device_info(0).unwrap().uuid;
     let a = create(&m.socket, "whole", &uuid, GI, 1_000_000);
     let control = tessera_shm::Control::open(std::path::Path::new(&a.control_path)).unwrap();

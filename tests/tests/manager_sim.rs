@@ -9,65 +9,23 @@ use std::time::{Duration, Instant};
 use manager_support::*;
 use tessera_e2e::{Mode, SimNode};
 use tessera_proto::manager::v1 as pb;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 
-/// Not a test: the body of this executable when a test re-runs it as the
-/// manager or a client command (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
-
-/// The tests of this file measure time (reclaim within a second, shares of
-/// the GPU's time): they run one at a time, so they do not load each other's
-/// two CPUs.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+role_test!();
 
 /// How long a probe may take to answer one command.
 const T: Duration = Duration::from_secs(10);
 
 fn node(devices: u32) -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0xe2e,
-        })
-        .build()
-}
-
-fn create(socket: &std::path::Path, id: &str, uuid: &str, mem: u64, ppm: u32) -> pb::Allocation {
-    let req = pb::CreateAllocationRequest {
-        id: id.into(),
-        devices: vec![pb::DeviceRequest {
-            gpu_uuid: uuid.into(),
-            memory_limit_bytes: mem,
-            compute_share_ppm: ppm,
-            slices: 0,
-        }],
-        ..Default::default()
-    };
-    with_client(socket, async |c| c.create_allocation(req).await)
-        .expect("CreateAllocation")
-        .into_inner()
+    SimNode::e2e(devices, 0xe2e)
 }
 
 #[test]
 fn the_inventory_is_the_simulated_configuration() {
     let _serial = serial();
     let n = node(3);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let st = node_status(&m.socket);
     assert_eq!(st.hostname, "e2e-node");
     assert!(!st.driver_version.is_empty());
@@ -289,7 +247,7 @@ fn a_restarted_manager_keeps_allocations_and_running_processes() {
 fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
     let _serial = serial();
     let n = node(2);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let healthy = |i: usize| node_status(&m.socket).gpus[i].healthy;
 
     // An application's fault: the GPU stays healthy.
@@ -328,14 +286,14 @@ fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
 fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second() {
     let _serial = serial();
     let n = node(1);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let probe = probe_path().display().to_string();
     // Two workers in one `tessera run`; one is killed, the other goes on.
     let script = format!(
         "\"{probe}\" init ctx 'alloc {GI}' pid 'sleep 60000' & \
          \"{probe}\" init ctx 'alloc {GI}' pid 'sleep 60000' & wait"
     );
-    let args: Vec<String> = [
+    let args = [
         "run",
         "--socket",
         m.socket.to_str().unwrap(),
@@ -347,10 +305,7 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second(
         "sh",
         "-c",
         &script,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let mut run = client_spawn(&n, &args);
     let mut out = lines(&mut run);
     let p1: i32 = field(&read_until(&mut out, |l| l.starts_with("ok pid")), "pid")
@@ -397,31 +352,30 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second(
 fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     let _serial = serial();
     let n = node(1);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let sock = m.socket.to_str().unwrap().to_owned();
     let probe = probe_path().display().to_string();
     let half = (GI / 2).to_string();
+    // `tessera run` on GPU 0 with 1 GiB, then what each case adds.
+    let run_1gi = ["run", "--socket", &sock, "--gpu", "0", "--memory", "1Gi"];
     let out = client(
         &n,
         &[
-            "run",
-            "--socket",
-            &sock,
-            "--gpu",
-            "0",
-            "--memory",
-            "1Gi",
-            "--compute",
-            "100%",
-            "--",
-            &probe,
-            "init",
-            "ctx",
-            &format!("alloc {half}"),
-            &format!("alloc {half}"),
-            "alloc 1",
-            "meminfo",
-        ],
+            &run_1gi[..],
+            &[
+                "--compute",
+                "100%",
+                "--",
+                &probe,
+                "init",
+                "ctx",
+                &format!("alloc {half}"),
+                &format!("alloc {half}"),
+                "alloc 1",
+                "meminfo",
+            ],
+        ]
+        .concat(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = role_stdout(&out);
@@ -446,35 +400,15 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
 
     // Exit codes: the command's own, or 128 + the signal that killed it.
     let code = |cmd: &str| {
-        let o = client(
-            &n,
-            &[
-                "run", "--socket", &sock, "--gpu", "0", "--memory", "1Gi", "--", "sh", "-c", cmd,
-            ],
-        );
+        let o = client(&n, &[&run_1gi[..], &["--", "sh", "-c", cmd]].concat());
         o.status.code()
     };
     assert_eq!(code("exit 7"), Some(7));
     assert_eq!(code("kill -9 $$"), Some(137));
 
     // SIGTERM to `tessera run` reaches the command, which decides how to end.
-    let args: Vec<String> = [
-        "run",
-        "--socket",
-        &sock,
-        "--gpu",
-        "0",
-        "--memory",
-        "1Gi",
-        "--",
-        "sh",
-        "-c",
-        "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut run = client_spawn(&n, &args);
+    let trap = "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait";
+    let mut run = client_spawn(&n, &[&run_1gi[..], &["--", "sh", "-c", trap]].concat());
     let mut out = lines(&mut run);
     read_until(&mut out, |l| l.ends_with("ready"));
     nix::sys::signal::kill(
@@ -530,7 +464,7 @@ fn bad_config_and_bad_requests_get_clear_errors() {
         stderr(&o)
     );
 
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let sock = m.socket.to_str().unwrap().to_owned();
     let run = |extra: &[&str]| {
         let mut a = vec!["run", "--socket", &sock];
@@ -603,10 +537,7 @@ fn top_on_a_terminal_quits_with_q(n: &SimNode, sock: &str) {
     let before = tcgetattr(&pty.slave).unwrap().local_flags;
     assert!(before.contains(LocalFlags::ICANON | LocalFlags::ECHO));
     let slave = std::fs::File::from(pty.slave);
-    let args: Vec<String> = ["top", "--socket", sock, "--interval", "200ms"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args = owned(&["top", "--socket", sock, "--interval", "200ms"]);
     let mut child = role_command("cli", &args)
         .envs(n.env())
         .stdin(slave.try_clone().unwrap())
@@ -682,7 +613,7 @@ fn the_exposition_parser_is_strict() {
 fn the_arbiter_measures_what_a_shared_gpu_gives_an_allocation() {
     let _serial = serial();
     let n = node(1);
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     // Burst by default; the owner (the device plugin, from the pod's
     // annotation) tightens it to guaranteed, a hard cap even when alone.

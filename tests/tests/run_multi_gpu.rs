@@ -10,30 +10,13 @@ use std::time::Duration;
 
 use manager_support::*;
 use tessera_e2e::SimNode;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 
-/// Not a test: the body of this executable when a test re-runs it as the
-/// manager or a client command (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 2,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0x3a1,
-        })
-        .build()
+    SimNode::e2e(2, 0x3a1)
 }
 
 fn ok_lines<'a>(text: &'a str, cmd: &str) -> Vec<&'a str> {
@@ -45,7 +28,7 @@ fn ok_lines<'a>(text: &'a str, cmd: &str) -> Vec<&'a str> {
 #[test]
 fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let sock = m.socket.to_str().unwrap().to_owned();
     let st = node_status(&m.socket);
     let uuid = |i: usize| st.gpus[i].uuid.clone();
@@ -53,7 +36,7 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
     let half = (GI / 2).to_string();
     // GPU 1 first: the command's device 0 is the node's GPU 1 (2 GiB, 50 %),
     // its device 1 the node's GPU 0 (1 GiB, 30 %).
-    let script: Vec<String> = [
+    let script = [
         "init",
         "count",
         "device 0",
@@ -72,11 +55,8 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
         "alloc 1",
         "pid",
         "sleep 60000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut args: Vec<String> = [
+    ];
+    let run_args = [
         "run",
         "--socket",
         &sock,
@@ -90,12 +70,8 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
         "4",
         "--",
         &probe,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(script);
-    let mut run = client_spawn(&n, &args);
+    ];
+    let mut run = client_spawn(&n, &[&run_args[..], &script[..]].concat());
     let mut out = lines(&mut run);
     let mut text = String::new();
     let pid_line = loop {
@@ -194,7 +170,7 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
 #[test]
 fn several_gpus_are_checked_like_one() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let sock = m.socket.to_str().unwrap().to_owned();
     let run = |gpu: &str, mem: &str, compute: &str| {
         client(

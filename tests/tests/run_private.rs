@@ -13,30 +13,13 @@ use std::time::Instant;
 
 use manager_support::*;
 use tessera_e2e::SimNode;
-use tessera_sim::NodeConfig;
 
 const GI: u64 = 1 << 30;
 
-/// Not a test: the body of this executable when a test re-runs it as the
-/// manager or a client command (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn node() -> SimNode {
-    SimNode::builder()
-        .config(NodeConfig {
-            devices: 1,
-            memory_per_device: 16 * GI,
-            sms: 100,
-            cc_major: 8,
-            cc_minor: 6,
-            name: "E2E Simulated GPU".into(),
-            seed: 0x9e1,
-        })
-        .build()
+    SimNode::e2e(1, 0x9e1)
 }
 
 /// The session: a runtime directory of its own, and the program the run
@@ -196,7 +179,7 @@ fn run_starts_a_private_manager_shares_it_and_stops_it_at_the_end() {
     let o = s.output(&n, &args);
     let cold = t0.elapsed();
     assert!(o.status.success(), "{}", stderr(&o));
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let sock = m.socket.to_str().unwrap().to_owned();
     let mut sys_args = args.clone();
     sys_args[2] = &sock;

@@ -43,6 +43,20 @@ enum ClientCli {
     Run(tessera_client::run::RunArgs),
 }
 
+/// Defines the test executable's `role` test. Not a test: the body of this
+/// executable when a test re-runs it as the manager or a client command
+/// ([`role_main`]); ignored, so a plain run of the tests skips it.
+macro_rules! role_test {
+    () => {
+        #[test]
+        #[ignore = "helper: the manager or client process the other tests start"]
+        fn role() {
+            role_main();
+        }
+    };
+}
+pub(crate) use role_test;
+
 /// The body of the `role` test: runs the role and exits, never returning
 /// to the test harness. Does nothing when no role is set.
 pub fn role_main() {
@@ -136,6 +150,11 @@ pub fn role_command(role: &str, args: &[String]) -> Command {
     c.env(ROLE_ENV, role);
     c.env(ARGS_ENV, args.join("\u{1f}"));
     c
+}
+
+/// `args` as owned strings (what [`role_command`] takes).
+pub fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }
 
 /// What a role wrote to stdout, without the harness's own preamble.
@@ -275,6 +294,12 @@ impl ManagerProc {
         }
     }
 
+    /// Starts the manager for `node` the usual way: its state in the node's
+    /// directory (`m`), no extra flags.
+    pub fn on(node: &SimNode) -> ManagerProc {
+        Self::start(node, &node.dir.path().join("m"), &[])
+    }
+
     /// What the manager logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
@@ -314,8 +339,7 @@ impl Drop for ManagerProc {
 
 /// Runs a client command (`status`, `top`, `run`) to completion.
 pub fn client(node: &SimNode, args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    role_command("cli", &args)
+    role_command("cli", &owned(args))
         .envs(node.env())
         .stdin(Stdio::null())
         .output()
@@ -324,8 +348,8 @@ pub fn client(node: &SimNode, args: &[&str]) -> Output {
 
 /// Starts a client command with piped stdout, for reading as it goes. Its
 /// stderr is the test's, so a client that fails says why.
-pub fn client_spawn(node: &SimNode, args: &[String]) -> Child {
-    role_command("cli", args)
+pub fn client_spawn(node: &SimNode, args: &[&str]) -> Child {
+    role_command("cli", &owned(args))
         .envs(node.env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -357,6 +381,15 @@ pub fn field(line: &str, key: &str) -> Option<String> {
     line.split_ascii_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .map(str::to_owned)
+}
+
+/// Holds the tests of one executable that measure time (how soon memory is
+/// reclaimed or a process stopped, shares of the GPU's time) to one at a
+/// time, so they do not load each other's CPUs.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Polls `f` every 10 ms until it holds; returns how long that took.
@@ -549,6 +582,30 @@ pub fn node_status(socket: &Path) -> tessera_proto::manager::v1::NodeStatus {
             .expect("GetNodeStatus")
             .into_inner()
     })
+}
+
+/// Creates a one-GPU allocation over the manager's socket, which must
+/// succeed (see `CreateAllocationRequest::one_device`).
+pub fn create(
+    socket: &Path,
+    id: &str,
+    uuid: &str,
+    mem: u64,
+    ppm: u32,
+) -> tessera_proto::manager::v1::Allocation {
+    let req = tessera_proto::manager::v1::CreateAllocationRequest::one_device(id, uuid, mem, ppm);
+    with_client(socket, async |c| c.create_allocation(req).await)
+        .expect("CreateAllocation")
+        .into_inner()
+}
+
+/// Allocation `id` in the manager's status.
+pub fn status_of(socket: &Path, id: &str) -> tessera_proto::manager::v1::AllocationStatus {
+    node_status(socket)
+        .allocations
+        .into_iter()
+        .find(|a| a.allocation.as_ref().is_some_and(|x| x.id == id))
+        .expect("the allocation in the status")
 }
 
 /// Runs one async client call against the manager, synchronously.
