@@ -596,6 +596,19 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Allocation a1's owner on GPU 0, as the snapshot's allocation has it.
+    fn owned() -> Subject {
+        Subject {
+            gpu_index: 0,
+            uuid: "GPU-a".into(),
+            model: "Sim \"H100\"".into(),
+            allocation: "a1".into(),
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container: "c".into(),
+        }
+    }
+
     fn snapshot() -> MetricsSnapshot {
         MetricsSnapshot {
             hostname: "node-1".into(),
@@ -633,28 +646,12 @@ mod tests {
                 paused_seconds_total: 2.5,
             }],
             recovered: vec![RecoveredMetrics {
-                subject: Subject {
-                    gpu_index: 0,
-                    uuid: "GPU-a".into(),
-                    model: "Sim \"H100\"".into(),
-                    allocation: "a1".into(),
-                    namespace: "ns".into(),
-                    pod: "p".into(),
-                    container: "c".into(),
-                },
+                subject: owned(),
                 repaired: "record+state".into(),
             }],
             backstop_stops: vec![
                 StopMetrics {
-                    subject: Subject {
-                        gpu_index: 0,
-                        uuid: "GPU-a".into(),
-                        model: "Sim \"H100\"".into(),
-                        allocation: "a1".into(),
-                        namespace: "ns".into(),
-                        pod: "p".into(),
-                        container: "c".into(),
-                    },
+                    subject: owned(),
                     reason: "over_limit",
                     stops: 3,
                 },

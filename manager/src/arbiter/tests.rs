@@ -406,20 +406,11 @@ fn a_dead_process_does_not_hold_up_a_drain() {
     let b = alloc("live-waiter", 500_000, Policy::Burst);
     // A process of `a` that submitted under a grant and then died without
     // draining: a real pid that has exited, in our pid namespace.
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = ProcIdentity {
-        pid: child.id(),
-        pidns: tessera_shm::process::pidns_of("self").unwrap(),
-        start_time: 1,
-    };
-    child.wait().unwrap();
-    struct Alive;
-    impl tessera_shm::Liveness for Alive {
-        fn check(&self, _: &ProcIdentity) -> Option<bool> {
-            Some(true)
-        }
-    }
-    let m = a.state.join(&dead, &Alive).unwrap();
+    let dead = tessera_shm::testing::exited_process();
+    let m = a
+        .state
+        .join(&dead, &tessera_shm::testing::AssumeAlive)
+        .unwrap();
     // It had set up its gate.
     a.state
         .raw()
