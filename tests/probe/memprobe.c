@@ -38,8 +38,8 @@
  *   event-ipc-create | event-ipc-get <$e> | event-ipc-open <hex> | event-record <$e> <$s>
  *   event-query <$e> | event-wait <$s> <$e> | event-synchronize <$e>
  *
- * Linked with -lcuda. The declarations below are written from the driver API's published
- * ABI; no NVIDIA header is needed to build this file.
+ * Linked with -lcuda. The driver's declarations come from cuda_abi.h, written from its
+ * published ABI; no NVIDIA header is needed to build this file.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -51,126 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUstream, *CUevent, *CUgraph, *CUgraphNode, *CUgraphExec, *CUmemoryPool,
-    *CUarray;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { char reserved[64]; } CUipcMemHandle;
-typedef struct { char reserved[64]; } CUipcEventHandle;
-typedef void *CUmodule, *CUfunction;
-typedef struct { int type; int id; } CUmemLocation;
-typedef struct {
-    int type;
-    int requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
-typedef struct {
-    int allocType;
-    int handleTypes;
-    CUmemLocation location;
-    void *win32SecurityAttributes;
-    size_t maxSize;
-    unsigned short usage;
-    unsigned char reserved[54];
-} CUmemPoolProps;
-typedef struct {
-    CUmemPoolProps poolProps;
-    const CUmemAccessDesc *accessDescs;
-    size_t accessDescCount;
-    size_t bytesize;
-    CUdeviceptr dptr;
-} CUDA_MEM_ALLOC_NODE_PARAMS;
-typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
-typedef struct { size_t size, alignment; unsigned reserved[4]; } CUDA_ARRAY_MEMORY_REQUIREMENTS;
-typedef struct {
-    int resourceType;
-    union { void *mipmap; CUarray array; } resource;
-    int subresourceType;
-    union {
-        struct { unsigned level, layer, offsetX, offsetY, offsetZ, extentWidth, extentHeight, extentDepth; } sparseLevel;
-        struct { unsigned layer; unsigned long long offset, size; } miptail;
-    } subresource;
-    int memOperationType;
-    int memHandleType;
-    union { CUmemGenericAllocationHandle memHandle; } memHandle;
-    unsigned long long offset;
-    unsigned deviceBitMask, flags, reserved[2];
-} CUarrayMapInfo;
-
-CUresult cuInit(unsigned);
-CUresult cuGetErrorName(CUresult, const char **);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
-CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuEventCreate(CUevent *, unsigned);
-CUresult cuEventRecord(CUevent, CUstream);
-CUresult cuEventSynchronize(CUevent);
-CUresult cuEventDestroy_v2(CUevent);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
-CUresult cuMemPoolDestroy(CUmemoryPool);
-CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
-CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
-CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
-CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
-CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
-CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
-CUresult cuIpcCloseMemHandle(CUdeviceptr);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
-CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
-CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *, CUmemGenericAllocationHandle);
-CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-CUresult cuMemAddressFree(CUdeviceptr, size_t);
-CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-CUresult cuMemUnmap(CUdeviceptr, size_t);
-CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-CUresult cuGraphCreate(CUgraph *, unsigned);
-CUresult cuGraphDestroy(CUgraph);
-CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
-CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
-CUresult cuGraphLaunch(CUgraphExec, CUstream);
-CUresult cuGraphUpload(CUgraphExec, CUstream);
-CUresult cuGraphExecDestroy(CUgraphExec);
-CUresult cuDeviceGraphMemTrim(CUdevice);
-CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
-CUresult cuDeviceSetGraphMemAttribute(CUdevice, int, void *);
-CUresult cuStreamBeginCapture_v2(CUstream, int);
-CUresult cuStreamEndCapture(CUstream, CUgraph *);
-CUresult cuStreamIsCapturing(CUstream, int *);
-CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-CUresult cuMemMapArrayAsync(CUarrayMapInfo *, unsigned, CUstream);
-CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *, CUarray, CUdevice);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,
-                        void **);
-CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
-CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
-CUresult cuEventQuery(CUevent);
-CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned);
+#include "cuda_abi.h"
 
 #define MAX_SLOTS 4096
 static unsigned long long slots[MAX_SLOTS];
@@ -205,14 +86,6 @@ static unsigned long long val(const char *cmd, const char *arg) {
     return v;
 }
 
-static int report(const char *cmd, CUresult r) {
-    if (r == 0) return 1;
-    const char *name = NULL;
-    if (cuGetErrorName(r, &name) != 0 || !name) name = "CUDA_ERROR_UNKNOWN";
-    printf("err %s %s\n", cmd, name);
-    return 0;
-}
-
 static void ok_slot(const char *cmd, unsigned long long v) {
     int h = put_slot(v);
     printf("ok %s h=%d val=0x%llx\n", cmd, h, v);
@@ -234,7 +107,7 @@ static void run(int argc, char **a) {
                *a3 = argc > 3 ? a[3] : NULL;
     CUresult r;
     if (!strcmp(cmd, "init")) {
-        if (report(cmd, cuInit(0))) ok(cmd);
+        if (cu_check(cmd, cuInit(0))) ok(cmd);
     } else if (!strcmp(cmd, "pid")) {
         printf("ok pid pid=%d\n", (int)getpid());
     } else if (!strcmp(cmd, "sleep")) {
@@ -246,48 +119,48 @@ static void run(int argc, char **a) {
         ok(cmd);
     } else if (!strcmp(cmd, "ctx")) {
         CUcontext c;
-        if (report(cmd, cuDevicePrimaryCtxRetain(&c, (int)val(cmd, a1))) && report(cmd, cuCtxSetCurrent(c)))
+        if (cu_check(cmd, cuDevicePrimaryCtxRetain(&c, (int)val(cmd, a1))) && cu_check(cmd, cuCtxSetCurrent(c)))
             ok_slot(cmd, (unsigned long long)(uintptr_t)c);
     } else if (!strcmp(cmd, "ctx-create")) {
         CUcontext c;
-        if (report(cmd, cuCtxCreate_v2(&c, 0, (int)val(cmd, a1)))) ok_slot(cmd, (unsigned long long)(uintptr_t)c);
+        if (cu_check(cmd, cuCtxCreate_v2(&c, 0, (int)val(cmd, a1)))) ok_slot(cmd, (unsigned long long)(uintptr_t)c);
     } else if (!strcmp(cmd, "ctx-destroy")) {
-        if (report(cmd, cuCtxDestroy_v2((CUcontext)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuCtxDestroy_v2((CUcontext)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "ctx-sync")) {
-        if (report(cmd, cuCtxSynchronize())) ok(cmd);
+        if (cu_check(cmd, cuCtxSynchronize())) ok(cmd);
     } else if (!strcmp(cmd, "meminfo")) {
         size_t f, t;
-        if (report(cmd, cuMemGetInfo_v2(&f, &t))) printf("ok meminfo free=%zu total=%zu\n", f, t);
+        if (cu_check(cmd, cuMemGetInfo_v2(&f, &t))) printf("ok meminfo free=%zu total=%zu\n", f, t);
     } else if (!strcmp(cmd, "stream")) {
         CUstream s;
-        if (report(cmd, cuStreamCreate(&s, 1))) ok_slot(cmd, (unsigned long long)(uintptr_t)s);
+        if (cu_check(cmd, cuStreamCreate(&s, 1))) ok_slot(cmd, (unsigned long long)(uintptr_t)s);
     } else if (!strcmp(cmd, "sync")) {
-        if (report(cmd, cuStreamSynchronize((CUstream)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuStreamSynchronize((CUstream)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "event-sync")) {
         CUevent e;
         CUstream s = (CUstream)(uintptr_t)val(cmd, a1);
-        if (!report(cmd, cuEventCreate(&e, 0))) return;
+        if (!cu_check(cmd, cuEventCreate(&e, 0))) return;
         r = cuEventRecord(e, s);
         if (r == 0) r = cuEventSynchronize(e);
         cuEventDestroy_v2(e);
-        if (report(cmd, r)) ok(cmd);
+        if (cu_check(cmd, r)) ok(cmd);
     } else if (!strcmp(cmd, "alloc")) {
         CUdeviceptr p;
-        if (report(cmd, cuMemAlloc_v2(&p, val(cmd, a1)))) ok_slot(cmd, p);
+        if (cu_check(cmd, cuMemAlloc_v2(&p, val(cmd, a1)))) ok_slot(cmd, p);
     } else if (!strcmp(cmd, "free")) {
-        if (report(cmd, cuMemFree_v2(val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuMemFree_v2(val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "write")) {
         size_t n = val(cmd, a2);
         unsigned char *buf = malloc(n ? n : 1);
         memset(buf, (int)val(cmd, a3), n);
         r = cuMemcpyHtoD_v2(val(cmd, a1), buf, n);
         free(buf);
-        if (report(cmd, r)) ok(cmd);
+        if (cu_check(cmd, r)) ok(cmd);
     } else if (!strcmp(cmd, "read")) {
         size_t n = val(cmd, a2);
         unsigned char *buf = calloc(n ? n : 1, 1);
         r = cuMemcpyDtoH_v2(buf, val(cmd, a1), n);
-        if (report(cmd, r)) {
+        if (cu_check(cmd, r)) {
             unsigned long long sum = 0;
             for (size_t i = 0; i < n; i++) sum += buf[i];
             printf("ok read sum=%llu first=%u\n", sum, n ? buf[0] : 0);
@@ -295,35 +168,35 @@ static void run(int argc, char **a) {
         free(buf);
     } else if (!strcmp(cmd, "alloc-async")) {
         CUdeviceptr p;
-        if (report(cmd, cuMemAllocAsync(&p, val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok_slot(cmd, p);
+        if (cu_check(cmd, cuMemAllocAsync(&p, val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok_slot(cmd, p);
     } else if (!strcmp(cmd, "alloc-pool")) {
         CUdeviceptr p;
-        if (report(cmd, cuMemAllocFromPoolAsync(&p, val(cmd, a1), (CUmemoryPool)(uintptr_t)val(cmd, a2),
+        if (cu_check(cmd, cuMemAllocFromPoolAsync(&p, val(cmd, a1), (CUmemoryPool)(uintptr_t)val(cmd, a2),
                                                 (CUstream)(uintptr_t)val(cmd, a3))))
             ok_slot(cmd, p);
     } else if (!strcmp(cmd, "free-async")) {
-        if (report(cmd, cuMemFreeAsync(val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuMemFreeAsync(val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "pool-create")) {
         CUmemPoolProps props;
         CUmemoryPool p;
         pool_props(&props, (int)val(cmd, a1), a2 ? val(cmd, a2) : 0);
-        if (report(cmd, cuMemPoolCreate(&p, &props))) ok_slot(cmd, (unsigned long long)(uintptr_t)p);
+        if (cu_check(cmd, cuMemPoolCreate(&p, &props))) ok_slot(cmd, (unsigned long long)(uintptr_t)p);
     } else if (!strcmp(cmd, "pool-default") || !strcmp(cmd, "pool-current")) {
         CUmemoryPool p;
         r = !strcmp(cmd, "pool-default") ? cuDeviceGetDefaultMemPool(&p, (int)val(cmd, a1))
                                           : cuDeviceGetMemPool(&p, (int)val(cmd, a1));
-        if (report(cmd, r)) ok_slot(cmd, (unsigned long long)(uintptr_t)p);
+        if (cu_check(cmd, r)) ok_slot(cmd, (unsigned long long)(uintptr_t)p);
     } else if (!strcmp(cmd, "pool-set")) {
-        if (report(cmd, cuDeviceSetMemPool((int)val(cmd, a1), (CUmemoryPool)(uintptr_t)val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuDeviceSetMemPool((int)val(cmd, a1), (CUmemoryPool)(uintptr_t)val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "pool-threshold")) {
         unsigned long long v = val(cmd, a2);
-        if (report(cmd, cuMemPoolSetAttribute((CUmemoryPool)(uintptr_t)val(cmd, a1), 4, &v))) ok(cmd);
+        if (cu_check(cmd, cuMemPoolSetAttribute((CUmemoryPool)(uintptr_t)val(cmd, a1), 4, &v))) ok(cmd);
     } else if (!strcmp(cmd, "pool-reset-high")) {
         CUmemoryPool p = (CUmemoryPool)(uintptr_t)val(cmd, a1);
         unsigned long long zero = 0;
         r = cuMemPoolSetAttribute(p, 6, &zero);
         if (r == 0) r = cuMemPoolSetAttribute(p, 8, &zero);
-        if (report(cmd, r)) ok(cmd);
+        if (cu_check(cmd, r)) ok(cmd);
     } else if (!strcmp(cmd, "pool-attrs")) {
         CUmemoryPool p = (CUmemoryPool)(uintptr_t)val(cmd, a1);
         int reuse[3];
@@ -331,19 +204,19 @@ static void run(int argc, char **a) {
         /* REUSE_* are 1..3 (int); RELEASE_THRESHOLD 4, RESERVED_CURRENT 5, RESERVED_HIGH 6,
          * USED_CURRENT 7, USED_HIGH 8 (cuuint64_t). */
         for (int i = 0; i < 3; i++)
-            if (!report(cmd, cuMemPoolGetAttribute(p, i + 1, &reuse[i]))) return;
+            if (!cu_check(cmd, cuMemPoolGetAttribute(p, i + 1, &reuse[i]))) return;
         for (int i = 0; i < 5; i++)
-            if (!report(cmd, cuMemPoolGetAttribute(p, i + 4, &v[i]))) return;
+            if (!cu_check(cmd, cuMemPoolGetAttribute(p, i + 4, &v[i]))) return;
         printf("ok pool-attrs threshold=%llu reserved=%llu reserved_high=%llu used=%llu used_high=%llu "
                "reuse_follow=%d reuse_opportunistic=%d reuse_internal=%d\n",
                v[0], v[1], v[2], v[3], v[4], reuse[0], reuse[1], reuse[2]);
     } else if (!strcmp(cmd, "pool-trim")) {
-        if (report(cmd, cuMemPoolTrimTo((CUmemoryPool)(uintptr_t)val(cmd, a1), val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuMemPoolTrimTo((CUmemoryPool)(uintptr_t)val(cmd, a1), val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "pool-destroy")) {
-        if (report(cmd, cuMemPoolDestroy((CUmemoryPool)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuMemPoolDestroy((CUmemoryPool)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "ipc-get")) {
         CUipcMemHandle h;
-        if (!report(cmd, cuIpcGetMemHandle(&h, val(cmd, a1)))) return;
+        if (!cu_check(cmd, cuIpcGetMemHandle(&h, val(cmd, a1)))) return;
         printf("ok ipc-get handle=");
         for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
         printf("\n");
@@ -356,9 +229,9 @@ static void run(int argc, char **a) {
             if (sscanf(a1 + 2 * i, "%2x", &x) != 1) bad("handle", cmd);
             h.reserved[i] = (char)x;
         }
-        if (report(cmd, cuIpcOpenMemHandle_v2(&p, h, 1))) ok_slot(cmd, p);
+        if (cu_check(cmd, cuIpcOpenMemHandle_v2(&p, h, 1))) ok_slot(cmd, p);
     } else if (!strcmp(cmd, "ipc-close")) {
-        if (report(cmd, cuIpcCloseMemHandle(val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuIpcCloseMemHandle(val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "vmm-create")) {
         CUmemAllocationProp prop;
         CUmemGenericAllocationHandle h;
@@ -367,35 +240,35 @@ static void run(int argc, char **a) {
         prop.location.type = 1;
         prop.location.id = (int)val(cmd, a2);
         if (a3 && !strcmp(a3, "fd")) prop.requestedHandleTypes = 1; /* POSIX fd */
-        if (report(cmd, cuMemCreate(&h, val(cmd, a1), &prop, 0))) ok_slot(cmd, h);
+        if (cu_check(cmd, cuMemCreate(&h, val(cmd, a1), &prop, 0))) ok_slot(cmd, h);
     } else if (!strcmp(cmd, "vmm-export")) {
         int fd = -1;
-        if (report(cmd, cuMemExportToShareableHandle(&fd, val(cmd, a1), 1, 0))) ok_slot(cmd, (unsigned)fd);
+        if (cu_check(cmd, cuMemExportToShareableHandle(&fd, val(cmd, a1), 1, 0))) ok_slot(cmd, (unsigned)fd);
     } else if (!strcmp(cmd, "vmm-import")) {
         CUmemGenericAllocationHandle h;
-        if (report(cmd, cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)val(cmd, a1), 1))) ok_slot(cmd, h);
+        if (cu_check(cmd, cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)val(cmd, a1), 1))) ok_slot(cmd, h);
     } else if (!strcmp(cmd, "vmm-release")) {
-        if (report(cmd, cuMemRelease(val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuMemRelease(val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "vmm-map")) {
         CUmemGenericAllocationHandle h = val(cmd, a1);
         size_t n = val(cmd, a2);
         CUmemAllocationProp prop;
         CUdeviceptr p;
-        if (!report(cmd, cuMemGetAllocationPropertiesFromHandle(&prop, h))) return;
-        if (!report(cmd, cuMemAddressReserve(&p, n, 0, 0, 0))) return;
-        if (!report(cmd, cuMemMap(p, n, 0, h, 0))) return;
+        if (!cu_check(cmd, cuMemGetAllocationPropertiesFromHandle(&prop, h))) return;
+        if (!cu_check(cmd, cuMemAddressReserve(&p, n, 0, 0, 0))) return;
+        if (!cu_check(cmd, cuMemMap(p, n, 0, h, 0))) return;
         CUmemAccessDesc d = {{1, prop.location.id}, 3};
-        if (report(cmd, cuMemSetAccess(p, n, &d, 1))) ok_slot(cmd, p);
+        if (cu_check(cmd, cuMemSetAccess(p, n, &d, 1))) ok_slot(cmd, p);
     } else if (!strcmp(cmd, "vmm-unmap")) {
         CUdeviceptr p = val(cmd, a1);
         size_t n = val(cmd, a2);
-        if (report(cmd, cuMemUnmap(p, n)) && report(cmd, cuMemAddressFree(p, n))) ok(cmd);
+        if (cu_check(cmd, cuMemUnmap(p, n)) && cu_check(cmd, cuMemAddressFree(p, n))) ok(cmd);
     } else if (!strcmp(cmd, "vmm-retain")) {
         CUmemGenericAllocationHandle h;
-        if (report(cmd, cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)val(cmd, a1)))) ok_slot(cmd, h);
+        if (cu_check(cmd, cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)val(cmd, a1)))) ok_slot(cmd, h);
     } else if (!strcmp(cmd, "vmm-props")) {
         CUmemAllocationProp prop;
-        if (report(cmd, cuMemGetAllocationPropertiesFromHandle(&prop, val(cmd, a1))))
+        if (cu_check(cmd, cuMemGetAllocationPropertiesFromHandle(&prop, val(cmd, a1))))
             printf("ok vmm-props dev=%d types=%d type=%d\n", prop.location.id, prop.requestedHandleTypes, prop.type);
     } else if (!strcmp(cmd, "fd-listen")) {
         struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -451,55 +324,55 @@ static void run(int argc, char **a) {
         ok(cmd);
     } else if (!strcmp(cmd, "graph-create")) {
         CUgraph g;
-        if (report(cmd, cuGraphCreate(&g, 0))) ok_slot(cmd, (unsigned long long)(uintptr_t)g);
+        if (cu_check(cmd, cuGraphCreate(&g, 0))) ok_slot(cmd, (unsigned long long)(uintptr_t)g);
     } else if (!strcmp(cmd, "graph-alloc")) {
         CUDA_MEM_ALLOC_NODE_PARAMS p;
         CUgraphNode n;
         memset(&p, 0, sizeof p);
         pool_props(&p.poolProps, (int)val(cmd, a3), 0);
         p.bytesize = val(cmd, a2);
-        if (report(cmd, cuGraphAddMemAllocNode(&n, (CUgraph)(uintptr_t)val(cmd, a1), NULL, 0, &p)))
+        if (cu_check(cmd, cuGraphAddMemAllocNode(&n, (CUgraph)(uintptr_t)val(cmd, a1), NULL, 0, &p)))
             ok_slot(cmd, p.dptr);
     } else if (!strcmp(cmd, "graph-free")) {
         CUgraphNode n;
-        if (report(cmd, cuGraphAddMemFreeNode(&n, (CUgraph)(uintptr_t)val(cmd, a1), NULL, 0, val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuGraphAddMemFreeNode(&n, (CUgraph)(uintptr_t)val(cmd, a1), NULL, 0, val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "graph-inst")) {
         CUgraphExec x;
-        if (report(cmd, cuGraphInstantiateWithFlags(&x, (CUgraph)(uintptr_t)val(cmd, a1), 0)))
+        if (cu_check(cmd, cuGraphInstantiateWithFlags(&x, (CUgraph)(uintptr_t)val(cmd, a1), 0)))
             ok_slot(cmd, (unsigned long long)(uintptr_t)x);
     } else if (!strcmp(cmd, "graph-launch")) {
-        if (report(cmd, cuGraphLaunch((CUgraphExec)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuGraphLaunch((CUgraphExec)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "graph-upload")) {
-        if (report(cmd, cuGraphUpload((CUgraphExec)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuGraphUpload((CUgraphExec)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "exec-destroy")) {
-        if (report(cmd, cuGraphExecDestroy((CUgraphExec)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuGraphExecDestroy((CUgraphExec)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "graph-destroy")) {
-        if (report(cmd, cuGraphDestroy((CUgraph)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuGraphDestroy((CUgraph)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "graph-trim")) {
-        if (report(cmd, cuDeviceGraphMemTrim((int)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuDeviceGraphMemTrim((int)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "graph-attrs")) {
         unsigned long long v[4];
         for (int i = 0; i < 4; i++)
-            if (!report(cmd, cuDeviceGetGraphMemAttribute((int)val(cmd, a1), i, &v[i]))) return;
+            if (!cu_check(cmd, cuDeviceGetGraphMemAttribute((int)val(cmd, a1), i, &v[i]))) return;
         printf("ok graph-attrs used=%llu used_high=%llu reserved=%llu reserved_high=%llu\n", v[0], v[1], v[2], v[3]);
     } else if (!strcmp(cmd, "graph-reset-high")) {
         unsigned long long zero = 0;
         r = cuDeviceSetGraphMemAttribute((int)val(cmd, a1), 1, &zero);
         if (r == 0) r = cuDeviceSetGraphMemAttribute((int)val(cmd, a1), 3, &zero);
-        if (report(cmd, r)) ok(cmd);
+        if (cu_check(cmd, r)) ok(cmd);
     } else if (!strcmp(cmd, "capture-begin")) {
-        if (report(cmd, cuStreamBeginCapture_v2((CUstream)(uintptr_t)val(cmd, a1), 2 /* relaxed */))) ok(cmd);
+        if (cu_check(cmd, cuStreamBeginCapture_v2((CUstream)(uintptr_t)val(cmd, a1), 2 /* relaxed */))) ok(cmd);
     } else if (!strcmp(cmd, "capture-end")) {
         CUgraph g;
-        if (report(cmd, cuStreamEndCapture((CUstream)(uintptr_t)val(cmd, a1), &g))) ok_slot(cmd, (unsigned long long)(uintptr_t)g);
+        if (cu_check(cmd, cuStreamEndCapture((CUstream)(uintptr_t)val(cmd, a1), &g))) ok_slot(cmd, (unsigned long long)(uintptr_t)g);
     } else if (!strcmp(cmd, "capturing")) {
         int st = -1;
-        if (report(cmd, cuStreamIsCapturing((CUstream)(uintptr_t)val(cmd, a1), &st))) printf("ok capturing status=%d\n", st);
+        if (cu_check(cmd, cuStreamIsCapturing((CUstream)(uintptr_t)val(cmd, a1), &st))) printf("ok capturing status=%d\n", st);
     } else if (!strcmp(cmd, "array-sparse")) {
         CUDA_ARRAY3D_DESCRIPTOR d = {val(cmd, a1), val(cmd, a2), 0, 0x20 /* FLOAT */, 1, 0};
         CUarray arr;
         d.Flags = (a3 && !strcmp(a3, "deferred")) ? 0x80 : 0x40;
-        if (report(cmd, cuArray3DCreate_v2(&arr, &d))) ok_slot(cmd, (unsigned long long)(uintptr_t)arr);
+        if (cu_check(cmd, cuArray3DCreate_v2(&arr, &d))) ok_slot(cmd, (unsigned long long)(uintptr_t)arr);
     } else if (!strcmp(cmd, "array-map")) {
         CUarrayMapInfo m;
         memset(&m, 0, sizeof m);
@@ -510,32 +383,32 @@ static void run(int argc, char **a) {
         m.memHandleType = 0;
         m.memHandle.memHandle = val(cmd, a2);
         m.deviceBitMask = 1;
-        if (report(cmd, cuMemMapArrayAsync(&m, 1, NULL))) ok(cmd);
+        if (cu_check(cmd, cuMemMapArrayAsync(&m, 1, NULL))) ok(cmd);
     } else if (!strcmp(cmd, "array-reqs")) {
         CUDA_ARRAY_MEMORY_REQUIREMENTS q;
-        if (report(cmd, cuArrayGetMemoryRequirements(&q, (CUarray)(uintptr_t)val(cmd, a1), (int)val(cmd, a2))))
+        if (cu_check(cmd, cuArrayGetMemoryRequirements(&q, (CUarray)(uintptr_t)val(cmd, a1), (int)val(cmd, a2))))
             printf("ok array-reqs size=%zu alignment=%zu\n", q.size, q.alignment);
     } else if (!strcmp(cmd, "array-destroy")) {
-        if (report(cmd, cuArrayDestroy((CUarray)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuArrayDestroy((CUarray)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "kernel")) {
         char text[256];
         CUmodule m;
         CUfunction f;
         if (!a1 || !a2) bad("missing argument", cmd);
         snprintf(text, sizeof text, "kernel %s %s\n", a1, a2);
-        if (report(cmd, cuModuleLoadData(&m, text)) && report(cmd, cuModuleGetFunction(&f, m, a1)))
+        if (cu_check(cmd, cuModuleLoadData(&m, text)) && cu_check(cmd, cuModuleGetFunction(&f, m, a1)))
             ok_slot(cmd, (unsigned long long)(uintptr_t)f);
     } else if (!strcmp(cmd, "launch")) {
-        if (report(cmd, cuLaunchKernel((CUfunction)(uintptr_t)val(cmd, a1), 1, 1, 1, 1, 1, 1, 0,
+        if (cu_check(cmd, cuLaunchKernel((CUfunction)(uintptr_t)val(cmd, a1), 1, 1, 1, 1, 1, 1, 0,
                                        (CUstream)(uintptr_t)val(cmd, a2), NULL, NULL)))
             ok(cmd);
     } else if (!strcmp(cmd, "event-ipc-create")) {
         CUevent e;
-        if (report(cmd, cuEventCreate(&e, 0x2 | 0x4 /* DISABLE_TIMING | INTERPROCESS */)))
+        if (cu_check(cmd, cuEventCreate(&e, 0x2 | 0x4 /* DISABLE_TIMING | INTERPROCESS */)))
             ok_slot(cmd, (unsigned long long)(uintptr_t)e);
     } else if (!strcmp(cmd, "event-ipc-get")) {
         CUipcEventHandle h;
-        if (!report(cmd, cuIpcGetEventHandle(&h, (CUevent)(uintptr_t)val(cmd, a1)))) return;
+        if (!cu_check(cmd, cuIpcGetEventHandle(&h, (CUevent)(uintptr_t)val(cmd, a1)))) return;
         printf("ok event-ipc-get handle=");
         for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
         printf("\n");
@@ -548,15 +421,15 @@ static void run(int argc, char **a) {
             if (sscanf(a1 + 2 * i, "%2x", &x) != 1) bad("handle", cmd);
             h.reserved[i] = (char)x;
         }
-        if (report(cmd, cuIpcOpenEventHandle(&e, h))) ok_slot(cmd, (unsigned long long)(uintptr_t)e);
+        if (cu_check(cmd, cuIpcOpenEventHandle(&e, h))) ok_slot(cmd, (unsigned long long)(uintptr_t)e);
     } else if (!strcmp(cmd, "event-record")) {
-        if (report(cmd, cuEventRecord((CUevent)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
+        if (cu_check(cmd, cuEventRecord((CUevent)(uintptr_t)val(cmd, a1), (CUstream)(uintptr_t)val(cmd, a2)))) ok(cmd);
     } else if (!strcmp(cmd, "event-query")) {
-        if (report(cmd, cuEventQuery((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuEventQuery((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else if (!strcmp(cmd, "event-wait")) {
-        if (report(cmd, cuStreamWaitEvent((CUstream)(uintptr_t)val(cmd, a1), (CUevent)(uintptr_t)val(cmd, a2), 0))) ok(cmd);
+        if (cu_check(cmd, cuStreamWaitEvent((CUstream)(uintptr_t)val(cmd, a1), (CUevent)(uintptr_t)val(cmd, a2), 0))) ok(cmd);
     } else if (!strcmp(cmd, "event-synchronize")) {
-        if (report(cmd, cuEventSynchronize((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
+        if (cu_check(cmd, cuEventSynchronize((CUevent)(uintptr_t)val(cmd, a1)))) ok(cmd);
     } else {
         bad("command", cmd);
     }

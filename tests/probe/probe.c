@@ -34,8 +34,8 @@
  *   nvml-init | nvml-shutdown | nvml-count | nvml-name | nvml-uuid
  *   nvml-meminfo | nvml-meminfo2 | nvml-util | nvml-procs
  *
- * The declarations below are written from the driver API's published ABI; no NVIDIA
- * header is needed to build this file.
+ * The driver's and NVML's types come from cuda_abi.h, written from their published ABI;
+ * no NVIDIA header is needed to build this file.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,57 +50,9 @@
 #define PROBE_MODE 1
 #endif
 
-/* ---- driver API types ---- */
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph,
-    *CUgraphNode, *CUgraphExec, *CUmemoryPool, *CUarray, *CUmipmappedArray;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { char bytes[16]; } CUuuid;
-typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
-typedef struct { int type; int id; } CUmemLocation;
-typedef struct {
-    int type;
-    int requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
-typedef struct {
-    int allocType;
-    int handleTypes;
-    CUmemLocation location;
-    void *win32SecurityAttributes;
-    size_t maxSize;
-    unsigned short usage;
-    unsigned char reserved[54];
-} CUmemPoolProps;
-typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; } value; } CUlaunchAttribute;
-typedef struct {
-    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    CUstream hStream;
-    CUlaunchAttribute *attrs;
-    unsigned numAttrs;
-} CUlaunchConfig;
-typedef struct {
-    CUfunction func;
-    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    void *kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS;
-
-/* ---- NVML types ---- */
-typedef int nvmlReturn_t;
-typedef void *nvmlDevice_t;
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
-typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
-typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+/* Types only: this probe reaches the driver through its own function pointers. */
+#define CUDA_ABI_TYPES_ONLY
+#include "cuda_abi.h"
 
 /* field, exported symbol, base name for cuGetProcAddress, version asked, per-thread, params */
 #define CUDA_API(X) \
@@ -338,12 +290,6 @@ static CUdeviceptr addr(const char *s, const char *line) {
         return handles[h].ptr + off;
     }
     return num(s, line);
-}
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
 static int new_handle(void) {

@@ -35,14 +35,40 @@ pub fn cc(src: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
     std::fs::rename(&tmp, out).map_err(|e| format!("moving {} into place: {e}", out.display()))
 }
 
-/// As [`cc`], from C source text, written next to `out` (as `out` with a
-/// `.c` ending, kept for reading after a failure).
+/// The declarations of the CUDA driver API and NVML that the C clients share
+/// (`probe/cuda_abi.h`). A client beside it includes it as any header; one
+/// compiled from its text ([`cc_text`]) has it inlined.
+pub const CUDA_ABI_H: &str = include_str!("../probe/cuda_abi.h");
+
+const CUDA_ABI_INCLUDE: &str = "#include \"cuda_abi.h\"";
+
+/// `text` with its `#include "cuda_abi.h"` replaced by the header itself: a
+/// client compiled from an `include_str!` copy of its text needs no source
+/// tree when it is built (the bench binary runs from anywhere).
+pub fn with_cuda_abi(text: &str) -> String {
+    text.replace(CUDA_ABI_INCLUDE, CUDA_ABI_H)
+}
+
+/// A name for a build of C source `text` as compiled (the shared header
+/// inlined): a 64-bit FNV-1a hash in hex, so a changed source or header gets a
+/// binary of its own while an unchanged one is reused across test binaries.
+pub fn fingerprint(text: &str) -> String {
+    let h = with_cuda_abi(text)
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("{h:016x}")
+}
+
+/// As [`cc`], from C source text ([`with_cuda_abi`] applied), written next to
+/// `out` (as `out` with a `.c` ending, kept for reading after a failure).
 ///
 /// # Errors
 /// As [`cc`], or the source cannot be written.
 pub fn cc_text(text: &str, out: &Path, args: &[&str]) -> Result<(), String> {
     let src = PathBuf::from(format!("{}.{}.c", out.display(), std::process::id()));
-    std::fs::write(&src, text).map_err(|e| format!("{}: {e}", src.display()))?;
+    std::fs::write(&src, with_cuda_abi(text)).map_err(|e| format!("{}: {e}", src.display()))?;
     cc(&src, out, args)?;
     let _ = std::fs::remove_file(&src);
     Ok(())
@@ -67,5 +93,19 @@ mod tests {
         let e = cc_text("int main(void) { return }\n", &dir.path().join("bad"), &[]).unwrap_err();
         assert!(e.contains("failed") && e.contains("error"), "{e}");
         assert!(!dir.path().join("bad").exists());
+    }
+
+    #[test]
+    fn text_gets_the_shared_header_and_a_name_that_follows_it() {
+        let text =
+            "#include \"cuda_abi.h\"\nint main(void) { CUdeviceptr p = 0; return (int)p; }\n";
+        let expanded = with_cuda_abi(text);
+        assert!(expanded.contains("typedef unsigned long long CUdeviceptr;"));
+        assert!(!expanded.contains(CUDA_ABI_INCLUDE));
+        assert_eq!(fingerprint(text), fingerprint(text));
+        assert_ne!(fingerprint(text), fingerprint(&text.replace("0;", "1;")));
+        // Built from the text alone, away from the header.
+        let dir = tempfile::tempdir().unwrap();
+        cc_text(text, &dir.path().join("abi"), &[]).unwrap();
     }
 }

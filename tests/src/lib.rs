@@ -18,7 +18,7 @@ pub mod paths;
 pub mod probe;
 pub mod sim;
 
-pub use cc::{cc, cc_text};
+pub use cc::{cc, cc_text, fingerprint};
 pub use paths::{hook_library, sim_lib_dir, work_dir};
 pub use probe::{Line, Mode, ProbeChild, ProbeOutput, probe_binary};
 pub use sim::{SimNode, SimNodeBuilder};

@@ -65,7 +65,8 @@ fn build(mode: Mode) -> PathBuf {
         matches!((m(a), m(b)), (Some(x), Some(y)) if x > y)
     };
     let lib = sim_lib_dir();
-    if newer(&out, &src) && newer(&out, &lib.cuda) {
+    let header = src.with_file_name("cuda_abi.h");
+    if newer(&out, &src) && newer(&out, &header) && newer(&out, &lib.cuda) {
         return out;
     }
     let define = format!("-DPROBE_MODE={}", mode.number());

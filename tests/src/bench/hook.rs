@@ -189,10 +189,7 @@ pub fn call_cost(calls: u64, runs: usize) -> Result<Table, String> {
 fn poolbench() -> Result<PathBuf, String> {
     let src = include_str!("poolbench.c");
     let dir = crate::paths::work_dir();
-    let out = dir.join(format!(
-        "poolbench-{:x}",
-        src.len() as u64 * 31 + src.bytes().map(u64::from).sum::<u64>()
-    ));
+    let out = dir.join(format!("poolbench-{}", crate::cc::fingerprint(src)));
     if out.is_file() {
         return Ok(out);
     }

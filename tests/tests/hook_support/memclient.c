@@ -5,8 +5,8 @@
  * "err <cmd> <CUDA_ERROR_NAME>". Objects it makes are kept in numbered
  * tables and named by number in later commands.
  *
- * Written from the driver API's published ABI (cuda.h); no NVIDIA header
- * is needed.
+ * The driver's and NVML's declarations come from tests/probe/cuda_abi.h,
+ * written from their published ABI; no NVIDIA header is needed.
  *
  *   init                           cuInit, primary context of device 0 current
  *   ctx <dev>                      make device <dev>'s primary context current
@@ -64,130 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext, *CUstream, *CUmemoryPool, *CUgraph, *CUgraphNode, *CUgraphExec, *CUarray;
-typedef unsigned long long CUmemGenericAllocationHandle;
-
-typedef struct { int type; int id; } CUmemLocation;
-typedef struct {
-    int allocType, handleTypes;
-    CUmemLocation location;
-    void *win32SecurityAttributes;
-    size_t maxSize;
-    unsigned short usage;
-    unsigned char reserved[54];
-} CUmemPoolProps;
-typedef struct {
-    int type, requestedHandleTypes;
-    CUmemLocation location;
-    void *win32HandleMetaData;
-    unsigned char compressionType, gpuDirectRDMACapable;
-    unsigned short usage;
-    unsigned char reserved[4];
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
-typedef struct {
-    CUmemPoolProps poolProps;
-    const CUmemAccessDesc *accessDescs;
-    size_t accessDescCount;
-    size_t bytesize;
-    CUdeviceptr dptr;
-} CUDA_MEM_ALLOC_NODE_PARAMS;
-typedef struct { char reserved[64]; } CUipcMemHandle;
-typedef struct {
-    size_t Width, Height, Depth;
-    int Format;
-    unsigned NumChannels, Flags;
-} CUDA_ARRAY3D_DESCRIPTOR;
-typedef struct {
-    int resourceType;
-    union { void *mipmap; CUarray array; } resource;
-    int subresourceType;
-    union {
-        struct { unsigned level, layer, offsetX, offsetY, offsetZ, extentWidth, extentHeight, extentDepth; } sparseLevel;
-        struct { unsigned layer; unsigned long long offset, size; } miptail;
-    } subresource;
-    int memOperationType;
-    int memHandleType;
-    union { CUmemGenericAllocationHandle memHandle; } memHandle;
-    unsigned long long offset;
-    unsigned deviceBitMask, flags, reserved[2];
-} CUarrayMapInfo;
-
-CUresult cuInit(unsigned);
-CUresult cuGetErrorName(CUresult, const char **);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
-CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuCtxPushCurrent_v2(CUcontext);
-CUresult cuCtxPopCurrent_v2(CUcontext *);
-CUresult cuCtxSynchronize(void);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuStreamBeginCapture_v2(CUstream, int);
-CUresult cuStreamEndCapture(CUstream, CUgraph *);
-CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
-CUresult cuMemPoolDestroy(CUmemoryPool);
-CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
-CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
-CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
-CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
-CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuGraphCreate(CUgraph *, unsigned);
-CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
-CUresult cuGraphLaunch(CUgraphExec, CUstream);
-typedef struct {
-    unsigned long long flags;
-    CUstream hUploadStream;
-    CUgraphNode hErrNode_out;
-    int result_out;
-} CUDA_GRAPH_INSTANTIATE_PARAMS;
-CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
-CUresult cuGraphUpload(CUgraphExec, CUstream);
-CUresult cuGraphExecDestroy(CUgraphExec);
-CUresult cuDeviceGraphMemTrim(CUdevice);
-CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
-CUresult cuIpcCloseMemHandle(CUdeviceptr);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
-CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-CUresult cuMemMapArrayAsync(CUarrayMapInfo *, unsigned, CUstream);
-
-typedef int nvmlReturn_t;
-typedef void *nvmlDevice_t;
-typedef struct { unsigned pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
-typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gi, ci; } nvmlProcessInfo_t;
-typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
-nvmlReturn_t nvmlInit_v2(void);
-const char *nvmlErrorString(nvmlReturn_t);
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *);
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *, nvmlDevice_t *);
-nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *, nvmlDevice_t *);
-nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned);
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned *);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
-nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+#include "cuda_abi.h"
 
 static int ncheck(const char *cmd, nvmlReturn_t r) {
     if (r == 0) return 1;
@@ -217,14 +94,7 @@ static CUmemGenericAllocationHandle vmms[MAXN];
 static CUarray arrays[MAXN];
 static int nstreams, npools, nptrs, nexecs, nvmms, narrays;
 
-static int check(const char *cmd, CUresult r) {
-    if (r == 0) return 1;
-    const char *name = 0;
-    if (cuGetErrorName(r, &name) != 0 || !name) name = "CUDA_ERROR_UNKNOWN";
-    printf("err %s %s\n", cmd, name);
-    return 0;
-}
-#define CK(call) check(cmd, (call))
+#define CK(call) cu_check(cmd, (call))
 
 static CUstream stream_of(long s) { return (s < 0 || s >= nstreams) ? 0 : streams[s]; }
 
@@ -440,7 +310,7 @@ static void run(char *line) {
         p.type = 1;
         p.location.type = 1;
         p.location.id = (int)c;
-        p.usage = 1; /* CU_MEM_CREATE_USAGE_TILE_POOL */
+        p.allocFlags.usage = 1; /* CU_MEM_CREATE_USAGE_TILE_POOL */
         CUarrayMapInfo m;
         memset(&m, 0, sizeof m);
         if (CK(cuArray3DCreate_v2(&arrays[narrays], &d)) && CK(cuMemCreate(&vmms[nvmms], (size_t)b, &p, 0))) {

@@ -264,11 +264,7 @@ pub fn memclient() -> &'static Path {
         let src = include_str!("memclient.c");
         let dir = tessera_e2e::paths::work_dir();
         // One binary per source text: a changed client is rebuilt.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in src.bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-        }
-        let out = dir.join(format!("memclient-{h:016x}"));
+        let out = dir.join(format!("memclient-{}", tessera_e2e::fingerprint(src)));
         if !out.is_file() {
             let tmp = dir.join(format!(".memclient-{}", std::process::id()));
             let lib = tessera_e2e::paths::sim_lib_dir();
