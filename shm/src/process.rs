@@ -117,3 +117,24 @@ impl Liveness for LocalLiveness {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_names_with_spaces_and_parens() {
+        let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
+        assert_eq!(parse_stat(line), Some(('S', 98765)));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn this_process_is_read_and_no_process_is_none() {
+        let (state, start) = stat_of("self").expect("own stat");
+        assert_eq!(state, 'R', "reading its own stat, the process runs");
+        assert!(start > 0);
+        assert_eq!(stat_of("4294967295"), None);
+    }
+}

@@ -10,21 +10,15 @@ pub struct ProcStat {
     pub start_time: u64,
 }
 
-/// Reads `/proc/<pid>/stat`; `None` when there is no such process.
+/// Reads `/proc/<pid>/stat` with shm's parser (the one the shim and the
+/// manager use); `None` when there is no such process.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
-}
-
-/// Parses a `/proc/<pid>/stat` line. The command name (field 2) may contain spaces and
-/// parentheses, so fields are counted from the last `)`.
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
-    let state = *fields.next()?.as_bytes().first()?;
-    // After the state (field 3) come fields 4..; field 22 is the 19th of them.
-    let start_time = fields.nth(18)?.parse().ok()?;
-    Some(ProcStat { state, start_time })
+    let (state, start_time) = tessera_shm::process::stat_of(&pid.to_string())?;
+    Some(ProcStat {
+        // The state is one ASCII letter.
+        state: u8::try_from(state).ok()?,
+        start_time,
+    })
 }
 
 /// The start time of the calling process.
@@ -50,16 +44,6 @@ pub fn is_alive(pid: u32, start_time: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_names_with_spaces_and_parens() {
-        let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
-        let s = parse_stat(line).expect("parse");
-        assert_eq!(s.state, b'S');
-        assert_eq!(s.start_time, 98765);
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat("1 (x) S 1 2"), None);
-    }
 
     #[test]
     fn this_process_is_alive_and_a_wrong_start_time_is_not() {
