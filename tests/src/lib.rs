@@ -19,6 +19,6 @@ pub mod probe;
 pub mod sim;
 
 pub use cc::{cc, cc_text, fingerprint};
-pub use paths::{hook_library, sim_lib_dir, work_dir};
-pub use probe::{Line, Mode, ProbeChild, ProbeOutput, probe_binary};
+pub use paths::{hook_library, sim_lib_dir, sim_nvml_library, work_dir};
+pub use probe::{Line, Mode, ProbeChild, ProbeOutput, probe_binary, run_on_state};
 pub use sim::{SimNode, SimNodeBuilder};

@@ -42,3 +42,8 @@ pub fn hook_library() -> Option<PathBuf> {
         .map(|d| d.join("libtessera.so"))
         .find(|p| p.is_file())
 }
+
+/// The simulated NVML as tools load it: `libnvidia-ml.so.1` in [`sim_lib_dir`].
+pub fn sim_nvml_library() -> PathBuf {
+    sim_lib_dir().dir.join("libnvidia-ml.so.1")
+}

@@ -80,6 +80,26 @@ fn build(mode: Mode) -> PathBuf {
     out
 }
 
+/// Runs the linked probe on the node state file `state` with `vars` (the
+/// `TESSERA_SIM_*` variables) added to its environment: the first process to
+/// open `state` makes the node from its own variables, as a node made from the
+/// environment is. An inherited `TESSERA_SIM_CONTEXT_MEMORY` is dropped, so the
+/// node's context memory is only what `vars` say.
+///
+/// # Panics
+/// If the probe cannot be started.
+pub fn run_on_state(state: &Path, vars: &[(&str, &str)], script: &[&str]) -> ProbeOutput {
+    let out = Command::new(probe_binary(Mode::Link))
+        .env("LD_LIBRARY_PATH", &sim_lib_dir().dir)
+        .env("TESSERA_SIM_STATE", state)
+        .env_remove("TESSERA_SIM_CONTEXT_MEMORY")
+        .envs(vars.iter().copied())
+        .args(script)
+        .output()
+        .expect("running the probe");
+    ProbeOutput::from_output(out)
+}
+
 /// One reported line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
@@ -190,6 +210,18 @@ impl ProbeOutput {
     /// The lines of one command, in order.
     pub fn all(&self, cmd: &str) -> Vec<&Line> {
         self.lines.iter().filter(|l| l.cmd == cmd).collect()
+    }
+
+    /// The text of field `key` on every line of `cmd`, in order.
+    ///
+    /// # Panics
+    /// If one of those lines has no such field.
+    pub fn fields(&self, cmd: &str, key: &str) -> Vec<&str> {
+        self.lines
+            .iter()
+            .filter(|l| l.cmd == cmd)
+            .map(|l| l.str(key))
+            .collect()
     }
 
     /// The first line of `cmd`.

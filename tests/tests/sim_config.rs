@@ -2,18 +2,7 @@
 //! state from `TESSERA_SIM_*`; later processes join it whatever their own variables say;
 //! bad values are a clear error.
 
-use tessera_e2e::{Mode, ProbeOutput, probe_binary, sim_lib_dir};
-
-fn run(state: &std::path::Path, vars: &[(&str, &str)], script: &[&str]) -> ProbeOutput {
-    let out = std::process::Command::new(probe_binary(Mode::Link))
-        .env("LD_LIBRARY_PATH", &sim_lib_dir().dir)
-        .env("TESSERA_SIM_STATE", state)
-        .envs(vars.iter().copied())
-        .args(script)
-        .output()
-        .expect("running the probe");
-    ProbeOutput::from_output(out)
-}
+use tessera_e2e::run_on_state;
 
 #[test]
 fn the_first_process_configures_the_node_and_later_ones_join_it() {
@@ -26,7 +15,7 @@ fn the_first_process_configures_the_node_and_later_ones_join_it() {
         ("TESSERA_SIM_NAME", "Env GPU"),
         ("TESSERA_SIM_CC", "8.6"),
     ];
-    let out = run(
+    let out = run_on_state(
         &state,
         &vars,
         &["init", "count", "device 2", "totalmem", "name"],
@@ -36,7 +25,7 @@ fn the_first_process_configures_the_node_and_later_ones_join_it() {
     assert_eq!(out.get("totalmem").u64("bytes"), 2 << 30);
     assert_eq!(out.get("name").str("name"), "Env GPU");
 
-    let out = run(
+    let out = run_on_state(
         &state,
         &[("TESSERA_SIM_DEVICES", "1"), ("TESSERA_SIM_MEMORY", "1Gi")],
         &["init", "count", "totalmem"],
@@ -50,7 +39,7 @@ fn the_first_process_configures_the_node_and_later_ones_join_it() {
     assert_eq!(out.get("totalmem").u64("bytes"), 2 << 30);
 
     // Bad variables do not stop a process from joining an existing node either.
-    let out = run(
+    let out = run_on_state(
         &state,
         &[("TESSERA_SIM_DEVICES", "zero")],
         &["init", "count"],
@@ -62,7 +51,7 @@ fn the_first_process_configures_the_node_and_later_ones_join_it() {
 fn a_bad_variable_for_a_new_node_is_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("node");
-    let out = run(
+    let out = run_on_state(
         &state,
         &[("TESSERA_SIM_MEMORY", "lots")],
         &["init", "count"],
@@ -84,7 +73,7 @@ fn a_corrupt_state_file_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("node");
     std::fs::write(&state, b"something else").expect("write");
-    let out = run(&state, &[], &["init", "nvml-init"]);
+    let out = run_on_state(&state, &[], &["init", "nvml-init"]);
     assert_eq!(
         out.get("init").error.as_deref(),
         Some("CUDA_ERROR_OPERATING_SYSTEM")

@@ -7,7 +7,7 @@
 mod sim_mem_support;
 
 use sim_mem_support::*;
-use tessera_e2e::{Mode, ProbeOutput, probe_binary, sim_lib_dir};
+use tessera_e2e::{Mode, ProbeOutput, run_on_state};
 
 #[test]
 fn every_context_holds_the_nodes_context_memory_until_destroyed() {
@@ -49,18 +49,6 @@ fn a_context_that_does_not_fit_is_refused() {
     assert_eq!(used(&node, 0), 0);
 }
 
-fn run(state: &std::path::Path, vars: &[(&str, &str)], script: &[&str]) -> ProbeOutput {
-    let out = std::process::Command::new(probe_binary(Mode::Link))
-        .env("LD_LIBRARY_PATH", &sim_lib_dir().dir)
-        .env("TESSERA_SIM_STATE", state)
-        .env_remove("TESSERA_SIM_CONTEXT_MEMORY")
-        .envs(vars.iter().copied())
-        .args(script)
-        .output()
-        .expect("running the probe");
-    ProbeOutput::from_output(out)
-}
-
 #[test]
 fn a_node_made_from_the_environment_takes_its_context_memory_from_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -70,12 +58,12 @@ fn a_node_made_from_the_environment_takes_its_context_memory_from_it() {
         out.get("meminfo").u64("total") - out.get("meminfo").u64("free")
     };
     let default = dir.path().join("default");
-    assert_eq!(free(&run(&default, &[], &script)), 300 * MI);
+    assert_eq!(free(&run_on_state(&default, &[], &script)), 300 * MI);
     let set = dir.path().join("set");
     let vars = [("TESSERA_SIM_CONTEXT_MEMORY", "64Mi")];
-    assert_eq!(free(&run(&set, &vars, &script)), 64 * MI);
+    assert_eq!(free(&run_on_state(&set, &vars, &script)), 64 * MI);
     let bad = dir.path().join("bad");
-    let out = run(&bad, &[("TESSERA_SIM_CONTEXT_MEMORY", "lots")], &["init"]);
+    let out = run_on_state(&bad, &[("TESSERA_SIM_CONTEXT_MEMORY", "lots")], &["init"]);
     assert_eq!(
         out.get("init").error.as_deref(),
         Some("CUDA_ERROR_OPERATING_SYSTEM")

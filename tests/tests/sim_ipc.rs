@@ -286,11 +286,7 @@ fn the_new_memory_entry_points_resolve_through_cuGetProcAddress() {
     let script: Vec<&str> = script.iter().map(String::as_str).collect();
     let out = node.run(tessera_e2e::Mode::ProcAddr, &script);
     out.expect_ok();
-    let got: Vec<&str> = out
-        .all("procaddr")
-        .iter()
-        .map(|l| l.str("resolved"))
-        .collect();
+    let got: Vec<&str> = out.fields("procaddr", "resolved");
     let want: Vec<&str> = asks.iter().map(|(_, _, w)| *w).collect();
     assert_eq!(got, want);
 }

@@ -14,7 +14,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, PcieUtilCount
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
-use tessera_e2e::{Mode, SimNode, sim_lib_dir};
+use tessera_e2e::{Mode, SimNode, sim_nvml_library};
 
 const MI: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(20);
@@ -26,7 +26,7 @@ fn the_calls_of_nvidia_smi_like_tools_answer() {
     // SAFETY: this is the only test of this binary, so no other thread reads or writes the
     // environment while it is changed (the harness's main thread only waits).
     unsafe { std::env::set_var("TESSERA_SIM_STATE", &node.state) };
-    let lib = sim_lib_dir().dir.join("libnvidia-ml.so.1");
+    let lib = sim_nvml_library();
     let nvml = Nvml::builder()
         .lib_path(lib.as_os_str())
         .init()

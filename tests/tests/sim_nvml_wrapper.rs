@@ -13,7 +13,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use tessera_e2e::{Mode, SimNode, sim_lib_dir};
+use tessera_e2e::{Mode, SimNode, sim_nvml_library};
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(20);
@@ -24,7 +24,7 @@ fn nvml_wrapper_reads_the_simulated_node() {
     // SAFETY: this is the only test of this binary, so no other thread reads or writes the
     // environment while it is changed (the harness's main thread only waits).
     unsafe { std::env::set_var("TESSERA_SIM_STATE", &node.state) };
-    let lib = sim_lib_dir().dir.join("libnvidia-ml.so.1");
+    let lib = sim_nvml_library();
     let nvml = Nvml::builder()
         .lib_path(lib.as_os_str())
         .init()

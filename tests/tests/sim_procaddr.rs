@@ -31,11 +31,7 @@ fn versions_and_flags_pick_the_exported_symbol() {
             ],
         );
         out.expect_ok();
-        let got: Vec<&str> = out
-            .all("procaddr")
-            .iter()
-            .map(|l| l.str("resolved"))
-            .collect();
+        let got: Vec<&str> = out.fields("procaddr", "resolved");
         assert_eq!(
             got,
             [

@@ -46,9 +46,9 @@ fn seen(node: &SimNode, spec: Option<&str>, n: usize) -> Vec<String> {
         "{spec:?}: {}",
         out.stdout
     );
-    out.all("uuid")
-        .iter()
-        .map(|l| l.str("uuid").to_string())
+    out.fields("uuid", "uuid")
+        .into_iter()
+        .map(str::to_owned)
         .collect()
 }
 

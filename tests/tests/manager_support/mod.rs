@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tessera_e2e::{Mode, ProbeChild, SimNode, hook_library, probe_binary, sim_lib_dir};
+use tessera_e2e::{Mode, ProbeChild, SimNode, hook_library, probe_binary, sim_nvml_library};
 
 /// Names the role a re-run test executable plays.
 pub const ROLE_ENV: &str = "TESSERA_E2E_ROLE";
@@ -207,11 +207,7 @@ pub fn manager_args(state_dir: &Path) -> Vec<String> {
         "--socket",
         &state_dir.join("manager.sock").display().to_string(),
         "--nvml-library",
-        &sim_lib_dir()
-            .dir
-            .join("libnvidia-ml.so.1")
-            .display()
-            .to_string(),
+        &sim_nvml_library().display().to_string(),
         "--hook-library",
         &hook().display().to_string(),
         "--metrics-addr",
