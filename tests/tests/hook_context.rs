@@ -25,8 +25,7 @@ fn a_context_is_charged_what_the_driver_holds_for_it() {
     // charged what the device really holds.
     for configured in [0, 40 * MI] {
         let sim = sim(64 * MI, configured);
-        let mut c = sim.client(true);
-        ok(&mut c, "init");
+        let mut c = sim.client_init(true);
         assert_eq!(sim.used(0), CONTEXT);
         assert_eq!(sim.state().reserved(0), CONTEXT, "configured {configured}");
         ok(&mut c, &format!("alloc {}", 48 * MI));

@@ -29,10 +29,8 @@ fn holds(sim: &Sim, what: &str) -> u64 {
 
 #[test]
 fn graph_memory_is_charged_from_launch_until_trimmed() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     let g = ok(&mut c, &format!("graph-node {} 0", 48 * MI));
     let (e, h) = (g.u64("e"), g.u64("h"));
@@ -68,10 +66,8 @@ fn graph_memory_is_charged_from_launch_until_trimmed() {
 
 #[test]
 fn graphs_reuse_graph_memory_and_uploads_and_captures_are_charged() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     let a = ok(&mut c, &format!("graph-node {} 0", 40 * MI));
     let b = ok(&mut c, &format!("graph-node {} 0", 40 * MI));
@@ -105,10 +101,8 @@ fn graphs_reuse_graph_memory_and_uploads_and_captures_are_charged() {
 
 #[test]
 fn instantiating_with_upload_is_admitted_like_a_launch() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     let g = ok(&mut c, &format!("graph-upload {} 0 0", 40 * MI));
     assert_eq!(g.u64("result"), 0, "CUDA_GRAPH_INSTANTIATE_SUCCESS");

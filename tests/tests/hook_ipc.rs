@@ -38,16 +38,13 @@ fn other_tenant(sim: &Sim) -> Conv {
 
 #[test]
 fn ipc_memory_is_counted_once_and_only_the_allocation_may_open_it() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut exporter = sim.client(true);
-    ok(&mut exporter, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut exporter = sim.client_init(true);
     ok(&mut exporter, &format!("alloc {}", 32 * MI));
     let handle = ok(&mut exporter, "ipc-get 0").str("handle").to_owned();
     // A process of the same allocation maps it: nothing more is charged,
     // and it can still allocate the rest of the limit.
-    let mut peer = sim.client(true);
-    ok(&mut peer, "init");
+    let mut peer = sim.client_init(true);
     ok(&mut peer, &format!("ipc-open {handle}"));
     assert_eq!(sim.used(0), 32 * MI);
     assert_eq!(sim.state().reserved(0), 32 * MI);
@@ -59,8 +56,7 @@ fn ipc_memory_is_counted_once_and_only_the_allocation_may_open_it() {
     ok(&mut other, "init");
     refused(&mut other, &format!("ipc-open {handle}"), DENIED);
     // Nor may a process of the allocation open a handle it did not export.
-    let mut outsider = sim.client(false);
-    ok(&mut outsider, "init");
+    let mut outsider = sim.client_init(false);
     ok(&mut outsider, &format!("alloc {}", 8 * MI));
     let foreign = ok(&mut outsider, "ipc-get 0").str("handle").to_owned();
     refused(&mut peer, &format!("ipc-open {foreign}"), DENIED);
@@ -76,14 +72,11 @@ fn ipc_memory_is_counted_once_and_only_the_allocation_may_open_it() {
 
 #[test]
 fn exported_vmm_memory_is_counted_once_and_only_the_allocation_may_import_it() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut exporter = sim.client(true);
-    ok(&mut exporter, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut exporter = sim.client_init(true);
     let e = ok(&mut exporter, &format!("vmm-export {} 0", 32 * MI));
     let (pid, fd) = (e.u64("pid"), e.u64("fd"));
-    let mut peer = sim.client(true);
-    ok(&mut peer, "init");
+    let mut peer = sim.client_init(true);
     ok(&mut peer, &format!("vmm-import {pid} {fd} {}", 32 * MI));
     assert_eq!(sim.used(0), 32 * MI);
     assert_eq!(sim.state().reserved(0), 32 * MI, "counted once");
@@ -103,16 +96,13 @@ fn exported_vmm_memory_is_counted_once_and_only_the_allocation_may_import_it() {
 
 #[test]
 fn shared_memory_freed_by_its_exporter_stays_charged_while_open_elsewhere() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
     let books = || sim.state().reserved(0);
     // Legacy IPC: the exporter frees first, the importer closes later.
-    let mut exporter = sim.client(true);
-    ok(&mut exporter, "init");
+    let mut exporter = sim.client_init(true);
     ok(&mut exporter, &format!("alloc {}", 32 * MI));
     let handle = ok(&mut exporter, "ipc-get 0").str("handle").to_owned();
-    let mut peer = sim.client(true);
-    ok(&mut peer, "init");
+    let mut peer = sim.client_init(true);
     ok(&mut peer, &format!("ipc-open {handle}"));
     ok(&mut exporter, "free 0");
     assert_eq!(sim.used(0), 32 * MI, "the driver keeps the pages");
@@ -145,10 +135,8 @@ fn shared_memory_freed_by_its_exporter_stays_charged_while_open_elsewhere() {
 
 #[test]
 fn a_sparse_array_keeps_its_backing_memory_charged_until_unmapped_or_destroyed() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     // Sparse and deferred-mapping arrays: charged nothing themselves;
     // 2 MiB of cuMemCreate memory mapped onto a tile of each, the handles
     // released at once.

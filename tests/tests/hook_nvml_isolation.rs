@@ -41,12 +41,10 @@ fn nvml_shows_only_the_allocation() {
     let holder_pid = holder.pid();
     ok(&mut holder, &format!("alloc {}", 8 * MI));
     // Neighbours, ungoverned (another tenant's), on GPU 1 and on GPU 0.
-    let mut n1 = sim.client(false);
-    ok(&mut n1, "init");
+    let mut n1 = sim.client_init(false);
     ok(&mut n1, "ctx 1");
     ok(&mut n1, &format!("alloc {}", 100 * MI));
-    let mut n0 = sim.client(false);
-    ok(&mut n0, "init");
+    let mut n0 = sim.client_init(false);
     ok(&mut n0, &format!("alloc {}", 50 * MI));
 
     for cvd in [true, false] {

@@ -28,10 +28,8 @@ fn holds(sim: &Sim, dev: usize, limit: u64, what: &str) -> u64 {
 
 #[test]
 fn the_default_pool_keeps_freed_memory_charged_and_gives_it_up_for_an_allocation() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     // The reproduction, scaled: 48 MiB from the default pool,
     // freed, then 48 MiB of plain memory, with and without a sync between.
     ok(&mut c, &format!("default-pool 0 {}", u64::MAX));
@@ -59,10 +57,8 @@ fn the_default_pool_keeps_freed_memory_charged_and_gives_it_up_for_an_allocation
 
 #[test]
 fn pools_that_keep_everything_cannot_add_up_past_the_limit() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     // Ten pools of their own, each told to keep everything.
     for p in 0..10 {
@@ -82,10 +78,8 @@ fn pools_that_keep_everything_cannot_add_up_past_the_limit() {
 
 #[test]
 fn freeing_and_allocating_again_never_sees_a_spurious_out_of_memory() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     ok(&mut c, &format!("default-pool 0 {}", u64::MAX));
     ok(&mut c, &format!("pool 0 {}", u64::MAX));
@@ -112,10 +106,8 @@ fn freeing_and_allocating_again_never_sees_a_spurious_out_of_memory() {
 
 #[test]
 fn a_destroyed_pool_stays_charged_for_its_live_allocations() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     ok(&mut c, &format!("pool 0 {}", u64::MAX));
     ok(&mut c, &format!("from-pool {} 0 0", 20 * MI));
@@ -133,10 +125,8 @@ fn a_destroyed_pool_stays_charged_for_its_live_allocations() {
 
 #[test]
 fn trimming_and_a_lower_threshold_return_the_quota() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
+    let mut c = sim.client_init(true);
     ok(&mut c, "stream 0");
     ok(&mut c, &format!("pool 0 {}", u64::MAX));
     ok(&mut c, &format!("from-pool {} 0 0", 30 * MI));
@@ -160,8 +150,7 @@ fn trimming_and_a_lower_threshold_return_the_quota() {
 fn every_charge_goes_to_the_device_that_holds_the_memory() {
     let sim = Sim::new(2, PHYSICAL);
     sim.allocate_with(&[(0, LIMIT), (1, 16 * MI)], 0);
-    let mut c = sim.client(true);
-    ok(&mut c, "init");
+    let mut c = sim.client_init(true);
     // Device 0's context is current; the stream is device 1's.
     ok(&mut c, "stream 1");
     refused(&mut c, &format!("async {} 0", 32 * MI), OOM);

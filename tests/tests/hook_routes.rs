@@ -61,8 +61,7 @@ fn every_client_style_sees_the_limit_and_is_refused_beyond_it() {
 
 #[test]
 fn an_ungoverned_process_is_untouched() {
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
     for mode in Mode::ALL {
         let o = sim.run(
             mode,
@@ -105,8 +104,7 @@ fn get_proc_address_keeps_the_version_and_flavour_asked_for() {
     // Differential: the driver alone answers each query with some variant;
     // through the shim the answer must be the same variant, as the shim's
     // wrapper when it governs the function and the driver's own otherwise.
-    let sim = Sim::new(1, PHYSICAL);
-    sim.allocate(LIMIT);
+    let sim = Sim::one_gpu(PHYSICAL, LIMIT);
     let cases = [
         ("procaddr cuMemAlloc 12000", true),
         ("procaddr cuMemAlloc 3010", true),

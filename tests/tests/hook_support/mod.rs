@@ -60,6 +60,14 @@ impl Sim {
         }
     }
 
+    /// A node of one GPU of `memory` bytes with an allocation of `limit`
+    /// bytes on it ([`Sim::allocate`]).
+    pub fn one_gpu(memory: u64, limit: u64) -> Sim {
+        let sim = Sim::new(1, memory);
+        sim.allocate(limit);
+        sim
+    }
+
     /// The UUID of simulated device `i`.
     pub fn uuid(&self, i: u32) -> String {
         self.node.node().device_info(i).expect("device").uuid
@@ -283,6 +291,14 @@ impl Sim {
     /// `memclient` against this node with the shim, governed when `governed`.
     pub fn client(&self, governed: bool) -> Conv {
         Conv::start(self.command(memclient(), governed))
+    }
+
+    /// [`Sim::client`] after an `init` that must succeed (the driver
+    /// initialised, device 0's primary context current).
+    pub fn client_init(&self, governed: bool) -> Conv {
+        let mut c = self.client(governed);
+        ok(&mut c, "init");
+        c
     }
 }
 
