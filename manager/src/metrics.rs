@@ -728,38 +728,54 @@ mod tests {
     }
 
     /// A server on a free port whose renders are counted.
-    async fn server() -> (
-        std::net::SocketAddr,
-        Arc<AtomicUsize>,
-        tokio::sync::watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        server_with(Limits::default()).await
+    struct TestServer {
+        addr: std::net::SocketAddr,
+        renders: Arc<AtomicUsize>,
+        stop: tokio::sync::watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
     }
 
-    async fn server_with(
-        limits: Limits,
-    ) -> (
-        std::net::SocketAddr,
-        Arc<AtomicUsize>,
-        tokio::sync::watch::Sender<bool>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let renders = Arc::new(AtomicUsize::new(0));
-        let r = renders.clone();
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve_with(
-            l,
-            move || {
-                r.fetch_add(1, Ordering::SeqCst);
-                "up 1\n".to_owned()
-            },
-            rx,
-            limits,
-        ));
-        (addr, renders, tx, task)
+    impl TestServer {
+        async fn start() -> Self {
+            Self::with(Limits::default()).await
+        }
+
+        async fn with(limits: Limits) -> Self {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let renders = Arc::new(AtomicUsize::new(0));
+            let r = renders.clone();
+            let (stop, rx) = tokio::sync::watch::channel(false);
+            let task = tokio::spawn(serve_with(
+                l,
+                move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    "up 1\n".to_owned()
+                },
+                rx,
+                limits,
+            ));
+            TestServer {
+                addr,
+                renders,
+                stop,
+                task,
+            }
+        }
+
+        fn renders(&self) -> usize {
+            self.renders.load(Ordering::SeqCst)
+        }
+
+        /// Stops it and waits until it has.
+        async fn stop(self) {
+            self.stop.send(true).unwrap();
+            self.task.await.unwrap();
+        }
+
+        async fn connect(&self) -> tokio::net::TcpStream {
+            tokio::net::TcpStream::connect(self.addr).await.unwrap()
+        }
     }
 
     async fn exchange(c: &mut tokio::net::TcpStream, req: &str) -> String {
@@ -771,7 +787,8 @@ mod tests {
 
     #[tokio::test]
     async fn serves_the_routes_over_http() {
-        let (addr, renders, stop, task) = server().await;
+        let srv = TestServer::start().await;
+        let addr = srv.addr;
         let get = |req: &'static str| async move {
             let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
             exchange(&mut c, req).await
@@ -796,23 +813,21 @@ mod tests {
         let out = get("this is not http\r\n\r\n").await;
         assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
         // Only the two requests for /metrics rendered.
-        assert_eq!(renders.load(Ordering::SeqCst), 2);
-        stop.send(true).unwrap();
-        task.await.unwrap();
+        assert_eq!(srv.renders(), 2);
+        srv.stop().await;
     }
 
     #[tokio::test]
     async fn nothing_is_rendered_before_the_request_is_read() {
-        let (addr, renders, stop, task) = server().await;
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let srv = TestServer::start().await;
+        let mut c = srv.connect().await;
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost").await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(renders.load(Ordering::SeqCst), 0, "rendered on connect");
+        assert_eq!(srv.renders(), 0, "rendered on connect");
         let out = exchange(&mut c, ": x\r\n\r\n").await;
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert_eq!(renders.load(Ordering::SeqCst), 1);
-        stop.send(true).unwrap();
-        task.await.unwrap();
+        assert_eq!(srv.renders(), 1);
+        srv.stop().await;
     }
 
     /// A connection to `addr` from the local address `from`.
@@ -839,7 +854,8 @@ mod tests {
             per_peer: 3,
             renders: 1,
         };
-        let (addr, renders, stop, task) = server_with(limits).await;
+        let srv = TestServer::with(limits).await;
+        let addr = srv.addr;
         // One address's idle connections up to its share ...
         let mut idle = Vec::new();
         for _ in 0..limits.per_peer {
@@ -855,7 +871,7 @@ mod tests {
         let mut other = connect_from([127, 0, 0, 2], addr).await;
         let out = exchange(&mut other, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert_eq!(renders.load(Ordering::SeqCst), 1);
+        assert_eq!(srv.renders(), 1);
         // Past the total, every address is refused.
         for _ in 0..limits.per_peer {
             idle.push(connect_from([127, 0, 0, 3], addr).await);
@@ -877,19 +893,17 @@ mod tests {
         .await
         .expect("served once the idle connections ended");
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        stop.send(true).unwrap();
-        task.await.unwrap();
+        srv.stop().await;
     }
 
     #[tokio::test]
     async fn a_silent_connection_is_closed_after_the_header_timeout() {
-        let (addr, renders, stop, task) = server().await;
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let srv = TestServer::start().await;
+        let mut c = srv.connect().await;
         let mut out = Vec::new();
         let read = tokio::time::timeout(HEADER_TIMEOUT * 5, c.read_to_end(&mut out)).await;
         assert!(read.is_ok(), "still open after {:?}", HEADER_TIMEOUT * 5);
-        assert_eq!(renders.load(Ordering::SeqCst), 0);
-        stop.send(true).unwrap();
-        task.await.unwrap();
+        assert_eq!(srv.renders(), 0);
+        srv.stop().await;
     }
 }
