@@ -11,18 +11,10 @@ Usage: check_core.py basic | kernels | limit
 """
 
 import sys
-import traceback
 
-MI = 1 << 20
-
-
-def say(key, *values):
-    print(key, *values, flush=True)
-
-
-def error(step, e):
-    msg = str(e).replace("\n", " ")[:300]
-    say("error", step, f"{type(e).__module__}.{type(e).__name__}: {msg}")
+# No __pycache__ beside the sources for the shared module.
+sys.dont_write_bytecode = True
+from check_common import MI, error, run, say
 
 
 def mem_info():
@@ -121,31 +113,13 @@ def limit(np):
     s.sync()
 
 
-def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    try:
-        import numpy as np
-        import cuda.core  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        error("import", e)
-        return 1
-    try:
-        if mode == "basic":
-            basic(np)
-        elif mode == "kernels":
-            kernels(np)
-        elif mode == "limit":
-            limit(np)
-        else:
-            say("error", "usage", "basic | kernels | limit")
-            return 2
-    except Exception as e:  # noqa: BLE001
-        error(mode, e)
-        traceback.print_exc()
-        return 1
-    say("done", mode)
-    return 0
+def load():
+    import numpy as np
+    import cuda.core  # noqa: F401
+
+    return (np,)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    checks = {"basic": basic, "kernels": kernels, "limit": limit}
+    sys.exit(run(checks, load, "basic | kernels | limit"))

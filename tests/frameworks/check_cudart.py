@@ -11,12 +11,11 @@ import ctypes
 import os
 import sys
 
-MI = 1 << 20
+# No __pycache__ beside the sources for the shared module.
+sys.dont_write_bytecode = True
+from check_common import MI, say
+
 H2D, D2H = 1, 2
-
-
-def say(key, *values):
-    print(key, *values, flush=True)
 
 
 def cudart():

@@ -12,18 +12,10 @@ Usage: check_cupy.py basic | kernels | limit default|async
 """
 
 import sys
-import traceback
 
-MI = 1 << 20
-
-
-def say(key, *values):
-    print(key, *values, flush=True)
-
-
-def error(step, e):
-    msg = str(e).replace("\n", " ")[:300]
-    say("error", step, f"{type(e).__module__}.{type(e).__name__}: {msg}")
+# No __pycache__ beside the sources for the shared module.
+sys.dont_write_bytecode = True
+from check_common import MI, error, run, say
 
 
 def basic(cupy, np):
@@ -162,31 +154,13 @@ def limit(cupy, np, which):
         error("realloc_after_free", e)
 
 
-def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    try:
-        import cupy
-        import numpy as np
-    except Exception as e:  # noqa: BLE001
-        error("import", e)
-        return 1
-    try:
-        if mode == "basic":
-            basic(cupy, np)
-        elif mode == "kernels":
-            kernels(cupy, np)
-        elif mode == "limit":
-            limit(cupy, np, sys.argv[2])
-        else:
-            say("error", "usage", "basic | kernels | limit default|async")
-            return 2
-    except Exception as e:  # noqa: BLE001
-        error(mode, e)
-        traceback.print_exc()
-        return 1
-    say("done", mode)
-    return 0
+def load():
+    import cupy
+    import numpy as np
+
+    return (cupy, np)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    checks = {"basic": basic, "kernels": kernels, "limit": limit}
+    sys.exit(run(checks, load, "basic | kernels | limit default|async"))

@@ -23,13 +23,7 @@ const GI: u64 = 1 << 30;
 const LIMIT: [&str; 2] = ["-k10", "300"];
 const MI: u64 = 1 << 20;
 
-/// Not a test: the body of this executable when a test re-runs it as the manager or the
-/// `tessera run` client (see `manager_support`).
-#[test]
-#[ignore = "helper: the manager or client process the other tests start"]
-fn role() {
-    role_main();
-}
+role_test!();
 
 fn frameworks_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("frameworks")
@@ -168,10 +162,8 @@ fn under_run_env(
         python().display().to_string(),
         script.display().to_string(),
     ];
-    argv.extend(args.iter().map(|s| s.to_string()));
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let args: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-    let out = role_command("cli", &args)
+    argv.extend(owned(args));
+    let out = role_command("cli", &argv)
         .envs(node.env())
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
@@ -336,7 +328,7 @@ fn kernels_load_and_launch_bare_and_under_tessera_run() {
         &bare(&n, "check_cupy.py", &["kernels"], &[]),
         &bare(&n, "check_core.py", &["kernels"], &[]),
     );
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     assert_kernels(
         &under_run(&n, &m, "1Gi", "check_cupy.py", &["kernels"]),
         &under_run(&n, &m, "1Gi", "check_core.py", &["kernels"]),
@@ -366,7 +358,7 @@ fn the_cuda_13_runtime_needs_a_13_driver_and_runs_on_one() {
     assert_eq!(f.get("stream_ordered"), ["0", "0", "0", "0", "0"]);
     assert_eq!(f.get("managed"), ["0"; 6]);
 
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let f = under_run_env(&n, &m, "1Gi", "check_cudart.py", &["limit"], &[r13, v13]);
     f.assert_complete("limit");
     assert_eq!(f.num("mem_info", 1), GI);
@@ -380,7 +372,7 @@ fn the_cuda_13_runtime_needs_a_13_driver_and_runs_on_one() {
 #[test]
 fn frameworks_see_and_hit_a_1gi_limit_under_tessera_run() {
     let n = node();
-    let m = ManagerProc::start(&n, &n.dir.path().join("m"), &[]);
+    let m = ManagerProc::on(&n);
     let chunk = 128 * MI;
 
     // Everything that works bare works under the shim, with 1 GiB of memory.
