@@ -110,6 +110,19 @@ static CUresult ctx_of(int dev) {
     return 0;
 }
 
+/* A new graph with one allocation node of `bytes` on device `dev` (`p` its
+ * parameters; the driver returns the node's address in p->dptr). */
+static CUresult alloc_graph(CUgraph *g, CUDA_MEM_ALLOC_NODE_PARAMS *p, long long bytes, long long dev) {
+    CUgraphNode n;
+    memset(p, 0, sizeof *p);
+    p->poolProps.allocType = 1;
+    p->poolProps.location.type = 1;
+    p->poolProps.location.id = (int)dev;
+    p->bytesize = (size_t)bytes;
+    CUresult r = cuGraphCreate(g, 0);
+    return r ? r : cuGraphAddMemAllocNode(&n, *g, 0, 0, p);
+}
+
 static void run(char *line) {
     char cmd[64] = "";
     long long a = 0, b = 0, c = 0;
@@ -196,34 +209,20 @@ static void run(char *line) {
     } else if (!strcmp(cmd, "graph-node")) {
         sscanf(rest, "%lld %lld", &a, &b);
         CUgraph g;
-        CUgraphNode n;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
-        memset(&p, 0, sizeof p);
-        p.poolProps.allocType = 1;
-        p.poolProps.location.type = 1;
-        p.poolProps.location.id = (int)b;
-        p.bytesize = (size_t)a;
-        if (CK(cuGraphCreate(&g, 0)) && CK(cuGraphAddMemAllocNode(&n, g, 0, 0, &p)) &&
-            CK(cuGraphInstantiateWithFlags(&execs[nexecs], g, 0))) {
+        if (CK(alloc_graph(&g, &p, a, b)) && CK(cuGraphInstantiateWithFlags(&execs[nexecs], g, 0))) {
             ptrs[nptrs] = p.dptr;
             printf("ok graph-node e=%d h=%d\n", nexecs++, nptrs++);
         }
     } else if (!strcmp(cmd, "graph-upload")) {
         sscanf(rest, "%lld %lld %lld", &a, &b, &c);
         CUgraph g;
-        CUgraphNode n;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
-        memset(&p, 0, sizeof p);
-        p.poolProps.allocType = 1;
-        p.poolProps.location.type = 1;
-        p.poolProps.location.id = (int)b;
-        p.bytesize = (size_t)a;
         CUDA_GRAPH_INSTANTIATE_PARAMS ip;
         memset(&ip, 0, sizeof ip);
         ip.flags = 2; /* UPLOAD */
         ip.hUploadStream = stream_of(c);
-        if (CK(cuGraphCreate(&g, 0)) && CK(cuGraphAddMemAllocNode(&n, g, 0, 0, &p)) &&
-            CK(cuGraphInstantiateWithParams(&execs[nexecs], g, &ip))) {
+        if (CK(alloc_graph(&g, &p, a, b)) && CK(cuGraphInstantiateWithParams(&execs[nexecs], g, &ip))) {
             ptrs[nptrs] = p.dptr;
             printf("ok graph-upload e=%d h=%d result=%d\n", nexecs++, nptrs++, ip.result_out);
         }
