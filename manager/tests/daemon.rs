@@ -137,8 +137,11 @@ fn metric(text: &str, name: &str, want: &[(&str, &str)]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// A sample's labels (some of them), as `metric` takes them.
+type Labels<'a> = &'a [(&'a str, &'a str)];
+
 /// Asserts the value of each `(name, labels, value)` in `text`.
-fn assert_metrics(text: &str, want: &[(&str, &[(&str, &str)], f64)]) {
+fn assert_metrics(text: &str, want: &[(&str, Labels, f64)]) {
     for (name, labels, value) in want {
         assert_eq!(
             metric(text, name, labels),
