@@ -225,19 +225,17 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     let mut alloc_ids = Vec::new();
     for w in &specs {
         let req = pb::CreateAllocationRequest {
-            id: format!("demo-{}", w.name),
-            devices: vec![pb::DeviceRequest {
-                gpu_uuid: uuid_of(w.gpu)?,
-                memory_limit_bytes: w.memory_limit,
-                compute_share_ppm: w.share_ppm,
-                slices: 0,
-            }],
             policy: match w.policy {
                 Policy::Guaranteed => pb::ComputePolicy::Guaranteed,
                 Policy::Burst => pb::ComputePolicy::Burst,
             } as i32,
-            device_ids: vec![],
             labels: HashMap::from([(labels::SOURCE.to_owned(), labels::SOURCE_DEMO.to_owned())]),
+            ..pb::CreateAllocationRequest::one_device(
+                format!("demo-{}", w.name),
+                uuid_of(w.gpu)?,
+                w.memory_limit,
+                w.share_ppm,
+            )
         };
         let alloc = rt
             .block_on(client.create_allocation(req))
