@@ -49,13 +49,8 @@ pub struct GpuMetrics {
 /// One allocation's values on one of its GPUs.
 #[derive(Debug, Clone, Default)]
 pub struct AllocMetrics {
-    pub gpu_index: u32,
-    pub uuid: String,
-    pub model: String,
-    pub allocation: String,
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
+    /// The GPU, the allocation and its owner.
+    pub subject: Subject,
     pub memory_limit_bytes: u64,
     pub memory_used_bytes: u64,
     pub compute_share_ratio: f64,
@@ -337,9 +332,7 @@ pub fn render(s: &MetricsSnapshot) -> String {
         }
     }
     for a in &s.allocations {
-        let idx = a.gpu_index.to_string();
-        let gpu = gpu_labels(&s.hostname, &idx, &a.uuid, &a.model);
-        let l = owner_labels(&gpu, [&a.allocation, &a.namespace, &a.pod, &a.container]);
+        let l = subject_labels(&a.subject);
         let achieved = a.compute_achieved_ratio;
         for (name, v) in [
             (
@@ -627,13 +620,7 @@ mod tests {
                 ungoverned: [("no_shim", 1), ("over_limit", 0)].into_iter().collect(),
             }],
             allocations: vec![AllocMetrics {
-                gpu_index: 0,
-                uuid: "GPU-a".into(),
-                model: "Sim \"H100\"".into(),
-                allocation: "a1".into(),
-                namespace: "ns".into(),
-                pod: "p".into(),
-                container: "c".into(),
+                subject: owned(),
                 memory_limit_bytes: 4 << 30,
                 memory_used_bytes: 1 << 20,
                 compute_share_ratio: 0.3,

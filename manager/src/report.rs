@@ -200,36 +200,6 @@ impl Core {
                 }
             })
             .collect();
-        let mut alloc_rows = Vec::new();
-        for a in &status.allocations {
-            let Some(rec) = &a.allocation else { continue };
-            for d in &a.devices {
-                let Some(g) = self.gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
-                    continue;
-                };
-                alloc_rows.push(AllocMetrics {
-                    gpu_index: g.index,
-                    uuid: g.uuid.clone(),
-                    model: g.name.clone(),
-                    allocation: rec.id.clone(),
-                    namespace: rec.namespace.clone(),
-                    pod: rec.pod.clone(),
-                    container: rec.container.clone(),
-                    memory_limit_bytes: d.memory_limit_bytes,
-                    memory_used_bytes: d.memory_used_bytes,
-                    compute_share_ratio: f64::from(d.compute_share_ppm) / 1e6,
-                    compute_achieved_ratio: achieved
-                        .get(&(rec.id.clone(), g.uuid.clone()))
-                        .map(|p| f64::from(*p) / 1e6),
-                    processes: a.processes.len() as u64,
-                    wait_seconds_total: d.wait_ns_total as f64 / 1e9,
-                    oom_refused_total: d.oom_refused_total,
-                    priority: rec.priority,
-                    paused: a.paused,
-                    paused_seconds_total: a.paused_ns_total as f64 / 1e9,
-                });
-            }
-        }
         let subject = |uuid: &str| {
             self.gpus
                 .iter()
@@ -241,6 +211,41 @@ impl Core {
                     ..Default::default()
                 })
         };
+        // The GPU `uuid` with the allocation `rec` and its owner.
+        let owned = |uuid: &str, rec: &pb::Allocation| {
+            Some(metrics::Subject {
+                allocation: rec.id.clone(),
+                namespace: rec.namespace.clone(),
+                pod: rec.pod.clone(),
+                container: rec.container.clone(),
+                ..subject(uuid)?
+            })
+        };
+        let mut alloc_rows = Vec::new();
+        for a in &status.allocations {
+            let Some(rec) = &a.allocation else { continue };
+            for d in &a.devices {
+                let Some(subject) = owned(&d.gpu_uuid, rec) else {
+                    continue;
+                };
+                let achieved = achieved
+                    .get(&(rec.id.clone(), subject.uuid.clone()))
+                    .map(|p| f64::from(*p) / 1e6);
+                alloc_rows.push(AllocMetrics {
+                    subject,
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    memory_used_bytes: d.memory_used_bytes,
+                    compute_share_ratio: f64::from(d.compute_share_ppm) / 1e6,
+                    compute_achieved_ratio: achieved,
+                    processes: a.processes.len() as u64,
+                    wait_seconds_total: d.wait_ns_total as f64 / 1e9,
+                    oom_refused_total: d.oom_refused_total,
+                    priority: rec.priority,
+                    paused: a.paused,
+                    paused_seconds_total: a.paused_ns_total as f64 / 1e9,
+                });
+            }
+        }
         let recovered_parts = self.recovered.lock().clone();
         let mut recovered = Vec::new();
         for a in &status.allocations {
@@ -249,17 +254,11 @@ impl Core {
                 continue;
             };
             for d in &a.devices {
-                let Some(s) = subject(&d.gpu_uuid) else {
+                let Some(subject) = owned(&d.gpu_uuid, rec) else {
                     continue;
                 };
                 recovered.push(metrics::RecoveredMetrics {
-                    subject: metrics::Subject {
-                        allocation: rec.id.clone(),
-                        namespace: rec.namespace.clone(),
-                        pod: rec.pod.clone(),
-                        container: rec.container.clone(),
-                        ..s
-                    },
+                    subject,
                     repaired: r.label(),
                 });
             }
