@@ -467,16 +467,68 @@ struct RawConfig {
     gpu_classes: Vec<RawGpuClass>,
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawSettings {
-    slice: Option<RawSlice>,
-    compute_policy: Option<String>,
-    placement: Option<String>,
-    shared_threshold: Option<f64>,
-    ld_so_preload: Option<bool>,
-    device_list_strategy: Option<OneOrMany>,
+/// The settings a section may give, declared once for the two kinds of
+/// section that hold them, with the one validation they share.
+macro_rules! raw_settings {
+    ($(#[$attr:meta])* $name:ident) => {
+        #[derive(Debug, Deserialize, Default)]
+        $(#[$attr])*
+        struct $name {
+            slice: Option<RawSlice>,
+            compute_policy: Option<String>,
+            placement: Option<String>,
+            shared_threshold: Option<f64>,
+            ld_so_preload: Option<bool>,
+            device_list_strategy: Option<OneOrMany>,
+        }
+
+        impl $name {
+            fn validate(self, field: &str) -> Result<Settings, ConfigError> {
+                let device_list_strategy = self
+                    .device_list_strategy
+                    .map(|d| {
+                        let at = format!("{field}.deviceListStrategy");
+                        DeviceListStrategy::parse(&at, &d.into_vec())
+                    })
+                    .transpose()?;
+                let slice = self
+                    .slice
+                    .map(|s| s.validate(&format!("{field}.slice")))
+                    .transpose()?;
+                let compute_policy = self
+                    .compute_policy
+                    .map(|p| ComputePolicy::parse(&format!("{field}.computePolicy"), &p))
+                    .transpose()?;
+                let placement = self
+                    .placement
+                    .map(|p| Placement::parse(&format!("{field}.placement"), &p))
+                    .transpose()?;
+                if let Some(t) = self.shared_threshold
+                    && !(0.0..=1.0).contains(&t)
+                {
+                    return Err(invalid(
+                        format!("{field}.sharedThreshold"),
+                        format!("{t} is not a fraction between 0 and 1"),
+                    ));
+                }
+                Ok(Settings {
+                    slice,
+                    compute_policy,
+                    placement,
+                    shared_threshold: self.shared_threshold,
+                    ld_so_preload: self.ld_so_preload,
+                    device_list_strategy,
+                })
+            }
+        }
+    };
 }
+
+raw_settings!(
+    /// The `default` section.
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    RawSettings
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -519,18 +571,13 @@ struct RawOverride {
     settings: RawOverrideSettings,
 }
 
-// `flatten` and `deny_unknown_fields` do not combine in serde, so the
-// settings of an override are listed here again, with the same names.
-#[derive(Debug, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct RawOverrideSettings {
-    slice: Option<RawSlice>,
-    compute_policy: Option<String>,
-    placement: Option<String>,
-    shared_threshold: Option<f64>,
-    ld_so_preload: Option<bool>,
-    device_list_strategy: Option<OneOrMany>,
-}
+raw_settings!(
+    /// An override's settings, flattened beside its selectors. `flatten` and
+    /// `deny_unknown_fields` do not combine in serde, so this one leaves
+    /// unknown names to the override, which refuses them.
+    #[serde(rename_all = "camelCase")]
+    RawOverrideSettings
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -601,59 +648,6 @@ impl RawConfig {
             gpu_classes,
         })
     }
-}
-
-impl RawSettings {
-    fn validate(self, field: &str) -> Result<Settings, ConfigError> {
-        validate_settings(
-            field,
-            self.slice,
-            self.compute_policy,
-            self.placement,
-            self.shared_threshold,
-            self.ld_so_preload,
-            self.device_list_strategy,
-        )
-    }
-}
-
-fn validate_settings(
-    field: &str,
-    slice: Option<RawSlice>,
-    compute_policy: Option<String>,
-    placement: Option<String>,
-    shared_threshold: Option<f64>,
-    ld_so_preload: Option<bool>,
-    device_list_strategy: Option<OneOrMany>,
-) -> Result<Settings, ConfigError> {
-    let device_list_strategy = device_list_strategy
-        .map(|d| DeviceListStrategy::parse(&format!("{field}.deviceListStrategy"), &d.into_vec()))
-        .transpose()?;
-    let slice = slice
-        .map(|s| s.validate(&format!("{field}.slice")))
-        .transpose()?;
-    let compute_policy = compute_policy
-        .map(|p| ComputePolicy::parse(&format!("{field}.computePolicy"), &p))
-        .transpose()?;
-    let placement = placement
-        .map(|p| Placement::parse(&format!("{field}.placement"), &p))
-        .transpose()?;
-    if let Some(t) = shared_threshold
-        && !(0.0..=1.0).contains(&t)
-    {
-        return Err(invalid(
-            format!("{field}.sharedThreshold"),
-            format!("{t} is not a fraction between 0 and 1"),
-        ));
-    }
-    Ok(Settings {
-        slice,
-        compute_policy,
-        placement,
-        shared_threshold,
-        ld_so_preload,
-        device_list_strategy,
-    })
 }
 
 impl RawSlice {
@@ -751,16 +745,7 @@ impl RawOverride {
                 "selects no node: give nodeNames, nodeSelector, or both",
             ));
         }
-        let s = self.settings;
-        let settings = validate_settings(
-            field,
-            s.slice,
-            s.compute_policy,
-            s.placement,
-            s.shared_threshold,
-            s.ld_so_preload,
-            s.device_list_strategy,
-        )?;
+        let settings = self.settings.validate(field)?;
         if settings == Settings::default() {
             return Err(invalid(
                 field,
@@ -906,37 +891,21 @@ overrides:
     #[test]
     fn layout_takes_the_tightest_of_the_three() {
         let gpu = 80 * GI;
-        let mem = SliceSpec {
-            memory_bytes: Some(4 * GI),
-            ..Default::default()
-        };
-        let l = mem.layout(gpu);
-        assert_eq!(
-            (l.slices, l.memory_bytes, l.compute_ppm),
-            (20, 4 * GI, 50_000)
-        );
-
-        let both = SliceSpec {
-            memory_bytes: Some(4 * GI),
-            compute_ppm: Some(250_000),
-            slices_per_gpu: None,
-        };
-        let l = both.layout(gpu);
-        assert_eq!(
-            (l.slices, l.memory_bytes, l.compute_ppm),
-            (4, 4 * GI, 250_000)
-        );
-
-        let all = SliceSpec {
-            memory_bytes: Some(4 * GI),
-            compute_ppm: Some(100_000),
-            slices_per_gpu: Some(8),
-        };
-        let l = all.layout(gpu);
-        assert_eq!(
-            (l.slices, l.memory_bytes, l.compute_ppm),
-            (8, 4 * GI, 100_000)
-        );
+        // (memory, compute, count) -> (slices, memory per slice, compute per slice)
+        let cases = [
+            ((Some(4 * GI), None, None), (20, 4 * GI, 50_000)),
+            ((Some(4 * GI), Some(250_000), None), (4, 4 * GI, 250_000)),
+            ((Some(4 * GI), Some(100_000), Some(8)), (8, 4 * GI, 100_000)),
+        ];
+        for ((memory_bytes, compute_ppm, slices_per_gpu), want) in cases {
+            let spec = SliceSpec {
+                memory_bytes,
+                compute_ppm,
+                slices_per_gpu,
+            };
+            let l = spec.layout(gpu);
+            assert_eq!((l.slices, l.memory_bytes, l.compute_ppm), want, "{spec:?}");
+        }
 
         let count = SliceSpec {
             slices_per_gpu: Some(3),
@@ -1034,29 +1003,56 @@ overrides:
         assert!(e.contains("line"), "names the line: {e}");
     }
 
+    /// Each bad text and what its one-line error must name: the field's
+    /// path (as the file spells it) and the offending key or value.
+    fn assert_named(cases: &[(&str, &[&str])]) {
+        for (text, names) in cases {
+            let e = err(text);
+            assert!(e.starts_with("config is not valid:"), "{e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+            for n in *names {
+                assert!(e.contains(n), "{text:?}: {e} does not name {n}");
+            }
+        }
+    }
+
     #[test]
     fn unknown_fields_are_named() {
-        let e = err("default:\n  slice:\n    slicesPerGPU: 8\n");
-        assert!(e.contains("default.slice"), "{e}");
-        assert!(e.contains("slicesPerGPU"), "{e}");
-        let e = err("defaults: {}\n");
-        assert!(e.contains("defaults"), "{e}");
-        let e = err("overrides:\n  - nodeNames: [a]\n    placment: spread\n");
-        assert!(e.contains("placment"), "{e}");
-        let e = err("gpuClasses:\n  - name: a\n    product: ['*']\n");
-        assert!(e.contains("product"), "{e}");
+        assert_named(&[
+            (
+                "default:\n  slice:\n    slicesPerGPU: 8\n",
+                &["default.slice.slicesPerGPU", "line 3"],
+            ),
+            ("defaults: {}\n", &["defaults", "line 1"]),
+            (
+                "overrides:\n  - nodeNames: [a]\n    placment: spread\n",
+                // Flattened settings: the line is the override's own.
+                &["overrides[0]", "placment", "line"],
+            ),
+            (
+                "gpuClasses:\n  - name: a\n    product: ['*']\n",
+                &["gpuClasses[0].product", "line 3"],
+            ),
+        ]);
     }
 
     #[test]
     fn wrong_types_are_named() {
-        let e = err("default:\n  slice:\n    slicesPerGpu: eight\n");
-        assert!(e.contains("default.slice.slicesPerGpu"), "{e}");
-        let e = err("default:\n  sharedThreshold: high\n");
-        assert!(e.contains("default.sharedThreshold"), "{e}");
-        let e = err("default:\n  ldSoPreload: maybe\n");
-        assert!(e.contains("default.ldSoPreload"), "{e}");
-        let e = err("overrides: {a: b}\n");
-        assert!(e.contains("overrides"), "{e}");
+        assert_named(&[
+            (
+                "default:\n  slice:\n    slicesPerGpu: eight\n",
+                &["default.slice.slicesPerGpu", "line 3"],
+            ),
+            (
+                "default:\n  sharedThreshold: high\n",
+                &["default.sharedThreshold", "line 2"],
+            ),
+            (
+                "default:\n  ldSoPreload: maybe\n",
+                &["default.ldSoPreload", "line 2"],
+            ),
+            ("overrides: {a: b}\n", &["overrides", "line 1"]),
+        ]);
     }
 
     #[test]
