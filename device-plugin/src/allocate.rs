@@ -28,6 +28,9 @@ pub const VOLUME_MOUNTS_HOST: &str = "/dev/null";
 /// CDI kind of the NVIDIA container toolkit's spec (`nvidia-ctk cdi generate`):
 /// device nodes and driver libraries of each GPU, by UUID.
 pub const CDI_KIND_NVIDIA: &str = "nvidia.com/gpu";
+/// CDI kind (vendor/class) of the plugin's own devices: the spec
+/// [`crate::cdi`] writes, which mounts the shim and the allocation's files.
+pub const CDI_KIND_TESSERA: &str = "tessera.dev/gpu";
 /// Annotation naming the allocation, for the container runtime and humans.
 pub use tessera_contract::labels::ANNOTATION_ALLOCATION as ALLOCATION_ANNOTATION;
 /// Label the plugin puts on its allocations, and its value there; only
@@ -335,7 +338,7 @@ pub fn container_response(
     }
     let mut cdi_devices = Vec::new();
     if strategy.cdi {
-        for kind in [CDI_KIND_NVIDIA, crate::cdi::KIND] {
+        for kind in [CDI_KIND_NVIDIA, CDI_KIND_TESSERA] {
             for u in &uuids {
                 cdi_devices.push(dp::CdiDevice {
                     name: format!("{kind}={u}"),

@@ -10,11 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::allocate::{CONTAINER_HOOK, CONTAINER_PRELOAD, HostPaths};
+use crate::allocate::{CDI_KIND_TESSERA as KIND, CONTAINER_HOOK, CONTAINER_PRELOAD, HostPaths};
 use crate::state::PluginState;
 
-/// The CDI kind (vendor/class) of the plugin's devices.
-pub const KIND: &str = "tessera.dev/gpu";
 /// The spec's file name in the CDI spec dir.
 pub const SPEC_FILE: &str = "tessera.dev-gpu.json";
 /// The spec version written (the oldest that has everything used here).
