@@ -134,8 +134,22 @@ fn launch(
     t.submit(rt, duration).map(|_| ())
 }
 
+/// The `extra` argument of a launch entry point: the parameter when it has one
+/// (`cuLaunchKernel`), else none (`cuLaunchCooperativeKernel` takes no `extra`).
+macro_rules! extra_or_null {
+    () => {
+        std::ptr::null_mut()
+    };
+    ($extra:ident) => {
+        $extra
+    };
+}
+
+/// The `cuLaunchKernel` family: the same parameters (`extra` only where the entry point
+/// takes it, named in the parentheses), per-thread default stream or not, cooperative or
+/// not.
 macro_rules! launch_kernel {
-    ($($(#[$doc:meta])* $name:ident, $ptsz:expr, $coop:expr;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident($($extra:ident)?), $ptsz:expr, $coop:expr;)*) => {$(
         $(#[$doc])*
         ///
         /// # Safety
@@ -153,7 +167,7 @@ macro_rules! launch_kernel {
             sharedMemBytes: c_uint,
             hStream: CUstream,
             kernelParams: *mut *mut c_void,
-            extra: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
         ) -> CUresult {
             guard(|| {
                 let shape = Shape {
@@ -161,6 +175,7 @@ macro_rules! launch_kernel {
                     block: [blockDimX, blockDimY, blockDimZ],
                     shared: sharedMemBytes,
                 };
+                let extra = extra_or_null!($($extra)?);
                 launch(f, shape, hStream, $ptsz, kernelParams, extra, $coop)
             })
         }
@@ -169,48 +184,13 @@ macro_rules! launch_kernel {
 
 launch_kernel! {
     /// `cuLaunchKernel`.
-    cuLaunchKernel, false, false;
+    cuLaunchKernel(extra), false, false;
     /// `cuLaunchKernel_ptsz`.
-    cuLaunchKernel_ptsz, true, false;
-}
-
-macro_rules! launch_coop {
-    ($($(#[$doc:meta])* $name:ident, $ptsz:expr;)*) => {$(
-        $(#[$doc])*
-        ///
-        /// # Safety
-        /// Kernel arguments are not read; handles are checked.
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            gridDimX: c_uint,
-            gridDimY: c_uint,
-            gridDimZ: c_uint,
-            blockDimX: c_uint,
-            blockDimY: c_uint,
-            blockDimZ: c_uint,
-            sharedMemBytes: c_uint,
-            hStream: CUstream,
-            kernelParams: *mut *mut c_void,
-        ) -> CUresult {
-            guard(|| {
-                let shape = Shape {
-                    grid: [gridDimX, gridDimY, gridDimZ],
-                    block: [blockDimX, blockDimY, blockDimZ],
-                    shared: sharedMemBytes,
-                };
-                launch(f, shape, hStream, $ptsz, kernelParams, std::ptr::null_mut(), true)
-            })
-        }
-    )*};
-}
-
-launch_coop! {
+    cuLaunchKernel_ptsz(extra), true, false;
     /// `cuLaunchCooperativeKernel`: the grid must fit on the device at once.
-    cuLaunchCooperativeKernel, false;
+    cuLaunchCooperativeKernel(), false, true;
     /// `cuLaunchCooperativeKernel_ptsz`.
-    cuLaunchCooperativeKernel_ptsz, true;
+    cuLaunchCooperativeKernel_ptsz(), true, true;
 }
 
 fn launch_ex(
