@@ -11,41 +11,18 @@ use std::ffi::{c_int, c_uchar, c_void};
 
 use tessera_ffi::cuda::{CUdevice, CUresult};
 
-use super::{Slots, guid, size_slot, stub};
+use super::{Slots, guid, sized_stubs};
 use crate::guard;
 
 pub const GUID: [u8; 16] = guid("b10541e1-f7c7-c74a-9f64-f223be99f1e2");
 const T: usize = 4;
 const N: usize = 26;
 
-pub static TABLE: Slots<N> = Slots([
-    size_slot(N),
-    stub::<T, 1>(),
-    stub::<T, 2>(),
-    stub::<T, 3>(),
-    stub::<T, 4>(),
-    stub::<T, 5>(),
-    stub::<T, 6>(),
-    stub::<T, 7>(),
-    stub::<T, 8>(),
-    stub::<T, 9>(),
-    stub::<T, 10>(),
-    stub::<T, 11>(),
-    stub::<T, 12>(),
-    device_flag as *const c_void,
-    stub::<T, 14>(),
-    stub::<T, 15>(),
-    stub::<T, 16>(),
-    stub::<T, 17>(),
-    stub::<T, 18>(),
-    stub::<T, 19>(),
-    stub::<T, 20>(),
-    stub::<T, 21>(),
-    stub::<T, 22>(),
-    stub::<T, 23>(),
-    stub::<T, 24>(),
-    stub::<T, 25>(),
-]);
+pub static TABLE: Slots<N> = Slots({
+    let mut slots = sized_stubs::<T, N>();
+    slots[13] = device_flag as *const c_void;
+    slots
+});
 
 unsafe extern "C" fn device_flag(out: *mut c_uchar, dev: CUdevice) -> CUresult {
     guard(|| {

@@ -269,6 +269,37 @@ pub const fn stub<const T: usize, const I: usize>() -> *const c_void {
     unimplemented::<T, I> as *const c_void
 }
 
+/// The stubs of slots 0 to 99 of table `$t`, ten by ten: every slot needs its own
+/// instance of [`unimplemented`] to log its number, and `macro_rules!` cannot count.
+macro_rules! hundred_stubs {
+    ($t:ident) => {
+        hundred_stubs!(@tens $t [0 1 2 3 4 5 6 7 8 9] 0 1 2 3 4 5 6 7 8 9)
+    };
+    (@tens $t:ident $ones:tt $($ten:literal)*) => {
+        [$(hundred_stubs!(@ones $t $ten $ones)),*]
+    };
+    (@ones $t:ident $ten:literal [$($one:literal)*]) => {
+        [$(stub::<$t, { $ten * 10 + $one }>()),*]
+    };
+}
+
+/// The slots of sized table `T` (`N` of them, at most 100) before any entry is
+/// implemented: its size in slot 0 and the stub in every other slot. A table that
+/// implements a few of many slots (`DEVICE_EXTENDED_RT`, `TOOLS_CONTEXT`) starts from this
+/// and puts its entries in.
+pub const fn sized_stubs<const T: usize, const N: usize>() -> [*const c_void; N] {
+    assert!(N <= 100, "sized_stubs makes at most 100 slots");
+    let all: [[*const c_void; 10]; 10] = hundred_stubs!(T);
+    let mut slots = [std::ptr::null(); N];
+    slots[0] = size_slot(N);
+    let mut i = 1;
+    while i < N {
+        slots[i] = all[i / 10][i % 10];
+        i += 1;
+    }
+    slots
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,6 +358,17 @@ mod tests {
             let rc = unsafe { get(&mut out, &id) };
             assert_eq!(rc, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
         }
+    }
+
+    #[test]
+    fn sized_stubs_give_each_slot_its_own_stub() {
+        let slots = sized_stubs::<0, 100>();
+        assert_eq!(slots[0], size_slot(100));
+        assert_eq!(slots[57], stub::<0, 57>());
+        assert_eq!(slots[99], stub::<0, 99>());
+        let distinct: HashSet<usize> = slots[1..].iter().map(|p| *p as usize).collect();
+        assert_eq!(distinct.len(), 99);
+        assert!(!distinct.contains(&0));
     }
 
     #[test]
