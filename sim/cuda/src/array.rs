@@ -446,39 +446,24 @@ fn map_array(infos: *mut CUarrayMapInfo, count: std::ffi::c_uint) -> CuResult<()
     Ok(())
 }
 
-/// `cuMemMapArrayAsync`: binds (or unbinds) `cuMemCreate` memory to tiles or mip tails
-/// of sparse arrays and to deferred-mapping arrays. The memory is the handle's, charged
-/// at `cuMemCreate`; the array itself never is. Done at once (stream order is kept
-/// trivially: nothing reads arrays).
-///
-/// # Safety
-/// `mapInfoList` must point to `count` entries.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemMapArrayAsync(
-    mapInfoList: *mut CUarrayMapInfo,
-    count: std::ffi::c_uint,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        crate::stream::resolve(hStream, false)?;
-        map_array(mapInfoList, count)
-    })
-}
-
-/// `cuMemMapArrayAsync_ptsz`.
-///
-/// # Safety
-/// As `cuMemMapArrayAsync`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemMapArrayAsync_ptsz(
-    mapInfoList: *mut CUarrayMapInfo,
-    count: std::ffi::c_uint,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        crate::stream::resolve(hStream, true)?;
-        map_array(mapInfoList, count)
-    })
+crate::ptsz_exports! {
+    /// `cuMemMapArrayAsync`: binds (or unbinds) `cuMemCreate` memory to tiles or mip tails
+    /// of sparse arrays and to deferred-mapping arrays. The memory is the handle's, charged
+    /// at `cuMemCreate`; the array itself never is. Done at once (stream order is kept
+    /// trivially: nothing reads arrays).
+    ///
+    /// # Safety
+    /// `mapInfoList` must point to `count` entries.
+    fn cuMemMapArrayAsync / cuMemMapArrayAsync_ptsz [per_thread](
+        mapInfoList: *mut CUarrayMapInfo,
+        count: std::ffi::c_uint,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| {
+            crate::stream::resolve(hStream, per_thread)?;
+            map_array(mapInfoList, count)
+        })
+    }
 }
 
 /// `cuArrayGetMemoryRequirements`: what a deferred-mapping array needs mapped (its size

@@ -269,36 +269,21 @@ copy2d_sync! {
     cuMemcpy2DUnaligned_v2_ptds, true;
 }
 
-/// `cuMemcpy2DAsync_v2`.
-///
-/// # Safety
-/// `pCopy` must be null or valid; its host pointers valid for the rows described.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpy2DAsync_v2(
-    pCopy: *const CUDA_MEMCPY2D,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        check_stream(hStream, false)?;
-        // SAFETY: the caller passes null (rejected) or a valid descriptor.
-        copy_2d(unsafe { get(pCopy) }?)
-    })
-}
-
-/// `cuMemcpy2DAsync_v2_ptsz`.
-///
-/// # Safety
-/// `pCopy` must be null or valid; its host pointers valid for the rows described.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemcpy2DAsync_v2_ptsz(
-    pCopy: *const CUDA_MEMCPY2D,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        check_stream(hStream, true)?;
-        // SAFETY: the caller passes null (rejected) or a valid descriptor.
-        copy_2d(unsafe { get(pCopy) }?)
-    })
+crate::ptsz_exports! {
+    /// `cuMemcpy2DAsync_v2`.
+    ///
+    /// # Safety
+    /// `pCopy` must be null or valid; its host pointers valid for the rows described.
+    fn cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz [per_thread](
+        pCopy: *const CUDA_MEMCPY2D,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| {
+            check_stream(hStream, per_thread)?;
+            // SAFETY: the caller passes null (rejected) or a valid descriptor.
+            copy_2d(unsafe { get(pCopy) }?)
+        })
+    }
 }
 
 // ---- memsets ----

@@ -451,25 +451,17 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
     Ok(())
 }
 
-/// `cuGraphLaunch`: queues the graph's kernels in order.
-///
-/// # Safety
-/// Handles are checked; no pointers are dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
-    guard(|| graph_launch(hGraphExec, hStream, false))
-}
-
-/// `cuGraphLaunch_ptsz`.
-///
-/// # Safety
-/// Handles are checked; no pointers are dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(
-    hGraphExec: CUgraphExec,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| graph_launch(hGraphExec, hStream, true))
+crate::ptsz_exports! {
+    /// `cuGraphLaunch`: queues the graph's kernels in order.
+    ///
+    /// # Safety
+    /// Handles are checked; no pointers are dereferenced.
+    fn cuGraphLaunch / cuGraphLaunch_ptsz [per_thread](
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| graph_launch(hGraphExec, hStream, per_thread))
+    }
 }
 
 fn upload(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {
@@ -867,25 +859,17 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     })
 }
 
-/// `cuGraphUpload`: reserves the graph's memory, as its first launch would.
-///
-/// # Safety
-/// Handles are checked; no pointers are dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
-    guard(|| upload(hGraphExec, hStream, false))
-}
-
-/// `cuGraphUpload_ptsz`.
-///
-/// # Safety
-/// Handles are checked; no pointers are dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphUpload_ptsz(
-    hGraphExec: CUgraphExec,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| upload(hGraphExec, hStream, true))
+crate::ptsz_exports! {
+    /// `cuGraphUpload`: reserves the graph's memory, as its first launch would.
+    ///
+    /// # Safety
+    /// Handles are checked; no pointers are dereferenced.
+    fn cuGraphUpload / cuGraphUpload_ptsz [per_thread](
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| upload(hGraphExec, hStream, per_thread))
+    }
 }
 
 /// `cuGraphExecDestroy`.

@@ -218,32 +218,19 @@ fn launch_ex(
     launch(f, shape, c.hStream, per_thread, params, extra, cooperative)
 }
 
-/// `cuLaunchKernelEx`: the cooperative attribute is honoured; others are accepted.
-///
-/// # Safety
-/// `config` must be null or valid with `numAttrs` attributes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    guard(|| launch_ex(config, f, kernelParams, extra, false))
-}
-
-/// `cuLaunchKernelEx_ptsz`.
-///
-/// # Safety
-/// `config` must be null or valid with `numAttrs` attributes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    guard(|| launch_ex(config, f, kernelParams, extra, true))
+crate::ptsz_exports! {
+    /// `cuLaunchKernelEx`: the cooperative attribute is honoured; others are accepted.
+    ///
+    /// # Safety
+    /// `config` must be null or valid with `numAttrs` attributes.
+    fn cuLaunchKernelEx / cuLaunchKernelEx_ptsz [per_thread](
+        config: *const CUlaunchConfig,
+        f: CUfunction,
+        kernelParams: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        guard(|| launch_ex(config, f, kernelParams, extra, per_thread))
+    }
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated, still exported): every launch is
@@ -307,29 +294,17 @@ fn host_func(stream: CUstream, f: CUhostFn, user: *mut c_void, per_thread: bool)
     Ok(())
 }
 
-/// `cuLaunchHostFunc`: runs `fn(userData)` once the stream's earlier work has ended
-/// (the calling thread waits for that; see docs/simulator.md).
-///
-/// # Safety
-/// `fn_` must be a valid host function for `userData`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchHostFunc(
-    hStream: CUstream,
-    fn_: CUhostFn,
-    userData: *mut c_void,
-) -> CUresult {
-    guard(|| host_func(hStream, fn_, userData, false))
-}
-
-/// `cuLaunchHostFunc_ptsz`.
-///
-/// # Safety
-/// `fn_` must be a valid host function for `userData`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchHostFunc_ptsz(
-    hStream: CUstream,
-    fn_: CUhostFn,
-    userData: *mut c_void,
-) -> CUresult {
-    guard(|| host_func(hStream, fn_, userData, true))
+crate::ptsz_exports! {
+    /// `cuLaunchHostFunc`: runs `fn(userData)` once the stream's earlier work has ended
+    /// (the calling thread waits for that; see docs/simulator.md).
+    ///
+    /// # Safety
+    /// `fn_` must be a valid host function for `userData`.
+    fn cuLaunchHostFunc / cuLaunchHostFunc_ptsz [per_thread](
+        hStream: CUstream,
+        fn_: CUhostFn,
+        userData: *mut c_void,
+    ) -> CUresult {
+        guard(|| host_func(hStream, fn_, userData, per_thread))
+    }
 }

@@ -35,6 +35,48 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 pub use tessera_ffi::cuda::CUresult;
 
+/// An entry point that takes a stream and its `_ptsz` twin (the same call on the
+/// per-thread default stream) from one body, in which the bracketed name is `false` in
+/// the first and `true` in the twin: the two differ in nothing else.
+///
+/// ```ignore
+/// crate::ptsz_exports! {
+///     /// `cuMemFreeAsync`.
+///     ///
+///     /// # Safety
+///     /// Any pointer value is accepted; unknown ones are reported.
+///     fn cuMemFreeAsync / cuMemFreeAsync_ptsz [per_thread](
+///         dptr: CUdeviceptr,
+///         hStream: CUstream,
+///     ) -> CUresult {
+///         guard(|| free_async(dptr, hStream, per_thread))
+///     }
+/// }
+/// ```
+macro_rules! ptsz_exports {
+    ($($(#[$attr:meta])* fn $name:ident / $ptsz:ident [$pt:ident] $params:tt -> $ret:ty $body:block)*) => {$(
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name $params -> $ret {
+            let $pt = false;
+            $body
+        }
+
+        #[doc = concat!(
+            "`", stringify!($ptsz), "`: [`", stringify!($name), "`] on the per-thread default stream."
+        )]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`", stringify!($name), "`].")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $ptsz $params -> $ret {
+            let $pt = true;
+            $body
+        }
+    )*};
+}
+pub(crate) use ptsz_exports;
+
 /// A driver call's outcome: `Err` carries the `CUresult` to return.
 pub type CuResult<T> = Result<T, CUresult>;
 

@@ -149,34 +149,21 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peerContext: CUcontext) -> CUres
     })
 }
 
-/// `cuStreamAddCallback`: runs `callback(stream, CUDA_SUCCESS, userData)` once the stream's
-/// earlier work has ended, on the calling thread (as `cuLaunchHostFunc` does here).
-/// `flags` must be 0.
-///
-/// # Safety
-/// `callback` must be a valid stream callback for `userData`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAddCallback(
-    hStream: CUstream,
-    callback: CUstreamCallback,
-    userData: *mut c_void,
-    flags: c_uint,
-) -> CUresult {
-    guard(|| stream_callback(hStream, callback, userData, flags, false))
-}
-
-/// `cuStreamAddCallback_ptsz`.
-///
-/// # Safety
-/// As [`cuStreamAddCallback`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
-    hStream: CUstream,
-    callback: CUstreamCallback,
-    userData: *mut c_void,
-    flags: c_uint,
-) -> CUresult {
-    guard(|| stream_callback(hStream, callback, userData, flags, true))
+crate::ptsz_exports! {
+    /// `cuStreamAddCallback`: runs `callback(stream, CUDA_SUCCESS, userData)` once the stream's
+    /// earlier work has ended, on the calling thread (as `cuLaunchHostFunc` does here).
+    /// `flags` must be 0.
+    ///
+    /// # Safety
+    /// `callback` must be a valid stream callback for `userData`.
+    fn cuStreamAddCallback / cuStreamAddCallback_ptsz [per_thread](
+        hStream: CUstream,
+        callback: CUstreamCallback,
+        userData: *mut c_void,
+        flags: c_uint,
+    ) -> CUresult {
+        guard(|| stream_callback(hStream, callback, userData, flags, per_thread))
+    }
 }
 
 fn stream_callback(
@@ -322,76 +309,43 @@ fn prefetch_to(
     prefetch(ptr, count, stream, pt)
 }
 
-/// `cuMemPrefetchAsync` (CUDA 8 form): managed memory already lives on its device here,
-/// so a prefetch of a valid managed range to a valid device (or `CU_DEVICE_CPU`) is done
-/// at once.
-///
-/// # Safety
-/// No pointer is dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync(
-    devPtr: CUdeviceptr,
-    count: usize,
-    dstDevice: CUdevice,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| prefetch_to(devPtr, count, dstDevice, hStream, false))
+crate::ptsz_exports! {
+    /// `cuMemPrefetchAsync` (CUDA 8 form): managed memory already lives on its device here,
+    /// so a prefetch of a valid managed range to a valid device (or `CU_DEVICE_CPU`) is done
+    /// at once.
+    ///
+    /// # Safety
+    /// No pointer is dereferenced.
+    fn cuMemPrefetchAsync / cuMemPrefetchAsync_ptsz [per_thread](
+        devPtr: CUdeviceptr,
+        count: usize,
+        dstDevice: CUdevice,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| prefetch_to(devPtr, count, dstDevice, hStream, per_thread))
+    }
 }
 
-/// `cuMemPrefetchAsync_ptsz`.
-///
-/// # Safety
-/// No pointer is dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
-    devPtr: CUdeviceptr,
-    count: usize,
-    dstDevice: CUdevice,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| prefetch_to(devPtr, count, dstDevice, hStream, true))
-}
-
-/// `cuMemPrefetchAsync_v2` (CUDA 12.2 form, a location); `flags` must be 0.
-///
-/// # Safety
-/// No pointer is dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
-    devPtr: CUdeviceptr,
-    count: usize,
-    location: CUmemLocation,
-    flags: c_uint,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        if flags != 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        location_ok(&location)?;
-        prefetch(devPtr, count, hStream, false)
-    })
-}
-
-/// `cuMemPrefetchAsync_v2_ptsz`.
-///
-/// # Safety
-/// No pointer is dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
-    devPtr: CUdeviceptr,
-    count: usize,
-    location: CUmemLocation,
-    flags: c_uint,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| {
-        if flags != 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        location_ok(&location)?;
-        prefetch(devPtr, count, hStream, true)
-    })
+crate::ptsz_exports! {
+    /// `cuMemPrefetchAsync_v2` (CUDA 12.2 form, a location); `flags` must be 0.
+    ///
+    /// # Safety
+    /// No pointer is dereferenced.
+    fn cuMemPrefetchAsync_v2 / cuMemPrefetchAsync_v2_ptsz [per_thread](
+        devPtr: CUdeviceptr,
+        count: usize,
+        location: CUmemLocation,
+        flags: c_uint,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| {
+            if flags != 0 {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            location_ok(&location)?;
+            prefetch(devPtr, count, hStream, per_thread)
+        })
+    }
 }
 
 /// `cuCtxResetPersistingL2Cache`: no persisting L2 lines exist here; success in a context.

@@ -178,58 +178,33 @@ fn alloc_async(
     alloc_from(dptr, bytesize, pool, stream, ptsz)
 }
 
-/// `cuMemAllocAsync`: from the current pool of the stream's device.
-///
-/// # Safety
-/// `dptr` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, bytesize, hStream, false))
+crate::ptsz_exports! {
+    /// `cuMemAllocAsync`: from the current pool of the stream's device.
+    ///
+    /// # Safety
+    /// `dptr` must be null or writable.
+    fn cuMemAllocAsync / cuMemAllocAsync_ptsz [per_thread](
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| alloc_async(dptr, bytesize, hStream, per_thread))
+    }
 }
 
-/// `cuMemAllocAsync_ptsz`.
-///
-/// # Safety
-/// `dptr` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, bytesize, hStream, true))
-}
-
-/// `cuMemAllocFromPoolAsync`.
-///
-/// # Safety
-/// `dptr` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| alloc_from(dptr, bytesize, lookup(pool)?, hStream, false))
-}
-
-/// `cuMemAllocFromPoolAsync_ptsz`.
-///
-/// # Safety
-/// `dptr` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult {
-    guard(|| alloc_from(dptr, bytesize, lookup(pool)?, hStream, true))
+crate::ptsz_exports! {
+    /// `cuMemAllocFromPoolAsync`.
+    ///
+    /// # Safety
+    /// `dptr` must be null or writable.
+    fn cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz [per_thread](
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| alloc_from(dptr, bytesize, lookup(pool)?, hStream, per_thread))
+    }
 }
 
 fn free_async(dptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> CuResult<()> {
@@ -248,22 +223,17 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> CuResult<()> {
     }
 }
 
-/// `cuMemFreeAsync`: pool memory goes back to its pool; other memory is freed at once.
-///
-/// # Safety
-/// Any pointer value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, hStream, false))
-}
-
-/// `cuMemFreeAsync_ptsz`.
-///
-/// # Safety
-/// Any pointer value is accepted; unknown ones are reported.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, hStream, true))
+crate::ptsz_exports! {
+    /// `cuMemFreeAsync`: pool memory goes back to its pool; other memory is freed at once.
+    ///
+    /// # Safety
+    /// Any pointer value is accepted; unknown ones are reported.
+    fn cuMemFreeAsync / cuMemFreeAsync_ptsz [per_thread](
+        dptr: CUdeviceptr,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| free_async(dptr, hStream, per_thread))
+    }
 }
 
 /// `cuMemPoolCreate`: pinned device pools only.
