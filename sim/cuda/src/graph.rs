@@ -355,45 +355,31 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     })
 }
 
-/// `cuGraphInstantiate` (the CUDA 10/11 signature with an error node and log buffer).
-///
-/// # Safety
-/// `phGraphExec` must be null or writable; the optional outputs null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    phErrorNode: *mut CUgraphNode,
-    logBuffer: *mut c_char,
-    bufferSize: usize,
-) -> CUresult {
-    guard(|| {
-        if !phErrorNode.is_null() {
-            // SAFETY: non-null out pointer from the caller.
-            unsafe { phErrorNode.write(std::ptr::null_mut()) };
-        }
-        if !logBuffer.is_null() && bufferSize > 0 {
-            // SAFETY: the buffer holds at least one byte.
-            unsafe { logBuffer.write(0) };
-        }
-        instantiate(phGraphExec, hGraph)
-    })
-}
-
-/// `cuGraphInstantiate_v2` (same signature as `cuGraphInstantiate`).
-///
-/// # Safety
-/// As `cuGraphInstantiate`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate_v2(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    phErrorNode: *mut CUgraphNode,
-    logBuffer: *mut c_char,
-    bufferSize: usize,
-) -> CUresult {
-    // SAFETY: forwarded with the caller's pointers, same contract.
-    unsafe { cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize) }
+tessera_sim::exports! {
+    /// `cuGraphInstantiate`, `cuGraphInstantiate_v2` (the CUDA 10/11 signature with an error
+    /// node and log buffer; `_v2` is the same).
+    ///
+    /// # Safety
+    /// `phGraphExec` must be null or writable; the optional outputs null or writable.
+    fn [cuGraphInstantiate, cuGraphInstantiate_v2](
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        phErrorNode: *mut CUgraphNode,
+        logBuffer: *mut c_char,
+        bufferSize: usize,
+    ) -> CUresult {
+        guard(|| {
+            if !phErrorNode.is_null() {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { phErrorNode.write(std::ptr::null_mut()) };
+            }
+            if !logBuffer.is_null() && bufferSize > 0 {
+                // SAFETY: the buffer holds at least one byte.
+                unsafe { logBuffer.write(0) };
+            }
+            instantiate(phGraphExec, hGraph)
+        })
+    }
 }
 
 fn instantiate_with_params(
@@ -431,11 +417,17 @@ tessera_sim::exports! {
     }
 }
 
+/// The executable graph a handle names; `CUDA_ERROR_INVALID_VALUE` for an unknown one, as
+/// the driver reports it for launches and uploads.
+fn exec_of(h: CUgraphExec) -> CuResult<Arc<GraphExec>> {
+    EXECS
+        .get(h as usize)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
 fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {
     let rt = rt()?;
-    let e = EXECS
-        .get(exec as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let e = exec_of(exec)?;
     let t = resolve(stream, per_thread)?;
     let device = t.ctx().device;
     if e.kernels.iter().any(|(f, _)| {
@@ -466,9 +458,7 @@ crate::ptsz_exports! {
 
 fn upload(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {
     let rt = rt()?;
-    let e = EXECS
-        .get(exec as usize)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let e = exec_of(exec)?;
     resolve(stream, per_thread)?;
     // Uploading reserves the graph's memory, as its first launch would.
     let mut need: BTreeMap<usize, u64> = BTreeMap::new();
@@ -599,6 +589,11 @@ pub fn add_alloc_node(
 ) -> CuResult<(CUgraphNode, u64)> {
     let a = new_graph_alloc(device, bytes)?;
     let dptr = a.dptr;
+    Ok((add_mem_node(graph, deps, MemOp::Alloc(a))?, dptr))
+}
+
+/// Adds the node of one memory operation (an allocation or a free) after `deps`.
+fn add_mem_node(graph: CUgraph, deps: &[CUgraphNode], op: MemOp) -> CuResult<CUgraphNode> {
     let mut node: CUgraphNode = std::ptr::null_mut();
     add_any_node(
         &mut node,
@@ -606,10 +601,10 @@ pub fn add_alloc_node(
         deps.as_ptr(),
         deps.len(),
         None,
-        Some(MemOp::Alloc(a)),
+        Some(op),
         None,
     )?;
-    Ok((node, dptr))
+    Ok(node)
 }
 
 /// Adds a free node for the graph allocation at `dptr` after `deps`.
@@ -617,17 +612,7 @@ pub fn add_free_node(graph: CUgraph, deps: &[CUgraphNode], dptr: u64) -> CuResul
     if !graph_allocs().contains_key(&dptr) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let mut node: CUgraphNode = std::ptr::null_mut();
-    add_any_node(
-        &mut node,
-        graph,
-        deps.as_ptr(),
-        deps.len(),
-        None,
-        Some(MemOp::Free(dptr)),
-        None,
-    )?;
-    Ok(node)
+    add_mem_node(graph, deps, MemOp::Free(dptr))
 }
 
 /// Adds a node of captured device work lasting `duration_ns` after `deps`.
