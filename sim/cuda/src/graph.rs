@@ -443,19 +443,6 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
     Ok(())
 }
 
-crate::ptsz_exports! {
-    /// `cuGraphLaunch`: queues the graph's kernels in order.
-    ///
-    /// # Safety
-    /// Handles are checked; no pointers are dereferenced.
-    fn cuGraphLaunch / cuGraphLaunch_ptsz [per_thread](
-        hGraphExec: CUgraphExec,
-        hStream: CUstream,
-    ) -> CUresult {
-        guard(|| graph_launch(hGraphExec, hStream, per_thread))
-    }
-}
-
 fn upload(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()> {
     let rt = rt()?;
     let e = exec_of(exec)?;
@@ -471,6 +458,30 @@ fn upload(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResult<()>
         reserve_graph_memory(rt, device, bytes)?;
     }
     Ok(())
+}
+
+crate::ptsz_exports! {
+    /// `cuGraphLaunch`: queues the graph's kernels in order.
+    ///
+    /// # Safety
+    /// Handles are checked; no pointers are dereferenced.
+    fn cuGraphLaunch / cuGraphLaunch_ptsz [per_thread](
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| graph_launch(hGraphExec, hStream, per_thread))
+    }
+
+    /// `cuGraphUpload`: reserves the graph's memory, as its first launch would.
+    ///
+    /// # Safety
+    /// Handles are checked; no pointers are dereferenced.
+    fn cuGraphUpload / cuGraphUpload_ptsz [per_thread](
+        hGraphExec: CUgraphExec,
+        hStream: CUstream,
+    ) -> CUresult {
+        guard(|| upload(hGraphExec, hStream, per_thread))
+    }
 }
 
 /// Makes sure the device's graph memory has room for `extra` more bytes of live graph
@@ -842,19 +853,6 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
         }
         Ok(())
     })
-}
-
-crate::ptsz_exports! {
-    /// `cuGraphUpload`: reserves the graph's memory, as its first launch would.
-    ///
-    /// # Safety
-    /// Handles are checked; no pointers are dereferenced.
-    fn cuGraphUpload / cuGraphUpload_ptsz [per_thread](
-        hGraphExec: CUgraphExec,
-        hStream: CUstream,
-    ) -> CUresult {
-        guard(|| upload(hGraphExec, hStream, per_thread))
-    }
 }
 
 /// `cuGraphExecDestroy`.

@@ -720,14 +720,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        let m = module(hmod)?;
-        let name = c_name(name)?;
-        let f = m.function(&name, hmod as usize)?;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(hfunc, f as CUfunction) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { get_kernel::<Module>(hfunc, hmod, name) })
 }
 
 fn put_global(dptr: *mut CUdeviceptr, bytes: *mut usize, (addr, size): (u64, u64)) -> CuResult<()> {
@@ -755,41 +749,105 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        let rt = rt()?;
-        let m = module(hmod)?;
-        let name = c_name(name)?;
-        put_global(dptr, bytes, m.global(rt, &name)?)
-    })
+    guard(|| get_global::<Module>(dptr, bytes, hmod, name))
 }
 
-/// Writes how many kernels `code` has (`cuModuleGetFunctionCount`,
-/// `cuLibraryGetKernelCount`).
+/// What a module and a library share: code, kernel handles made by name and globals.
+/// Each pair of twin entry points (`cuModuleGetFunction` and `cuLibraryGetKernel`, ...)
+/// runs one generic body over this; they differ in handle types and lookup.
+trait Loaded: Sized {
+    /// The handle of a module or library (`CUmodule`, `CUlibrary`).
+    type Handle: Copy;
+    /// The handle of one of its kernels (`CUfunction`, `CUkernel`).
+    type Kernel;
+    /// The object a handle names.
+    fn lookup(h: Self::Handle) -> CuResult<Arc<Self>>;
+    fn code(&self) -> &Code;
+    /// The handle of kernel `name`, made on first request; `me` is this object's handle.
+    fn kernel_handle(&self, name: &str, me: Self::Handle) -> CuResult<Self::Kernel>;
+    /// A global's device address and size (a library's, in the current context).
+    fn global_in(&self, rt: &Runtime, name: &str) -> CuResult<(u64, u64)>;
+}
+
+impl Loaded for Module {
+    type Handle = CUmodule;
+    type Kernel = CUfunction;
+    fn lookup(h: CUmodule) -> CuResult<Arc<Module>> {
+        module(h)
+    }
+    fn code(&self) -> &Code {
+        &self.code
+    }
+    fn kernel_handle(&self, name: &str, me: CUmodule) -> CuResult<CUfunction> {
+        Ok(self.function(name, me as usize)? as CUfunction)
+    }
+    fn global_in(&self, rt: &Runtime, name: &str) -> CuResult<(u64, u64)> {
+        self.global(rt, name)
+    }
+}
+
+/// `cuModuleGetFunction`, `cuLibraryGetKernel`: `CUDA_ERROR_NOT_FOUND` for a name the
+/// image lacks.
+///
+/// # Safety
+/// `out` must be null (rejected) or writable; `name` null (rejected) or a C string.
+unsafe fn get_kernel<L: Loaded>(
+    out: *mut L::Kernel,
+    h: L::Handle,
+    name: *const c_char,
+) -> CuResult<()> {
+    rt()?;
+    let l = L::lookup(h)?;
+    let name = c_name(name)?;
+    let k = l.kernel_handle(&name, h)?;
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(out, k) }
+}
+
+/// `cuModuleGetGlobal_v2`, `cuLibraryGetGlobal`: the global's device memory (allocated on
+/// first lookup, with its initial value) and size; `CUDA_ERROR_NOT_FOUND` for an unknown
+/// name. Either output may be null.
+fn get_global<L: Loaded>(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    h: L::Handle,
+    name: *const c_char,
+) -> CuResult<()> {
+    let rt = rt()?;
+    let l = L::lookup(h)?;
+    let name = c_name(name)?;
+    put_global(dptr, bytes, l.global_in(rt, &name)?)
+}
+
+/// `cuModuleGetFunctionCount`, `cuLibraryGetKernelCount`: how many kernels the image has.
 ///
 /// # Safety
 /// `count` must be null (rejected) or writable.
-unsafe fn put_kernel_count(code: &Code, count: *mut c_uint) -> CuResult<()> {
-    let n = code.contents()?.kernels.len();
+unsafe fn kernel_count<L: Loaded>(count: *mut c_uint, h: L::Handle) -> CuResult<()> {
+    rt()?;
+    let n = L::lookup(h)?.code().contents()?.kernels.len();
     // SAFETY: the caller passes a writable pointer or null (rejected).
     unsafe { put(count, n as c_uint) }
 }
 
-/// Writes the handles of the first `wanted` kernels of `code`, in image order, each from
-/// `handle` (`cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`); more than the
-/// image has is `CUDA_ERROR_INVALID_VALUE`.
+/// `cuModuleEnumerateFunctions`, `cuLibraryEnumerateKernels`: the handles of the first
+/// `wanted` kernels, in image order; more than the image has is
+/// `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
 /// `out` must be null (rejected) or hold `wanted` writable handles.
-unsafe fn put_kernels<H>(
-    code: &Code,
-    out: *mut H,
+unsafe fn enumerate_kernels<L: Loaded>(
+    out: *mut L::Kernel,
     wanted: c_uint,
-    handle: impl Fn(&str) -> CuResult<H>,
+    h: L::Handle,
 ) -> CuResult<()> {
+    rt()?;
+    let l = L::lookup(h)?;
     if out.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let names: Vec<String> = code
+    let names: Vec<String> = l
+        .code()
         .contents()?
         .kernels
         .iter()
@@ -799,9 +857,9 @@ unsafe fn put_kernels<H>(
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     for (i, n) in names.iter().take(wanted as usize).enumerate() {
-        let h = handle(n)?;
+        let k = l.kernel_handle(n, h)?;
         // SAFETY: the caller passes room for `wanted` handles.
-        unsafe { out.add(i).write(h) };
+        unsafe { out.add(i).write(k) };
     }
     Ok(())
 }
@@ -812,11 +870,8 @@ unsafe fn put_kernels<H>(
 /// `count` must be null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut c_uint, hmod: CUmodule) -> CUresult {
-    guard(|| {
-        rt()?;
-        // SAFETY: the caller's contract.
-        unsafe { put_kernel_count(&module(hmod)?.code, count) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { kernel_count::<Module>(count, hmod) })
 }
 
 /// `cuModuleEnumerateFunctions`: the first `numFunctions` kernels, in image order.
@@ -829,16 +884,8 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
     numFunctions: c_uint,
     hmod: CUmodule,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        let m = module(hmod)?;
-        // SAFETY: the caller's contract.
-        unsafe {
-            put_kernels(&m.code, functions, numFunctions, |n| {
-                Ok(m.function(n, hmod as usize)? as CUfunction)
-            })
-        }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { enumerate_kernels::<Module>(functions, numFunctions, hmod) })
 }
 
 /// `cuModuleGetLoadingMode`: lazy unless `CUDA_MODULE_LOADING=EAGER` (the driver's default
@@ -1436,6 +1483,23 @@ impl Library {
     }
 }
 
+impl Loaded for Library {
+    type Handle = CUlibrary;
+    type Kernel = CUkernel;
+    fn lookup(h: CUlibrary) -> CuResult<Arc<Library>> {
+        library(h)
+    }
+    fn code(&self) -> &Code {
+        &self.code
+    }
+    fn kernel_handle(&self, name: &str, me: CUlibrary) -> CuResult<CUkernel> {
+        Ok(self.kernel(name, me as usize)? as CUkernel)
+    }
+    fn global_in(&self, rt: &Runtime, name: &str) -> CuResult<(u64, u64)> {
+        self.module()?.1.global(rt, name)
+    }
+}
+
 fn library(h: CUlibrary) -> CuResult<Arc<Library>> {
     LIBRARIES.lookup(h as usize)
 }
@@ -1533,14 +1597,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     library_: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        let l = library(library_)?;
-        let name = c_name(name)?;
-        let h = l.kernel(&name, library_ as usize)?;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(pKernel, h as CUkernel) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { get_kernel::<Library>(pKernel, library_, name) })
 }
 
 /// `cuLibraryGetKernelCount`.
@@ -1549,11 +1607,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 /// `count` must be null or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, lib: CUlibrary) -> CUresult {
-    guard(|| {
-        rt()?;
-        // SAFETY: the caller's contract.
-        unsafe { put_kernel_count(&library(lib)?.code, count) }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { kernel_count::<Library>(count, lib) })
 }
 
 /// `cuLibraryEnumerateKernels`.
@@ -1566,16 +1621,8 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     numKernels: c_uint,
     lib: CUlibrary,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        let l = library(lib)?;
-        // SAFETY: the caller's contract.
-        unsafe {
-            put_kernels(&l.code, kernels, numKernels, |n| {
-                Ok(l.kernel(n, lib as usize)? as CUkernel)
-            })
-        }
-    })
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { enumerate_kernels::<Library>(kernels, numKernels, lib) })
 }
 
 /// `cuLibraryGetModule`: the library's module in the current context.
@@ -1603,13 +1650,16 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     library_: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        let rt = rt()?;
-        let l = library(library_)?;
-        let name = c_name(name)?;
-        let (_, m) = l.module()?;
-        put_global(dptr, bytes, m.global(rt, &name)?)
-    })
+    guard(|| get_global::<Library>(dptr, bytes, library_, name))
+}
+
+/// `CUDA_ERROR_NOT_FOUND` for a valid library and name: what the library lookups of
+/// things no image has here answer (managed variables, unified functions).
+fn absent(lib: CUlibrary, name: *const c_char) -> CuResult<()> {
+    rt()?;
+    library(lib)?;
+    c_name(name)?;
+    Err(CUresult::CUDA_ERROR_NOT_FOUND)
 }
 
 /// `cuLibraryGetManaged`: no image declares managed variables here.
@@ -1623,12 +1673,7 @@ pub unsafe extern "C" fn cuLibraryGetManaged(
     library_: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        library(library_)?;
-        c_name(name)?;
-        Err(CUresult::CUDA_ERROR_NOT_FOUND)
-    })
+    guard(|| absent(library_, name))
 }
 
 /// `cuLibraryGetUnifiedFunction`: no image has unified functions here.
@@ -1641,12 +1686,7 @@ pub unsafe extern "C" fn cuLibraryGetUnifiedFunction(
     library_: CUlibrary,
     symbol: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        rt()?;
-        library(library_)?;
-        c_name(symbol)?;
-        Err(CUresult::CUDA_ERROR_NOT_FOUND)
-    })
+    guard(|| absent(library_, symbol))
 }
 
 /// `cuKernelGetFunction`: the same handle (kernels are functions here).
