@@ -253,10 +253,11 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
     guard(|| stream_create(phStream, flags, priority))
 }
 
-fn stream_destroy(h: CUstream) -> CuResult<()> {
+/// Drops a stream's or event's handle (`cuStreamDestroy`, `cuEventDestroy`): only the
+/// handle goes (a stream's pending work still completes on the device).
+fn destroy<T>(registry: &Registry<T>, h: usize) -> CuResult<()> {
     rt()?;
-    // Pending work still completes on the device; only the handle goes.
-    STREAMS.take(h as usize).map(|_| ())
+    registry.take(h).map(|_| ())
 }
 
 tessera_sim::exports! {
@@ -265,7 +266,7 @@ tessera_sim::exports! {
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
     fn [cuStreamDestroy, cuStreamDestroy_v2](hStream: CUstream) -> CUresult {
-        guard(|| stream_destroy(hStream))
+        guard(|| destroy(&STREAMS, hStream as usize))
     }
 }
 
@@ -575,18 +576,13 @@ pub unsafe extern "C" fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) -> 
     })
 }
 
-fn event_destroy(h: CUevent) -> CuResult<()> {
-    rt()?;
-    EVENTS.take(h as usize).map(|_| ())
-}
-
 tessera_sim::exports! {
     /// `cuEventDestroy`, `cuEventDestroy_v2`.
     ///
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
     fn [cuEventDestroy, cuEventDestroy_v2](hEvent: CUevent) -> CUresult {
-        guard(|| event_destroy(hEvent))
+        guard(|| destroy(&EVENTS, hEvent as usize))
     }
 }
 
