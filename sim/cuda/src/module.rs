@@ -1834,20 +1834,23 @@ fn write_value32(
     Ok(())
 }
 
-macro_rules! write_value32 {
-    ($($name:ident $pt:expr;)*) => {$(
-        /// `cuStreamWriteValue32` (see `write_value32`).
+/// `cuStreamWriteValue32` and `cuStreamWaitValue32` (each with `_v2`, `_ptsz`): the same
+/// parameters, one body `$op` (`write_value32`, `wait_value32`), per-thread stream or not.
+macro_rules! value32 {
+    ($op:ident: $($name:ident $pt:expr;)*) => {$(
+        #[doc = concat!("`", stringify!($name), "` (see `", stringify!($op), "`).")]
         ///
         /// # Safety
         /// No pointer arguments are dereferenced unchecked.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint) -> CUresult {
-            guard(|| write_value32(stream, addr, value, flags, $pt))
+            guard(|| $op(stream, addr, value, flags, $pt))
         }
     )*};
 }
 
-write_value32! {
+value32! {
+    write_value32:
     cuStreamWriteValue32 false;
     cuStreamWriteValue32_v2 false;
     cuStreamWriteValue32_ptsz true;
@@ -2096,20 +2099,8 @@ fn wait_value32(
     Ok(())
 }
 
-macro_rules! wait_value32 {
-    ($($name:ident $pt:expr;)*) => {$(
-        /// `cuStreamWaitValue32` (see `wait_value32`).
-        ///
-        /// # Safety
-        /// No pointer arguments are dereferenced unchecked.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint) -> CUresult {
-            guard(|| wait_value32(stream, addr, value, flags, $pt))
-        }
-    )*};
-}
-
-wait_value32! {
+value32! {
+    wait_value32:
     cuStreamWaitValue32 false;
     cuStreamWaitValue32_v2 false;
     cuStreamWaitValue32_ptsz true;

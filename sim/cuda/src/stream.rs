@@ -464,46 +464,60 @@ stream_fn! {
     }
 }
 
+/// The outputs `cuStreamGetCaptureInfo_v2` and `_v3` share: the capture status and, while
+/// the stream captures, its id, graph and dependencies, each where its pointer is non-null.
+///
+/// # Safety
+/// `status` must be null (rejected) or writable; the others null or writable.
+unsafe fn put_capture_info(
+    t: &Target,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut cuuint64_t,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    ndeps: *mut usize,
+) -> CuResult<()> {
+    // SAFETY: the caller passes a writable pointer or null (rejected).
+    unsafe { put(status, capture_status(t))? };
+    let c = t.state().capture();
+    if let Some(c) = c.as_ref() {
+        // SAFETY: each optional output is written only when non-null (writable by contract).
+        unsafe {
+            if !id.is_null() {
+                id.write(c.id);
+            }
+            if !graph.is_null() {
+                graph.write(c.graph as CUgraph);
+            }
+            // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
+            if !deps.is_null() {
+                deps.write(c.deps.as_ptr().cast());
+            }
+            if !ndeps.is_null() {
+                ndeps.write(c.deps.len());
+            }
+        }
+    }
+    Ok(())
+}
+
 stream_fn! {
     /// `cuStreamGetCaptureInfo_v2`: the dependency array stays valid until the next
     /// capture operation on the stream, as the driver's.
     fn cuStreamGetCaptureInfo_v2 / cuStreamGetCaptureInfo_v2_ptsz (status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph, deps: *mut *const CUgraphNode, ndeps: *mut usize) => |_rt: &Runtime, t: Target| {
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(status, capture_status(&t))? };
-        let c = t.state().capture();
-        if let Some(c) = c.as_ref() {
-            // SAFETY: each optional output is written only when non-null (writable by contract).
-            unsafe {
-                if !id.is_null() { id.write(c.id); }
-                if !graph.is_null() { graph.write(c.graph as CUgraph); }
-                // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
-                if !deps.is_null() { deps.write(c.deps.as_ptr().cast()); }
-                if !ndeps.is_null() { ndeps.write(c.deps.len()); }
-            }
-        }
-        Ok(())
+        // SAFETY: the caller's pointers, null or writable (a null status is rejected).
+        unsafe { put_capture_info(&t, status, id, graph, deps, ndeps) }
     }
 }
 
 stream_fn! {
     /// `cuStreamGetCaptureInfo_v3`: as `_v2`; captured dependencies carry no edge data.
     fn cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz (status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph, deps: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, ndeps: *mut usize) => |_rt: &Runtime, t: Target| {
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(status, capture_status(&t))? };
+        // SAFETY: the caller's pointers, null or writable (a null status is rejected).
+        unsafe { put_capture_info(&t, status, id, graph, deps, ndeps)? };
         if !edges.is_null() {
             // SAFETY: non-null, writable by the caller's contract.
             unsafe { edges.write(std::ptr::null()) };
-        }
-        let c = t.state().capture();
-        if let Some(c) = c.as_ref() {
-            // SAFETY: each optional output is written only when non-null (writable by contract).
-            unsafe {
-                if !id.is_null() { id.write(c.id); }
-                if !graph.is_null() { graph.write(c.graph as CUgraph); }
-                // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
-                if !deps.is_null() { deps.write(c.deps.as_ptr().cast()); }
-                if !ndeps.is_null() { ndeps.write(c.deps.len()); }
-            }
         }
         Ok(())
     }
