@@ -106,6 +106,18 @@ pub unsafe fn put<T>(out: *mut T, value: T) -> CuResult<()> {
     Ok(())
 }
 
+/// Writes `value` through an optional output pointer: nothing when it is null.
+///
+/// # Safety
+/// A non-null `out` must be valid for writing one `T`.
+#[inline]
+pub unsafe fn put_opt<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: non-null, and the caller promises it is valid for a write of T.
+        unsafe { out.write(value) };
+    }
+}
+
 /// Reads an input struct through a pointer, or fails with `CUDA_ERROR_INVALID_VALUE`
 /// when it is null.
 ///

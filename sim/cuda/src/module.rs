@@ -27,7 +27,7 @@ use tessera_sim::module::{Cost, KernelTime, ModuleSpec, parse_module};
 
 use crate::registry::{Registry, handle_of};
 use crate::runtime::{Runtime, current, rt};
-use crate::{CuResult, guard, put};
+use crate::{CuResult, guard, put, put_opt};
 
 pub static MODULES: Registry<Module> = Registry::new();
 pub static FUNCTIONS: Registry<Function> = Registry::new();
@@ -726,13 +726,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 
 fn put_global(dptr: *mut CUdeviceptr, bytes: *mut usize, (addr, size): (u64, u64)) -> CuResult<()> {
     // Either output may be null, as with the driver.
-    if !dptr.is_null() {
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { dptr.write(addr as CUdeviceptr) };
-    }
-    if !bytes.is_null() {
-        // SAFETY: as above.
-        unsafe { bytes.write(size as usize) };
+    // SAFETY: each null or writable by the caller's contract.
+    unsafe {
+        put_opt(dptr, addr as CUdeviceptr);
+        put_opt(bytes, size as usize);
     }
     Ok(())
 }
@@ -1080,14 +1077,11 @@ fn param_info(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize)
         .get(index)
         .copied()
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    if offset.is_null() {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-null and writable by the caller's contract.
-    unsafe { offset.write(o as usize) };
-    if !size.is_null() {
-        // SAFETY: as above.
-        unsafe { size.write(s as usize) };
+    // SAFETY: `offset` null (rejected) or writable, `size` null or writable, by the
+    // caller's contract.
+    unsafe {
+        put(offset, o as usize)?;
+        put_opt(size, s as usize);
     }
     Ok(())
 }

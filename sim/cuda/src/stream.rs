@@ -14,7 +14,7 @@ use tessera_sim::clock::{now_ns, sleep_until};
 use crate::context::Context;
 use crate::registry::{Registry, handle_of};
 use crate::runtime::{Runtime, current, rt};
-use crate::{CuResult, guard, put};
+use crate::{CuResult, guard, put, put_opt};
 
 pub static STREAMS: Registry<Stream> = Registry::new();
 pub static EVENTS: Registry<Event> = Registry::new();
@@ -483,19 +483,11 @@ unsafe fn put_capture_info(
     if let Some(c) = c.as_ref() {
         // SAFETY: each optional output is written only when non-null (writable by contract).
         unsafe {
-            if !id.is_null() {
-                id.write(c.id);
-            }
-            if !graph.is_null() {
-                graph.write(c.graph as CUgraph);
-            }
+            put_opt(id, c.id);
+            put_opt(graph, c.graph as CUgraph);
             // A CUgraphNode is a pointer-sized handle, as the usize the array holds.
-            if !deps.is_null() {
-                deps.write(c.deps.as_ptr().cast());
-            }
-            if !ndeps.is_null() {
-                ndeps.write(c.deps.len());
-            }
+            put_opt(deps, c.deps.as_ptr().cast());
+            put_opt(ndeps, c.deps.len());
         }
     }
     Ok(())
