@@ -403,11 +403,30 @@ pub fn join_time(n: usize) -> Result<Table, String> {
     })
 }
 
+/// The whole section, each table by name: the summary reads figures from
+/// them, and a table added later cannot shift which one it reads.
+#[derive(Debug, Clone)]
+pub struct HookTables {
+    /// [`call_cost`]: launch and alloc/free pairs per client style.
+    pub calls: Table,
+    /// [`pool_cost`]: stream-ordered pools and graph memory.
+    pub pools: Table,
+    /// [`join_time`] at 256 processes.
+    pub join: Table,
+}
+
+impl HookTables {
+    /// In the order they print.
+    pub fn all(&self) -> [&Table; 3] {
+        [&self.calls, &self.pools, &self.join]
+    }
+}
+
 /// The whole section.
-pub fn tables(calls: u64, runs: usize) -> Result<Vec<Table>, String> {
-    Ok(vec![
-        call_cost(calls, runs)?,
-        pool_cost(calls, runs)?,
-        join_time(256)?,
-    ])
+pub fn tables(calls: u64, runs: usize) -> Result<HookTables, String> {
+    Ok(HookTables {
+        calls: call_cost(calls, runs)?,
+        pools: pool_cost(calls, runs)?,
+        join: join_time(256)?,
+    })
 }

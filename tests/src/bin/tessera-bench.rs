@@ -64,7 +64,7 @@ fn main() -> Result<()> {
         let all = s == "all";
         let mut tables = Vec::new();
         let mut sim = None;
-        let mut hook = Vec::new();
+        let mut hook = None;
         let mut compute = Vec::new();
         let mut race = None;
         if all || s == "sim" {
@@ -73,8 +73,9 @@ fn main() -> Result<()> {
             tables.push(t);
         }
         if all || s == "hook" {
-            hook = bench::hook::tables(o.calls, o.runs).map_err(anyhow::Error::msg)?;
-            tables.extend(hook.iter().cloned());
+            let h = bench::hook::tables(o.calls, o.runs).map_err(anyhow::Error::msg)?;
+            tables.extend(h.all().into_iter().cloned());
+            hook = Some(h);
         }
         if all || s == "compute" {
             compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
@@ -86,7 +87,7 @@ fn main() -> Result<()> {
             race = Some(r);
         }
         if all {
-            let summary = summary(sim.as_ref(), &hook, &compute, race.as_ref(), &o)?;
+            let summary = summary(sim.as_ref(), hook.as_ref(), &compute, race.as_ref(), &o)?;
             println!("{}", summary.render());
         }
         for table in tables {
@@ -122,7 +123,7 @@ fn verdict(ok: bool) -> String {
 /// the detail and the method).
 fn summary(
     sim: Option<&Table>,
-    hook: &[Table],
+    hook: Option<&bench::hook::HookTables>,
     compute: &[Table],
     race: Option<&bench::race::RaceResult>,
     o: &Options,
@@ -142,7 +143,7 @@ fn summary(
             );
         }
     }
-    if let [calls, join, ..] = hook {
+    if let Some(bench::hook::HookTables { calls, pools, join }) = hook {
         for (call, name, bound) in [
             ("cuLaunchKernel", "shim added per launch", 20.0),
             (
@@ -162,6 +163,25 @@ fn summary(
                     verdict(added <= bound),
                 );
             }
+        }
+        // Stream-ordered pools and graph memory: no bound of their own (they
+        // are charged like any allocation); shown so a change in their cost shows.
+        for (call, name) in [
+            ("cuMemAllocAsync", "shim added per async alloc/free pair"),
+            (
+                "cuGraphLaunch",
+                "shim added per launch of an allocating graph",
+            ),
+        ] {
+            let pick = |r: &[String]| r[0].starts_with(call);
+            let added = cell(pools, pick, "added ns")?;
+            let ratio = cell(pools, pick, "ratio")?;
+            push(
+                name.into(),
+                format!("{added:+.1} ns (x{ratio:.3})"),
+                "-",
+                "-".into(),
+            );
         }
         for (what, p50_bound, p99_bound) in [("wall", 1000.0, 10_000.0), ("CPU", 1000.0, 10_000.0)]
         {
