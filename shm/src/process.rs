@@ -132,9 +132,13 @@ mod tests {
 
     #[test]
     fn this_process_is_read_and_no_process_is_none() {
-        let (state, start) = stat_of("self").expect("own stat");
-        assert_eq!(state, 'R', "reading its own stat, the process runs");
+        // The calling thread runs while it reads; `self` would be the main
+        // thread, which the test harness keeps waiting.
+        let (state, start) = stat_of("thread-self").expect("own thread's stat");
+        assert_eq!(state, 'R', "reading its own stat, the thread runs");
         assert!(start > 0);
+        let (_, process_start) = stat_of("self").expect("own stat");
+        assert!(process_start > 0 && process_start <= start);
         assert_eq!(stat_of("4294967295"), None);
     }
 }
