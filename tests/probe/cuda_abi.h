@@ -1,6 +1,7 @@
 /*
  * cuda_abi.h: the CUDA driver API and NVML declarations the tests' C clients share
- * (probe.c and memprobe.c here, tests/hook_support/memclient.c, src/bench/poolbench.c),
+ * (probe.c and memprobe.c here, tests/hook_support/memclient.c, src/bench/poolbench.c,
+ * the compute workload in src/bench/compute.rs),
  * written from the APIs' published ABI; no NVIDIA header is needed. One copy, so a
  * struct layout is right (or wrong) for every client at once. `tessera_e2e::cc` puts
  * this directory on the include path, so a client compiled from a copy of its text
@@ -175,6 +176,11 @@ CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         CUstream, void **, void **);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, CUstream, void **);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                 const CUDA_KERNEL_NODE_PARAMS *);
 CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
 CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
 CUresult cuEventQuery(CUevent);

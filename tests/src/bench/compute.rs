@@ -31,45 +31,7 @@ const WORKLOAD_C: &str = r#"
 #include <string.h>
 #include <time.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph,
-    *CUgraphNode, *CUgraphExec;
-typedef struct {
-    CUfunction func;
-    unsigned gx, gy, gz, bx, by, bz, shared;
-    void **params, **extra;
-    void *kern;
-    CUcontext ctx;
-} KernelNodeParams;
-typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; } value; } LaunchAttr;
-typedef struct {
-    unsigned gx, gy, gz, bx, by, bz, shared;
-    CUstream stream;
-    LaunchAttr *attrs;
-    unsigned nattrs;
-} LaunchConfig;
-
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, CUstream, void **, void **);
-CUresult cuLaunchKernelEx(const LaunchConfig *, CUfunction, void **, void **);
-CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                   unsigned, unsigned, CUstream, void **);
-CUresult cuEventCreate(CUevent *, unsigned);
-CUresult cuEventRecord(CUevent, CUstream);
-CUresult cuEventSynchronize(CUevent);
-CUresult cuGraphCreate(CUgraph *, unsigned);
-CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
-                                 const KernelNodeParams *);
-CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
-CUresult cuGraphLaunch(CUgraphExec, CUstream);
+#include "cuda_abi.h"
 
 #define CK(call)                                                  \
     do {                                                          \
@@ -80,12 +42,6 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
             return 1;                                             \
         }                                                         \
     } while (0)
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
     if (argc != 6) {
@@ -120,22 +76,22 @@ int main(int argc, char **argv) {
     if (!strcmp(how, "graph")) {
         CUgraph g;
         CUgraphNode node;
-        KernelNodeParams p;
+        CUDA_KERNEL_NODE_PARAMS p;
         memset(&p, 0, sizeof p);
         p.func = f;
-        p.gx = p.gy = p.gz = p.bx = p.by = p.bz = 1;
+        p.gridDimX = p.gridDimY = p.gridDimZ = p.blockDimX = p.blockDimY = p.blockDimZ = 1;
         CK(cuGraphCreate(&g, 0));
         CK(cuGraphAddKernelNode_v2(&node, g, NULL, 0, &p));
         CK(cuGraphInstantiateWithFlags(&exec, g, 0ULL));
     }
-    LaunchConfig cfg;
+    CUlaunchConfig cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.gx = cfg.gy = cfg.gz = cfg.bx = cfg.by = cfg.bz = 1;
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
     printf("ready\n");
     fflush(stdout);
-    double end = now() + seconds;
+    double end = now_ns() + seconds * 1e9;
     long n = 0;
-    while (now() < end) {
+    while (now_ns() < end) {
         if (n >= depth) CK(cuEventSynchronize(ev[n % depth]));
         if (exec) CK(cuGraphLaunch(exec, NULL));
         else if (!strcmp(how, "ex")) CK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
