@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/deviceplugin_v1beta1.proto",
         "proto/podresources_v1.proto",
         "proto/tessera_manager_v1.proto",
+        "proto/dra_v1.proto",
+        "proto/dra_v1beta1.proto",
+        "proto/pluginregistration_v1.proto",
     ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");

@@ -171,3 +171,120 @@ fn pod_resources_fields_match_upstream_numbers() {
     };
     assert_eq!(alloc.encode_to_vec(), ld(1, &devices_bytes));
 }
+
+/// The DRA messages of one version against upstream's numbers; `v1beta1`
+/// must encode exactly as `v1` (same messages, other package).
+macro_rules! dra_wire_test {
+    ($name:ident, $m:path) => {
+        #[test]
+        fn $name() {
+            use $m as d;
+            let claim = d::Claim {
+                namespace: "n".into(),
+                uid: "u".into(),
+                name: "c".into(),
+            };
+            let claim_bytes = cat(&[ld(1, b"n"), ld(2, b"u"), ld(3, b"c")]);
+            assert_eq!(claim.encode_to_vec(), claim_bytes);
+            let req = d::NodePrepareResourcesRequest {
+                claims: vec![claim.clone()],
+            };
+            assert_eq!(req.encode_to_vec(), ld(1, &claim_bytes));
+            let un = d::NodeUnprepareResourcesRequest {
+                claims: vec![claim],
+            };
+            assert_eq!(un.encode_to_vec(), ld(1, &claim_bytes));
+
+            let device = d::Device {
+                request_names: vec!["r".into()],
+                pool_name: "p".into(),
+                device_name: "d".into(),
+                cdi_device_ids: vec!["x".into()],
+            };
+            let device_bytes = cat(&[ld(1, b"r"), ld(2, b"p"), ld(3, b"d"), ld(4, b"x")]);
+            assert_eq!(device.encode_to_vec(), device_bytes);
+            let one = d::NodePrepareResourceResponse {
+                devices: vec![device],
+                error: "e".into(),
+            };
+            let one_bytes = cat(&[ld(1, &device_bytes), ld(2, b"e")]);
+            assert_eq!(one.encode_to_vec(), one_bytes);
+            // A map entry is a nested message {key = 1, value = 2}.
+            let mut resp = d::NodePrepareResourcesResponse::default();
+            resp.claims.insert("u".into(), one);
+            assert_eq!(
+                resp.encode_to_vec(),
+                ld(1, &cat(&[ld(1, b"u"), ld(2, &one_bytes)]))
+            );
+            let mut un_resp = d::NodeUnprepareResourcesResponse::default();
+            un_resp.claims.insert(
+                "u".into(),
+                d::NodeUnprepareResourceResponse { error: "e".into() },
+            );
+            assert_eq!(
+                un_resp.encode_to_vec(),
+                ld(1, &cat(&[ld(1, b"u"), ld(2, &ld(1, b"e"))]))
+            );
+        }
+    };
+}
+
+dra_wire_test!(dra_v1_fields_match_upstream_numbers, tessera_proto::dra::v1);
+dra_wire_test!(
+    dra_v1beta1_fields_match_upstream_numbers,
+    tessera_proto::dra::v1beta1
+);
+
+#[test]
+fn plugin_registration_fields_match_upstream_numbers() {
+    use tessera_proto::pluginregistration::v1 as reg;
+    let info = reg::PluginInfo {
+        r#type: "t".into(),
+        name: "n".into(),
+        endpoint: "e".into(),
+        supported_versions: vec!["a".into(), "b".into()],
+    };
+    assert_eq!(
+        info.encode_to_vec(),
+        cat(&[
+            ld(1, b"t"),
+            ld(2, b"n"),
+            ld(3, b"e"),
+            ld(4, b"a"),
+            ld(4, b"b")
+        ])
+    );
+    let status = reg::RegistrationStatus {
+        plugin_registered: true,
+        error: "e".into(),
+    };
+    assert_eq!(status.encode_to_vec(), cat(&[vi(1, 1), ld(2, b"e")]));
+    assert!(reg::InfoRequest {}.encode_to_vec().is_empty());
+    assert!(
+        reg::RegistrationStatusResponse {}
+            .encode_to_vec()
+            .is_empty()
+    );
+}
+
+/// The gRPC paths the kubelet calls: `/<package>.<Service>/<Method>`.
+#[test]
+fn service_names_are_the_kubelets() {
+    use tonic::server::NamedService;
+    type V1<T> = tessera_proto::dra::v1::dra_plugin_server::DraPluginServer<T>;
+    type V1b1<T> = tessera_proto::dra::v1beta1::dra_plugin_server::DraPluginServer<T>;
+    type Reg<T> = tessera_proto::pluginregistration::v1::registration_server::RegistrationServer<T>;
+    struct S;
+    assert_eq!(
+        <V1<S> as NamedService>::NAME,
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    );
+    assert_eq!(
+        <V1b1<S> as NamedService>::NAME,
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    );
+    assert_eq!(
+        <Reg<S> as NamedService>::NAME,
+        "pluginregistration.Registration"
+    );
+}
