@@ -55,6 +55,8 @@ enum Cmd {
     Pause(tessera_client::pause::PauseArgs),
     /// Resume a paused allocation.
     Resume(tessera_client::pause::PauseArgs),
+    /// Install the shim on the node by copy and rename, never rewriting a mapped file.
+    InstallHook(tessera_client::install_hook::InstallHookArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
     #[cfg(feature = "demo")]
     Demo(tessera_demo::DemoArgs),
@@ -117,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Resize(args) => resize_cmd::main(args)?,
         Cmd::Pause(args) => resize_cmd::pause_main(args, true)?,
         Cmd::Resume(args) => resize_cmd::pause_main(args, false)?,
+        Cmd::InstallHook(args) => tessera_client::install_hook::install_hook(&args)?,
         #[cfg(feature = "demo")]
         Cmd::Demo(args) => {
             let ok = tessera_demo::run(&args)?;

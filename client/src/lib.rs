@@ -1,5 +1,6 @@
 //! The client side of the manager: `tessera status`, `tessera top`,
-//! `tessera run`, `tessera resize` and `tessera pause`/`resume`, with
+//! `tessera run`, `tessera resize`, `tessera pause`/`resume` and
+//! `tessera install-hook`, with
 //! their flags, and the connection to the manager's socket ([`connect()`]).
 //! Each command is a function the `tessera` binary calls with its parsed
 //! arguments; rendering is pure and tested on its own.
@@ -7,6 +8,7 @@
 //! `tessera-proto`, and the shared contract.
 
 pub mod connect;
+pub mod install_hook;
 pub mod pause;
 pub mod private;
 pub mod resize;
