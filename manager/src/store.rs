@@ -17,6 +17,14 @@
 //! containers' mounts and mappings stay valid) from the record. Only a
 //! directory with no record, no copy and no readable control file is moved
 //! aside, loudly.
+//!
+//! Layout versions: each record carries `layout_version` ([`RECORD_VERSION`]; a record
+//! without one is version 1, as written by release 0.1.0), and the control file its ABI
+//! version. A record or control file of a newer layout than this manager reads stops its
+//! start with one line naming the file ([`Store::load_all`]): rebuilding it as damage
+//! would lose what the newer release wrote, and serving it would misread it. The state
+//! file's version is never taken as that of a release: a tenant can write it, so a bad one
+//! is damage, repaired as any other (see docs/upgrade.md).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,6 +34,69 @@ use tessera_shm::{Control, ControlSpec, State};
 
 use crate::alloc::{AllocError, AllocationRecord, RECORD_FILE, check_id, io};
 use crate::arbiter::AllocationFiles;
+
+/// The layout version of the records this manager writes, and the newest it reads.
+/// Bumped when a record changes so that an older manager would misread it.
+pub const RECORD_VERSION: u32 = 1;
+
+/// The key of a record's layout version (absent: version 1).
+const VERSION_KEY: &str = "layout_version";
+
+/// A record's JSON with its layout version, as written.
+fn record_json(rec: &AllocationRecord) -> Result<Vec<u8>, serde_json::Error> {
+    let mut v = serde_json::to_value(rec)?;
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert(VERSION_KEY.into(), RECORD_VERSION.into());
+    }
+    serde_json::to_vec_pretty(&v)
+}
+
+/// Why a record could not be read.
+enum ReadError {
+    /// Written by a newer release: never to be "recovered" by this one.
+    Newer(String),
+    /// Missing or damaged.
+    Damaged(String),
+}
+
+impl ReadError {
+    fn message(self) -> String {
+        match self {
+            ReadError::Newer(m) | ReadError::Damaged(m) => m,
+        }
+    }
+}
+
+/// Parses a record's JSON, refusing a layout newer than [`RECORD_VERSION`].
+fn parse_record(bytes: &[u8], path: &Path) -> Result<AllocationRecord, ReadError> {
+    let damaged = |e: serde_json::Error| ReadError::Damaged(format!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(damaged)?;
+    let version = match v.get(VERSION_KEY) {
+        None => 1,
+        Some(n) => n.as_u64().ok_or_else(|| {
+            ReadError::Damaged(format!("{}: {VERSION_KEY} is not a number", path.display()))
+        })?,
+    };
+    if version > u64::from(RECORD_VERSION) {
+        return Err(ReadError::Newer(format!(
+            "{}: record layout version {version} was written by a newer Tessera; this manager \
+             reads up to {RECORD_VERSION}: run the newer manager (docs/upgrade.md)",
+            path.display()
+        )));
+    }
+    serde_json::from_value(v).map_err(damaged)
+}
+
+/// A control file's ABI version, when it is a Tessera control file at all (the manager
+/// writes it and containers mount it read-only, so it can be taken as the release's).
+fn control_abi(path: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut head = [0u8; 12];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    let magic = u64::from_le_bytes(head[..8].try_into().ok()?);
+    (magic == tessera_shm::layout::CONTROL_MAGIC)
+        .then(|| u32::from_le_bytes(head[8..12].try_into().unwrap_or_default()))
+}
 
 /// The allocation directories under the state directory.
 #[derive(Debug, Clone)]
@@ -177,7 +248,7 @@ impl Store {
 
     /// Writes both copies of a record (the directory's and the sealed one).
     fn write_record(&self, dir: &Path, rec: &AllocationRecord) -> Result<(), AllocError> {
-        let json = serde_json::to_vec_pretty(rec).map_err(|e| AllocError::Io {
+        let json = record_json(rec).map_err(|e| AllocError::Io {
             path: dir.join(RECORD_FILE),
             error: std::io::Error::other(e),
         })?;
@@ -284,12 +355,16 @@ impl Store {
 
     /// Reads one allocation directory's record from `allocation.json`.
     pub fn read(&self, dir: &Path) -> Result<AllocationRecord, String> {
+        self.read_versioned(dir).map_err(ReadError::message)
+    }
+
+    fn read_versioned(&self, dir: &Path) -> Result<AllocationRecord, ReadError> {
         let path = dir.join(RECORD_FILE);
-        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let rec: AllocationRecord =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read(&path)
+            .map_err(|e| ReadError::Damaged(format!("{}: {e}", path.display())))?;
+        let rec = parse_record(&text, &path)?;
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        Self::check_record(&rec, name, &path)?;
+        Self::check_record(&rec, name, &path).map_err(ReadError::Damaged)?;
         Ok(rec)
     }
 
@@ -298,8 +373,7 @@ impl Store {
         let path = self.copy_path(name);
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let body = unseal(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        let rec: AllocationRecord =
-            serde_json::from_slice(body).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rec = parse_record(body, &path).map_err(ReadError::message)?;
         Self::check_record(&rec, name, &path)?;
         Ok(rec)
     }
@@ -363,7 +437,22 @@ impl Store {
             if name.starts_with('.') || !path.is_dir() {
                 continue;
             }
-            let read = self.read(&path).or_else(|first| {
+            if let Some(abi) = control_abi(&path.join("control"))
+                && abi > tessera_shm::layout::ABI_VERSION
+            {
+                return Err(AllocError::Precondition(format!(
+                    "{}: control file ABI version {abi} was written by a newer Tessera; this \
+                     manager speaks {}: run the newer manager (docs/upgrade.md)",
+                    path.join("control").display(),
+                    tessera_shm::layout::ABI_VERSION
+                )));
+            }
+            let first = match self.read_versioned(&path) {
+                Ok(rec) => Ok(rec),
+                Err(ReadError::Newer(e)) => return Err(AllocError::Precondition(e)),
+                Err(ReadError::Damaged(e)) => Err(e),
+            };
+            let read = first.or_else(|first| {
                 let (rec, how, source) = match self.read_copy(&name) {
                     Ok(rec) => (
                         rec,

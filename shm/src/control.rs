@@ -527,6 +527,21 @@ pub(crate) fn check_header<T>(
 pub(crate) fn check_exact_size<T>(file: &File, path: &Path) -> Result<(), ShmError> {
     let need = std::mem::size_of::<T>() as u64;
     let len = file.metadata().map_err(|e| ShmError::io(path, e))?.len();
+    if len != need {
+        // Another release's file may have another size: say so rather than "corrupt".
+        let mut head = [0u8; 12];
+        if std::os::unix::fs::FileExt::read_exact_at(file, &mut head, 0).is_ok() {
+            let magic = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
+            let found = u32::from_le_bytes(head[8..].try_into().unwrap_or_default());
+            if (magic == CONTROL_MAGIC || magic == STATE_MAGIC) && found != ABI_VERSION {
+                return Err(ShmError::AbiMismatch {
+                    path: path.to_owned(),
+                    found,
+                    expected: ABI_VERSION,
+                });
+            }
+        }
+    }
     if len < need {
         return Err(ShmError::Truncated {
             path: path.to_owned(),

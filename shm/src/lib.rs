@@ -42,7 +42,10 @@ pub enum ShmError {
     Truncated { path: PathBuf, len: u64, need: u64 },
     #[error("{path}: not a Tessera file (magic {found:#018x})")]
     BadMagic { path: PathBuf, found: u64 },
-    #[error("{path}: ABI version {found}, this build speaks {expected}")]
+    #[error(
+        "{path}: ABI version {found}, this build speaks {expected}: written by another \
+         release of Tessera with another file layout (docs/upgrade.md)"
+    )]
     AbiMismatch {
         path: PathBuf,
         found: u32,
