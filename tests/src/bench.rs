@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 
 pub mod compute;
 pub mod hook;
+pub mod many;
 pub mod race;
+pub mod soak;
 
 use crate::probe::Mode;
 use crate::sim::SimNode;

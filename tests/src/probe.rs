@@ -265,11 +265,19 @@ impl ProbeChild {
     ///
     /// # Panics
     /// If the process cannot be started.
-    pub fn start(mut cmd: Command) -> ProbeChild {
+    pub fn start(cmd: Command) -> ProbeChild {
+        Self::start_with_stderr(cmd, Stdio::inherit())
+    }
+
+    /// [`ProbeChild::start`], its stderr going to `stderr`.
+    ///
+    /// # Panics
+    /// If the process cannot be started.
+    pub fn start_with_stderr(mut cmd: Command, stderr: Stdio) -> ProbeChild {
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("starting the probe");
         let stdout = child.stdout.take().expect("probe stdout");
@@ -318,6 +326,32 @@ impl ProbeChild {
                 Err(RecvTimeoutError::Disconnected) => panic!("probe output ended"),
             }
         }
+    }
+
+    /// The next reported line, or `None` if none came within `timeout` or the output
+    /// ended (for callers that report a hang rather than panic).
+    pub fn try_next(&mut self, timeout: Duration) -> Option<Line> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let left = timeout.checked_sub(t0.elapsed())?;
+            match self.lines.recv_timeout(left) {
+                Ok(raw) => {
+                    if let Some(l) = Line::parse(&raw) {
+                        return Some(l);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Sends a command and returns its line, or `None` (see [`ProbeChild::try_next`]).
+    pub fn cmd_within(&mut self, line: &str, timeout: Duration) -> Option<Line> {
+        let stdin = self.stdin.as_mut()?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .ok()?;
+        self.try_next(timeout)
     }
 
     /// Sends a command and returns its line.

@@ -107,7 +107,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The value at quantile `q` (0..=1) of sorted `v`.
-fn quantile(v: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(v: &[f64], q: f64) -> f64 {
     let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
     v[i]
 }
@@ -331,7 +331,7 @@ fn herd(
 }
 
 /// The `join:` lines the shim logged: (wall ns, cpu ns).
-fn join_lines(dir: &Path) -> Result<Vec<(f64, f64)>, String> {
+pub(crate) fn join_lines(dir: &Path) -> Result<Vec<(f64, f64)>, String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
         let text = std::fs::read_to_string(e.map_err(|e| e.to_string())?.path())

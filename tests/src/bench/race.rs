@@ -67,10 +67,10 @@ pub fn frozen<T>(pids: &[i32], read: impl FnOnce() -> T) -> (T, bool) {
 }
 
 /// A small deterministic generator (xorshift).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -80,7 +80,7 @@ impl Rng {
     }
 
     /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.next() % (hi - lo)
     }
 }

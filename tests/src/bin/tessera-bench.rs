@@ -1,7 +1,9 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|race|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|race|many|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
-//! measured, target, verdict) before every section's own tables.
+//! measured, target, verdict) before every section's own tables. `soak --minutes N
+//! [--seed S]` drives a simulated node with random events and faults, checking its
+//! invariants after every step; it exits 1 on any violation.
 
 use std::time::Duration;
 
@@ -9,7 +11,9 @@ use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
-sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), race (processes racing one memory limit), all (a summary table, then every section)
+       tessera-bench soak [--minutes N] [--seed S]
+sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), all (a summary table, then every section)
+soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
 struct Options {
@@ -20,7 +24,34 @@ struct Options {
     race_for: Duration,
 }
 
+/// `tessera-bench __manager <manager flags>`: the manager the soak starts and restarts
+/// (the manager's library, as `tessera manager` runs it).
+fn manager_main(args: Vec<String>) -> Result<()> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct ManagerCli {
+        #[command(flatten)]
+        args: tessera_manager::ManagerArgs,
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = ManagerCli::try_parse_from(std::iter::once("manager".to_owned()).chain(args))?;
+    let config = tessera_manager::Config::load(&cli.args)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(tessera_manager::daemon::run_with(config, |_| {}))?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("__manager") {
+        return manager_main(argv[1..].to_vec());
+    }
+    if argv.first().map(String::as_str) == Some("soak") {
+        return soak_main(&argv[1..]);
+    }
     let mut sections = Vec::new();
     let mut o = Options {
         calls: 1_000_000,
@@ -51,7 +82,7 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             s if s.starts_with('-') => bail!("unknown option {s}\n{USAGE}"),
-            s if ["sim", "hook", "compute", "race", "all"].contains(&s) => {
+            s if ["sim", "hook", "compute", "race", "many", "all"].contains(&s) => {
                 sections.push(s.to_string());
             }
             s => bail!("unknown section {s}\n{USAGE}"),
@@ -86,6 +117,9 @@ fn main() -> Result<()> {
             tables.push(bench::race::table(&r, o.processes, o.race_for));
             race = Some(r);
         }
+        if s == "many" {
+            tables.push(bench::many::table(500).map_err(anyhow::Error::msg)?);
+        }
         if all {
             let summary = summary(sim.as_ref(), hook.as_ref(), &compute, race.as_ref(), &o)?;
             println!("{}", summary.render());
@@ -93,6 +127,30 @@ fn main() -> Result<()> {
         for table in tables {
             println!("{}", table.render());
         }
+    }
+    Ok(())
+}
+
+/// `tessera-bench soak [--minutes N] [--seed S]`.
+fn soak_main(args: &[String]) -> Result<()> {
+    let mut minutes = 3.0f64;
+    let mut seed = 1u64;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--minutes" => minutes = it.next().context(USAGE)?.parse().context("--minutes")?,
+            "--seed" => seed = it.next().context(USAGE)?.parse().context("--seed")?,
+            other => bail!("unknown soak option {other}\n{USAGE}"),
+        }
+    }
+    if !(minutes.is_finite() && minutes > 0.0) {
+        bail!("--minutes must be a positive number");
+    }
+    let report = bench::soak::soak(Duration::from_secs_f64(minutes * 60.0), seed)
+        .map_err(anyhow::Error::msg)?;
+    println!("{}", report.table().render());
+    if !report.violations.is_empty() {
+        bail!("{} invariant violations", report.violations.len());
     }
     Ok(())
 }
