@@ -217,6 +217,16 @@ impl Conv {
         }
     }
 
+    /// Sends a command without waiting for its answer (a test that kills
+    /// the probe while the command runs).
+    pub fn send(&mut self, line: &str) -> Result<(), NoAnswer> {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().ok_or(NoAnswer::Ended)?;
+        writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .map_err(|_| NoAnswer::Ended)
+    }
+
     /// Closes stdin and reaps the probe.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
