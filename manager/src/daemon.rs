@@ -194,6 +194,21 @@ impl Manager {
         for t in threads {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
+        // Said once, at the one moment it becomes true: what runs on without a manager.
+        let left = core.live_list();
+        if !left.is_empty() {
+            let processes: usize = left
+                .iter()
+                .map(|l| l.state().processes(l.control().n_devices()).len())
+                .sum();
+            tracing::warn!(
+                allocations = left.len(),
+                processes,
+                "manager stopped: running processes keep their last memory limits (enforced by \
+                 the shim); compute shares are not arbitrated (gates open after their timeout) \
+                 and no allocation can be made until a manager starts again"
+            );
+        }
         // Only our own socket: a successor may already have bound a new one.
         if std::fs::metadata(&socket).is_ok_and(|m| m.ino() == socket_ino) {
             let _ = std::fs::remove_file(&socket);

@@ -216,6 +216,13 @@ fn a_rolling_update_and_a_reinstall_leave_every_workload_running_within_its_limi
     // 4. Uninstalled: no manager for a while. The workloads go on, under their last
     //    limits (each is pressing on its limit all along: check holds it there).
     m.stop();
+    // It said so, once.
+    let log = std::fs::read_to_string(dir.with_extension("stderr.log")).unwrap();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("manager stopped: running processes keep their last memory limits"))
+        .count();
+    assert_eq!(said, 1, "{log}");
     all_progress(&ws);
     all_progress(&ws);
     check(&n, None, &with_pids, &uuid);

@@ -437,6 +437,13 @@ impl World<'_> {
         for a in self.allocs.values_mut() {
             a.corrupted = false;
         }
+        // Reclaiming is the manager's job (or a process's that needs the quota): the
+        // deadline of a process that died while none ran, or in a file that was damaged
+        // until now, starts with this manager.
+        let now = Instant::now();
+        for k in &mut self.killed {
+            k.2 = now;
+        }
         self.report.faults += 1;
         Ok(())
     }
