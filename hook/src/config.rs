@@ -110,6 +110,17 @@ impl Config {
         }
     }
 
+    /// The files a log must never be: the allocation's, at the fixed
+    /// mounts and wherever the environment names them (appending log lines
+    /// to the state file would break the allocation for all its processes).
+    pub fn allocation_paths(&self) -> Vec<PathBuf> {
+        let mut v = vec![PathBuf::from(DEFAULT_CONTROL), PathBuf::from(DEFAULT_STATE)];
+        if let Some(a) = &self.alloc {
+            v.extend([a.control.clone(), a.state.clone()]);
+        }
+        v
+    }
+
     /// The process's own configuration.
     pub fn current() -> Config {
         Config::from_env(|k| std::env::var_os(k), Path::exists, std::process::id())
@@ -288,5 +299,23 @@ mod tests {
         let c = cfg(&[(ENV_LOG, "loud")], false);
         assert_eq!(c.log_level, Level::Info);
         assert!(c.log_complaint.unwrap().contains("\"loud\""));
+    }
+
+    #[test]
+    fn the_log_is_kept_off_the_fixed_and_the_named_allocation_files() {
+        let c = cfg(
+            &[(ENV_CONTROL, "/a/control"), (ENV_STATE, "/a/state")],
+            false,
+        );
+        let p = c.allocation_paths();
+        for f in [DEFAULT_CONTROL, DEFAULT_STATE, "/a/control", "/a/state"] {
+            assert!(p.contains(&PathBuf::from(f)), "{f} missing from {p:?}");
+        }
+        let ungoverned = cfg(&[], false).allocation_paths();
+        assert_eq!(
+            ungoverned.len(),
+            2,
+            "the fixed mounts, always: {ungoverned:?}"
+        );
     }
 }

@@ -44,7 +44,7 @@ pub fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         let c = Config::current();
         if c.log_level != Level::Off {
-            log::init(c.log_level, &c.log_file);
+            log::init(c.log_level, &c.log_file, c.allocation_paths());
         }
         if let Some(complaint) = &c.log_complaint {
             crate::log!(Level::Info, "{complaint}");

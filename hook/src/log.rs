@@ -51,7 +51,8 @@ impl Level {
 }
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Off as u8);
-static PATH: OnceLock<PathBuf> = OnceLock::new();
+/// The log file, and the files it must never be (the allocation's own).
+static PATH: OnceLock<(PathBuf, Vec<PathBuf>)> = OnceLock::new();
 static FILE: Mutex<Target> = Mutex::new(Target::Unopened);
 
 /// Where lines go: opened on the first line, and a refused file stays
@@ -62,9 +63,11 @@ enum Target {
     Refused,
 }
 
-/// Switches logging on at `level` into `path`. Called once, from config.
-pub fn init(level: Level, path: &Path) {
-    let _ = PATH.set(path.to_owned());
+/// Switches logging on at `level` into `path`, which must not turn out to
+/// be any of `protected` (the allocation's files: the caller knows them,
+/// this module does not). Called once, when the configuration is read.
+pub fn init(level: Level, path: &Path, protected: Vec<PathBuf>) {
+    let _ = PATH.set((path.to_owned(), protected));
     LEVEL.store(level as u8, Ordering::Release);
 }
 
@@ -76,11 +79,12 @@ pub fn enabled(level: Level) -> bool {
 
 /// Writes one line. Failing to log never disturbs the application.
 pub fn write(level: Level, args: fmt::Arguments<'_>) {
-    let Some(path) = PATH.get() else { return };
+    let Some((path, protected)) = PATH.get() else {
+        return;
+    };
     let mut target = FILE.lock();
     if let Target::Unopened = *target {
-        let protected = protected_files();
-        *target = match open_log(path, &protected) {
+        *target = match open_log(path, protected) {
             Ok(f) => Target::Open(f),
             Err(_) => Target::Refused,
         };
@@ -94,21 +98,6 @@ pub fn write(level: Level, args: fmt::Arguments<'_>) {
         );
         let _ = f.write_all(line.as_bytes());
     }
-}
-
-/// The allocation files the log must never write into: the fixed mounts and
-/// whatever the environment names (read again here: this runs once, at the
-/// first line, and the configuration's own lock may be held by the caller).
-fn protected_files() -> Vec<PathBuf> {
-    let mut v = vec![
-        PathBuf::from(crate::config::DEFAULT_CONTROL),
-        PathBuf::from(crate::config::DEFAULT_STATE),
-    ];
-    if let Some(a) = crate::config::Config::current().alloc {
-        v.push(a.control);
-        v.push(a.state);
-    }
-    v
 }
 
 /// Why a log file was refused.
