@@ -9,8 +9,8 @@
 //! it made on that device, pushed and synchronised with the real driver).
 //! The hot path stays two atomic loads (the pause word, then the grant
 //! word) when the grant is held: no locks, no system calls, no logging.
-//! [`wait_while_paused`] is also where memory requests wait while the
-//! allocation is paused.
+//! [`on_join`] is one of the hooks the governor is handed (see
+//! `governor::Hooks`): the governor never calls up into this module.
 
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -55,17 +55,6 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
         gate.before_submit(dev);
     }
     Ok(())
-}
-
-/// Blocks the calling thread while the allocation is paused (`tessera
-/// pause`): memory requests wait here, as launches do in
-/// [`before_submit`], rather than fail.
-#[inline]
-pub fn wait_while_paused(gov: &Governed) {
-    let control = &gov.files.control;
-    if control.paused() {
-        control.wait_while_paused();
-    }
 }
 
 /// Called once a process has joined its allocation (at `cuInit`, and again

@@ -168,7 +168,7 @@ fn launch_slow() -> Launch {
 /// process is ungoverned, the joined governor when governed, or the error
 /// to return (fail closed, or the driver's own answer when it is not
 /// initialised yet).
-pub fn cuda_entry() -> Result<Option<&'static Governed>, CUresult> {
+pub fn cuda_entry(hooks: &'static Hooks) -> Result<Option<&'static Governed>, CUresult> {
     if let Some(g) = GOVERNED.get() {
         // No membership: a forked child (or a process whose join failed)
         // that has not been through `cuInit` itself, which is also what the
@@ -181,13 +181,13 @@ pub fn cuda_entry() -> Result<Option<&'static Governed>, CUresult> {
     match files() {
         None => Ok(None),
         Some(Err(())) => Err(CUDA_REFUSED),
-        Some(Ok(f)) => establish(f).map(Some),
+        Some(Ok(f)) => establish(f, hooks).map(Some),
     }
 }
 
 /// `cuInit` of a governed process: check the files before the driver sees
 /// anything, initialise the driver, then map the devices and join.
-pub fn cuda_init(flags: std::ffi::c_uint) -> CUresult {
+pub fn cuda_init(flags: std::ffi::c_uint, hooks: &'static Hooks) -> CUresult {
     let start = (std::time::Instant::now(), thread_cpu_ns());
     let joined_before = GOVERNED.get().and_then(Governed::member).is_some();
     let f = match files() {
@@ -201,7 +201,7 @@ pub fn cuda_init(flags: std::ffi::c_uint) -> CUresult {
         return r;
     }
     let driver = (driver.0.elapsed(), thread_cpu_ns().saturating_sub(driver.1));
-    match establish(f) {
+    match establish(f, hooks) {
         Ok(g) => {
             if !joined_before && let Some(m) = g.member() {
                 // What joining cost this process, the driver's own cuInit
@@ -266,8 +266,9 @@ fn discover(files: &Files) -> Result<DeviceMap, CUresult> {
     Ok(DeviceMap::new(list, |u| files.find_uuid(u)))
 }
 
-/// Maps the devices, creates the governor and joins, once.
-fn establish(files: &'static Files) -> Result<&'static Governed, CUresult> {
+/// Maps the devices, creates the governor (handing it `hooks`) and joins,
+/// once.
+fn establish(files: &'static Files, hooks: &'static Hooks) -> Result<&'static Governed, CUresult> {
     let _once = ESTABLISH.lock();
     if let Some(g) = GOVERNED.get() {
         return g.ensure_member();
@@ -282,11 +283,7 @@ fn establish(files: &'static Files) -> Result<&'static Governed, CUresult> {
             v.index
         );
     }
-    let g = GOVERNED.get_or_init(|| {
-        let g = Governed::new(files, devices);
-        g.set_pool_driver(&crate::cuda::REAL_POOLS);
-        g
-    });
+    let g = GOVERNED.get_or_init(|| Governed::new(files, devices, *hooks));
     STATUS.store(GOVERNED_OK, Ordering::Release);
     g.ensure_member()
 }
@@ -322,9 +319,36 @@ pub struct Governed {
     pub shared: Mutex<Shared>,
     /// Anything was exported or imported (frees then look at `shared`).
     pub sharing: AtomicBool,
-    /// The driver's pool and graph-memory queries (set once the real
-    /// driver is loaded; tests install a fake).
-    pool_driver: OnceLock<&'static dyn PoolDriver>,
+    /// What the layers above handed the core.
+    hooks: Hooks,
+}
+
+/// What the layers above the core hand it when it is set up: the core
+/// calls these and never names the modules they live in (the compute gate,
+/// the IPC bookkeeping, the real driver's pool queries). Nothing here is on
+/// the launch path.
+#[derive(Debug, Clone, Copy)]
+pub struct Hooks {
+    /// Once the process has joined its allocation (at `cuInit`, and again
+    /// in a forked child), before its first submission: the compute gate
+    /// is set up here.
+    pub on_join: fn(&Governed),
+    /// Returns the quota of exported memory kept for importers that have
+    /// closed it since; whether any came back. Asked when an admission is
+    /// over the limit.
+    pub settle_shared: fn(&Governed) -> bool,
+    /// The driver's pool and graph-memory queries (`None`: no pool or graph
+    /// accounting, as in tests that do not need it).
+    pub pools: Option<&'static dyn PoolDriver>,
+}
+
+impl Hooks {
+    /// Hooks that do nothing: no gate, no shared memory, no pools.
+    pub const NONE: Hooks = Hooks {
+        on_join: |_| {},
+        settle_shared: |_| false,
+        pools: None,
+    };
 }
 
 /// What the pool and graph-memory accounting asks the driver. Handles and
@@ -400,7 +424,7 @@ fn unpack(w: u64) -> Option<Member> {
 }
 
 impl Governed {
-    pub fn new(files: &'static Files, devices: DeviceMap) -> Self {
+    pub fn new(files: &'static Files, devices: DeviceMap, hooks: Hooks) -> Self {
         Governed {
             files,
             devices,
@@ -416,17 +440,13 @@ impl Governed {
             graph_memory: AtomicBool::new(false),
             shared: Mutex::new(Shared::default()),
             sharing: AtomicBool::new(false),
-            pool_driver: OnceLock::new(),
+            hooks,
         }
     }
 
-    /// Installs the driver the pool accounting asks (once).
-    pub fn set_pool_driver(&self, d: &'static dyn PoolDriver) {
-        let _ = self.pool_driver.set(d);
-    }
-
+    /// The driver the pool and graph-memory accounting asks.
     pub fn pool_driver(&self) -> Option<&'static dyn PoolDriver> {
-        self.pool_driver.get().copied()
+        self.hooks.pools
     }
 
     pub fn member(&self) -> Option<Member> {
@@ -455,7 +475,7 @@ impl Governed {
                     self.files.control.alloc_id(),
                     m.slot
                 );
-                crate::gate::on_join(self);
+                (self.hooks.on_join)(self);
                 Ok(self)
             }
             Err(e) => {
@@ -493,7 +513,7 @@ impl Governed {
     /// One reservation on `dev`, and once more after reclaiming the quota
     /// of dead processes. Counts the refusals in `tries`.
     fn try_quota(&self, dev: usize, bytes: u64, tries: &mut Tries) -> Result<(), Refused> {
-        crate::gate::wait_while_paused(self);
+        self.wait_while_paused();
         let Some(m) = self.member() else {
             tries.refused_other = true;
             return Err(Refused::NoDevice(dev));
@@ -620,7 +640,7 @@ impl Governed {
     /// keep unused, and returns the quota. Whether anything came back.
     fn make_room(&self, drv: &dyn PoolDriver, books: &mut PoolBooks, dev: usize) -> bool {
         // Exported memory kept for an importer may be closed by now.
-        let back = self.sharing.load(Ordering::Acquire) && crate::cuda::settle_shared(self);
+        let back = self.sharing.load(Ordering::Acquire) && (self.hooks.settle_shared)(self);
         let before = books.charged_on(dev);
         for id in books.pools_on(dev) {
             if let Some(p) = books.pools.get(&id) {
@@ -932,6 +952,17 @@ impl Governed {
         self.reconcile_graph(drv, &mut books, device);
     }
 
+    /// Blocks the calling thread while the allocation is paused (`tessera
+    /// pause`): memory requests wait here, as launches do at the gate,
+    /// rather than fail.
+    #[inline]
+    pub fn wait_while_paused(&self) {
+        let control = &self.files.control;
+        if control.paused() {
+            control.wait_while_paused();
+        }
+    }
+
     /// Returns `bytes` on device `index` reserved earlier by this process.
     pub fn release(&self, index: Option<usize>, bytes: u64) {
         let (Some(dev), Some(m)) = (index, self.member()) else {
@@ -1188,7 +1219,7 @@ pub(crate) mod tests {
         ))
     }
 
-    fn governed(limits: &[u64]) -> Governed {
+    fn governed(limits: &[u64], hooks: Hooks) -> Governed {
         let files = leaked_files(limits);
         let devices = DeviceMap::new(
             (0..limits.len())
@@ -1196,14 +1227,14 @@ pub(crate) mod tests {
                 .collect(),
             |u| files.find_uuid(u),
         );
-        let g = Governed::new(files, devices);
+        let g = Governed::new(files, devices, hooks);
         g.ensure_member().unwrap();
         g
     }
 
     #[test]
     fn reservations_stop_exactly_at_the_limit_and_release_returns_quota() {
-        let g = governed(&[1000, 10]);
+        let g = governed(&[1000, 10], Hooks::NONE);
         assert_eq!(g.reserve(Some(0), 600), Ok(()));
         assert_eq!(g.reserve(Some(0), 400), Ok(()));
         assert_eq!(
@@ -1227,7 +1258,7 @@ pub(crate) mod tests {
 
     #[test]
     fn settling_an_estimate_moves_to_the_real_size() {
-        let g = governed(&[1000]);
+        let g = governed(&[1000], Hooks::NONE);
         g.reserve(Some(0), 512).unwrap();
         g.settle(Some(0), 512, 300).unwrap();
         assert_eq!(g.files.state.reserved(0), 300);
@@ -1242,7 +1273,7 @@ pub(crate) mod tests {
 
     #[test]
     fn over_the_limit_the_quota_of_dead_processes_is_reclaimed() {
-        let g = governed(&[1000]);
+        let g = governed(&[1000], Hooks::NONE);
         let state = &g.files.state;
         // A process that died holding 800 bytes: a real, exited child.
         let dead = tessera_shm::testing::exited_process();
@@ -1276,7 +1307,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_view_is_the_limit_capped_by_the_device() {
-        let g = governed(&[1000]);
+        let g = governed(&[1000], Hooks::NONE);
         g.reserve(Some(0), 250).unwrap();
         assert_eq!(g.files.view(Some(0), 1 << 40), (1000, 250));
         assert_eq!(g.files.view(Some(0), 500), (500, 250));
@@ -1353,10 +1384,12 @@ pub(crate) mod tests {
     /// A process governed with a 1000-byte limit on one device whose pools
     /// are `FakePools` of `grain`.
     fn with_pools(grain: u64) -> (Governed, &'static FakePools) {
-        let g = governed(&[1000]);
         let d = FakePools::new(grain);
-        g.set_pool_driver(d);
-        (g, d)
+        let hooks = Hooks {
+            pools: Some(d),
+            ..Hooks::NONE
+        };
+        (governed(&[1000], hooks), d)
     }
 
     fn pool_alloc(g: &Governed, d: &FakePools, pool: usize, bytes: u64) -> CUresult {

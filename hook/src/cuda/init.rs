@@ -3,7 +3,7 @@
 use super::*;
 
 pub unsafe fn cuInit(flags: c_uint) -> CUresult {
-    governor::cuda_init(flags)
+    governor::cuda_init(flags, &CORE_HOOKS)
 }
 
 pub unsafe fn cuGetProcAddress(

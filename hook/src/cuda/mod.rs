@@ -24,7 +24,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use tessera_ffi::cuda::*;
 
 use crate::gate;
-use crate::governor::{self, CUDA_REFUSED, Governed, Launch};
+use crate::governor::{self, CUDA_REFUSED, Governed, Hooks, Launch};
 use crate::ledger::{Key, Rec, SharedKey};
 use crate::log::Level;
 use crate::procaddr;
@@ -37,13 +37,22 @@ const OK: CUresult = CUresult::CUDA_SUCCESS;
 /// ungoverned one (`$pass` is evaluated only then), or the refusal.
 macro_rules! governed_or {
     ($pass:expr) => {
-        match governor::cuda_entry() {
+        match governor::cuda_entry(&$crate::cuda::CORE_HOOKS) {
             Ok(Some(g)) => g,
             Ok(None) => return $pass,
             Err(e) => return e,
         }
     };
 }
+
+/// What the governor is handed when it sets up: the gate's join hook, the
+/// IPC bookkeeping's settlement and the real driver's pool queries. The
+/// governor calls them and never names this layer.
+pub(crate) static CORE_HOOKS: Hooks = Hooks {
+    on_join: gate::on_join,
+    settle_shared: ipc::settle_shared,
+    pools: Some(&pools::REAL_POOLS),
+};
 
 /// Records a live allocation. A key the ledger still held was freed by a
 /// route the shim did not see; its quota is returned now.
