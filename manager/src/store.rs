@@ -718,6 +718,38 @@ mod tests {
     }
 
     #[test]
+    fn records_carry_their_layout_version_and_a_newer_one_is_refused_not_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("allocations")).unwrap();
+        let g = gpus();
+        let rec = norm(&req(&g[0].uuid, 4 * GI, 300_000)).unwrap();
+        store.create(&rec, &rec.control_spec(0)).unwrap();
+        let path = store.alloc_dir("a1").join(RECORD_FILE);
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v[VERSION_KEY], RECORD_VERSION);
+        // Without the key (release 0.1.0): version 1, read as it is.
+        v.as_object_mut().unwrap().remove(VERSION_KEY);
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(store.load_all().unwrap().records, vec![rec.clone()]);
+        // Not a number: damage, recovered from the copy.
+        v[VERSION_KEY] = "two".into();
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let loaded = store.load_all().unwrap();
+        assert_eq!(loaded.records, vec![rec.clone()]);
+        assert_eq!(loaded.recovered.len(), 1);
+        // Newer: the start stops, naming the file, and the record is left as it was.
+        v[VERSION_KEY] = (RECORD_VERSION + 1).into();
+        let newer = serde_json::to_vec(&v).unwrap();
+        std::fs::write(&path, &newer).unwrap();
+        let e = store.load_all().unwrap_err();
+        assert!(matches!(e, AllocError::Precondition(_)), "{e}");
+        assert!(e.to_string().contains("newer Tessera"), "{e}");
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), newer);
+    }
+
+    #[test]
     fn store_round_trip_and_quarantine() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("allocations")).unwrap();
