@@ -90,8 +90,10 @@ check() {
 for alloc in native backend:cudaMallocAsync; do
     conf=()
     [[ $alloc != native ]] && conf=(env PYTORCH_CUDA_ALLOC_CONF=$alloc)
-    check "bare simulated node, allocator $alloc" \
-        "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/torch_check.py"
+    for script in torch_check train_check; do
+        check "$script: bare simulated node, allocator $alloc" \
+            "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/$script.py"
+    done
 done
 
 mkdir -p "$work/state"
@@ -112,10 +114,12 @@ fi
 for alloc in native backend:cudaMallocAsync; do
     conf=()
     [[ $alloc != native ]] && conf=(env PYTORCH_CUDA_ALLOC_CONF=$alloc)
-    check "under tessera run --gpu 0 --memory 1Gi, allocator $alloc" \
-        "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 1Gi -- \
-        "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/torch_check.py" \
-        --expect-total $((1 << 30))
+    for script in torch_check train_check; do
+        check "$script: under tessera run --gpu 0 --memory 1Gi, allocator $alloc" \
+            "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 1Gi -- \
+            "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/$script.py" \
+            --expect-total $((1 << 30))
+    done
 done
 
 exit $failed

@@ -389,6 +389,13 @@ fn default_limit(limit: CUlimit) -> CuResult<usize> {
         CUlimit::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT => 2048,
         CUlimit::CU_LIMIT_MAX_L2_FETCH_GRANULARITY => 32,
         CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE => 0,
+        // What a block may use at most (the device's opt-in maximum). The two CIG limits
+        // (CUDA in graphics contexts) are 0: no context here is one. cuBLASLt 13 reads
+        // CU_LIMIT_CIG_ENABLED when it initialises a handle, and leaves the handle's
+        // architecture unset when the query fails.
+        CUlimit::CU_LIMIT_SHMEM_SIZE => 227 << 10,
+        CUlimit::CU_LIMIT_CIG_ENABLED => 0,
+        CUlimit::CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED => 0,
         _ => return Err(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT),
     })
 }

@@ -1,6 +1,7 @@
 //! `cuGetErrorName` and `cuGetErrorString`: every `CUresult` of CUDA 12.9 with its name
 //! and a short description, as NUL-terminated statics (the driver returns pointers to
-//! constant strings).
+//! constant strings); and the optional log of failing calls (`TESSERA_SIM_TRACE_ERRORS`),
+//! which is how a library that gives up on a driver error is debugged here.
 
 use std::ffi::c_char;
 
@@ -168,6 +169,20 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pStr: *mut *const c_c
         }?;
         entry.map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
     })
+}
+
+/// Environment variable: when set (to anything but `0`), every driver call that fails
+/// writes one line to stderr: the source place of the export that failed and the error.
+/// Read once per process.
+pub const ENV_TRACE_ERRORS: &str = "TESSERA_SIM_TRACE_ERRORS";
+
+/// Logs a failed call when [`ENV_TRACE_ERRORS`] asks for it. `at` is the export's `guard`
+/// call, which names the function (file and line).
+pub fn trace_failure(at: &std::panic::Location<'_>, rc: CUresult) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os(ENV_TRACE_ERRORS).is_some_and(|v| v != "0")) {
+        crate::export::say(&format!("{}:{}: {}", at.file(), at.line(), name(rc)));
+    }
 }
 
 #[cfg(test)]

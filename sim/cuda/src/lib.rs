@@ -81,14 +81,18 @@ pub(crate) use ptsz_exports;
 pub type CuResult<T> = Result<T, CUresult>;
 
 /// Runs an export's body: `Ok` is `CUDA_SUCCESS`, `Err(e)` is `e`, and a panic is
-/// `CUDA_ERROR_UNKNOWN` (it never crosses into C).
+/// `CUDA_ERROR_UNKNOWN` (it never crosses into C). With [`errors::ENV_TRACE_ERRORS`] set,
+/// every failure is logged with the place of the export that returned it.
 #[inline]
+#[track_caller]
 pub fn guard(body: impl FnOnce() -> CuResult<()>) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
+    let rc = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return CUresult::CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => CUresult::CUDA_ERROR_UNKNOWN,
-    }
+    };
+    errors::trace_failure(std::panic::Location::caller(), rc);
+    rc
 }
 
 /// Writes `value` through an output pointer, or fails with `CUDA_ERROR_INVALID_VALUE`

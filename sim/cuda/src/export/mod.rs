@@ -15,6 +15,7 @@
 //! line on stderr (once per id); the ids in [`REFUSED`], which every runtime process asks
 //! for and does without, get the same error quietly.
 
+pub mod cluster;
 pub mod context_checks;
 pub mod context_storage;
 pub mod cudart;
@@ -147,6 +148,11 @@ pub static TABLES: &[Table] = &[
         name: "TOOLS_CONTEXT",
         guid: tools_context::GUID,
         ptr: || tools_context::TABLE.as_ptr(),
+    },
+    Table {
+        name: "CLUSTER",
+        guid: cluster::GUID,
+        ptr: || cluster::TABLE.as_ptr(),
     },
 ];
 

@@ -6,7 +6,8 @@
 //! | table | slot | entry | here |
 //! |---|---|---|---|
 //! | TOOLS_TLS | 0 | size in bytes | 32 |
-//! | TOOLS_TLS | 1-3 | unknown | stub: `CUDA_ERROR_NOT_SUPPORTED` |
+//! | TOOLS_TLS | 2 | `(CUcontext *out)`: the calling thread's current context | `cuCtxGetCurrent` (cuBLASLt calls it before each heuristic query, to find its per-context state) |
+//! | TOOLS_TLS | 1, 3 | unknown | stub: `CUDA_ERROR_NOT_SUPPORTED` |
 //! | HOOKS | 0 | size in bytes | 56 |
 //! | HOOKS | 2 | `(void **buf, size_t *size)`: a buffer the runtime writes callback state to | a zeroed 4 KiB buffer of ours, size 1024 |
 //! | HOOKS | 6 | the same, a second buffer | a zeroed 64-byte buffer, size 14 |
@@ -14,6 +15,8 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
+
+use tessera_ffi::cuda::{CUcontext, CUresult};
 
 use super::{Slots, guid, size_slot, stub};
 
@@ -25,7 +28,7 @@ const T_HOOKS: usize = 2;
 pub static TLS: Slots<4> = Slots([
     size_slot(4),
     stub::<T_TLS, 1>(),
-    stub::<T_TLS, 2>(),
+    current_context as *const c_void,
     stub::<T_TLS, 3>(),
 ]);
 
@@ -38,6 +41,18 @@ pub static HOOKS: Slots<7> = Slots([
     stub::<T_HOOKS, 5>(),
     buffer2 as *const c_void,
 ]);
+
+/// TOOLS_TLS slot 2: `(CUcontext *out) -> CUresult`, the calling thread's current context
+/// (NULL when none). Seen called by cuBLASLt 13.4 (`cublasLtMatmulAlgoGetHeuristic`), which
+/// passes the result to `TOOLS_CONTEXT` slot 4 for the context's id and keys its
+/// per-context state by that id.
+///
+/// # Safety
+/// `out` must be null or writable.
+unsafe extern "C" fn current_context(out: *mut CUcontext) -> CUresult {
+    // SAFETY: the caller's out pointer, checked by cuCtxGetCurrent.
+    unsafe { crate::context::cuCtxGetCurrent(out) }
+}
 
 /// Memory handed to the runtime to write into; Rust never reads or writes it.
 #[repr(C, align(16))]
