@@ -19,6 +19,7 @@ pub mod gate;
 pub mod layout;
 mod map;
 pub mod process;
+pub mod protocol;
 pub mod state;
 pub mod sys;
 pub mod testing;

@@ -39,6 +39,7 @@ use crate::control::{check_exact_size, check_header, write_atomically};
 use crate::layout::*;
 use crate::map::Mapping;
 use crate::process::{Liveness, ProcIdentity};
+use crate::protocol::{self, Word, Words};
 
 /// A process's membership: its slot and the slot generation it joined at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,20 +197,7 @@ impl State {
         let start = h.join_cursor.fetch_add(1, Ordering::Relaxed) as usize;
         for k in 0..MAX_SLOTS {
             let i = (start + k) % MAX_SLOTS;
-            let owner = &self.map.slots[i].owner;
-            let word = owner.load(Ordering::Acquire);
-            let Owner::Free { generation } = Owner::unpack(word) else {
-                continue;
-            };
-            let alive = Owner::Alive {
-                generation,
-                pid: me.pid,
-            }
-            .pack();
-            if owner
-                .compare_exchange(word, alive, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            if let Some(generation) = protocol::join_slot(&*self.map, i, me.pid) {
                 let s = &self.map.slots[i];
                 s.pid.store(me.pid, Ordering::Release);
                 s.pidns.store(me.pidns, Ordering::Release);
@@ -264,114 +252,7 @@ impl State {
         delta: i64,
         limit: Option<u64>,
     ) -> Result<(), Refused> {
-        if dev >= MAX_DEVICES {
-            return Err(Refused::NoDevice(dev));
-        }
-        if delta.unsigned_abs() > MAX_BYTES {
-            return Err(Refused::TooLarge(delta.unsigned_abs()));
-        }
-        if delta == 0 {
-            return Ok(());
-        }
-        let ds = &self.map.devices[dev];
-        let sd = &self.map.slots[slot].devices[dev];
-        loop {
-            let word = ds.reserved.load(Ordering::Acquire);
-            let r = Reserved::unpack(word);
-            if r.pending.is_some() {
-                self.help(dev, r);
-                continue;
-            }
-            let usage = Usage::unpack(sd.usage.load(Ordering::Acquire));
-            let bytes = if delta > 0 {
-                let want = r.bytes + delta as u64;
-                if let Some(limit) = limit
-                    && want > limit
-                {
-                    return Err(Refused::OverLimit {
-                        requested: delta as u64,
-                        reserved: r.bytes,
-                        limit,
-                    });
-                }
-                if want > MAX_BYTES {
-                    return Err(Refused::TooLarge(want));
-                }
-                want
-            } else {
-                let give = delta.unsigned_abs();
-                if usage.bytes < give {
-                    return Err(Refused::NotHeld {
-                        requested: give,
-                        held: usage.bytes,
-                    });
-                }
-                // The total is at least every slot's usage; saturate rather
-                // than wrap should a hand-edited file break that.
-                r.bytes.saturating_sub(give)
-            };
-            let seq = next_seq(usage.seq);
-            sd.intent
-                .store(Intent { delta, seq }.pack(), Ordering::Release);
-            let next = Reserved {
-                bytes,
-                pending: Some((slot, seq)),
-            };
-            if ds
-                .reserved
-                .compare_exchange(word, next.pack(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.help(dev, next);
-                return Ok(());
-            }
-        }
-    }
-
-    /// Finishes the pending operation recorded in `r` (see module docs).
-    fn help(&self, dev: usize, r: Reserved) {
-        let Some((slot, seq_low)) = r.pending else {
-            return;
-        };
-        if slot < MAX_SLOTS {
-            let sd = &self.map.slots[slot].devices[dev];
-            let intent = Intent::unpack(sd.intent.load(Ordering::Acquire));
-            if Reserved::pending_matches(seq_low, intent.seq) {
-                let word = sd.usage.load(Ordering::Acquire);
-                let usage = Usage::unpack(word);
-                // The reserved word keeps only the low bits of the pending
-                // sequence: a helper that was descheduled while the slot ran
-                // through 2^11 operations could otherwise match a later,
-                // not-yet-admitted intent. Re-reading the whole word (bytes
-                // included) proves the operation is still the pending one.
-                let still_pending =
-                    self.map.devices[dev].reserved.load(Ordering::Acquire) == r.pack();
-                if still_pending && next_seq(usage.seq) == intent.seq {
-                    let bytes = (usage.bytes as i64 + intent.delta).max(0) as u64;
-                    let done = Usage {
-                        bytes,
-                        seq: intent.seq,
-                    };
-                    // Losing this race means another helper applied it.
-                    let _ = sd.usage.compare_exchange(
-                        word,
-                        done.pack(),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-            }
-        }
-        let cleared = Reserved {
-            bytes: r.bytes,
-            pending: None,
-        };
-        let _ = self.map.devices[dev].reserved.compare_exchange(
-            r.pack(),
-            cleared.pack(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        protocol::apply(&*self.map, slot, dev, delta, limit)
     }
 
     /// Leaves the allocation: returns everything `m` holds and frees its slot.
@@ -387,12 +268,7 @@ impl State {
             by: m.slot as u32,
             by_gen: gen_low(m.generation),
         };
-        if owner
-            .compare_exchange(word, claim.pack(), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.empty_and_free(m.slot, m.generation);
-        }
+        self.take_over(m.slot, word, claim);
     }
 
     /// Reclaims every slot whose process `live` says is dead, and every
@@ -455,11 +331,7 @@ impl State {
                 by: by_slot,
                 by_gen,
             };
-            if owner
-                .compare_exchange(word, claim.pack(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                let freed = self.empty_and_free(i, generation);
+            if let Some(freed) = self.take_over(i, word, claim) {
                 out.push(Reclaimed {
                     slot: i,
                     identity,
@@ -502,52 +374,27 @@ impl State {
         }
     }
 
-    /// Brings a claimed slot's usage to zero and frees it.
-    fn empty_and_free(&self, slot: usize, generation: u32) -> Vec<u64> {
-        let mut freed = vec![0; MAX_DEVICES];
-        for (dev, f) in freed.iter_mut().enumerate() {
-            // Each pass either finishes someone's pending operation or
-            // applies ours; the bound only guards against a file broken by
-            // hand, where no pass could ever succeed: never spin forever.
-            for _ in 0..1_000_000 {
-                // Finish whatever this slot (or anyone) left pending first,
-                // so the usage read below is final.
-                let r = Reserved::unpack(self.map.devices[dev].reserved.load(Ordering::Acquire));
-                if r.pending.is_some() {
-                    self.help(dev, r);
-                    continue;
-                }
-                let held = self.slot_usage(slot, dev);
-                if held == 0 {
-                    break;
-                }
-                if self.apply(slot, dev, -(held as i64), None).is_ok() {
-                    *f += held;
-                }
+    /// Takes a slot over from owner word `seen` (see
+    /// [`protocol::take_over`]): its usage brought to zero, its gate and
+    /// identity cleared, and freed. `None` when another took it first.
+    fn take_over(&self, slot: usize, seen: u64, claim: Owner) -> Option<Vec<u64>> {
+        protocol::take_over(&*self.map, slot, seen, claim, || {
+            for sd in &self.map.slots[slot].devices {
+                sd.launch_epoch.store(0, Ordering::Relaxed);
+                sd.drained_epoch.store(0, Ordering::Relaxed);
+                sd.launches.store(0, Ordering::Relaxed);
             }
-            let sd = &self.map.slots[slot].devices[dev];
-            sd.launch_epoch.store(0, Ordering::Relaxed);
-            sd.drained_epoch.store(0, Ordering::Relaxed);
-            sd.launches.store(0, Ordering::Relaxed);
-        }
-        // A dead process blocked at a gate must not look like demand.
-        crate::gate::forget_waiting(&self.map, slot);
-        let s = &self.map.slots[slot];
-        s.start_time.store(0, Ordering::Release);
-        s.pidns.store(0, Ordering::Release);
-        s.host_pid.store(0, Ordering::Release);
-        s.pid.store(0, Ordering::Release);
-        // The usage sequence numbers stay: they keep counting across
-        // occupants, so a helper delayed from a previous occupant's
-        // operation cannot mistake a new one for it.
-        s.owner.store(
-            Owner::Free {
-                generation: next_gen(generation),
-            }
-            .pack(),
-            Ordering::Release,
-        );
-        freed
+            // A dead process blocked at a gate must not look like demand.
+            crate::gate::forget_waiting(&self.map, slot);
+            let s = &self.map.slots[slot];
+            s.start_time.store(0, Ordering::Release);
+            s.pidns.store(0, Ordering::Release);
+            s.host_pid.store(0, Ordering::Release);
+            s.pid.store(0, Ordering::Release);
+            // The usage sequence numbers stay: they keep counting across
+            // occupants, so a helper delayed from a previous occupant's
+            // operation cannot mistake a new one for it.
+        })
     }
 
     /// Every joined process and what it holds on the first `n_devices`.
@@ -594,5 +441,51 @@ impl State {
             }
         }
         Ok(())
+    }
+}
+
+/// The state file's atomics as the protocol's words.
+impl Words for StateFile {
+    fn devices(&self) -> usize {
+        MAX_DEVICES
+    }
+
+    fn slots(&self) -> usize {
+        MAX_SLOTS
+    }
+
+    #[inline]
+    fn load(&self, w: Word, order: Ordering) -> u64 {
+        self.word(w).load(order)
+    }
+
+    #[inline]
+    fn store(&self, w: Word, value: u64, order: Ordering) {
+        self.word(w).store(value, order)
+    }
+
+    #[inline]
+    fn compare_exchange(
+        &self,
+        w: Word,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        self.word(w)
+            .compare_exchange(current, new, success, failure)
+    }
+}
+
+impl StateFile {
+    #[inline]
+    fn word(&self, w: Word) -> &std::sync::atomic::AtomicU64 {
+        match w {
+            Word::Reserved { dev } => &self.devices[dev].reserved,
+            Word::Usage { slot, dev } => &self.slots[slot].devices[dev].usage,
+            Word::Intent { slot, dev } => &self.slots[slot].devices[dev].intent,
+            Word::Owner { slot } => &self.slots[slot].owner,
+        }
     }
 }
