@@ -90,11 +90,14 @@ check() {
 for alloc in native backend:cudaMallocAsync; do
     conf=()
     [[ $alloc != native ]] && conf=(env PYTORCH_CUDA_ALLOC_CONF=$alloc)
-    for script in torch_check train_check; do
+    for script in torch_check train_check serve_check; do
         check "$script: bare simulated node, allocator $alloc" \
             "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/$script.py"
     done
 done
+
+check "mp_check: bare simulated node, allocator native" \
+    "$venv/bin/python" "$root/tests/frameworks/mp_check.py"
 
 mkdir -p "$work/state"
 "$bin/tessera" manager --state-dir "$work/state" --socket "$work/manager.sock" \
@@ -114,12 +117,18 @@ fi
 for alloc in native backend:cudaMallocAsync; do
     conf=()
     [[ $alloc != native ]] && conf=(env PYTORCH_CUDA_ALLOC_CONF=$alloc)
-    for script in torch_check train_check; do
-        check "$script: under tessera run --gpu 0 --memory 1Gi, allocator $alloc" \
-            "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 1Gi -- \
+    for script in torch_check train_check serve_check; do
+        gib=1
+        [[ $script == serve_check ]] && gib=2
+        check "$script: under tessera run --gpu 0 --memory ${gib}Gi, allocator $alloc" \
+            "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory ${gib}Gi -- \
             "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/$script.py" \
-            --expect-total $((1 << 30))
+            --expect-total $((gib << 30))
     done
 done
+
+check "mp_check: under tessera run --gpu 0 --memory 4Gi, allocator native" \
+    "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 4Gi -- \
+    "$venv/bin/python" "$root/tests/frameworks/mp_check.py" --expect-total $((4 << 30))
 
 exit $failed
