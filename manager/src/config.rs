@@ -73,10 +73,15 @@ pub struct ManagerArgs {
     /// [default: true; false: report only].
     #[arg(long, env = "TESSERA_BACKSTOP_KILL", value_name = "BOOL")]
     pub backstop_kill: Option<bool>,
-    /// Bytes a process may use beyond its allocation in NVML's view before
-    /// the backstop reports it (the driver's own per-context memory)
-    /// [default: 1Gi; see docs/security.md].
-    #[arg(long, env = "TESSERA_BACKSTOP_SLACK", value_name = "SIZE")]
+    /// What an allocation may hold on a GPU beyond its limit by the
+    /// driver's count before the backstop stops its processes: one amount
+    /// per allocation and GPU, whatever its processes [default: 64Mi; see
+    /// docs/security.md].
+    #[arg(long, env = "TESSERA_BACKSTOP_TOLERANCE", value_name = "SIZE")]
+    pub backstop_tolerance: Option<String>,
+    /// No longer used (it was a tolerance per process); accepted so that
+    /// old settings still start, with a warning. Use --backstop-tolerance.
+    #[arg(long, env = "TESSERA_BACKSTOP_SLACK", value_name = "SIZE", hide = true)]
     pub backstop_slack: Option<String>,
     /// Device memory charged per CUDA context before the shim measures what
     /// the driver really holds for it (it settles to the measurement where
@@ -109,6 +114,9 @@ pub struct FileConfig {
     pub ignored_xids: Option<Vec<u64>>,
     pub xid_recovery: Option<String>,
     pub backstop_kill: Option<bool>,
+    pub backstop_tolerance: Option<String>,
+    /// Replaced by `backstopTolerance`: read, checked and ignored with a
+    /// warning (`Config::warnings`).
     pub backstop_slack: Option<String>,
     pub context_overhead: Option<String>,
     pub quantum: Option<String>,
@@ -133,11 +141,15 @@ pub enum ConfigError {
     },
 }
 
-/// What a process may hold beyond its allocation's limit in the driver's
-/// view before the backstop stops it: the driver's own memory per context
-/// (a few hundred MiB on current GPUs; the simulator charges 300 MiB), with
-/// room. See docs/security.md for what it covers and how to measure it.
-pub const DEFAULT_BACKSTOP_SLACK: u64 = 1 << 30;
+/// What an allocation may hold on a GPU beyond its limit by the driver's
+/// count before the backstop stops its processes: one amount per allocation
+/// and GPU. The shim charges contexts (settled to what the driver holds),
+/// workspaces and pools inside the limit, so an honest allocation's driver
+/// figure is within its limit; this covers what the driver takes for a
+/// process after its context was measured without the shim seeing it
+/// (lazily loaded modules, small-allocation rounding on a GPU; nothing on
+/// the simulator). See docs/security.md.
+pub const DEFAULT_BACKSTOP_TOLERANCE: u64 = 64 << 20;
 
 /// The default per-context charge: 300 MiB, what NVIDIA's engineers quote
 /// for a CUDA 12 context with lazy module loading (pytorch/pytorch#107667;
@@ -165,12 +177,17 @@ pub struct Config {
     pub ignored_xids: BTreeSet<u64>,
     pub xid_recovery: Duration,
     pub backstop_kill: bool,
-    pub backstop_slack_bytes: u64,
+    /// What an allocation may hold on a GPU beyond its limit by the
+    /// driver's count ([`DEFAULT_BACKSTOP_TOLERANCE`]).
+    pub backstop_tolerance_bytes: u64,
     pub context_overhead_bytes: u64,
     /// The compute arbiter's settings (its quantum is configurable).
     pub arbiter: crate::arbiter::ArbiterConfig,
     pub sample_interval: Duration,
     pub reap_interval: Duration,
+    /// Settings that were accepted but mean nothing any more, each with
+    /// what to do instead; the daemon logs them at start-up.
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -190,11 +207,12 @@ impl Config {
             ignored_xids: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             xid_recovery: Duration::from_secs(300),
             backstop_kill: true,
-            backstop_slack_bytes: DEFAULT_BACKSTOP_SLACK,
+            backstop_tolerance_bytes: DEFAULT_BACKSTOP_TOLERANCE,
             context_overhead_bytes: DEFAULT_CONTEXT_OVERHEAD,
             arbiter: crate::arbiter::ArbiterConfig::default(),
             sample_interval: Duration::from_secs(1),
             reap_interval: Duration::from_millis(100),
+            warnings: Vec::new(),
         }
     }
 
@@ -280,9 +298,24 @@ impl Config {
         if let Some(k) = pick(args.backstop_kill, file.backstop_kill) {
             c.backstop_kill = k;
         }
+        if let Some(s) = pick(args.backstop_tolerance.clone(), file.backstop_tolerance) {
+            c.backstop_tolerance_bytes = tessera_contract::units::parse_size(&s)
+                .map_err(|e: UnitError| invalid("backstopTolerance", e.to_string()))?;
+        }
+        // The old per-process slack let an allocation keep its limit plus
+        // the slack for every process it started: ignored (a bad value is
+        // still an error), so an old config starts with the tolerance.
         if let Some(s) = pick(args.backstop_slack.clone(), file.backstop_slack) {
-            c.backstop_slack_bytes = tessera_contract::units::parse_size(&s)
+            tessera_contract::units::parse_size(&s)
                 .map_err(|e: UnitError| invalid("backstopSlack", e.to_string()))?;
+            c.warnings.push(format!(
+                "backstopSlack ({s}) is no longer used and is ignored: it was allowed per \
+                 process, so an allocation kept more the more processes it started; the \
+                 backstop now allows backstopTolerance ({} bytes) per allocation and GPU \
+                 (--backstop-tolerance, TESSERA_BACKSTOP_TOLERANCE); remove backstopSlack \
+                 (see docs/security.md)",
+                c.backstop_tolerance_bytes
+            ));
         }
         if let Some(q) = dur(
             "quantum",
@@ -403,7 +436,8 @@ mod tests {
         );
         assert_eq!(c.default_policy, Policy::Burst);
         assert!(c.backstop_kill, "enforcement is on by default");
-        assert_eq!(c.backstop_slack_bytes, DEFAULT_BACKSTOP_SLACK);
+        assert_eq!(c.backstop_tolerance_bytes, DEFAULT_BACKSTOP_TOLERANCE);
+        assert!(c.warnings.is_empty());
         assert_eq!(
             c.allocations_dir(),
             PathBuf::from("/var/lib/tessera/allocations")
@@ -436,6 +470,33 @@ mod tests {
         assert_eq!(c.default_policy, Policy::Guaranteed);
         assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
         assert!(!c.backstop_kill);
+    }
+
+    #[test]
+    fn the_old_per_process_slack_loads_with_a_warning_and_changes_nothing() {
+        let c = Config::resolve(&ManagerArgs::default(), yaml("backstopSlack: 1Gi\n")).unwrap();
+        assert_eq!(c.backstop_tolerance_bytes, DEFAULT_BACKSTOP_TOLERANCE);
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("backstopSlack (1Gi) is no longer used")
+                && c.warnings[0].contains("backstopTolerance"),
+            "{:?}",
+            c.warnings
+        );
+        // The flag (or TESSERA_BACKSTOP_SLACK) the same; the new setting wins.
+        let cli = Cli::parse_from([
+            "x",
+            "--backstop-slack",
+            "2Gi",
+            "--backstop-tolerance",
+            "16Mi",
+        ]);
+        let c = Config::resolve(&cli.args, FileConfig::default()).unwrap();
+        assert_eq!(c.backstop_tolerance_bytes, 16 << 20);
+        assert_eq!(c.warnings.len(), 1);
+        let c = Config::resolve(&ManagerArgs::default(), yaml("backstopTolerance: 0\n")).unwrap();
+        assert_eq!(c.backstop_tolerance_bytes, 0);
+        assert!(c.warnings.is_empty());
     }
 
     #[test]
@@ -476,6 +537,7 @@ mod tests {
             ("sampleInterval: 1ms", "sampleInterval"),
             ("reapInterval: 2s", "reapInterval"),
             ("backstopSlack: 4Gx", "backstopSlack"),
+            ("backstopTolerance: 4Gx", "backstopTolerance"),
             ("quantum: 20s", "quantum"),
             ("quantum: 10us", "quantum"),
         ];

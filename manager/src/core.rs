@@ -14,7 +14,7 @@ use tessera_proto::manager::v1 as pb;
 
 use crate::alloc::{self, AllocError, AllocationRecord};
 use crate::arbiter::Arbitration;
-use crate::backstop::{Finding, StopKey};
+use crate::backstop::{Finding, Tally};
 use crate::config::Config;
 use crate::error::ManagerError;
 use crate::gpu::{GpuBackend, GpuInfo, GpuSample};
@@ -45,8 +45,8 @@ pub struct Core {
     pub(crate) writes: Mutex<()>,
     pub(crate) store: Store,
     pub(crate) findings: Mutex<Vec<Finding>>,
-    /// Processes the backstop stopped since start (`tessera_backstop_stops_total`).
-    pub(crate) backstop_stops: Mutex<BTreeMap<StopKey, u64>>,
+    /// The backstop's passes, stops and last standings (its metrics).
+    pub(crate) backstop: Mutex<Tally>,
     /// Allocations found damaged at start-up and repaired, by id, until
     /// deleted (status `recovered`, `tessera_allocation_recovered`).
     pub(crate) recovered: Mutex<BTreeMap<String, Recovery>>,
@@ -89,7 +89,7 @@ impl Core {
             writes: Mutex::new(()),
             store,
             findings: Mutex::new(Vec::new()),
-            backstop_stops: Mutex::new(BTreeMap::new()),
+            backstop: Mutex::new(Tally::default()),
             recovered: Mutex::new(BTreeMap::new()),
             arbitration,
             changes,

@@ -92,6 +92,9 @@ impl Manager {
         backend: Arc<dyn GpuBackend>,
         arbitration: Arc<dyn Arbitration>,
     ) -> Result<Manager, ManagerError> {
+        for w in &config.warnings {
+            tracing::warn!("{w}");
+        }
         let lock = lock_state_dir(&config.state_dir)?;
         let gpus = backend.devices()?;
         let driver_version = backend.driver_version().unwrap_or_default();

@@ -1,17 +1,18 @@
 //! One backstop pass over the node (called by the sampler): the allocations
 //! served, each GPU process proven in one of them or in none
-//! ([`crate::identity`]), judged by [`crate::backstop::check`], logged once
-//! and, with `backstopKill`, stopped (`backstop::stop`). Kept apart
-//! from [`crate::backstop`] so that module stays pure and the module graph
+//! ([`crate::identity`]), judged by [`crate::backstop::judge`], logged once
+//! and, with `backstopKill`, stopped (`backstop::stop`); the pass's
+//! standings and stops go to the metrics ([`crate::backstop::Tally`]). Kept apart from
+//! [`crate::backstop`] so that module stays pure and the module graph
 //! acyclic (this one depends on [`crate::core`]).
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::backstop::{self, Backstop, Finding, Owner, Reason, StopKey, check};
+use crate::backstop::{self, Backstop, Finding, GpuView, Owner, Reason, Standing, StopKey};
 use crate::core::Core;
 use crate::gpu::GpuProcess;
-use crate::identity::{self, Claim, FileId, ProcView};
+use crate::identity::{self, Claim, FileId, ProcView, Proof};
 
 /// The claims of the allocations served, with their owners for log lines:
 /// (claim, "namespace/pod/container", limits by GPU UUID).
@@ -65,7 +66,10 @@ fn count_stop(core: &Core, f: &Finding) {
         pod,
         container,
     };
-    *core.backstop_stops.lock().entry(key).or_insert(0) += 1;
+    let mut tally = core.backstop.lock();
+    let n = tally.stops.entry(key).or_default();
+    n.stops += 1;
+    n.bytes += f.used_bytes;
 }
 
 /// One backstop pass over the processes the driver reported on each GPU
@@ -80,8 +84,8 @@ pub(crate) fn run(
 ) -> Vec<Finding> {
     let served = served(core);
     let claims: Vec<Claim> = served.iter().map(|(c, _, _)| c.clone()).collect();
-    let mut proofs: HashMap<u32, Option<usize>> = HashMap::new();
-    let mut findings = Vec::new();
+    let mut proofs: HashMap<u32, Option<(usize, Proof)>> = HashMap::new();
+    let mut lists: Vec<(&str, Vec<GpuProcess>, HashMap<u32, Owner>)> = Vec::new();
     for (g, procs) in core.gpus.iter().zip(driver_procs) {
         let Some(procs) = procs else { continue };
         let mut owners = HashMap::new();
@@ -95,8 +99,8 @@ pub(crate) fn run(
             judged.push(*p);
             let proof = *proofs
                 .entry(p.pid)
-                .or_insert_with(|| identity::prove(view, p.pid, &claims).map(|(i, _)| i));
-            if let Some(i) = proof {
+                .or_insert_with(|| identity::prove(view, p.pid, &claims));
+            if let Some((i, how)) = proof {
                 let limit = served[i]
                     .2
                     .iter()
@@ -107,26 +111,63 @@ pub(crate) fn run(
                     Owner {
                         alloc_id: served[i].0.alloc_id.clone(),
                         limit_on_gpu: limit,
+                        governed: how == Proof::Mapped,
                     },
                 );
             }
         }
-        findings.extend(check(
-            &g.uuid,
-            &judged,
-            &owners,
-            core.config.backstop_slack_bytes,
-        ));
+        lists.push((g.uuid.as_str(), judged, owners));
     }
-    let (confirmed, new) = state.round(findings);
-    let who = |f: &Finding| {
-        f.alloc_id
-            .as_ref()
-            .and_then(|id| served.iter().find(|(c, _, _)| c.alloc_id == *id))
+    let views: Vec<GpuView<'_>> = lists
+        .iter()
+        .map(|(uuid, procs, owners)| GpuView {
+            uuid,
+            procs: procs.as_slice(),
+            owners,
+        })
+        .collect();
+    let tolerance = core.config.backstop_tolerance_bytes;
+    let judgement = backstop::judge(&views, tolerance);
+    let standings = judgement.standings;
+    let (confirmed, new) = state.round(judgement.findings);
+    let who = |alloc_id: Option<&str>| {
+        alloc_id
+            .and_then(|id| served.iter().find(|(c, _, _)| c.alloc_id == id))
             .map(|(_, w, _)| w.as_str())
             .unwrap_or("")
             .to_owned()
     };
+    let standing_of = |f: &Finding| -> Option<&Standing> {
+        let id = f.alloc_id.as_deref()?;
+        standings
+            .iter()
+            .find(|s| s.gpu_uuid == f.gpu_uuid && s.alloc_id == id)
+    };
+    // One line per allocation over its limit + tolerance with something new
+    // to report: how far over, and what goes.
+    for s in &standings {
+        if !s.stopping.is_empty()
+            && new
+                .iter()
+                .any(|f| f.gpu_uuid == s.gpu_uuid && s.stopping.contains(&f.pid))
+        {
+            tracing::warn!(
+                gpu = %s.gpu_uuid,
+                allocation = %s.alloc_id,
+                pod = %who(Some(s.alloc_id.as_str())),
+                held_bytes = s.held,
+                limit_bytes = s.limit,
+                over_by_bytes = s.over_by(),
+                tolerance_bytes = tolerance,
+                processes = s.processes,
+                without_shim = s.ungoverned,
+                stopping = ?s.stopping,
+                left_bytes = s.after,
+                kill = core.config.backstop_kill,
+                "allocation over its memory limit by the driver's count"
+            );
+        }
+    }
     for f in &new {
         tracing::warn!(
             gpu = %f.gpu_uuid,
@@ -134,7 +175,7 @@ pub(crate) fn run(
             used_bytes = f.used_bytes,
             reason = f.reason.label(),
             allocation = f.alloc_id.as_deref().unwrap_or(""),
-            pod = %who(f),
+            pod = %who(f.alloc_id.as_deref()),
             kill = core.config.backstop_kill,
             "process escapes its GPU allocation"
         );
@@ -169,12 +210,16 @@ pub(crate) fn run(
             };
             match backstop::stop(f.pid, || still_there() && same()) {
                 Ok(true) => {
+                    let s = standing_of(f);
                     tracing::warn!(
                         gpu = %f.gpu_uuid,
                         pid = f.pid,
                         reason = f.reason.label(),
+                        used_bytes = f.used_bytes,
                         allocation = f.alloc_id.as_deref().unwrap_or(""),
-                        pod = %who(f),
+                        pod = %who(f.alloc_id.as_deref()),
+                        allocation_held_bytes = s.map_or(0, |s| s.held),
+                        over_by_bytes = s.map_or(0, Standing::over_by),
                         after_sample_ms = sampled.elapsed().as_secs_f64() * 1e3,
                         "backstop stopped the process (SIGKILL)"
                     );
@@ -190,5 +235,9 @@ pub(crate) fn run(
             }
         }
     }
+    let mut tally = core.backstop.lock();
+    tally.passes += 1;
+    tally.standings = standings;
+    drop(tally);
     confirmed
 }

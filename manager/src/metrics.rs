@@ -91,9 +91,21 @@ pub struct RecoveredMetrics {
 #[derive(Debug, Clone, Default)]
 pub struct StopMetrics {
     pub subject: Subject,
-    /// `no_shim`, `other_gpu` or `over_limit`.
+    /// `no_shim`, `other_gpu`, `over_limit` or `over_limit_no_shim`.
     pub reason: &'static str,
     pub stops: u64,
+    /// What the stopped processes held on the GPU at their samples.
+    pub bytes: u64,
+}
+
+/// What an allocation's proven processes held on one of its GPUs at the
+/// backstop's last pass, by the driver's count, before any stop.
+#[derive(Debug, Clone, Default)]
+pub struct StandingMetrics {
+    pub subject: Subject,
+    pub held_bytes: u64,
+    /// `held_bytes` beyond the limit; 0 within it.
+    pub over_limit_bytes: u64,
 }
 
 /// Everything one scrape shows.
@@ -104,6 +116,9 @@ pub struct MetricsSnapshot {
     pub allocations: Vec<AllocMetrics>,
     pub recovered: Vec<RecoveredMetrics>,
     pub backstop_stops: Vec<StopMetrics>,
+    /// Backstop passes completed since the manager started.
+    pub backstop_passes: u64,
+    pub backstop_standings: Vec<StandingMetrics>,
 }
 
 /// Every metric: name as exposed, type, help. The order is the exposition's.
@@ -143,7 +158,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "tessera_ungoverned_processes",
         "gauge",
-        "Processes using the GPU outside their allocation, by reason (no_shim, other_gpu, over_limit).",
+        "Processes using the GPU outside their allocation, by reason (no_shim, other_gpu, over_limit, over_limit_no_shim).",
     ),
     (
         "tessera_allocation_memory_limit_bytes",
@@ -204,6 +219,26 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "tessera_backstop_stops_total",
         "counter",
         "Processes the backstop stopped (SIGKILL) since the manager started, by reason and owner.",
+    ),
+    (
+        "tessera_backstop_stopped_bytes_total",
+        "counter",
+        "GPU memory the processes the backstop stopped held at their samples, by reason and owner.",
+    ),
+    (
+        "tessera_backstop_held_bytes",
+        "gauge",
+        "Memory the allocation's processes held on the GPU at the backstop's last pass, by the driver's count.",
+    ),
+    (
+        "tessera_backstop_over_limit_bytes",
+        "gauge",
+        "How far the allocation was over its limit on the GPU at the backstop's last pass, by the driver's count, before any stop (0 within).",
+    ),
+    (
+        "tessera_backstop_passes_total",
+        "counter",
+        "Backstop passes completed since the manager started.",
     ),
 ];
 
@@ -381,8 +416,27 @@ pub fn render(s: &MetricsSnapshot) -> String {
     for b in &s.backstop_stops {
         let mut l = subject_labels(&b.subject);
         l.push(("reason".into(), b.reason.into()));
-        add("tessera_backstop_stops_total", l, b.stops as f64);
+        add("tessera_backstop_stops_total", l.clone(), b.stops as f64);
+        add("tessera_backstop_stopped_bytes_total", l, b.bytes as f64);
     }
+    for b in &s.backstop_standings {
+        let l = subject_labels(&b.subject);
+        add(
+            "tessera_backstop_held_bytes",
+            l.clone(),
+            b.held_bytes as f64,
+        );
+        add(
+            "tessera_backstop_over_limit_bytes",
+            l,
+            b.over_limit_bytes as f64,
+        );
+    }
+    add(
+        "tessera_backstop_passes_total",
+        labels(&[("Hostname", &s.hostname)]),
+        s.backstop_passes as f64,
+    );
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_text::encode(&mut out, &registry);
@@ -641,6 +695,7 @@ mod tests {
                     subject: owned(),
                     reason: "over_limit",
                     stops: 3,
+                    bytes: 5 << 30,
                 },
                 StopMetrics {
                     subject: Subject {
@@ -651,8 +706,15 @@ mod tests {
                     },
                     reason: "no_shim",
                     stops: 1,
+                    bytes: 1 << 20,
                 },
             ],
+            backstop_passes: 42,
+            backstop_standings: vec![StandingMetrics {
+                subject: owned(),
+                held_bytes: 6 << 30,
+                over_limit_bytes: 2 << 30,
+            }],
         }
     }
 
@@ -698,6 +760,15 @@ mod tests {
             ("tessera_allocation_recovered", recovered, 1.0),
             ("tessera_backstop_stops_total", stops, 3.0),
             ("tessera_backstop_stops_total", stray, 1.0),
+            ("tessera_backstop_stopped_bytes_total", stops, 5368709120.0),
+            ("tessera_backstop_stopped_bytes_total", stray, 1048576.0),
+            ("tessera_backstop_held_bytes", alloc, 6442450944.0),
+            ("tessera_backstop_over_limit_bytes", alloc, 2147483648.0),
+            (
+                "tessera_backstop_passes_total",
+                r#"{Hostname="node-1"}"#,
+                42.0,
+            ),
         ] {
             assert_eq!(sample(&text, name, labels), Some(want), "{name}{labels}");
         }

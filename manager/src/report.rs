@@ -172,7 +172,7 @@ impl Core {
             .zip(&status.gpus)
             .map(|(g, s)| {
                 let mut ungoverned = BTreeMap::new();
-                for r in [Reason::NoShim, Reason::OtherGpu, Reason::OverLimit] {
+                for r in Reason::ALL {
                     let n = findings
                         .iter()
                         .filter(|f| f.gpu_uuid == g.uuid && f.reason == r)
@@ -263,9 +263,9 @@ impl Core {
                 });
             }
         }
-        let backstop_stops = self
-            .backstop_stops
-            .lock()
+        let tally = self.backstop.lock().clone();
+        let backstop_stops = tally
+            .stops
             .iter()
             .filter_map(|(k, n)| {
                 Some(metrics::StopMetrics {
@@ -277,7 +277,25 @@ impl Core {
                         ..subject(&k.gpu_uuid)?
                     },
                     reason: k.reason.label(),
-                    stops: *n,
+                    stops: n.stops,
+                    bytes: n.bytes,
+                })
+            })
+            .collect();
+        // The last pass's standings, under the owner the record names now.
+        let backstop_standings = tally
+            .standings
+            .iter()
+            .filter_map(|st| {
+                let rec = status
+                    .allocations
+                    .iter()
+                    .filter_map(|a| a.allocation.as_ref())
+                    .find(|r| r.id == st.alloc_id)?;
+                Some(metrics::StandingMetrics {
+                    subject: owned(&st.gpu_uuid, rec)?,
+                    held_bytes: st.held,
+                    over_limit_bytes: st.over_by(),
                 })
             })
             .collect();
@@ -287,6 +305,8 @@ impl Core {
             allocations: alloc_rows,
             recovered,
             backstop_stops,
+            backstop_passes: tally.passes,
+            backstop_standings,
         })
     }
 }

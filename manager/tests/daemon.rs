@@ -588,7 +588,7 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
     // Killing off: this test watches what is reported, and keeps its processes.
     let mut cfg = config(dir.path());
     cfg.backstop_kill = false;
-    let cfg_slack = cfg.backstop_slack_bytes;
+    let cfg_tolerance = cfg.backstop_tolerance_bytes;
     let m = start(cfg, gpu.clone()).await;
     let mut c = client::connect(&m.socket).await.unwrap();
     let a = create(&mut c, "a1", &u0, 4 * GI, 250_000).await;
@@ -654,14 +654,14 @@ async fn metrics_show_gpus_allocations_and_ungoverned_processes() {
         ],
     );
 
-    // Our process goes over its limit plus the per-process slack in the
+    // Our process goes over its limit plus the tolerance in the
     // driver's view (it escaped the shim): reported, and not killed, since
     // killing is off.
     gpu.set_processes(
         &u0,
         vec![GpuProcess {
             pid: child.id(),
-            used_bytes: 4 * GI + cfg_slack + 1,
+            used_bytes: 4 * GI + cfg_tolerance + 1,
         }],
     );
     let over = eventually(Duration::from_secs(5), async || {

@@ -345,6 +345,25 @@ impl ProbeChild {
         }
     }
 
+    /// The next reported line, or `None` once the probe's output has ended
+    /// (it exited, or was killed: what a test that expects a stop waits for).
+    ///
+    /// # Panics
+    /// On timeout.
+    pub fn next_or_end(&mut self, timeout: Duration) -> Option<Line> {
+        loop {
+            match self.lines.recv_timeout(timeout) {
+                Ok(raw) => {
+                    if let Some(l) = Line::parse(&raw) {
+                        return Some(l);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("probe said nothing for {timeout:?}"),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
     /// Sends a command and returns its line, or `None` (see [`ProbeChild::try_next`]).
     pub fn cmd_within(&mut self, line: &str, timeout: Duration) -> Option<Line> {
         let stdin = self.stdin.as_mut()?;
