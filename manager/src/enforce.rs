@@ -92,14 +92,20 @@ pub(crate) fn run(
         let mut judged = Vec::new();
         for p in procs {
             // A process /proc cannot show (gone since the sample, or not
-            // visible from here) is judged by no one.
-            if !identity::visible(view, p.pid) {
-                continue;
-            }
+            // visible from here) is judged by no one. Each process's maps
+            // are read once a pass, whatever GPUs it is on.
+            let proof = match proofs.get(&p.pid) {
+                Some(known) => *known,
+                None => {
+                    let Some(files) = view.mapped(p.pid) else {
+                        continue;
+                    };
+                    let proof = identity::prove_with(view, p.pid, &files, &claims);
+                    proofs.insert(p.pid, proof);
+                    proof
+                }
+            };
             judged.push(*p);
-            let proof = *proofs
-                .entry(p.pid)
-                .or_insert_with(|| identity::prove(view, p.pid, &claims));
             if let Some((i, how)) = proof {
                 let limit = served[i]
                     .2

@@ -194,10 +194,23 @@ pub use tessera_contract::paths::CONTAINER_CONTROL;
 /// is in none of them, or cannot be read. A process that maps files of several (only a
 /// host user who owns several `tessera run` allocations can) counts in the first.
 pub fn prove(view: &dyn ProcView, pid: u32, claims: &[Claim]) -> Option<(usize, Proof)> {
-    if let Some(files) = view.mapped(pid)
-        && let Some(i) = claims
-            .iter()
-            .position(|c| files.contains(&c.control) || files.contains(&c.state))
+    match view.mapped(pid) {
+        Some(files) => prove_with(view, pid, &files, claims),
+        None => prove_with(view, pid, &[], claims),
+    }
+}
+
+/// [`prove`] with the process's mapped files already read (`view.mapped(pid)`), so
+/// that a pass reads each process's maps once.
+pub fn prove_with(
+    view: &dyn ProcView,
+    pid: u32,
+    files: &[FileId],
+    claims: &[Claim],
+) -> Option<(usize, Proof)> {
+    if let Some(i) = claims
+        .iter()
+        .position(|c| files.contains(&c.control) || files.contains(&c.state))
     {
         return Some((i, Proof::Mapped));
     }

@@ -73,8 +73,18 @@ fn passes(m: &ManagerProc) -> f64 {
 /// Waits until the manager has completed `n` passes (generous deadline: the passes come
 /// every sample interval whatever the load, each one a little later under it).
 fn wait_passes(m: &ManagerProc, n: f64) {
-    let deadline = Duration::from_secs(60 + (n as u64) / 2);
-    let done = eventually(deadline, || passes(m) >= n);
+    // Up to 3 s a pass (256 processes under four busy ones took 1.5 s); polled once a
+    // sample interval, so the scrapes do not load the manager they wait on.
+    let deadline = Duration::from_secs(120 + 3 * n as u64);
+    let t0 = Instant::now();
+    let mut done = None;
+    while t0.elapsed() < deadline {
+        if passes(m) >= n {
+            done = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(SAMPLE);
+    }
     assert!(
         done.is_some(),
         "the manager did not complete {n} passes in {deadline:?} (at {}):\n{}",
