@@ -173,7 +173,10 @@ pub fn check(
         reason,
         alloc_id: alloc_id.map(str::to_owned),
     };
-    let mut by_alloc: HashMap<&str, (u64, Vec<(GpuProcess, bool)>)> = HashMap::new();
+    // Per allocation: its limit here, and its processes with whether each
+    // is governed.
+    type Members = (u64, Vec<(GpuProcess, bool)>);
+    let mut by_alloc: HashMap<&str, Members> = HashMap::new();
     for p in procs {
         match owners.get(&p.pid) {
             None => out.findings.push(finding(p, Reason::NoShim, None)),

@@ -152,8 +152,8 @@ fn container_probe(n: &SimNode, control: &str, state: &str) -> ProbeChild {
             }
         };
         let none = std::ptr::null::<libc::c_char>();
-        // SAFETY (all calls below): system calls on NUL-terminated strings made before
-        // the fork and owned by this closure; nothing is allocated between fork and exec.
+        // SAFETY: system calls on NUL-terminated strings made before the fork and owned
+        // by this closure; nothing is allocated between fork and exec.
         unsafe {
             if as_root {
                 check(libc::unshare(libc::CLONE_NEWNS))?;
@@ -260,7 +260,7 @@ fn a_forged_host_pid_does_not_get_a_neighbour_killed() {
     let until = passes(&m) + 31.0;
     let t0 = Instant::now();
     let mut writes = 0u64;
-    while writes % 64 != 0 || passes(&m) < until {
+    while !writes.is_multiple_of(64) || passes(&m) < until {
         let s = state.slot(slot);
         s.host_pid.store(victim, Ordering::Release);
         s.pid.store(victim, Ordering::Release);
