@@ -1,6 +1,7 @@
 //! The process's CUDA devices mapped onto its allocation's devices by UUID,
 //! so limits and usage live in one index domain (the control file's order)
-//! whatever `CUDA_VISIBLE_DEVICES` selects.
+//! whatever `CUDA_VISIBLE_DEVICES` selects; and what that variable must say
+//! for the driver to see only the allocation's GPUs.
 
 use tessera_ffi::cuda::CUdevice;
 
@@ -22,6 +23,60 @@ fn uuid_key(s: &str) -> String {
 /// Whether two UUID strings name the same device.
 pub fn same_uuid(a: &str, b: &str) -> bool {
     uuid_key(a) == uuid_key(b)
+}
+
+/// The driver's variable of which GPUs a process sees.
+pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+
+/// What `CUDA_VISIBLE_DEVICES` must say for the driver to see only the
+/// allocation's GPUs (`alloc`: the control file's UUIDs, in its order).
+/// The variable is the tenant's: it may narrow the view within the
+/// allocation, never widen it. Each entry of `spec` is read as the driver
+/// would read it inside the allocation: an index is an index into the
+/// allocation's GPUs (as they are numbered when the variable names exactly
+/// them, which is what `tessera run` and the device plugin set), a UUID or
+/// a prefix of one names the allocation GPU it matches; an entry that
+/// names no GPU of the allocation is skipped. Unset, or nothing of the
+/// allocation selected, is the whole allocation; empty (no GPU asked for)
+/// stays empty.
+pub fn pinned_visible(spec: Option<&str>, alloc: &[&str]) -> String {
+    let Some(spec) = spec else {
+        return alloc.join(",");
+    };
+    if spec.trim().is_empty() {
+        return String::new();
+    }
+    let mut chosen: Vec<&str> = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = if !entry.is_empty() && entry.bytes().all(|b| b.is_ascii_digit()) {
+            entry
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| alloc.get(i).copied())
+        } else if let Some(head) = entry.get(..4)
+            && (head.eq_ignore_ascii_case("GPU-") || head.eq_ignore_ascii_case("MIG-"))
+            && entry.len() > 4
+        {
+            let key = entry[4..].to_ascii_lowercase();
+            let mut hits = alloc.iter().filter(|u| uuid_key(u).starts_with(&key));
+            match (hits.next(), hits.next()) {
+                (Some(u), None) => Some(*u),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if let Some(u) = found
+            && !chosen.contains(&u)
+        {
+            chosen.push(u);
+        }
+    }
+    if chosen.is_empty() {
+        alloc.join(",")
+    } else {
+        chosen.join(",")
+    }
 }
 
 /// One visible CUDA device.
@@ -126,5 +181,37 @@ mod tests {
         assert!(!m.single());
         let one = DeviceMap::new(vec![(0, "GPU-b".into())], find);
         assert_eq!(one.only(), Some(0));
+    }
+
+    #[test]
+    fn the_visible_devices_are_the_allocations_whatever_the_tenant_writes() {
+        let one = ["GPU-b"];
+        // Unset, rewritten to every GPU, to the other GPU, to an index
+        // past the allocation: the allocation's one GPU.
+        for spec in [
+            None,
+            Some("0,1"),
+            Some("1"),
+            Some("GPU-a"),
+            Some("GPU-a,GPU-b"),
+        ] {
+            assert_eq!(pinned_visible(spec, &one), "GPU-b", "{spec:?}");
+        }
+        assert_eq!(pinned_visible(Some(""), &one), "", "no GPU asked for");
+        // Two GPUs: an index or a UUID (or a prefix) narrows within the
+        // allocation, in the order given.
+        let two = ["GPU-b1", "GPU-c2"];
+        assert_eq!(pinned_visible(None, &two), "GPU-b1,GPU-c2");
+        assert_eq!(pinned_visible(Some("1"), &two), "GPU-c2");
+        assert_eq!(pinned_visible(Some("1,0"), &two), "GPU-c2,GPU-b1");
+        assert_eq!(pinned_visible(Some("gpu-C"), &two), "GPU-c2");
+        assert_eq!(
+            pinned_visible(Some("c2"), &two),
+            "GPU-b1,GPU-c2",
+            "not a UUID"
+        );
+        assert_eq!(pinned_visible(Some("GPU-a9,GPU-c2"), &two), "GPU-c2");
+        // A prefix of both is ambiguous: skipped, so the whole allocation.
+        assert_eq!(pinned_visible(Some("GPU-"), &two), "GPU-b1,GPU-c2");
     }
 }

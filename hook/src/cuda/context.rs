@@ -88,13 +88,28 @@ fn settle_context(
     g.settle(index, charged, real).map(|()| real)
 }
 
+/// The allocation's index of `dev`, or `CUDA_ERROR_INVALID_DEVICE` for a
+/// GPU outside the allocation: no context, primary or created, is made
+/// there (it would hold memory outside every limit). The driver sees only
+/// the allocation's GPUs (`CUDA_VISIBLE_DEVICES` is pinned at `cuInit`), so
+/// this refuses only what that did not stop.
+fn inside(g: &Governed, dev: CUdevice) -> Result<Option<usize>, CUresult> {
+    match g.index_of(dev) {
+        Some(i) => Ok(Some(i)),
+        None => Err(CUresult::CUDA_ERROR_INVALID_DEVICE),
+    }
+}
+
 fn ctx_create(
     g: &Governed,
     pctx: *mut CUcontext,
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let index = g.index_of(dev);
+    let index = match inside(g, dev) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
     let overhead = g.files.control.context_overhead();
     if let Err(e) = g.reserve(index, overhead) {
         return e;
@@ -184,7 +199,10 @@ pub unsafe fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 
 pub unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     let g = governed_or!(call_real!(cuDevicePrimaryCtxRetain(pctx, dev)));
-    let index = g.index_of(dev);
+    let index = match inside(g, dev) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
     // Held across the driver call so the count here follows the driver's.
     let mut contexts = g.contexts.lock();
     let p = contexts.primary.entry(dev).or_default();

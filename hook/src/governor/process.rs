@@ -15,7 +15,7 @@ use super::files::Files;
 use super::governed::{Governed, Hooks, check};
 use super::join::{CUDA_REFUSED, report};
 use crate::config::Config;
-use crate::devices::{DeviceMap, format_uuid};
+use crate::devices::{CUDA_VISIBLE_DEVICES, DeviceMap, format_uuid, pinned_visible};
 use crate::log::{self, Level};
 use crate::table::{call_real, real};
 
@@ -145,6 +145,7 @@ pub fn cuda_init(flags: std::ffi::c_uint, hooks: &'static Hooks) -> CUresult {
         Some(Err(())) => return CUDA_REFUSED,
         Some(Ok(f)) => f,
     };
+    pin_visible(f);
     let driver = (std::time::Instant::now(), thread_cpu_ns());
     let r = call_real!(cuInit(flags));
     if r != CUresult::CUDA_SUCCESS {
@@ -173,6 +174,35 @@ pub fn cuda_init(flags: std::ffi::c_uint, hooks: &'static Hooks) -> CUresult {
         }
         Err(e) => e,
     }
+}
+
+/// Points `CUDA_VISIBLE_DEVICES` at the allocation's GPUs before the
+/// driver reads it (at its `cuInit`), so that the driver itself enumerates
+/// only them, numbered from 0, on every route (`cuDeviceGetCount`,
+/// `cuDeviceGet`, by PCI bus id or UUID, contexts): the allocation's GPUs
+/// come from the control file, which the tenant cannot write, and the
+/// environment, which is the tenant's, may only narrow them (see
+/// [`pinned_visible`]).
+fn pin_visible(files: &Files) {
+    let alloc: Vec<&str> = (0..files.control.n_devices())
+        .map(|i| files.control.uuid(i))
+        .collect();
+    let spec = std::env::var_os(CUDA_VISIBLE_DEVICES);
+    let spec = spec.as_ref().map(|s| s.to_string_lossy());
+    let want = pinned_visible(spec.as_deref(), &alloc);
+    if spec.as_deref() == Some(want.as_str()) {
+        return;
+    }
+    crate::log!(
+        Level::Info,
+        "{CUDA_VISIBLE_DEVICES}={spec:?} set to {want:?}: the allocation's GPUs"
+    );
+    // SAFETY: setenv is unsound only against another thread reading or
+    // writing the environment at the same instant. This runs inside the
+    // process's cuInit, before the driver reads the variable, where a
+    // program is still setting up; glibc never frees an environment string,
+    // so a concurrent getenv sees the old value or the new one.
+    unsafe { std::env::set_var(CUDA_VISIBLE_DEVICES, &want) };
 }
 
 /// CPU time of the calling thread, in nanoseconds.
