@@ -41,6 +41,8 @@ enum Cmd {
     Webhook(tessera_webhook::run::WebhookArgs),
     /// The kubelet device plugin: advertises GPU slices as tessera.dev/vgpu.
     DevicePlugin(device_plugin_cmd::DevicePluginArgs),
+    /// The kubelet DRA plugin (driver vgpu.tessera.dev): prepares ResourceClaims as allocations.
+    DraPlugin(tessera_dra_plugin::DraPluginArgs),
     /// The node manager daemon: GPU inventory, allocations, metrics, the manager API.
     Manager(tessera_manager::ManagerArgs),
     /// This node's GPUs and allocations (usage, limits, shares), as a table or JSON.
@@ -105,13 +107,14 @@ async fn terminated() {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if matches!(
         cli.cmd,
-        Cmd::Webhook(_) | Cmd::DevicePlugin(_) | Cmd::Manager(_)
+        Cmd::Webhook(_) | Cmd::DevicePlugin(_) | Cmd::DraPlugin(_) | Cmd::Manager(_)
     ) {
         init_logs(cli.log_format);
     }
     match cli.cmd {
         Cmd::Webhook(args) => webhook_cmd::main(args)?,
         Cmd::DevicePlugin(args) => device_plugin_cmd::main(args)?,
+        Cmd::DraPlugin(args) => tessera_dra_plugin::main(&args)?,
         Cmd::Manager(args) => manager_cmd::main(args)?,
         Cmd::Status(args) => status_cmd::status_main(args)?,
         Cmd::Top(args) => status_cmd::top_main(args)?,

@@ -446,6 +446,16 @@ fn plan_without_slices(c: &Container, env: &[EnvVar], refusals: &mut Vec<Refusal
     if !gpu_resources(c).is_empty() {
         return Plan::Leave;
     }
+    // A container with DRA claims gets its devices, and for Tessera's driver the
+    // shim, from the claims' CDI edits (docs/dra.md): hiding the GPUs here would
+    // override what CDI sets.
+    if c.resources
+        .as_ref()
+        .and_then(|r| r.claims.as_ref())
+        .is_some_and(|claims| !claims.is_empty())
+    {
+        return Plan::Leave;
+    }
     match env.iter().rfind(|e| e.name == ENV_VISIBLE_DEVICES) {
         None => Plan::HideGpus,
         Some(e) if e.value_from.is_none() && e.value.as_deref() == Some(NO_GPUS) => Plan::Leave,
@@ -748,5 +758,29 @@ mod tests {
             }]
         );
         assert!(e.to_string().contains(ANNOTATION_PRIORITY), "{e}");
+    }
+
+    #[test]
+    fn a_dra_container_is_left_to_its_cdi_edits() {
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-5g-30"}],
+                "containers": [
+                    {"name": "dra", "image": "x", "resources": {"claims": [{"name": "gpu"}]}},
+                    {"name": "plain", "image": "x"}
+                ]
+            }
+        });
+        let out = mutate_pod(&pod).expect("admitted");
+        // The plain container is shown no GPU; the DRA one is left as it was.
+        let plain = out["spec"]["containers"][1]["env"].to_string();
+        assert!(plain.contains(NO_GPUS), "{out}");
+        assert_eq!(
+            out["spec"]["containers"][0], pod["spec"]["containers"][0],
+            "{out}"
+        );
     }
 }

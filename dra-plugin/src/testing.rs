@@ -1,0 +1,311 @@
+//! Test doubles for the plugin's peers, on real sockets: an API server that
+//! speaks the JSON of `resource.k8s.io/v1` over plain HTTP/1.1 (what kube-rs
+//! reads through a kubeconfig), and the kubelet's plugin watcher.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tessera_proto::dra::v1::dra_plugin_client::DraPluginClient;
+use tessera_proto::pluginregistration::v1 as reg;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::Channel;
+
+type Objects = Arc<Mutex<BTreeMap<String, serde_json::Value>>>;
+
+/// An API server holding objects by their REST path
+/// (`/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/name`):
+/// GET of an object or of a collection (a list), POST to a collection,
+/// PUT and DELETE of an object. Every request is recorded.
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    objects: Objects,
+    requests: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The REST path of a namespaced resource claim.
+pub fn claim_path(namespace: &str, name: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FakeApiServer {
+    /// Listens on an ephemeral port of 127.0.0.1.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let objects: Objects = Arc::default();
+        let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (o, r) = (objects.clone(), requests.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                tokio::spawn(serve_conn(sock, o.clone(), r.clone()));
+            }
+        });
+        Ok(Self {
+            addr,
+            objects,
+            requests,
+            task,
+        })
+    }
+
+    /// Writes a kubeconfig that points at this server.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
+                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+                 current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+                self.addr
+            ),
+        )
+    }
+
+    /// Stores (or replaces) a resource claim, by its namespace and name.
+    pub fn put_claim(&self, claim: serde_json::Value) {
+        let ns = claim["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let name = claim["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        lock(&self.objects).insert(claim_path(&ns, &name), claim);
+    }
+
+    /// The object at `path`.
+    pub fn get(&self, path: &str) -> Option<serde_json::Value> {
+        lock(&self.objects).get(path).cloned()
+    }
+
+    /// Every object under the collection `path`.
+    pub fn list(&self, collection: &str) -> Vec<serde_json::Value> {
+        list_of(&lock(&self.objects), collection)
+    }
+
+    /// The requests served so far: `METHOD path`.
+    pub fn requests(&self) -> Vec<String> {
+        lock(&self.requests).clone()
+    }
+}
+
+fn list_of(
+    objects: &BTreeMap<String, serde_json::Value>,
+    collection: &str,
+) -> Vec<serde_json::Value> {
+    let prefix = format!("{}/", collection.trim_end_matches('/'));
+    objects
+        .iter()
+        .filter(|(p, _)| {
+            p.strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.contains('/'))
+        })
+        .map(|(_, v)| v.clone())
+        .collect()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, serde_json::Value) {
+    (
+        code,
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": if code < 300 { "Success" } else { "Failure" },
+            "message": message, "reason": reason, "code": code,
+        }),
+    )
+}
+
+fn route(method: &str, target: &str, body: &[u8], objects: &Objects) -> (u16, serde_json::Value) {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let path = path.trim_end_matches('/').to_owned();
+    let mut objs = lock(objects);
+    match method {
+        "GET" => {
+            if let Some(o) = objs.get(&path) {
+                return (200, o.clone());
+            }
+            let items = list_of(&objs, &path);
+            let is_collection = path.ends_with('s') && !items.is_empty()
+                || path.ends_with("resourceslices")
+                || path.ends_with("resourceclaims");
+            if !is_collection {
+                return status(404, "NotFound", &format!("{path} not found"));
+            }
+            let selector: Vec<(String, String)> = query
+                .split('&')
+                .filter_map(|kv| kv.strip_prefix("labelSelector="))
+                .flat_map(|s| {
+                    s.split("%2C")
+                        .flat_map(|p| p.split(','))
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .filter_map(|p| {
+                    let p = p.replace("%3D", "=");
+                    p.split_once('=')
+                        .map(|(k, v)| (k.replace("%2F", "/"), v.to_owned()))
+                })
+                .collect();
+            let items: Vec<_> = items
+                .into_iter()
+                .filter(|o| {
+                    selector
+                        .iter()
+                        .all(|(k, v)| o["metadata"]["labels"][k.as_str()] == v.as_str())
+                })
+                .collect();
+            (
+                200,
+                serde_json::json!({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}),
+            )
+        }
+        "POST" => {
+            let Ok(mut o) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return status(400, "BadRequest", "body is not JSON");
+            };
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if name.is_empty() {
+                return status(422, "Invalid", "metadata.name is required");
+            }
+            let at = format!("{path}/{name}");
+            if objs.contains_key(&at) {
+                return status(409, "AlreadyExists", &format!("{at} already exists"));
+            }
+            o["metadata"]["uid"] = format!("uid-{}", objs.len()).into();
+            o["metadata"]["resourceVersion"] = "1".into();
+            objs.insert(at, o.clone());
+            (201, o)
+        }
+        "PUT" => {
+            let Ok(mut o) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return status(400, "BadRequest", "body is not JSON");
+            };
+            let Some(old) = objs.get(&path) else {
+                return status(404, "NotFound", &format!("{path} not found"));
+            };
+            let v: u64 = old["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            o["metadata"]["uid"] = old["metadata"]["uid"].clone();
+            o["metadata"]["resourceVersion"] = (v + 1).to_string().into();
+            objs.insert(path, o.clone());
+            (200, o)
+        }
+        "DELETE" => match objs.remove(&path) {
+            Some(_) => status(200, "", "deleted"),
+            None => status(404, "NotFound", &format!("{path} not found")),
+        },
+        _ => status(405, "MethodNotAllowed", method),
+    }
+}
+
+async fn serve_conn(sock: TcpStream, objects: Objects, requests: Arc<Mutex<Vec<String>>>) {
+    let (rd, mut wr) = sock.into_split();
+    let mut rd = BufReader::new(rd);
+    loop {
+        let mut line = String::new();
+        match rd.read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let (method, target) = (method.to_owned(), target.to_owned());
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            if rd.read_line(&mut h).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; len];
+        if rd.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        lock(&requests).push(format!("{method} {target}"));
+        let (code, value) = route(&method, &target, &body, &objects);
+        let text = value.to_string();
+        let head = format!(
+            "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            text.len()
+        );
+        if wr.write_all(head.as_bytes()).await.is_err()
+            || wr.write_all(text.as_bytes()).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The kubelet's plugin watcher: finds the registration socket of `driver`
+/// in `registry_dir` (waiting up to `wait` for it), asks GetInfo, dials the
+/// endpoint it names and tells the plugin it is registered.
+pub async fn register(
+    registry_dir: &Path,
+    driver: &str,
+    wait: Duration,
+) -> Result<(reg::PluginInfo, DraPluginClient<Channel>), String> {
+    let sock = registry_dir.join(crate::registration::socket_name(driver));
+    let deadline = tokio::time::Instant::now() + wait;
+    let channel = loop {
+        if sock.exists()
+            && let Ok(c) = tessera_proto::unix::channel(&sock).await
+        {
+            break c;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "no registration socket at {} after {wait:?}",
+                sock.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut r = reg::registration_client::RegistrationClient::new(channel);
+    let info = r
+        .get_info(reg::InfoRequest {})
+        .await
+        .map_err(|s| format!("GetInfo: {s}"))?
+        .into_inner();
+    let dra = tessera_proto::unix::channel(Path::new(&info.endpoint))
+        .await
+        .map_err(|e| format!("dial {}: {e}", info.endpoint))?;
+    r.notify_registration_status(reg::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .map_err(|s| format!("NotifyRegistrationStatus: {s}"))?;
+    Ok((info, DraPluginClient::new(dra)))
+}

@@ -1,0 +1,511 @@
+//! The DRA plugin between a fake kubelet and a fake API server, on a
+//! simulated node with the real manager: registration through the plugin
+//! watcher's socket, claims read over HTTP through a kubeconfig, two claims
+//! on one GPU and one on another prepared, a process started with each
+//! claim's CDI edits applied sees exactly its memory and is refused past it;
+//! a SIGKILL of the plugin changes nothing; unprepare removes everything; a
+//! bad claim gets its own error and leaves nothing.
+
+// The manager and the client roles; this file defines its own `role` test.
+#[allow(unused_macros, unused_imports)]
+mod manager_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use clap::Parser;
+use manager_support::*;
+use prost::Message;
+use serde_json::{Value, json};
+use tessera_dra_plugin::names::{gpu_device, slice_device};
+use tessera_dra_plugin::testing::{FakeApiServer, register};
+use tessera_dra_plugin::{DRIVER_NAME, cdi};
+use tessera_e2e::{Mode, ProbeChild, SimNode};
+use tessera_proto::dra::v1 as dra;
+use tessera_proto::dra::v1beta1 as dra_beta;
+
+const GI: u64 = 1 << 30;
+const T: Duration = Duration::from_secs(15);
+const NODE: &str = "node-1";
+
+/// The test executable's helper processes: the DRA plugin here, the
+/// manager and the client commands in `manager_support`.
+#[test]
+#[ignore = "helper: the manager or DRA plugin process the other tests start"]
+fn role() {
+    if std::env::var(ROLE_ENV).as_deref() == Ok("dra-plugin") {
+        std::process::exit(dra_role());
+    }
+    role_main();
+}
+
+#[derive(Parser)]
+#[command(name = "dra-plugin")]
+struct DraCli {
+    #[command(flatten)]
+    args: tessera_dra_plugin::DraPluginArgs,
+}
+
+fn dra_role() -> i32 {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let args: Vec<String> = std::env::var(ARGS_ENV)
+        .unwrap_or_default()
+        .split('\u{1f}')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let cli = match DraCli::try_parse_from(std::iter::once("dra-plugin".to_owned()).chain(args)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    match tessera_dra_plugin::main(&cli.args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            1
+        }
+    }
+}
+
+/// The plugin in a child process.
+struct Plugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn start(args: &[String], log: &Path) -> Plugin {
+        let child = role_command("dra-plugin", args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log"))
+            .spawn()
+            .expect("spawn the plugin");
+        Plugin {
+            child,
+            log: log.to_owned(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn claim(name: &str, uid: &str, results: Vec<Value>, config: Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}},
+    })
+}
+
+fn result(device: &str, consumed: Option<Value>) -> Value {
+    let mut r = json!({"request": "gpu", "driver": DRIVER_NAME, "pool": NODE, "device": device});
+    if let Some(c) = consumed {
+        r["consumedCapacity"] = c;
+    }
+    r
+}
+
+fn req(name: &str, uid: &str) -> dra::Claim {
+    dra::Claim {
+        namespace: "team".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+/// `f` on a thread of its own: the manager helpers run a runtime of their
+/// own, which cannot start on one of the test's runtime threads.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("helper thread"))
+}
+
+fn allocation_ids(socket: &Path) -> Vec<String> {
+    let mut ids: Vec<String> = off_runtime(|| node_status(socket))
+        .allocations
+        .into_iter()
+        .filter_map(|a| a.allocation.map(|a| a.id))
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn specs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A probe started as a runtime would start a container with the claim's
+/// CDI device: the spec's env, with mounted paths read as their host paths,
+/// and only the claim's GPUs visible (what the NVIDIA toolkit does with
+/// NVIDIA_VISIBLE_DEVICES).
+fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
+    let (kind, uid) = cdi_id.split_once('=').expect("qualified CDI name");
+    assert_eq!(kind, cdi::KIND);
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
+    )
+    .expect("spec JSON");
+    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
+    let mut c = n.probe(Mode::Dlopen, &[]);
+    for (k, v) in &env {
+        c.env(k, v);
+        if k == "NVIDIA_VISIBLE_DEVICES" {
+            c.env("CUDA_VISIBLE_DEVICES", v);
+        }
+    }
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "LD_PRELOAD" && v == &hook().display().to_string()),
+        "{env:?}"
+    );
+    ProbeChild::start(c)
+}
+
+/// The probe sees `limit` as its total, gets all of it and not a byte more.
+fn holds_exactly(p: &mut ProbeChild, limit: u64) {
+    for cmd in ["init", "ctx"] {
+        let l = p.cmd(cmd, T);
+        assert!(l.ok, "{}", l.raw);
+    }
+    assert_eq!(p.cmd("meminfo", T).u64("total"), limit);
+    let all = p.cmd(&format!("alloc {limit}"), T);
+    assert!(all.ok, "the whole claim is usable: {}", all.raw);
+    let one = p.cmd("alloc 1", T);
+    assert_eq!(
+        one.error.as_deref(),
+        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{}",
+        one.raw
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_kill() {
+    let n = SimNode::e2e(2, 0xd4a);
+    let m = ManagerProc::on(&n);
+    let st = off_runtime(|| node_status(&m.socket));
+    let (u0, u1) = (st.gpus[0].uuid.clone(), st.gpus[1].uuid.clone());
+    let api = FakeApiServer::start().await.expect("API server");
+    let dir = n.dir.path();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let (registry, plugin_dir, cdi_dir) =
+        (dir.join("registry"), dir.join("plugin"), dir.join("cdi"));
+    let config = dir.join("config.yaml");
+    // 4 slices per 16 GiB GPU: 4 GiB and 25 % each.
+    std::fs::write(&config, "default:\n  slice: {slicesPerGpu: 4}\n").expect("config");
+    let s = |p: &Path| p.display().to_string();
+    let args: Vec<String> = [
+        "--node-name",
+        NODE,
+        "--registry-dir",
+        &s(&registry),
+        "--plugin-dir",
+        &s(&plugin_dir),
+        "--cdi-dir",
+        &s(&cdi_dir),
+        "--kubeconfig",
+        &s(&kubeconfig),
+        "--socket",
+        &s(&m.socket),
+        "--config",
+        &s(&config),
+        "--hook-library",
+        &s(&hook()),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let mut plugin = Plugin::start(&args, &dir.join("plugin.log"));
+
+    let (info, mut kubelet) = match register(&registry, DRIVER_NAME, T).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", plugin.log()),
+    };
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER_NAME);
+    assert_eq!(info.endpoint, s(&plugin_dir.join("dra.sock")));
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+
+    // Two claims on GPU 0 (two slices; 3 GiB and 20 % of the shared GPU),
+    // one slice on GPU 1.
+    let claims = [
+        (
+            "two-slices",
+            "0a000000-0000-4000-8000-00000000000a",
+            vec![
+                result(&slice_device(&u0, 0), None),
+                result(&slice_device(&u0, 1), None),
+            ],
+            8 * GI,
+        ),
+        (
+            "shared",
+            "0b000000-0000-4000-8000-00000000000b",
+            vec![result(
+                &gpu_device(&u0),
+                Some(json!({"memory": "3Gi", "compute": "20"})),
+            )],
+            3 * GI,
+        ),
+        (
+            "other-gpu",
+            "0c000000-0000-4000-8000-00000000000c",
+            vec![result(&slice_device(&u1, 2), None)],
+            4 * GI,
+        ),
+    ];
+    for (name, uid, results, _) in &claims {
+        api.put_claim(claim(name, uid, results.clone(), json!([])));
+    }
+    let request = dra::NodePrepareResourcesRequest {
+        claims: claims
+            .iter()
+            .map(|(name, uid, ..)| req(name, uid))
+            .collect(),
+    };
+    let first = kubelet
+        .node_prepare_resources(request.clone())
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    assert_eq!(first.claims.len(), 3);
+    for (name, uid, results, _) in &claims {
+        let r = &first.claims[*uid];
+        assert_eq!(r.error, "", "{name}: {}", plugin.log());
+        let names: Vec<&str> = r.devices.iter().map(|d| d.device_name.as_str()).collect();
+        let want: Vec<&str> = results
+            .iter()
+            .map(|r| r["device"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, want, "{name}");
+        assert!(
+            r.devices
+                .iter()
+                .all(|d| d.pool_name == NODE && d.request_names == ["gpu"])
+        );
+        assert_eq!(
+            r.devices[0].cdi_device_ids,
+            [format!("{}={uid}", cdi::KIND)]
+        );
+    }
+    let ids = allocation_ids(&m.socket);
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let mut probes = Vec::new();
+    for (name, uid, _, limit) in &claims {
+        let mut p = probe_with_claim(
+            &n,
+            &cdi_dir,
+            &first.claims[*uid].devices[0].cdi_device_ids[0],
+        );
+        holds_exactly(&mut p, *limit);
+        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
+        let gpu = usize::from(*name == "other-gpu");
+        assert_eq!(truth[gpu], *limit, "{name}: ground truth {truth:?}");
+        probes.push(p);
+    }
+
+    // The plugin is killed and started again: the same answers, v1beta1
+    // exactly as v1, no second allocation.
+    plugin.child.kill().expect("SIGKILL");
+    plugin.child.wait().expect("reaped");
+    let plugin = Plugin::start(&args, &dir.join("plugin2.log"));
+    let (_, kubelet2) = match register(&registry, DRIVER_NAME, T).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", plugin.log()),
+    };
+    drop(kubelet2);
+    let channel = tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
+        .await
+        .expect("dial");
+    let mut beta = dra_beta::dra_plugin_client::DraPluginClient::new(channel);
+    let beta_req =
+        dra_beta::NodePrepareResourcesRequest::decode(request.encode_to_vec().as_slice()).unwrap();
+    let again = beta
+        .node_prepare_resources(beta_req)
+        .await
+        .expect("v1beta1 prepare")
+        .into_inner();
+    let again_v1 =
+        dra::NodePrepareResourcesResponse::decode(again.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(again_v1, first, "{}", plugin.log());
+    assert_eq!(allocation_ids(&m.socket), ids, "no second allocation");
+    for (p, (_, _, _, limit)) in probes.iter_mut().zip(&claims) {
+        let l = p.cmd("meminfo", T);
+        assert_eq!(
+            l.u64("total"),
+            *limit,
+            "still governed after the plugin restart"
+        );
+    }
+    for p in probes {
+        p.finish();
+    }
+
+    // Unprepare (and an unknown claim, which succeeds) removes everything.
+    let mut un = dra::NodeUnprepareResourcesRequest {
+        claims: request.claims.clone(),
+    };
+    un.claims
+        .push(req("never", "0d000000-0000-4000-8000-00000000000d"));
+    let gone = kubelet_for(&plugin_dir)
+        .await
+        .node_unprepare_resources(un)
+        .await
+        .expect("unprepare")
+        .into_inner();
+    assert_eq!(gone.claims.len(), 4);
+    assert!(gone.claims.values().all(|c| c.error.is_empty()), "{gone:?}");
+    assert!(allocation_ids(&m.socket).is_empty());
+    assert!(specs(&cdi_dir).is_empty(), "{:?}", specs(&cdi_dir));
+    let cp: Value =
+        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(cp["claims"], json!({}));
+    drop(kubelet);
+
+    // Bad claims beside a good one: each its own error, nothing left of them.
+    let good = ("good", "1a000000-0000-4000-8000-00000000001a");
+    api.put_claim(claim(
+        good.0,
+        good.1,
+        vec![result(&slice_device(&u1, 0), None)],
+        json!([]),
+    ));
+    let mut other_pool = result(&slice_device(&u0, 0), None);
+    other_pool["pool"] = "node-2".into();
+    let bad_config = json!([{"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters": {"apiVersion": "vgpu.tessera.dev/v1alpha1", "kind": "VgpuConfig", "computePolicy": "greedy"}}}]);
+    let bads: Vec<(&str, &str, Option<Value>, &str)> = vec![
+        (
+            "missing",
+            "2a000000-0000-4000-8000-00000000002a",
+            None,
+            "not found",
+        ),
+        (
+            "recreated",
+            "2b000000-0000-4000-8000-00000000002b",
+            Some(claim(
+                "recreated",
+                "another-uid",
+                vec![result(&slice_device(&u0, 0), None)],
+                json!([]),
+            )),
+            "has uid another-uid",
+        ),
+        (
+            "elsewhere",
+            "2c000000-0000-4000-8000-00000000002c",
+            Some(claim(
+                "elsewhere",
+                "2c000000-0000-4000-8000-00000000002c",
+                vec![other_pool],
+                json!([]),
+            )),
+            "on node node-1",
+        ),
+        (
+            "no-such-gpu",
+            "2d000000-0000-4000-8000-00000000002d",
+            Some(claim(
+                "no-such-gpu",
+                "2d000000-0000-4000-8000-00000000002d",
+                vec![result("gpu-ffff-s0", None)],
+                json!([]),
+            )),
+            "not a device of this node",
+        ),
+        (
+            "too-big",
+            "2e000000-0000-4000-8000-00000000002e",
+            Some(claim(
+                "too-big",
+                "2e000000-0000-4000-8000-00000000002e",
+                vec![result(&gpu_device(&u0), Some(json!({"memory": "17Gi"})))],
+                json!([]),
+            )),
+            "more than the GPU has",
+        ),
+        (
+            "bad-config",
+            "2f000000-0000-4000-8000-00000000002f",
+            Some(claim(
+                "bad-config",
+                "2f000000-0000-4000-8000-00000000002f",
+                vec![result(&slice_device(&u0, 0), None)],
+                bad_config,
+            )),
+            "greedy",
+        ),
+    ];
+    for (_, _, c, _) in &bads {
+        if let Some(c) = c {
+            api.put_claim(c.clone());
+        }
+    }
+    let mut all = vec![req(good.0, good.1)];
+    all.extend(bads.iter().map(|(name, uid, ..)| req(name, uid)));
+    let mut k = kubelet_for(&plugin_dir).await;
+    let r = k
+        .node_prepare_resources(dra::NodePrepareResourcesRequest { claims: all })
+        .await
+        .expect("prepare")
+        .into_inner();
+    assert_eq!(r.claims[good.1].error, "");
+    for (name, uid, _, want) in &bads {
+        let e = &r.claims[*uid];
+        assert!(e.devices.is_empty(), "{name}");
+        assert!(e.error.contains(want), "{name}: {:?}", e.error);
+    }
+    assert_eq!(allocation_ids(&m.socket), [format!("dra-{}", good.1)]);
+    assert_eq!(
+        specs(&cdi_dir),
+        [format!("vgpu.tessera.dev-claim_{}.json", good.1)]
+    );
+    let cp: Value =
+        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        cp["claims"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        [good.1]
+    );
+    drop(plugin);
+}
+
+async fn kubelet_for(
+    plugin_dir: &Path,
+) -> dra::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
+    dra::dra_plugin_client::DraPluginClient::new(
+        tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
+            .await
+            .expect("dial the plugin"),
+    )
+}
