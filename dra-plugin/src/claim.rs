@@ -419,7 +419,7 @@ mod tests {
                 memory_total_bytes: 16 * GI,
                 healthy: true,
                 unhealthy_reason: String::new(),
-                slices: layout.clone(),
+                slices: layout,
             })
             .collect()
     }
