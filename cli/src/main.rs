@@ -59,6 +59,8 @@ enum Cmd {
     Resume(tessera_client::pause::PauseArgs),
     /// Install the shim on the node by copy and rename, never rewriting a mapped file.
     InstallHook(tessera_client::install_hook::InstallHookArgs),
+    /// Replay a cluster trace (openb CSV) through the placement engine and compare policies.
+    Simulate(tessera_simulate::SimulateArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
     #[cfg(feature = "demo")]
     Demo(tessera_demo::DemoArgs),
@@ -123,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Pause(args) => resize_cmd::pause_main(args, true)?,
         Cmd::Resume(args) => resize_cmd::pause_main(args, false)?,
         Cmd::InstallHook(args) => tessera_client::install_hook::install_hook(&args)?,
+        Cmd::Simulate(args) => tessera_simulate::run(&args)?,
         #[cfg(feature = "demo")]
         Cmd::Demo(args) => {
             let ok = tessera_demo::run(&args)?;

@@ -1,0 +1,280 @@
+//! The task mix a cluster expects, and the fragmentation of a node over it.
+//!
+//! Definition (the FGD paper's, Weng et al., USENIX ATC'23): a GPU's free
+//! share is a *fragment* for a task type when that task cannot use it: the
+//! task needs no GPU, needs more of one GPU than is free there, needs more
+//! GPUs than the node has usable, another model, or more CPU than the node
+//! has left. The fragmentation of a node is the expectation of that
+//! unusable share over the task types, weighted by how often each comes.
+
+use std::collections::HashMap;
+
+use crate::cluster::{GpuNeed, MILLI, Request};
+
+/// One kind of task, as far as fragmentation goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskType {
+    pub cpu_milli: u64,
+    /// GPUs it needs (0: CPU only).
+    pub gpus: u32,
+    /// Share of each GPU, thousandths (1000 for whole GPUs).
+    pub milli: u32,
+    /// Allowed models or classes (empty: any), lower case, sorted.
+    pub models: Vec<String>,
+}
+
+/// One entry of a [`TaskMix`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MixEntry {
+    pub task: TaskType,
+    /// Share of the tasks of this type (the entries' weights sum to 1).
+    pub weight: f64,
+}
+
+impl TaskType {
+    /// The task type of a request.
+    pub fn of(req: &Request) -> TaskType {
+        let (gpus, milli) = match req.gpu {
+            GpuNeed::None => (0, 0),
+            GpuNeed::Share { compute, .. } => (1, compute),
+            GpuNeed::Whole(n) => (n, MILLI),
+        };
+        let mut models: Vec<String> = req.models.iter().map(|m| m.to_lowercase()).collect();
+        models.sort();
+        models.dedup();
+        TaskType {
+            cpu_milli: req.cpu_milli,
+            gpus,
+            milli,
+            models,
+        }
+    }
+}
+
+/// The task types a cluster expects and their weights (summing to 1).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskMix {
+    pub types: Vec<MixEntry>,
+}
+
+impl TaskMix {
+    /// The most frequent task types among `requests` that together cover at
+    /// least `coverage` (0..=1) of them, weighted by frequency. Ties in
+    /// frequency are broken by the type itself, so the mix does not depend
+    /// on the order of `requests`.
+    pub fn from_requests<'a>(
+        requests: impl IntoIterator<Item = &'a Request>,
+        coverage: f64,
+    ) -> TaskMix {
+        let mut counts: HashMap<TaskType, u64> = HashMap::new();
+        let mut total = 0u64;
+        for r in requests {
+            *counts.entry(TaskType::of(r)).or_default() += 1;
+            total += 1;
+        }
+        let mut all: Vec<(TaskType, u64)> = counts.into_iter().collect();
+        all.sort_by(|a, b| {
+            b.1.cmp(&a.1).then_with(|| {
+                (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
+                    b.0.gpus,
+                    b.0.milli,
+                    b.0.cpu_milli,
+                    &b.0.models,
+                ))
+            })
+        });
+        let need = (coverage.clamp(0.0, 1.0) * total as f64).ceil() as u64;
+        let mut kept = Vec::new();
+        let mut covered = 0u64;
+        for (t, n) in all {
+            if covered >= need && !kept.is_empty() {
+                break;
+            }
+            covered += n;
+            kept.push((t, n));
+        }
+        let sum: u64 = kept.iter().map(|k| k.1).sum();
+        TaskMix {
+            types: kept
+                .into_iter()
+                .map(|(task, n)| MixEntry {
+                    task,
+                    weight: n as f64 / sum.max(1) as f64,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A task type compiled against the engine's GPU kinds.
+#[derive(Debug, Clone)]
+pub(crate) struct CompiledType {
+    pub cpu_milli: u64,
+    pub gpus: u32,
+    pub milli: u32,
+    /// Per GPU kind: may the task use it.
+    pub allowed: Vec<bool>,
+    pub weight: f64,
+}
+
+/// What fragmentation needs of one GPU: its kind and its free share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FragGpu {
+    pub kind: u16,
+    pub free: u32,
+}
+
+/// The expected unusable free share (thousandths of a GPU) of a node with
+/// `cpu_free` CPU left and these GPUs.
+pub(crate) fn node_fragmentation(types: &[CompiledType], cpu_free: u64, gpus: &[FragGpu]) -> f64 {
+    let total: u64 = gpus.iter().map(|g| u64::from(g.free)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let mut frag = 0.0;
+    for t in types {
+        let unusable = if t.gpus == 0 || cpu_free < t.cpu_milli {
+            total
+        } else {
+            let mut usable_n = 0u32;
+            let mut usable_sum = 0u64;
+            for g in gpus {
+                if g.free >= t.milli && t.allowed.get(usize::from(g.kind)).copied().unwrap_or(false)
+                {
+                    usable_n += 1;
+                    usable_sum += u64::from(g.free);
+                }
+            }
+            if usable_n < t.gpus {
+                total
+            } else {
+                total - usable_sum
+            }
+        };
+        frag += t.weight * unusable as f64;
+    }
+    frag
+}
+
+/// The expected share (thousandths of a GPU) of a node's free GPU that the
+/// task mix cannot fill: for each type, what is left after as many copies
+/// of it as the node can still hold (by its GPUs and by its CPU) are
+/// placed. Stricter than [`node_fragmentation`]: a free share counts as
+/// usable only as far as copies of the task fit in it, and CPU limits the
+/// copies rather than all-or-nothing.
+pub(crate) fn node_leftover(types: &[CompiledType], cpu_free: u64, gpus: &[FragGpu]) -> f64 {
+    let total: u64 = gpus.iter().map(|g| u64::from(g.free)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let mut frag = 0.0;
+    for t in types {
+        let usable = if t.gpus == 0 || t.milli == 0 {
+            0
+        } else {
+            let allowed =
+                |g: &&FragGpu| t.allowed.get(usize::from(g.kind)).copied().unwrap_or(false);
+            let by_gpu = if t.milli >= MILLI {
+                gpus.iter()
+                    .filter(allowed)
+                    .filter(|g| g.free >= MILLI)
+                    .count() as u64
+                    / u64::from(t.gpus)
+            } else {
+                gpus.iter()
+                    .filter(allowed)
+                    .map(|g| u64::from(g.free / t.milli))
+                    .sum()
+            };
+            let by_cpu = cpu_free.checked_div(t.cpu_milli).unwrap_or(u64::MAX);
+            (by_gpu.min(by_cpu) * u64::from(t.gpus) * u64::from(t.milli)).min(total)
+        };
+        frag += t.weight * (total - usable) as f64;
+    }
+    frag
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ty(cpu: u64, gpus: u32, milli: u32, weight: f64) -> CompiledType {
+        CompiledType {
+            cpu_milli: cpu,
+            gpus,
+            milli,
+            allowed: vec![true, false],
+            weight,
+        }
+    }
+
+    #[test]
+    fn fragment_is_what_a_task_cannot_use() {
+        let gpus = [
+            FragGpu { kind: 0, free: 300 },
+            FragGpu {
+                kind: 0,
+                free: 1000,
+            },
+        ];
+        // A half-GPU task can use the whole GPU but not the 300.
+        assert_eq!(
+            node_fragmentation(&[ty(0, 1, 500, 1.0)], 8000, &gpus),
+            300.0
+        );
+        // A 0.2 task can use both.
+        assert_eq!(node_fragmentation(&[ty(0, 1, 200, 1.0)], 8000, &gpus), 0.0);
+        // Two whole GPUs: the node has one; everything is a fragment.
+        assert_eq!(
+            node_fragmentation(&[ty(0, 2, 1000, 1.0)], 8000, &gpus),
+            1300.0
+        );
+        // Not enough CPU left: everything.
+        assert_eq!(
+            node_fragmentation(&[ty(9000, 1, 200, 1.0)], 8000, &gpus),
+            1300.0
+        );
+        // CPU-only tasks use no GPU.
+        assert_eq!(
+            node_fragmentation(&[ty(1000, 0, 0, 1.0)], 8000, &gpus),
+            1300.0
+        );
+        // A model the task may not use.
+        let other = [FragGpu {
+            kind: 1,
+            free: 1000,
+        }];
+        assert_eq!(
+            node_fragmentation(&[ty(0, 1, 200, 1.0)], 8000, &other),
+            1000.0
+        );
+        // Weighted mix.
+        let mix = [ty(0, 1, 500, 0.5), ty(0, 2, 1000, 0.5)];
+        assert_eq!(
+            node_fragmentation(&mix, 8000, &gpus),
+            0.5 * 300.0 + 0.5 * 1300.0
+        );
+    }
+
+    #[test]
+    fn mix_keeps_the_most_frequent_types_up_to_the_coverage() {
+        let mut reqs = Vec::new();
+        for _ in 0..90 {
+            reqs.push(Request::trace(1000, 0, 1, 500));
+        }
+        for _ in 0..6 {
+            reqs.push(Request::trace(2000, 0, 1, 1000));
+        }
+        for _ in 0..4 {
+            reqs.push(Request::trace(1000, 0, 0, 0));
+        }
+        let mix = TaskMix::from_requests(&reqs, 0.95);
+        assert_eq!(mix.types.len(), 2);
+        assert_eq!(mix.types[0].task.milli, 500);
+        assert!((mix.types[0].weight - 90.0 / 96.0).abs() < 1e-12);
+        let all = TaskMix::from_requests(&reqs, 1.0);
+        assert_eq!(all.types.len(), 3);
+        let w: f64 = all.types.iter().map(|t| t.weight).sum();
+        assert!((w - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,21 @@
+//! Tessera's placement engine: a pure function of a cluster's state and a
+//! request → a node and the GPUs on it, per policy. No I/O, no async: the
+//! scheduler extender, `tessera simulate` and the device plugin's in-node
+//! choice all call it.
+//!
+//! - [`cluster`]: the state (nodes, GPUs) and the request types.
+//! - [`frag`]: the task mix a cluster expects and the fragmentation measure
+//!   over it (the FGD paper's definition).
+//! - [`policy`]: the policies and how each scores a candidate.
+//! - [`engine`]: the index (nodes bucketed by the state of their GPUs) and
+//!   the decision over it.
+
+pub mod cluster;
+pub mod engine;
+pub mod frag;
+pub mod policy;
+
+pub use cluster::{Choice, Gpu, GpuNeed, MemoryNeed, Node, Request};
+pub use engine::{Engine, PlaceError};
+pub use frag::{MixEntry, TaskMix, TaskType};
+pub use policy::{Policy, PolicyError};

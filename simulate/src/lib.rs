@@ -1,0 +1,201 @@
+//! `tessera simulate`: replays a cluster trace in the openb CSV format
+//! through the placement engine with the published protocol, and reports
+//! per policy the unallocated GPU share at 100% arrived demand.
+//!
+//! - [`trace`]: reading the node and pod lists.
+//! - [`replay`]: the protocol (seeded shuffle, inflation, one attempt).
+//! - [`report`]: the table, JSON and the SVG plot.
+//! - [`bench`]: decision time at the trace's size and ten times it.
+
+pub mod bench;
+pub mod replay;
+pub mod report;
+pub mod trace;
+
+use std::path::PathBuf;
+
+use tessera_placement::{PlaceError, Policy, PolicyError, TaskMix};
+
+use crate::replay::{Outcome, arrival_order, replay};
+use crate::report::Summary;
+
+/// Share of the trace's pods whose task types make the fragmentation
+/// measure's mix (the published protocol's 95%).
+pub const MIX_COVERAGE: f64 = 0.95;
+
+/// Flags of `tessera simulate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimulateArgs {
+    /// The node list (openb CSV: sn,cpu_milli,memory_mib,gpu,model).
+    #[arg(long, value_name = "FILE")]
+    pub nodes: PathBuf,
+    /// The pod list (openb CSV: name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...).
+    #[arg(long, value_name = "FILE")]
+    pub pods: PathBuf,
+    /// Policies to compare, comma-separated: defrag, fgd, binpack, spread,
+    /// shared-threshold[:T]; `all` for every one. Default: the policy a node
+    /// gets when its config names none.
+    #[arg(long, value_name = "NAME[,NAME...]")]
+    pub policy: Option<String>,
+    /// Seeds: `42..51` (inclusive), `7`, or `1,2,3`.
+    #[arg(long, default_value = "42..51")]
+    pub seeds: String,
+    /// Print JSON (one object per policy) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write an SVG of unallocated share against arrived demand.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Instead of the replay table: decision time at the trace's size and
+    /// at ten times it (the nodes repeated), one seed.
+    #[arg(long)]
+    pub bench: bool,
+}
+
+/// Why `tessera simulate` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error(transparent)]
+    Trace(#[from] trace::TraceError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("--seeds {0:?}: expected FIRST..LAST, a number, or a comma-separated list")]
+    Seeds(String),
+    #[error("placement: {0}")]
+    Place(#[from] PlaceError),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Parses `--policy`.
+pub fn parse_policies(s: Option<&str>) -> Result<Vec<Policy>, PolicyError> {
+    match s {
+        None => Ok(vec![Policy::default()]),
+        Some(s) if s.trim().eq_ignore_ascii_case("all") => Ok(Policy::ALL.to_vec()),
+        Some(s) => s.split(',').map(str::parse).collect(),
+    }
+}
+
+/// Parses `--seeds`.
+pub fn parse_seeds(s: &str) -> Result<Vec<u64>, SimulateError> {
+    let bad = || SimulateError::Seeds(s.to_owned());
+    let seeds: Vec<u64> = if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().map_err(|_| bad())?;
+        let b: u64 = b
+            .trim()
+            .trim_start_matches('=')
+            .parse()
+            .map_err(|_| bad())?;
+        if b < a || b - a >= 10_000 {
+            return Err(bad());
+        }
+        (a..=b).collect()
+    } else {
+        s.split(',')
+            .map(|x| x.trim().parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?
+    };
+    if seeds.is_empty() {
+        return Err(bad());
+    }
+    Ok(seeds)
+}
+
+/// Every (policy, seed) replay of a trace, run on the machine's cores.
+pub fn run_all(
+    nodes: &[tessera_placement::Node],
+    pods: &[tessera_placement::Request],
+    policies: &[Policy],
+    seeds: &[u64],
+) -> Result<Vec<Vec<Outcome>>, SimulateError> {
+    let mix = TaskMix::from_requests(pods, MIX_COVERAGE);
+    let capacity = nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>() * 1000;
+    let orders: Vec<Vec<usize>> = seeds
+        .iter()
+        .map(|&s| arrival_order(pods, capacity, s))
+        .collect();
+    let jobs: Vec<(usize, usize)> = (0..policies.len())
+        .flat_map(|p| (0..seeds.len()).map(move |s| (p, s)))
+        .collect();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Vec<(usize, Result<Outcome, PlaceError>)>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(p, s)) = jobs.get(j) else { break };
+                        out.push((
+                            j,
+                            replay(nodes, pods, &mix, &orders[s], policies[p], seeds[s]),
+                        ));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a replay thread panicked"))
+            .collect()
+    });
+    let mut flat: Vec<(usize, Result<Outcome, PlaceError>)> =
+        results.into_iter().flatten().collect();
+    flat.sort_by_key(|(j, _)| *j);
+    let mut per_policy: Vec<Vec<Outcome>> = vec![Vec::new(); policies.len()];
+    for (j, r) in flat {
+        per_policy[jobs[j].0].push(r?);
+    }
+    Ok(per_policy)
+}
+
+/// `tessera simulate`: prints the table (or JSON); writes the plot.
+pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
+    print!("{}", output(args)?);
+    Ok(())
+}
+
+/// What `tessera simulate` prints (and the plot it writes).
+pub fn output(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let policies = parse_policies(args.policy.as_deref())?;
+    let seeds = parse_seeds(&args.seeds)?;
+    let nodes = trace::read_nodes(&args.nodes)?;
+    let pods = trace::read_pods(&args.pods)?;
+    if args.bench {
+        return bench::run(&nodes, &pods, &policies, seeds[0]);
+    }
+    let outcomes = run_all(&nodes, &pods, &policies, &seeds)?;
+    let summaries: Vec<Summary> = outcomes.iter().map(|o| Summary::of(o)).collect();
+    let name = args
+        .pods
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let out = if args.json {
+        let v = serde_json::json!({ "trace": name, "policies": summaries });
+        format!("{v:#}\n")
+    } else {
+        report::table(&name, &summaries)
+    };
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{name}: unallocated GPU vs arrived demand ({} seeds)",
+            seeds.len()
+        );
+        std::fs::write(path, report::svg(&title, &summaries)).map_err(|source| {
+            SimulateError::Write {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+    }
+    Ok(out)
+}
