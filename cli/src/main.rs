@@ -40,7 +40,7 @@ enum Cmd {
     /// The mutating admission webhook (HTTPS): injects the shim into pods that request slices.
     Webhook(tessera_webhook::run::WebhookArgs),
     /// The kubelet device plugin: advertises GPU slices as tessera.dev/vgpu.
-    DevicePlugin(device_plugin_cmd::DevicePluginArgs),
+    DevicePlugin(tessera_device_plugin::args::DevicePluginArgs),
     /// The kubelet DRA plugin (driver vgpu.tessera.dev): prepares ResourceClaims as allocations.
     DraPlugin(tessera_dra_plugin::DraPluginArgs),
     /// The node manager daemon: GPU inventory, allocations, metrics, the manager API.

@@ -5,7 +5,7 @@
 //! retry of the same Allocate finds the allocation it already made.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
@@ -13,10 +13,12 @@ use tonic::{Code, Status};
 
 use tessera_contract::env;
 
-use crate::config::{ComputePolicy, DeviceListStrategy, FULL_COMPUTE_PPM};
+use tessera_node::cdi::{HostPaths, KIND_NVIDIA, KIND_TESSERA};
+use tessera_node::config::{ComputePolicy, DeviceListStrategy, FULL_COMPUTE_PPM};
+
 use crate::device_id::{DeviceId, DeviceIdError};
-use crate::manager::ManagerApi;
 use crate::state::Snapshot;
+use tessera_node::manager::ManagerApi;
 
 /// The env var the NVIDIA container toolkit reads the device list from.
 pub use tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
@@ -25,12 +27,6 @@ pub use tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
 pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The host side of those mounts: only their container paths mean something.
 pub const VOLUME_MOUNTS_HOST: &str = "/dev/null";
-/// CDI kind of the NVIDIA container toolkit's spec (`nvidia-ctk cdi generate`):
-/// device nodes and driver libraries of each GPU, by UUID.
-pub const CDI_KIND_NVIDIA: &str = "nvidia.com/gpu";
-/// CDI kind (vendor/class) of the plugin's own devices: the spec
-/// [`crate::cdi`] writes, which mounts the shim and the allocation's files.
-pub const CDI_KIND_TESSERA: &str = "tessera.dev/gpu";
 /// Annotation naming the allocation, for the container runtime and humans.
 pub use tessera_contract::labels::ANNOTATION_ALLOCATION as ALLOCATION_ANNOTATION;
 /// Label the plugin puts on its allocations, and its value there; only
@@ -249,25 +245,6 @@ fn same_limits(a: &mgr::Allocation, plan: &Plan) -> bool {
     have == want && a.policy == policy_to_proto(plan.policy) as i32
 }
 
-/// Host paths of the files every container mounts besides its allocation's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPaths {
-    /// The hook library on the host.
-    pub hook_library: PathBuf,
-    /// The `ld.so.preload` file on the host (mounted when the node config
-    /// enables `ldSoPreload`).
-    pub preload_file: PathBuf,
-}
-
-impl Default for HostPaths {
-    fn default() -> Self {
-        Self {
-            hook_library: PathBuf::from(tessera_contract::paths::HOST_HOOK_LIBRARY),
-            preload_file: PathBuf::from(tessera_contract::paths::HOST_PRELOAD_FILE),
-        }
-    }
-}
-
 /// The container's env, mounts, CDI devices and annotations for an allocation.
 ///
 /// Env: `TESSERA_CONTROL`, `TESSERA_STATE` (container paths),
@@ -338,10 +315,10 @@ pub fn container_response(
     }
     let mut cdi_devices = Vec::new();
     if strategy.cdi {
-        for kind in [CDI_KIND_NVIDIA, CDI_KIND_TESSERA] {
+        for kind in [KIND_NVIDIA, KIND_TESSERA] {
             for u in &uuids {
                 cdi_devices.push(dp::CdiDevice {
-                    name: format!("{kind}={u}"),
+                    name: tessera_node::cdi::qualified_name(kind, u),
                 });
             }
         }
@@ -395,10 +372,10 @@ pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::state::PluginState;
     use std::sync::Mutex;
     use std::time::Instant;
+    use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
 
     const GI: u64 = 1 << 30;
@@ -713,7 +690,7 @@ mod tests {
         async fn watch_node_status(
             &self,
             _interval_ms: u32,
-        ) -> Result<crate::manager::StatusStream, Status> {
+        ) -> Result<tessera_node::manager::StatusStream, Status> {
             Err(Status::unimplemented("not here"))
         }
     }

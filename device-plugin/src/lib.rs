@@ -2,23 +2,23 @@
 //! devices (`<gpu-uuid>::<n>`), places requests on GPUs, and turns each
 //! Allocate into a manager allocation. See `docs/device-plugin.md`.
 //!
-//! Pure logic (config, placement, allocation plans, PodResources decisions)
-//! lives in modules with no I/O; tonic and kube stay at the edges (`service`,
-//! `registration`, `manager`, `node_labels`, `plugin`).
+//! The node config, the CDI spec writer and the manager client are
+//! `tessera-node`'s, shared with the DRA plugin. Pure logic (placement,
+//! allocation plans, PodResources decisions) lives in modules with no I/O;
+//! tonic and kube stay at the edges (`service`, `registration`, `node_labels`,
+//! `plugin`).
 
 pub mod allocate;
+pub mod args;
 pub mod cdi;
-pub mod config;
 pub mod device_id;
 pub mod grpc;
 pub mod inventory;
-mod manager;
 pub mod node_labels;
 pub mod placement;
 pub mod plugin;
 pub mod pod_resources;
 pub mod registration;
-pub mod selector;
 mod service;
 pub mod slices_file;
 pub mod state;

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::is_label_value;
 use crate::state::{PluginState, Snapshot};
+use tessera_node::config::is_label_value;
 
 pub use tessera_contract::labels::{
     NODE_GPU_CLASS as LABEL_CLASS, NODE_GPU_MEMORY as LABEL_MEMORY,
@@ -174,9 +174,9 @@ pub(crate) async fn sync_loop<N: NodeApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use std::sync::Mutex;
     use std::time::Instant;
+    use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
 
     #[test]

@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::Placement;
 use crate::device_id::DeviceId;
+use tessera_node::config::Placement;
 
 /// What placement needs to know about one GPU.
 #[derive(Debug, Clone, PartialEq)]

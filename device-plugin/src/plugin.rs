@@ -14,14 +14,14 @@ use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServ
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::allocate::HostPaths;
-use crate::config::{Config, ConfigError};
-use crate::manager::{GrpcManager, ManagerApi};
 use crate::node_labels::{KubeNodeApi, NodeApiError, kube_client};
 use crate::pod_resources::{GrpcPodResources, KubePodApi, OrphanTracker, PodApi, PodResourcesApi};
 use crate::registration::{file_id, register};
 use crate::service::{PluginService, plugin_options};
 use crate::state::PluginState;
+use tessera_node::cdi::HostPaths;
+use tessera_node::config::{Config, ConfigError};
+use tessera_node::manager::{GrpcManager, ManagerApi};
 
 /// The extended resource the plugin advertises.
 pub use tessera_contract::labels::RESOURCE as RESOURCE_NAME;

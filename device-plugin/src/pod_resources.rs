@@ -30,9 +30,9 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::allocate::{SOURCE_DEVICE_PLUGIN, SOURCE_LABEL};
-use crate::manager::ManagerApi;
 use crate::node_labels::NodeApiError;
 use tessera_contract::Policy;
+use tessera_node::manager::ManagerApi;
 
 /// The pod annotation asking for a compute policy (`guaranteed` | `burst`).
 pub use tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
@@ -846,7 +846,7 @@ mod tests {
         async fn watch_node_status(
             &self,
             _interval_ms: u32,
-        ) -> Result<crate::manager::StatusStream, Status> {
+        ) -> Result<tessera_node::manager::StatusStream, Status> {
             Err(Status::unimplemented("not here"))
         }
     }

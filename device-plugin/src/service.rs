@@ -11,10 +11,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::allocate::{self, HostPaths};
-use crate::manager::ManagerApi;
+use crate::allocate;
 use crate::placement::{self, GpuLoad, Policy};
 use crate::state::{PluginState, Snapshot};
+use tessera_node::cdi::HostPaths;
+use tessera_node::manager::ManagerApi;
 
 /// Serves one node's slices to the kubelet.
 pub(crate) struct PluginService<M> {

@@ -10,9 +10,9 @@ use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1::NodeStatus;
 use tokio::sync::watch;
 
-use crate::config::{Config, NodeConfig, SliceLayout};
 use crate::device_id::{DeviceId, MAX_DEVICE_ID_LEN};
 use crate::inventory::{Gpu, UtilizationWindow, gpus_of};
+use tessera_node::config::{Config, NodeConfig, SliceLayout};
 
 /// One GPU and how it is sliced under the config in force.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::Deserialize;
-use tessera_device_plugin::config::{FULL_COMPUTE_PPM, SliceLayout};
+use tessera_node::config::{FULL_COMPUTE_PPM, SliceLayout};
 use tessera_proto::manager::v1 as mgr;
 
 use crate::names::{self, DeviceName};

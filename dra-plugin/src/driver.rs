@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::labels::SOURCE;
-use tessera_device_plugin::config::{Config, NodeConfig};
+use tessera_node::config::{Config, NodeConfig};
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
 use tessera_proto::manager::v1::manager_client::ManagerClient;
@@ -221,10 +221,8 @@ impl<C: ClaimSource> Driver<C> {
             .into_inner();
         let gpus = node_gpus(&status, &node);
         let default_policy = match node.compute_policy {
-            tessera_device_plugin::config::ComputePolicy::Guaranteed => {
-                mgr::ComputePolicy::Guaranteed
-            }
-            tessera_device_plugin::config::ComputePolicy::Burst => mgr::ComputePolicy::Burst,
+            tessera_node::config::ComputePolicy::Guaranteed => mgr::ComputePolicy::Guaranteed,
+            tessera_node::config::ComputePolicy::Burst => mgr::ComputePolicy::Burst,
         };
         let plan = claim::plan(
             &rc,

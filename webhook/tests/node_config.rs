@@ -1,14 +1,14 @@
-//! The chart and the device plugin agree: the node config the chart ships (its
+//! The chart and the plugins agree: the node config the chart ships (its
 //! values.yaml `nodeConfig`, which the ConfigMap's config.yaml is, through `toYaml`)
-//! parses with the device plugin's own parser and means what its comments say, and
-//! the names the webhook relies on are the plugin's. (Helm itself renders the chart
-//! in CI: .ci/chart.)
+//! parses with the plugins' own parser (`tessera-node`) and means what its
+//! comments say, and the names the webhook relies on are the device plugin's.
+//! (Helm itself renders the chart in CI: .ci/chart.)
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use tessera_device_plugin::config::{ComputePolicy, Config, DeviceListStrategy, Placement};
+use tessera_node::config::{ComputePolicy, Config, DeviceListStrategy, Placement};
 
 fn shipped_node_config() -> Value {
     let path = concat!(

@@ -1,5 +1,12 @@
-//! The manager API as the plugin uses it: a crate-private trait, so plugin
-//! logic is tested against a fake, and its tonic implementation.
+//! The manager API as a kubelet plugin uses it: [`ManagerApi`], a trait so
+//! that plugin logic can be tested against a fake (or the real manager served
+//! in-process), and [`GrpcManager`], its implementation over the manager's
+//! unix socket.
+//!
+//! Errors are the manager's own gRPC statuses: `AlreadyExists` for an
+//! allocation id in use, `NotFound` for an unknown one, `InvalidArgument` or
+//! `FailedPrecondition` for a request it refuses, `Unavailable` while it is
+//! not running.
 
 use std::future::Future;
 use std::path::Path;
@@ -11,28 +18,35 @@ use tessera_proto::manager::v1::manager_client::ManagerClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
-/// A stream of node statuses.
-pub(crate) type StatusStream = Pin<Box<dyn Stream<Item = Result<mgr::NodeStatus, Status>> + Send>>;
+/// A stream of node statuses, as [`ManagerApi::watch_node_status`] gives it.
+pub type StatusStream = Pin<Box<dyn Stream<Item = Result<mgr::NodeStatus, Status>> + Send>>;
 
-/// What the plugin asks of the manager.
-pub(crate) trait ManagerApi: Send + Sync + 'static {
+/// What a plugin asks of the manager; one method per manager RPC it uses.
+pub trait ManagerApi: Send + Sync + 'static {
+    /// CreateAllocation: the allocation as made (its files' host paths in
+    /// `control_path` and `state_path`); `AlreadyExists` if the id is taken.
     fn create_allocation(
         &self,
         req: mgr::CreateAllocationRequest,
     ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
+    /// ListAllocations: every allocation the manager holds.
     fn list_allocations(&self)
     -> impl Future<Output = Result<Vec<mgr::Allocation>, Status>> + Send;
+    /// DeleteAllocation; `NotFound` if there is none with this id.
     fn delete_allocation(&self, id: String) -> impl Future<Output = Result<(), Status>> + Send;
+    /// SetAllocationOwner: records the pod and container an allocation serves.
     fn set_allocation_owner(
         &self,
         req: mgr::SetAllocationOwnerRequest,
     ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
-    /// ResizeAllocation; the plugin sends a priority only (a pod's memory
-    /// and compute come from its slice count).
+    /// ResizeAllocation (the device plugin sends a priority only: a pod's
+    /// memory and compute come from its slice count).
     fn resize_allocation(
         &self,
         req: mgr::ResizeAllocationRequest,
     ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
+    /// WatchNodeStatus: the node's GPUs and their health, every
+    /// `interval_ms` and on every change.
     fn watch_node_status(
         &self,
         interval_ms: u32,
@@ -41,15 +55,17 @@ pub(crate) trait ManagerApi: Send + Sync + 'static {
 
 /// The manager over gRPC on its unix socket.
 #[derive(Clone)]
-pub(crate) struct GrpcManager {
+pub struct GrpcManager {
     client: ManagerClient<Channel>,
 }
 
 impl GrpcManager {
-    /// Connects lazily: the manager may start after the plugin.
-    pub(crate) fn new(socket: &Path) -> Result<Self, tonic::transport::Error> {
+    /// A client of the manager on `socket`. Connects lazily, on the first
+    /// call (the manager may start after the plugin), and again after the
+    /// manager restarts.
+    pub fn new(socket: &Path) -> Result<Self, tonic::transport::Error> {
         Ok(Self {
-            client: ManagerClient::new(crate::grpc::unix_channel_lazy(socket)?),
+            client: ManagerClient::new(tessera_proto::unix::channel_lazy(socket)?),
         })
     }
 }

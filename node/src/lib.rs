@@ -1,0 +1,21 @@
+//! What Tessera's kubelet plugins share on a node: the device plugin
+//! (`tessera-device-plugin`) and the DRA plugin both read the same node
+//! config, write CDI specs that carry the shim, and talk to the same manager.
+//!
+//! - [`config`]: the node config file (`default`, `overrides` chosen by node
+//!   name and labels, `gpuClasses`), parsed and validated with errors that
+//!   name the field, and resolved for one node ([`config::Config::resolve`]).
+//! - [`selector`]: the Kubernetes label selectors of the config's overrides.
+//! - [`cdi`]: Container Device Interface specs: any set of named devices with
+//!   their container edits, written atomically to a spec directory.
+//! - [`manager`]: the manager API as a plugin uses it ([`manager::ManagerApi`],
+//!   a trait so logic can be tested against a fake) and its gRPC client
+//!   ([`manager::GrpcManager`]).
+//!
+//! `config`, `selector` and the spec building in `cdi` do no I/O but
+//! [`config::Config::load`] and the spec file functions.
+
+pub mod cdi;
+pub mod config;
+pub mod manager;
+pub mod selector;
