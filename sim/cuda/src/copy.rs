@@ -29,10 +29,24 @@ enum Side {
 fn check(side: Side, ptr: u64, len: u64) -> CuResult<()> {
     match side {
         Side::Device if len == 0 => Ok(()),
-        Side::Device => check_device_range(ptr, len),
+        Side::Device => check_device_side(ptr, len),
         Side::Host => check_host_range(ptr, len),
         Side::Any => check_any_range(ptr, len),
     }
+}
+
+/// Checks the device side of a copy or memset: live device memory, or page-locked host
+/// memory of ours (`cuMemHostAlloc`, `cuMemAllocHost`), which the device addresses too, so
+/// the driver copies from and memsets it as device memory (XLA's autotuner clears and reads
+/// back a small pinned result buffer that way). Any other host pointer is refused.
+fn check_device_side(ptr: u64, len: u64) -> CuResult<()> {
+    let pinned = crate::memory::find_host(ptr).is_some_and(|h| {
+        !h.registered && ptr.checked_add(len).is_some_and(|e| e <= h.base + h.size)
+    });
+    if pinned {
+        return Ok(());
+    }
+    check_device_range(ptr, len)
 }
 
 /// Waits for what a synchronous call must wait for: all of the context's earlier work
@@ -305,11 +319,12 @@ fn fill(dst: u64, pitch: u64, value: u32, elem: u64, width: u64, height: u64) ->
         .checked_mul(pitch)
         .and_then(|s| s.checked_add(row))
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    check_device_range(dst, span)?;
+    check_device_side(dst, span)?;
     for r in 0..height {
         let start = dst + r * pitch;
-        // SAFETY: each row lies inside the checked span of live device memory, and `start`
-        // is aligned to `elem` (checked above) so the typed slices are aligned.
+        // SAFETY: each row lies inside the checked span of live device memory or of one of
+        // our own pinned host allocations, and `start` is aligned to `elem` (checked above)
+        // so the typed slices are aligned.
         unsafe {
             match elem {
                 1 => std::slice::from_raw_parts_mut(start as *mut u8, width as usize)
