@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_contract::labels::{PRIORITY_MAX, PRIORITY_MIN};
 
@@ -54,6 +54,34 @@ pub struct Core {
     pub(crate) changes: tokio::sync::watch::Sender<u64>,
     pub(crate) stop: AtomicBool,
     pub(crate) resolver: Resolver,
+    /// Background passes completed, so that tests (and operators) can wait
+    /// for the next one instead of guessing how long it takes.
+    pub(crate) passes: Passes,
+}
+
+/// Counts of completed background passes (`tessera_manager_passes_total`).
+#[derive(Debug, Default)]
+pub struct Passes {
+    /// Reaper passes: host pids resolved, dead processes reclaimed.
+    pub(crate) reaper: AtomicU64,
+    /// GPU events (XIDs, lost GPUs) handled.
+    pub(crate) gpu_events: AtomicU64,
+}
+
+impl Passes {
+    /// Reaper passes completed since start.
+    pub fn reaper(&self) -> u64 {
+        self.reaper.load(Ordering::Acquire)
+    }
+
+    /// GPU events handled since start.
+    pub fn gpu_events(&self) -> u64 {
+        self.gpu_events.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Core {
@@ -95,11 +123,17 @@ impl Core {
             changes,
             stop: AtomicBool::new(false),
             resolver: Resolver::host(),
+            passes: Passes::default(),
         }
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Background passes completed so far.
+    pub fn passes(&self) -> &Passes {
+        &self.passes
     }
 
     pub fn gpus(&self) -> &[GpuInfo] {

@@ -119,6 +119,10 @@ pub struct MetricsSnapshot {
     /// Backstop passes completed since the manager started.
     pub backstop_passes: u64,
     pub backstop_standings: Vec<StandingMetrics>,
+    /// Reaper passes completed since start.
+    pub reaper_passes: u64,
+    /// GPU events (XIDs, lost GPUs) handled since start.
+    pub gpu_events: u64,
 }
 
 /// Every metric: name as exposed, type, help. The order is the exposition's.
@@ -239,6 +243,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "tessera_backstop_passes_total",
         "counter",
         "Backstop passes completed since the manager started.",
+    ),
+    (
+        "tessera_manager_passes_total",
+        "counter",
+        "Background passes the manager completed since it started, by pass (reaper, gpu_event).",
     ),
 ];
 
@@ -437,6 +446,10 @@ pub fn render(s: &MetricsSnapshot) -> String {
         labels(&[("Hostname", &s.hostname)]),
         s.backstop_passes as f64,
     );
+    for (pass, n) in [("reaper", s.reaper_passes), ("gpu_event", s.gpu_events)] {
+        let l = labels(&[("Hostname", &s.hostname), ("pass", pass)]);
+        add("tessera_manager_passes_total", l, n as f64);
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_text::encode(&mut out, &registry);
@@ -715,6 +728,8 @@ mod tests {
                 held_bytes: 6 << 30,
                 over_limit_bytes: 2 << 30,
             }],
+            reaper_passes: 5,
+            gpu_events: 2,
         }
     }
 
@@ -768,6 +783,16 @@ mod tests {
                 "tessera_backstop_passes_total",
                 r#"{Hostname="node-1"}"#,
                 42.0,
+            ),
+            (
+                "tessera_manager_passes_total",
+                r#"{Hostname="node-1",pass="reaper"}"#,
+                5.0,
+            ),
+            (
+                "tessera_manager_passes_total",
+                r#"{Hostname="node-1",pass="gpu_event"}"#,
+                2.0,
             ),
         ] {
             assert_eq!(sample(&text, name, labels), Some(want), "{name}{labels}");

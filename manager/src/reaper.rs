@@ -161,6 +161,7 @@ pub(crate) fn spawn(core: Arc<Core>) -> std::io::Result<JoinHandle<()>> {
             let mut reaper = Reaper::default();
             while !core.stop.load(Ordering::Acquire) {
                 reaper.tick(&core);
+                crate::core::Passes::count(&core.passes.reaper);
                 std::thread::sleep(core.config.reap_interval);
             }
         })

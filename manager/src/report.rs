@@ -307,6 +307,8 @@ impl Core {
             backstop_stops,
             backstop_passes: tally.passes,
             backstop_standings,
+            reaper_passes: self.passes.reaper(),
+            gpu_events: self.passes.gpu_events(),
         })
     }
 }

@@ -120,7 +120,10 @@ pub(crate) fn spawn_events(core: Arc<Core>) -> std::io::Result<JoinHandle<()>> {
             let mut complained = false;
             while !core.stop.load(Ordering::Acquire) {
                 match core.backend.wait_event(Duration::from_millis(200)) {
-                    Ok(Some(ev)) => on_event(&core, ev),
+                    Ok(Some(ev)) => {
+                        on_event(&core, ev);
+                        crate::core::Passes::count(&core.passes.gpu_events);
+                    }
                     Ok(None) => {}
                     Err(e) => {
                         if !complained {

@@ -123,6 +123,22 @@ fn capped(what: &str, got: &[f64], window: Duration, files: &[AllocFiles], holds
     }
 }
 
+/// How long the test waits for what must happen: a deadline for a hang.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits until the arbiter child has reported on every allocation: it has
+/// taken them all over and ticked.
+fn wait_reports(holds: &Holds, files: &[AllocFiles]) {
+    let t0 = Instant::now();
+    while !files
+        .iter()
+        .all(|f| holds.lock().unwrap().contains_key(&f.id))
+    {
+        assert!(t0.elapsed() < DEADLINE, "the arbiter never reported");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Busy % per process and of the GPU over about `span`, and the window
 /// they are shares of.
 fn measure(node: &SimNode, pids: &[u32], span: Duration) -> (Vec<f64>, f64, Duration) {
@@ -167,18 +183,24 @@ fn killing_the_arbiter_stops_no_workload_and_a_new_one_takes_over() {
     }
     let pids: Vec<u32> = workloads.iter().map(Workload::pid).collect();
 
-    // Governed: each is held to its 30%.
-    std::thread::sleep(Duration::from_millis(500));
+    // Governed: each is held to its 30%, once the arbiter has reported
+    // on every allocation (it has ticked).
+    wait_reports(&holds, &files);
     let (governed, _, window) = measure(&node, &pids, Duration::from_secs(2));
     capped("governed", &governed, window, &files, &holds);
 
-    // The arbiter dies. Within the gate timeout (2 s) the gates open: the
-    // workloads run on, sharing the whole GPU.
+    // The arbiter dies. After the gate timeout (2 s) the gates open: the
+    // workloads run on, sharing the whole GPU. Windows are measured until
+    // each allocation is seen to progress (the deadline is for a hang).
     arbiter.kill().expect("SIGKILL the arbiter");
     arbiter.wait().expect("reap the arbiter");
     let killed_at = Instant::now();
-    std::thread::sleep(Duration::from_millis(2_500));
-    let (free, gpu, _) = measure(&node, &pids, Duration::from_secs(2));
+    let (free, gpu) = loop {
+        let (free, gpu, _) = measure(&node, &pids, Duration::from_secs(2));
+        if free.iter().all(|got| *got > 0.0) || killed_at.elapsed() > DEADLINE {
+            break (free, gpu);
+        }
+    };
     let logs = || {
         (0..2)
             .map(|i| {
@@ -204,7 +226,7 @@ fn killing_the_arbiter_stops_no_workload_and_a_new_one_takes_over() {
 
     // A new arbiter takes the allocations over: the caps hold again.
     let (mut arbiter, holds) = start_arbiter(&files);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_reports(&holds, &files);
     let (again, _, window) = measure(&node, &pids, Duration::from_secs(2));
     capped("rejoined", &again, window, &files, &holds);
 

@@ -16,7 +16,7 @@ use tessera_e2e::SimNode;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
-/// How long the test holds a paused call before resuming it.
+/// How long the test holds a paused call (seen held) before resuming it.
 const HOLD: Duration = Duration::from_millis(300);
 
 role_test!();
@@ -63,6 +63,8 @@ fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
     let before = busy();
     let sent = Instant::now();
     w.send("launch k 10");
+    let control = std::path::Path::new(&a.control_path);
+    wait_held_by_pause(pid, control);
     std::thread::sleep(HOLD);
     assert_eq!(busy(), before, "work ran while paused");
     let st = status_of(&m.socket, "held");
@@ -87,6 +89,7 @@ fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
     cli(&m.socket, true, "held").unwrap();
     let sent = Instant::now();
     w.send("alloc 1048576");
+    wait_held_by_pause(pid, control);
     std::thread::sleep(HOLD);
     assert_eq!(
         status_of(&m.socket, "held").devices[0].memory_used_bytes,

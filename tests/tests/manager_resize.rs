@@ -157,7 +157,7 @@ fn a_share_moves_in_and_out_of_arbitration() {
     resize_api(&m.socket, "whole", &uuid, 0, 400_000).unwrap();
     assert_eq!(control.compute_share_ppm(0), 400_000);
     assert!(
-        eventually(Duration::from_secs(3), || !open()).is_some(),
+        eventually(DEADLINE, || !open()).is_some(),
         "the gate stayed open after the share went down to 40%"
     );
     // Back to the whole GPU: out of arbitration, the gate open at once.

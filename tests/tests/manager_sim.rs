@@ -92,7 +92,7 @@ fn allocations_usage_and_metrics_after_known_work() {
     }
     let pid = w.pid();
 
-    let seen = eventually(Duration::from_secs(5), || {
+    let seen = eventually(DEADLINE, || {
         let st = node_status(&m.socket);
         let al = &st.allocations[0];
         al.devices[0].memory_used_bytes == GI
@@ -109,7 +109,7 @@ fn allocations_usage_and_metrics_after_known_work() {
     stray.wait_for("pid", T);
 
     let mut text = String::new();
-    let reported = eventually(Duration::from_secs(5), || {
+    let reported = eventually(DEADLINE, || {
         text = scrape(m.metrics);
         let e = parse_exposition(&text).expect("valid exposition");
         e.get(
@@ -179,7 +179,7 @@ fn allocations_usage_and_metrics_after_known_work() {
         "{}",
         refused.raw
     );
-    let counted = eventually(Duration::from_secs(3), || {
+    let counted = eventually(DEADLINE, || {
         let e = parse_exposition(&scrape(m.metrics)).unwrap();
         e.get("tessera_allocation_oom_refused_total", &al) == Some(1.0)
     });
@@ -236,7 +236,7 @@ fn a_restarted_manager_keeps_allocations_and_running_processes() {
 
     // The new manager reaps it.
     w.kill();
-    let reaped = eventually(Duration::from_secs(3), || {
+    let reaped = eventually(DEADLINE, || {
         node_status(&m.socket).allocations[0].devices[0].memory_used_bytes == 0
     });
     assert!(reaped.is_some(), "{}", m.log());
@@ -250,21 +250,24 @@ fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
     let m = ManagerProc::on(&n);
     let healthy = |i: usize| node_status(&m.socket).gpus[i].healthy;
 
-    // An application's fault: the GPU stays healthy.
+    // An application's fault: the GPU stays healthy once the manager has
+    // handled the event.
+    let events = m.passes("gpu_event");
     n.node().inject_xid(1, 13).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let handled = eventually(DEADLINE, || m.passes("gpu_event") > events);
+    assert!(handled.is_some(), "XID 13 never handled:\n{}", m.log());
     assert!(healthy(1));
 
     n.node().inject_xid(1, 48).unwrap();
     let t0 = Instant::now();
-    let down = eventually(Duration::from_secs(3), || !healthy(1));
+    let down = eventually(DEADLINE, || !healthy(1));
     assert!(down.is_some(), "XID 48 ignored:\n{}", m.log());
     let st = node_status(&m.socket);
     assert_eq!(st.gpus[1].unhealthy_reason, "critical XID 48");
     assert!(st.gpus[0].healthy, "only GPU 1 had the XID");
     let e = parse_exposition(&scrape(m.metrics)).unwrap();
     assert_eq!(e.get("tessera_gpu_healthy", &[("gpu", "1")]), Some(0.0));
-    let up = eventually(Duration::from_secs(5), || healthy(1));
+    let up = eventually(DEADLINE, || healthy(1));
     assert!(up.is_some(), "GPU 1 never recovered");
     assert!(
         t0.elapsed() >= Duration::from_millis(900),
@@ -274,16 +277,16 @@ fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
     // A lost GPU: unhealthy while lost, healthy once it answers again
     // (and the XID 79 that came with it has passed).
     n.node().set_lost(0, true).unwrap();
-    let lost = eventually(Duration::from_secs(3), || !healthy(0));
+    let lost = eventually(DEADLINE, || !healthy(0));
     assert!(lost.is_some(), "lost GPU not noticed");
     n.node().set_lost(0, false).unwrap();
-    let back = eventually(Duration::from_secs(5), || healthy(0));
+    let back = eventually(DEADLINE, || healthy(0));
     assert!(back.is_some(), "GPU 0 never came back");
     m.stop();
 }
 
 #[test]
-fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second() {
+fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_by_the_next_reaper_pass() {
     let _serial = serial();
     let n = node(1);
     let m = ManagerProc::on(&n);
@@ -323,7 +326,7 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second(
     let state = tessera_shm::State::open(std::path::Path::new(&alloc.state_path), &alloc.id)
         .expect("the run's state file");
     assert!(
-        eventually(Duration::from_secs(3), || state.reserved(0) == 2 * GI).is_some(),
+        eventually(DEADLINE, || state.reserved(0) == 2 * GI).is_some(),
         "workers never held their memory"
     );
 
@@ -335,9 +338,11 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_within_a_second(
         .unwrap()
     };
     kill(p1);
-    let took = eventually(Duration::from_secs(3), || state.reserved(0) == GI)
-        .expect("a killed worker's memory was never reclaimed");
-    assert!(took < Duration::from_secs(1), "reclaimed after {took:?}");
+    wait_dead(p1);
+    // The first reaper pass that begins after the death returns it (with
+    // the default 1 s reap interval, within about a second).
+    m.reaper_pass();
+    assert_eq!(state.reserved(0), GI, "not reclaimed by a whole pass");
     assert_eq!(node_status(&m.socket).allocations[0].processes.len(), 1);
 
     // The last worker goes: the command ends, and with it the allocation.

@@ -6,8 +6,6 @@
 
 mod manager_support;
 
-use std::time::Duration;
-
 use manager_support::*;
 use tessera_e2e::SimNode;
 
@@ -158,10 +156,7 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
     .unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(137));
     assert!(
-        eventually(Duration::from_secs(3), || node_status(&m.socket)
-            .allocations
-            .is_empty())
-        .is_some(),
+        eventually(DEADLINE, || node_status(&m.socket).allocations.is_empty()).is_some(),
         "allocation left behind"
     );
     m.stop();

@@ -296,6 +296,24 @@ impl ManagerProc {
         Self::start(node, &node.dir.path().join("m"), &[])
     }
 
+    /// Background passes of kind `pass` (`reaper`, `gpu_event`) the
+    /// manager has completed, from its metrics.
+    pub fn passes(&self, pass: &str) -> u64 {
+        let e = parse_exposition(&scrape(self.metrics)).expect("exposition");
+        e.get("tessera_manager_passes_total", &[("pass", pass)])
+            .unwrap_or(0.0) as u64
+    }
+
+    /// Waits until a reaper pass that began after this call has completed,
+    /// so whatever the reaper does to the state as it is now has been done.
+    pub fn reaper_pass(&self) {
+        // The pass running now may have read the state before the call:
+        // the next one began after it.
+        let seen = self.passes("reaper") + 1;
+        let done = eventually(DEADLINE, || self.passes("reaper") > seen);
+        assert!(done.is_some(), "no reaper pass completed:\n{}", self.log());
+    }
+
     /// What the manager logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
@@ -388,6 +406,10 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// How long a test waits for what must happen: generous, it is a deadline
+/// for a hang, never a measure of speed (the suite runs beside busy CPUs).
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
 /// Polls `f` every 10 ms until it holds; returns how long that took.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
@@ -398,6 +420,63 @@ pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
         std::thread::sleep(Duration::from_millis(10));
     }
     None
+}
+
+/// Waits until process `pid` (not necessarily our child) is dead: gone
+/// from `/proc`, or a zombie. A signal is delivered asynchronously, so a
+/// test that asserts what follows a death waits for the death first.
+pub fn wait_dead(pid: i32) {
+    let dead = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name, which ends at the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+    };
+    assert!(
+        eventually(DEADLINE, dead).is_some(),
+        "process {pid} never died"
+    );
+}
+
+/// Waits until some thread of process `pid` is blocked on the pause word
+/// of the allocation whose control file is `control` (a futex wait on that
+/// word, seen in `/proc/PID/task/*/syscall`): a call the pause holds is
+/// then known to be held, not merely not yet read.
+pub fn wait_held_by_pause(pid: u32, control: &Path) {
+    let control = std::fs::canonicalize(control).expect("control file");
+    let offset = std::mem::offset_of!(tessera_shm::layout::ControlHeader, paused) as u64;
+    let held = || {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        // Where the control file is mapped from its start: `lo-hi perms
+        // offset dev inode path`.
+        let words: Vec<u64> = maps
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 6 && Path::new(f[5]) == control && f[2] == "00000000")
+                    .then(|| f[0].split('-').next())
+                    .flatten()
+                    .and_then(|lo| u64::from_str_radix(lo, 16).ok())
+                    .map(|lo| lo + offset)
+            })
+            .collect();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().any(|t| {
+            let sc = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+            let mut f = sc.split_whitespace();
+            f.next().and_then(|n| n.parse::<i64>().ok()) == Some(libc::SYS_futex)
+                && f.next()
+                    .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+                    .is_some_and(|a| words.contains(&a))
+        })
+    };
+    assert!(
+        eventually(DEADLINE, held).is_some(),
+        "process {pid} never blocked on the pause"
+    );
 }
 
 /// A line-buffered reader over a child's stdout.
