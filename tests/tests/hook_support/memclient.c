@@ -53,9 +53,20 @@
  *   nvml-procs <i> <v>             running compute processes (v = 1, 2 or 3) -> n= pids=pid:bytes,...
  *   nvml-gprocs <i>                running graphics processes (v3) -> n=
  *   nvml-util <i>                  gpu= memory=
+ *   env-unset <name> | env-set <name> <value>   the process's own environment (before cuInit)
+ *   cu-init                        cuInit alone
+ *   dev-count                      cuDeviceGetCount -> n=
+ *   dev-get <ordinal>              cuDeviceGet -> d= uuid= (cuDeviceGetUuid_v2)
+ *   dev-uuid <handle>              cuDeviceGetUuid_v2 of a raw CUdevice -> uuid=
+ *   dev-pci <bus id>               cuDeviceGetByPCIBusId -> d=
+ *   retain <handle> <route>        cuDevicePrimaryCtxRetain on a raw CUdevice, the function
+ *                                  found by <route>: link, dlsym (dlopen libcuda.so.1) or
+ *                                  procaddr (cuGetProcAddress_v2)
+ *   create <handle> <route>        cuCtxCreate_v2 the same way -> c=
  *   sleep <ms>
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +76,34 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
+CUresult cuDeviceGetByPCIBusId(CUdevice *, const char *);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+/* `name` found by `route`: "link" (the linked symbol `linked`), "dlsym"
+ * (looked up on a dlopen'd libcuda.so.1) or "procaddr" (cuGetProcAddress_v2
+ * of `base` at CUDA `version`, the ABI of `name`). */
+static void *entry(const char *route, const char *name, const char *base, int version, void *linked) {
+    if (!strcmp(route, "dlsym")) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW);
+        return h ? dlsym(h, name) : 0;
+    }
+    if (!strcmp(route, "procaddr")) {
+        void *f = 0;
+        int status = 0;
+        if (cuGetProcAddress_v2(base, &f, version, 0, &status)) return 0;
+        return f;
+    }
+    return linked;
+}
+
+static void uuid_str(const CUuuid *u, char *out) {
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    sprintf(out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+            b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
 
 static int ncheck(const char *cmd, nvmlReturn_t r) {
     if (r == 0) return 1;
@@ -388,6 +427,49 @@ static void run(char *line) {
         nvmlDevice_t d = nvml_index(cmd, (unsigned)a);
         nvmlUtilization_t u;
         if (d && NK(nvmlDeviceGetUtilizationRates(d, &u))) printf("ok nvml-util gpu=%u memory=%u\n", u.gpu, u.memory);
+    } else if (!strcmp(cmd, "env-unset")) {
+        sscanf(rest, "%255s", word);
+        unsetenv(word);
+        printf("ok env-unset\n");
+    } else if (!strcmp(cmd, "env-set")) {
+        char value[256] = "";
+        sscanf(rest, "%255s %255s", word, value);
+        setenv(word, value, 1);
+        printf("ok env-set\n");
+    } else if (!strcmp(cmd, "cu-init")) {
+        if (CK(cuInit(0))) printf("ok cu-init\n");
+    } else if (!strcmp(cmd, "dev-count")) {
+        int n = -1;
+        if (CK(cuDeviceGetCount(&n))) printf("ok dev-count n=%d\n", n);
+    } else if (!strcmp(cmd, "dev-get") || !strcmp(cmd, "dev-uuid")) {
+        sscanf(rest, "%lld", &a);
+        CUdevice d = (CUdevice)a;
+        CUuuid u;
+        char text[64];
+        if ((!strcmp(cmd, "dev-uuid") || CK(cuDeviceGet(&d, (int)a))) && CK(cuDeviceGetUuid_v2(&u, d))) {
+            uuid_str(&u, text);
+            printf("ok %s d=%d uuid=%s\n", cmd, (int)d, text);
+        }
+    } else if (!strcmp(cmd, "dev-pci")) {
+        sscanf(rest, "%255s", word);
+        CUdevice d = -1;
+        if (CK(cuDeviceGetByPCIBusId(&d, word))) printf("ok dev-pci d=%d\n", (int)d);
+    } else if (!strcmp(cmd, "retain") || !strcmp(cmd, "create")) {
+        char route[32] = "link";
+        sscanf(rest, "%lld %31s", &a, route);
+        int retain = !strcmp(cmd, "retain");
+        void *f = retain ? entry(route, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 12000,
+                                 (void *)cuDevicePrimaryCtxRetain)
+                         : entry(route, "cuCtxCreate_v2", "cuCtxCreate", 3020, (void *)cuCtxCreate_v2);
+        CUcontext ctx = 0;
+        if (!f) {
+            printf("err %s NOT_FOUND\n", cmd);
+        } else if (retain) {
+            if (CK(((CUresult(*)(CUcontext *, CUdevice))f)(&ctx, (CUdevice)a))) printf("ok retain\n");
+        } else if (nmade < 64 && CK(((CUresult(*)(CUcontext *, unsigned, CUdevice))f)(&ctx, 0, (CUdevice)a))) {
+            made[nmade] = ctx;
+            printf("ok create c=%d\n", nmade++);
+        }
     } else if (!strcmp(cmd, "sleep")) {
         sscanf(rest, "%lld", &a);
         struct timespec ts = {a / 1000, (a % 1000) * 1000000};
