@@ -1,5 +1,8 @@
 //! The flags of `tessera device-plugin` and the [`Options`] they make; the
 //! `tessera` binary only parses them and calls [`crate::run`].
+// The doc comments below are also clap's --help text, where `<dir>` is
+// meant literally, not as HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

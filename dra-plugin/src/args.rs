@@ -1,5 +1,8 @@
 //! `tessera dra-plugin`: its flags, and the process around [`crate::run`]
 //! (a runtime, SIGTERM).
+// The doc comments below are also clap's --help text, where `<dir>` is
+// meant literally, not as HTML.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::path::PathBuf;
 

@@ -3,9 +3,9 @@
 //! per policy the unallocated GPU share at 100% arrived demand.
 //!
 //! - [`trace`]: reading the node and pod lists.
-//! - [`replay`]: the protocol (seeded shuffle, inflation, one attempt).
+//! - [`mod@replay`]: the protocol (seeded shuffle, inflation, one attempt).
 //! - [`report`]: the table, JSON and the SVG plot.
-//! - [`bench`]: decision time at the trace's size and ten times it.
+//! - [`mod@bench`]: decision time at the trace's size and ten times it.
 
 pub mod bench;
 pub mod replay;
@@ -33,7 +33,7 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "FILE")]
     pub pods: PathBuf,
     /// Policies to compare, comma-separated: defrag, fgd, binpack, spread,
-    /// shared-threshold[:T]; `all` for every one. Default: the policy a node
+    /// `shared-threshold[:T]`; `all` for every one. Default: the policy a node
     /// gets when its config names none.
     #[arg(long, value_name = "NAME[,NAME...]")]
     pub policy: Option<String>,
