@@ -248,8 +248,11 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Starts a workload under the shim, governed by `files`, on the node's
-    /// device `device`.
+    /// Starts a workload under the shim, governed by `files`, on CUDA
+    /// ordinal `device` as the process sees it. A governed process sees only
+    /// its allocation's GPUs, numbered from 0 (the shim pins
+    /// `CUDA_VISIBLE_DEVICES` from the control file), so a one-GPU
+    /// allocation's GPU is ordinal 0 whichever GPU of the node it is.
     ///
     /// # Panics
     /// If it cannot be started.
@@ -501,7 +504,8 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
     let seconds = (sc.warmup + sc.measure).as_secs_f64() + 0.5;
     let mut workloads: Vec<Workload> = files
         .iter()
-        .map(|f| Workload::spawn(node, f, device, sc, seconds))
+        // Ordinal 0: the allocation's one GPU, whichever of the node's it is.
+        .map(|f| Workload::spawn(node, f, 0, sc, seconds))
         .collect();
     for w in &mut workloads {
         if w.wait_line("ready", Duration::from_secs(20)).is_none() {
