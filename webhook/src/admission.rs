@@ -775,9 +775,7 @@ mod tests {
             }
         });
         let out = mutate_pod(&pod).expect("admitted");
-        // The plain container is shown no GPU; the DRA one is left as it was.
-        let plain = out["spec"]["containers"][1]["env"].to_string();
-        assert!(plain.contains(NO_GPUS), "{out}");
+        // The DRA container is left as it was: CDI gives it its devices.
         assert_eq!(
             out["spec"]["containers"][0], pod["spec"]["containers"][0],
             "{out}"
