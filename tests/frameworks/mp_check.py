@@ -28,26 +28,14 @@ import sys
 import time
 import traceback
 
-MI = 1 << 20
+from torch_common import MI, arg, finish, row
+
 SHARED = 256 * MI
 RANK_TENSOR = 64 * MI
 VICTIM = 512 * MI
 # The allocator's rounding and small allocations of the CUDA runtime per process.
 SLACK = 16 * MI
 DEADLINE = 120.0
-
-rows = []
-
-
-def row(check, ok, detail=""):
-    rows.append((check, "ok" if ok else "FAIL", str(detail)))
-    print(f"{check:<28} | {'ok' if ok else 'FAIL':<4} | {detail}", flush=True)
-
-
-def arg(name, default=None):
-    if name in sys.argv:
-        return int(sys.argv[sys.argv.index(name) + 1])
-    return default
 
 
 def pattern(torch, n, seed):
@@ -244,9 +232,7 @@ def main():
             if p.is_alive():
                 p.kill()
 
-    failed = sum(1 for r in rows if r[1] != "ok")
-    print(f"mp_check: {len(rows) - failed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return finish("mp_check")
 
 
 if __name__ == "__main__":

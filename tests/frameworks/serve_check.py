@@ -22,39 +22,14 @@ Usage: serve_check.py [--expect-total BYTES] [--seconds N]
 import os
 import sys
 import time
-import traceback
 
-MI = 1 << 20
+from torch_common import MI, arg, finish, step
+
 FRACTION = 0.9
 # What may come on top of the plan: the allocator's rounding of the cache tensor (2 MiB
 # blocks) and cuBLAS's own allocation when the first request runs a GEMM (64 MiB, taken
 # from the headroom, which is why it is made before the cache is sized).
 SLACK = 8 * MI
-
-rows = []
-
-
-def row(check, ok, detail=""):
-    rows.append((check, "ok" if ok else "FAIL", str(detail)))
-    print(f"{check:<28} | {'ok' if ok else 'FAIL':<4} | {detail}", flush=True)
-
-
-def step(check, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # report every failure and go on
-        msg = str(e).replace("\n", " ")[:200]
-        row(check, False, f"{type(e).__name__}: {msg}")
-        if os.environ.get("TORCH_CHECK_TRACE"):
-            traceback.print_exc()
-        return
-    row(check, ok, detail)
-
-
-def arg(name, default=None):
-    if name in sys.argv:
-        return int(sys.argv[sys.argv.index(name) + 1])
-    return default
 
 
 def main():
@@ -154,9 +129,7 @@ def main():
 
     step("oversized request", too_big)
 
-    failed = sum(1 for r in rows if r[1] != "ok")
-    print(f"serve_check: {len(rows) - failed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return finish("serve_check")
 
 
 if __name__ == "__main__":

@@ -15,29 +15,8 @@ The allocator backend comes from PYTORCH_CUDA_ALLOC_CONF, as PyTorch reads it.
 import os
 import sys
 import time
-import traceback
 
-MI = 1 << 20
-GI = 1 << 30
-
-rows = []
-
-
-def row(check, ok, detail=""):
-    rows.append((check, "ok" if ok else "FAIL", str(detail)))
-    print(f"{check:<28} | {'ok' if ok else 'FAIL':<4} | {detail}", flush=True)
-
-
-def step(check, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # report every failure and go on
-        msg = str(e).replace("\n", " ")[:200]
-        row(check, False, f"{type(e).__name__}: {msg}")
-        if os.environ.get("TORCH_CHECK_TRACE"):
-            traceback.print_exc()
-        return
-    row(check, ok, detail)
+from torch_common import GI, MI, finish, step
 
 
 def main():
@@ -142,9 +121,7 @@ def main():
 
     step("usable after OOM", fits_after_oom)
 
-    failed = sum(1 for r in rows if r[1] != "ok")
-    print(f"torch_check: {len(rows) - failed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return finish("torch_check")
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ The allocator backend comes from PYTORCH_CUDA_ALLOC_CONF, as PyTorch reads it.
 import os
 import sys
 import time
-import traceback
 
-MI = 1 << 20
+from torch_common import MI, arg, finish, step
+
 # cuBLAS 13.4's own allocation per handle (cuMemAlloc_v2 of 64 MiB from libcublas, seen
 # under gdb), and the handles a training step makes: PyTorch keeps one per thread, and the
 # forward pass (main thread) and the backward pass (autograd thread) each run GEMMs.
@@ -42,31 +42,6 @@ HANDLES = 2
 # What else the libraries allocate beside PyTorch's caching allocator (module globals and
 # small buffers: under 1 MiB measured with torch 2.15 / cuBLAS 13.4 / cuDNN 9.26).
 SLACK = 8 * MI
-
-rows = []
-
-
-def row(check, ok, detail=""):
-    rows.append((check, "ok" if ok else "FAIL", str(detail)))
-    print(f"{check:<28} | {'ok' if ok else 'FAIL':<4} | {detail}", flush=True)
-
-
-def step(check, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # report every failure and go on
-        msg = str(e).replace("\n", " ")[:200]
-        row(check, False, f"{type(e).__name__}: {msg}")
-        if os.environ.get("TORCH_CHECK_TRACE"):
-            traceback.print_exc()
-        return
-    row(check, ok, detail)
-
-
-def arg(name, default=None):
-    if name in sys.argv:
-        return int(sys.argv[sys.argv.index(name) + 1])
-    return default
 
 
 def main():
@@ -189,9 +164,7 @@ def main():
 
     step("memory comes back", comes_back)
 
-    failed = sum(1 for r in rows if r[1] != "ok")
-    print(f"train_check: {len(rows) - failed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    return finish("train_check")
 
 
 if __name__ == "__main__":
