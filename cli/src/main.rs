@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod device_plugin_cmd;
+mod dra_plugin_cmd;
 mod manager_cmd;
 mod resize_cmd;
 mod run_cmd;
@@ -89,7 +90,7 @@ fn init_logs(format: LogFormat) {
 }
 
 /// Completes on SIGTERM (what the kubelet sends) or Ctrl-C: the daemons'
-/// (device plugin, webhook) cue to stop serving.
+/// (device plugin, DRA plugin, webhook) cue to stop serving.
 async fn terminated() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -116,7 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Webhook(args) => webhook_cmd::main(args)?,
         Cmd::DevicePlugin(args) => device_plugin_cmd::main(args)?,
-        Cmd::DraPlugin(args) => tessera_dra_plugin::main(&args)?,
+        Cmd::DraPlugin(args) => dra_plugin_cmd::main(args)?,
         Cmd::Manager(args) => manager_cmd::main(args)?,
         Cmd::Status(args) => status_cmd::status_main(args)?,
         Cmd::Top(args) => status_cmd::top_main(args)?,

@@ -1,5 +1,5 @@
-//! `tessera dra-plugin`: its flags, and the process around [`crate::run`]
-//! (a runtime, SIGTERM).
+//! The flags of `tessera dra-plugin` and the [`Options`] they make; the
+//! `tessera` binary only parses them and runs [`crate::run`].
 // The doc comments below are also clap's --help text, where `<dir>` is
 // meant literally, not as HTML.
 #![allow(rustdoc::invalid_html_tags)]
@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use crate::driver::DriverOptions;
-use crate::plugin::{Error, Options, run};
+use crate::plugin::{Error, Options};
 
 /// The driver name, the DRA way: a DNS subdomain the vendor owns.
 pub const DRIVER_NAME: &str = "vgpu.tessera.dev";
@@ -90,28 +90,4 @@ impl DraPluginArgs {
             kubeconfig: self.kubeconfig.clone(),
         })
     }
-}
-
-/// Runs the plugin until SIGTERM (what the kubelet sends) or Ctrl-C.
-pub fn main(args: &DraPluginArgs) -> Result<(), Error> {
-    let opts = args.options()?;
-    let rt = tokio::runtime::Runtime::new().map_err(Error::Runtime)?;
-    rt.block_on(run(opts, terminated()))
-}
-
-async fn terminated() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
 }

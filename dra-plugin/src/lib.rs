@@ -23,5 +23,5 @@ mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use args::{DRIVER_NAME, DraPluginArgs, main};
+pub use args::{DRIVER_NAME, DraPluginArgs};
 pub use plugin::{DRA_SOCKET, Error, Options, run};

@@ -49,8 +49,6 @@ pub enum Error {
     },
     #[error("no --node-name and cannot read the hostname: {0}")]
     NodeName(std::io::Error),
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
 }
 
 /// Everything the plugin is told at start.

@@ -65,7 +65,13 @@ fn dra_role() -> i32 {
             return 2;
         }
     };
-    match tessera_dra_plugin::main(&cli.args) {
+    // The test stops the plugin with SIGKILL only: no shutdown cue needed.
+    let run = cli.args.options().and_then(|opts| {
+        tokio::runtime::Runtime::new()
+            .expect("a runtime")
+            .block_on(tessera_dra_plugin::run(opts, std::future::pending()))
+    });
+    match run {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("Error: {e}");
