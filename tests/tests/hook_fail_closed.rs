@@ -9,7 +9,6 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use hook_support::*;
-use tessera_e2e::Mode;
 
 fn patch(path: &Path, at: u64, bytes: &[u8]) {
     let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -28,32 +27,7 @@ fn fails_closed(spoil: impl Fn(&Sim), file: impl Fn(&Sim) -> &Path, reason: &str
     let sim = Sim::new(1, 256 * MI);
     sim.allocate(64 * MI);
     spoil(&sim);
-    for mode in Mode::ALL {
-        let o = sim.run(
-            mode,
-            true,
-            &["init", "ctx", "alloc 1024", "meminfo", "nvml-init", "pid"],
-        );
-        let ctx = format!("{mode:?}:\n{}{}", o.stdout, o.stderr);
-        assert!(o.status.success(), "the process carries on: {ctx}");
-        let l = raw(&o);
-        assert_eq!(l[0], "err init CUDA_ERROR_NOT_INITIALIZED", "{ctx}");
-        assert!(l[1].starts_with("err ctx "), "{ctx}");
-        assert!(l[2].starts_with("err alloc "), "{ctx}");
-        assert!(l[3].starts_with("err meminfo "), "{ctx}");
-        assert_eq!(l[4], "err nvml-init NVML_ERROR_UNINITIALIZED", "{ctx}");
-        assert!(l[5].starts_with("ok pid"), "{ctx}");
-        let err: Vec<&str> = o.stderr.lines().collect();
-        assert_eq!(err.len(), 1, "exactly one line: {ctx}");
-        assert!(err[0].starts_with("tessera: "), "{ctx}");
-        assert!(
-            err[0].contains(&file(&sim).display().to_string()),
-            "names the file: {ctx}"
-        );
-        assert!(err[0].contains(reason), "says why ({reason}): {ctx}");
-    }
-    // Nothing reached the device.
-    assert_eq!(sim.used(0), 0);
+    assert_fails_closed(&sim, file(&sim), &[reason], reason);
 }
 
 fn control(s: &Sim) -> &Path {

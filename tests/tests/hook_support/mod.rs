@@ -145,6 +145,41 @@ pub fn raw(o: &ProbeOutput) -> Vec<&str> {
     o.lines.iter().map(|l| l.raw.as_str()).collect()
 }
 
+/// Every client style of a governed process on `sim`, whose allocation files
+/// the test has spoiled, fails closed: CUDA and NVML initialisation refuse,
+/// no context or allocation is made, the process carries on, and exactly one
+/// line on stderr names `file` and contains each of `reasons`. Nothing
+/// reaches the device. `case` names the spoiling in failure messages.
+pub fn assert_fails_closed(sim: &Sim, file: &Path, reasons: &[&str], case: &str) {
+    for mode in Mode::ALL {
+        let o = sim.run(
+            mode,
+            true,
+            &["init", "ctx", "alloc 1024", "meminfo", "nvml-init", "pid"],
+        );
+        let ctx = format!("{mode:?}, {case}:\n{}{}", o.stdout, o.stderr);
+        assert!(o.status.success(), "the process carries on: {ctx}");
+        let l = raw(&o);
+        assert_eq!(l[0], "err init CUDA_ERROR_NOT_INITIALIZED", "{ctx}");
+        assert!(l[1].starts_with("err ctx "), "{ctx}");
+        assert!(l[2].starts_with("err alloc "), "never unlimited: {ctx}");
+        assert!(l[3].starts_with("err meminfo "), "{ctx}");
+        assert_eq!(l[4], "err nvml-init NVML_ERROR_UNINITIALIZED", "{ctx}");
+        assert!(l[5].starts_with("ok pid"), "{ctx}");
+        let err: Vec<&str> = o.stderr.lines().collect();
+        assert_eq!(err.len(), 1, "exactly one line: {ctx}");
+        assert!(err[0].starts_with("tessera: "), "{ctx}");
+        assert!(
+            err[0].contains(&file.display().to_string()),
+            "names the file: {ctx}"
+        );
+        for reason in reasons {
+            assert!(err[0].contains(reason), "says why ({reason}): {ctx}");
+        }
+    }
+    assert_eq!(sim.used(0), 0, "nothing reached the device ({case})");
+}
+
 /// A conversation with a probe that may die at any moment (killed by the
 /// test): every answer waits at most a timeout, and a dead probe is an
 /// answer of its own rather than a panic.
