@@ -6,34 +6,41 @@
 //! environment. The GPU itself reaches the container the way the node's
 //! device-list strategy says: `NVIDIA_VISIBLE_DEVICES` in these edits, or
 //! NVIDIA's own CDI device `nvidia.com/gpu=<uuid>` beside this one.
-//! Format: the Container Device Interface specification, `cdiVersion` 0.6.0.
+//! The spec is built and written by `tessera_node::cdi`, the one CDI writer
+//! the device plugin uses too.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use tessera_contract::env;
 use tessera_contract::paths::{CONTAINER_CONTROL, CONTAINER_HOOK_LIBRARY, CONTAINER_STATE};
+use tessera_node::cdi::{
+    CdiError, ContainerEdits, Device, HostPaths, KIND_NVIDIA, Mount, Spec, qualified_name,
+    remove_spec, shim_mounts, write_spec,
+};
 use tessera_proto::manager::v1 as mgr;
 
 /// CDI kind (vendor/class) of the claims' devices.
 pub const KIND: &str = "vgpu.tessera.dev/claim";
-/// CDI kind of the NVIDIA container toolkit's GPUs (`nvidia-ctk cdi generate`).
-pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
-/// The spec version written.
-pub const CDI_VERSION: &str = "0.6.0";
+
+/// The spec file name of claim `uid` in the CDI dir.
+fn file_name(uid: &str) -> String {
+    format!("vgpu.tessera.dev-claim_{uid}.json")
+}
 
 /// The spec file of claim `uid` in the CDI dir.
 pub fn spec_path(dir: &Path, uid: &str) -> PathBuf {
-    dir.join(format!("vgpu.tessera.dev-claim_{uid}.json"))
+    dir.join(file_name(uid))
 }
 
 /// The fully qualified CDI device of claim `uid`.
 pub fn device_id(uid: &str) -> String {
-    format!("{KIND}={uid}")
+    qualified_name(KIND, uid)
 }
 
 /// The NVIDIA CDI device of a GPU.
 pub fn nvidia_device_id(gpu_uuid: &str) -> String {
-    format!("{NVIDIA_KIND}={gpu_uuid}")
+    qualified_name(KIND_NVIDIA, gpu_uuid)
 }
 
 /// The spec for claim `uid` under `alloc`. `visible_devices`: set
@@ -44,60 +51,54 @@ pub fn spec(
     alloc: &mgr::Allocation,
     hook_library: &Path,
     visible_devices: bool,
-) -> serde_json::Value {
-    let mut envs = vec![
-        format!("{}={CONTAINER_HOOK_LIBRARY}", env::LD_PRELOAD),
-        format!("{}={CONTAINER_CONTROL}", env::CONTROL),
-        format!("{}={CONTAINER_STATE}", env::STATE),
-        format!("{}={}", env::ALLOCATION, alloc.id),
-    ];
+) -> Spec {
+    let mut env = BTreeMap::from([
+        (
+            env::LD_PRELOAD.to_owned(),
+            CONTAINER_HOOK_LIBRARY.to_owned(),
+        ),
+        (env::CONTROL.to_owned(), CONTAINER_CONTROL.to_owned()),
+        (env::STATE.to_owned(), CONTAINER_STATE.to_owned()),
+        (env::ALLOCATION.to_owned(), alloc.id.clone()),
+    ]);
     if visible_devices {
         let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-        envs.push(format!(
-            "{}={}",
-            env::NVIDIA_VISIBLE_DEVICES,
-            uuids.join(",")
-        ));
+        env.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
     }
-    let mount = |host: &str, container: &str, ro: bool| {
-        serde_json::json!({
-            "hostPath": host,
-            "containerPath": container,
-            "options": [if ro { "ro" } else { "rw" }, "nosuid", "nodev", "bind"],
-        })
+    let host = HostPaths {
+        hook_library: hook_library.to_owned(),
+        ..HostPaths::default()
     };
-    let mounts = vec![
-        mount(
-            &hook_library.display().to_string(),
-            CONTAINER_HOOK_LIBRARY,
-            true,
-        ),
-        mount(&alloc.control_path, CONTAINER_CONTROL, true),
-        mount(&alloc.state_path, CONTAINER_STATE, false),
-    ];
-    serde_json::json!({
-        "cdiVersion": CDI_VERSION,
-        "kind": KIND,
-        "devices": [{"name": uid, "containerEdits": {"env": envs, "mounts": mounts}}],
-    })
+    let mut mounts = shim_mounts(&host, false);
+    mounts.push(Mount {
+        host_path: PathBuf::from(&alloc.control_path),
+        container_path: CONTAINER_CONTROL.to_owned(),
+        read_only: true,
+    });
+    mounts.push(Mount {
+        host_path: PathBuf::from(&alloc.state_path),
+        container_path: CONTAINER_STATE.to_owned(),
+        read_only: false,
+    });
+    Spec {
+        kind: KIND.to_owned(),
+        devices: vec![Device {
+            name: uid.to_owned(),
+            edits: ContainerEdits { env, mounts },
+        }],
+    }
 }
 
-/// Writes the spec of claim `uid`: temp file, fsync, rename, so a runtime
-/// never reads half a spec.
-pub fn write(dir: &Path, uid: &str, spec: &serde_json::Value) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = spec_path(dir, uid);
-    let text = serde_json::to_string_pretty(spec).map_err(std::io::Error::other)? + "\n";
-    crate::checkpoint::write_atomic(&path, text.as_bytes())?;
-    Ok(path)
+/// Writes the spec of claim `uid` (atomically and durably, so a runtime
+/// never reads half a spec); its path.
+pub fn write(dir: &Path, uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+    write_spec(dir, &file_name(uid), spec)?;
+    Ok(spec_path(dir, uid))
 }
 
 /// Removes the spec of claim `uid`; one that is not there is fine.
-pub fn remove(dir: &Path, uid: &str) -> std::io::Result<()> {
-    match std::fs::remove_file(spec_path(dir, uid)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+pub fn remove(dir: &Path, uid: &str) -> Result<(), CdiError> {
+    remove_spec(dir, &file_name(uid)).map(|_| ())
 }
 
 /// A container's environment as a runtime applying these edits gives it,
@@ -142,7 +143,8 @@ mod tests {
             state_path: "/s/dra-u1/state".into(),
             ..Default::default()
         };
-        let s = spec("u1", &alloc, Path::new("/lib/libtessera.so"), true);
+        let typed = spec("u1", &alloc, Path::new("/lib/libtessera.so"), true);
+        let s = typed.to_json();
         assert_eq!(s["kind"], KIND);
         assert_eq!(s["devices"][0]["name"], "u1");
         let env = host_env(&s, "u1").expect("env");
@@ -155,7 +157,7 @@ mod tests {
         let m = &s["devices"][0]["containerEdits"]["mounts"];
         assert_eq!(m[1]["options"][0], "ro", "control is read-only");
         assert_eq!(m[2]["options"][0], "rw", "state is the process's to write");
-        let cdi = spec("u1", &alloc, Path::new("/lib/libtessera.so"), false);
+        let cdi = spec("u1", &alloc, Path::new("/lib/libtessera.so"), false).to_json();
         assert!(
             host_env(&cdi, "u1")
                 .unwrap()
@@ -165,7 +167,7 @@ mod tests {
         assert_eq!(device_id("u1"), "vgpu.tessera.dev/claim=u1");
 
         let dir = tempfile::tempdir().unwrap();
-        let p = write(dir.path(), "u1", &s).unwrap();
+        let p = write(dir.path(), "u1", &typed).unwrap();
         let back: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         assert_eq!(back, s);

@@ -143,7 +143,7 @@ impl Store {
 /// Writes `bytes` to `path` through a temporary file in the same directory,
 /// synced before the rename and the directory synced after, so the file is
 /// whole after a crash or power loss.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()

@@ -223,12 +223,19 @@ pub fn write_spec(dir: &Path, file_name: &str, spec: &Spec) -> Result<bool, CdiE
     // A dot file: runtimes read only `*.json` and `*.yaml`, never the
     // temporary one.
     let tmp = dir.join(format!(".{file_name}.{}", std::process::id()));
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io(e)
-        })?;
+    // Synced before the rename and the directory after it: a runtime never
+    // reads half a spec, and a written spec is still there after a crash.
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })?;
     Ok(true)
 }
 
