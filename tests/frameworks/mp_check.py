@@ -182,15 +182,19 @@ def main():
 
         victim_pid = ready["victim"][2]
         before, _ = charged()
+        # What was free while the victim lived: once its memory is back, that much more than
+        # this fits. (Read after the kill, free already counts what came back, and asking for
+        # it plus the victim's share again could never fit.)
+        torch.cuda.empty_cache()
+        free_before, _ = torch.cuda.mem_get_info()
         os.kill(victim_pid, signal.SIGKILL)
         procs["victim"].join(DEADLINE)
         want = VICTIM + context
         t0 = time.monotonic()
         back = False
         while time.monotonic() - t0 < DEADLINE:
-            free, _ = torch.cuda.mem_get_info()
             try:
-                x = torch.empty(free + want - SLACK, dtype=torch.uint8, device=dev)
+                x = torch.empty(free_before + want - SLACK, dtype=torch.uint8, device=dev)
                 del x
                 torch.cuda.empty_cache()
                 back = True
