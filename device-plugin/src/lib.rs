@@ -15,6 +15,7 @@ pub mod device_id;
 pub mod grpc;
 pub mod inventory;
 pub mod node_labels;
+pub mod passes;
 pub mod placement;
 pub mod plugin;
 pub mod pod_resources;

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::node_labels::{KubeNodeApi, NodeApiError, kube_client};
+use crate::passes::{Pass, Passes};
 use crate::pod_resources::{GrpcPodResources, KubePodApi, OrphanTracker, PodApi, PodResourcesApi};
 use crate::registration::{file_id, register};
 use crate::service::{PluginService, plugin_options};
@@ -80,6 +81,9 @@ pub struct Options {
     pub manager_grace: Duration,
     /// `interval_ms` asked of WatchNodeStatus.
     pub status_interval: Duration,
+    /// Where the running plugin counts its completed background passes
+    /// (shared by clones: keep one to watch the plugin run with another).
+    pub passes: Passes,
 }
 
 impl Options {
@@ -106,6 +110,7 @@ impl Options {
             orphan_grace: Duration::from_secs(60),
             manager_grace: Duration::from_secs(30),
             status_interval: Duration::from_secs(1),
+            passes: Passes::default(),
         }
     }
 }
@@ -171,14 +176,16 @@ pub async fn run_with_pods<A: PodApi>(
             config_bytes,
             state.clone(),
             opts.config_poll,
+            opts.passes.clone(),
         ));
     }
     if let Some(sock) = &opts.pod_resources_socket {
-        let (resource, interval, grace) = (
-            opts.resource_name.clone(),
-            opts.pod_resources_interval,
-            opts.orphan_grace,
-        );
+        let sync = SyncSettings {
+            resource: opts.resource_name.clone(),
+            interval: opts.pod_resources_interval,
+            grace: opts.orphan_grace,
+            passes: opts.passes.clone(),
+        };
         // Pod policies need the Kubernetes API (pod annotations); without
         // it every allocation keeps the node's policy.
         let lister = GrpcPodResources::new(sock)?;
@@ -187,18 +194,14 @@ pub async fn run_with_pods<A: PodApi>(
                 manager.clone(),
                 lister,
                 Some(injected),
-                resource,
-                interval,
-                grace,
+                sync,
             ));
         } else {
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
                 lister,
                 kube.map(KubePodApi::new),
-                resource,
-                interval,
-                grace,
+                sync,
             ));
         }
     }
@@ -273,6 +276,7 @@ async fn serve_and_register<M: ManagerApi>(
                     Err(_) => {}
                 }
             }
+            opts.passes.count(Pass::Kubelet);
             tokio::select! {
                 () = &mut shutdown => {
                     stop_server(stop_tx, server).await;
@@ -302,6 +306,7 @@ async fn serve_and_register<M: ManagerApi>(
                         tracing::info!("plugin socket removed; serving and registering again");
                         break;
                     }
+                    opts.passes.count(Pass::Kubelet);
                 }
             }
         }
@@ -405,49 +410,69 @@ async fn config_loop(
     mut last: Option<Vec<u8>>,
     state: Arc<PluginState>,
     poll: Duration,
+    passes: Passes,
 ) {
     let mut read_failed = false;
     loop {
         tokio::time::sleep(poll).await;
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                read_failed = false;
-                if last.as_ref() == Some(&bytes) {
-                    continue;
-                }
-                match Config::parse(&String::from_utf8_lossy(&bytes)) {
-                    Ok(cfg) => {
-                        tracing::info!(path = %path.display(), "config reloaded");
-                        state.set_config(cfg);
-                    }
-                    Err(e) => tracing::error!(
-                        path = %path.display(),
-                        error = %e,
-                        "new config is invalid; the previous config stays in force"
-                    ),
-                }
-                last = Some(bytes);
+        reload_once(&path, &mut last, &state, &mut read_failed);
+        passes.count(Pass::Config);
+    }
+}
+
+/// One look at the config file (see [`config_loop`]).
+fn reload_once(
+    path: &Path,
+    last: &mut Option<Vec<u8>>,
+    state: &PluginState,
+    read_failed: &mut bool,
+) {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            *read_failed = false;
+            if last.as_ref() == Some(&bytes) {
+                return;
             }
-            Err(e) => {
-                if !read_failed {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot read config file; the previous config stays in force");
-                    read_failed = true;
+            match Config::parse(&String::from_utf8_lossy(&bytes)) {
+                Ok(cfg) => {
+                    tracing::info!(path = %path.display(), "config reloaded");
+                    state.set_config(cfg);
                 }
+                Err(e) => tracing::error!(
+                    path = %path.display(),
+                    error = %e,
+                    "new config is invalid; the previous config stays in force"
+                ),
+            }
+            *last = Some(bytes);
+        }
+        Err(e) => {
+            if !*read_failed {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read config file; the previous config stays in force");
+                *read_failed = true;
             }
         }
     }
+}
+
+/// How the PodResources loop runs.
+struct SyncSettings {
+    /// The resource whose devices are ours.
+    resource: String,
+    interval: Duration,
+    /// An allocation without a pod for this long is deleted.
+    grace: Duration,
+    passes: Passes,
 }
 
 async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     manager: Arc<M>,
     pods: P,
     pod_api: Option<A>,
-    resource: String,
-    interval: Duration,
-    grace: Duration,
+    sync: SyncSettings,
 ) {
-    let mut tracker = OrphanTracker::new(grace);
-    let mut tick = tokio::time::interval(interval);
+    let mut tracker = OrphanTracker::new(sync.grace);
+    let mut tick = tokio::time::interval(sync.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
@@ -456,7 +481,7 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
             manager.as_ref(),
             &pods,
             pod_api.as_ref(),
-            &resource,
+            &sync.resource,
             &mut tracker,
         )
         .await
@@ -474,5 +499,6 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
                 }
             }
         }
+        sync.passes.count(Pass::PodResources);
     }
 }

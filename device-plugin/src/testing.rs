@@ -81,6 +81,8 @@ struct KubeletShared {
     registrations: Mutex<Vec<dp::RegisterRequest>>,
     /// The latest device list from the plugin.
     devices: Mutex<Option<watch::Sender<Vec<dp::Device>>>>,
+    /// Every device list received, in order.
+    lists: Mutex<Vec<Vec<dp::Device>>>,
     /// Tasks following a plugin's ListAndWatch; a restart ends them, as a
     /// real kubelet restart closes its connections.
     followers: Mutex<Vec<JoinHandle<()>>>,
@@ -126,6 +128,7 @@ impl Registration for KubeletRegistration {
             };
             let mut stream = resp.into_inner();
             while let Some(Ok(msg)) = stream.next().await {
+                lock(&shared.lists).push(msg.devices.clone());
                 if let Some(tx) = lock(&shared.devices).as_ref() {
                     tx.send_replace(msg.devices);
                 }
@@ -152,6 +155,7 @@ impl FakeKubelet {
         let shared = Arc::new(KubeletShared {
             registrations: Mutex::new(Vec::new()),
             devices: Mutex::new(Some(tx)),
+            lists: Mutex::new(Vec::new()),
             followers: Mutex::new(Vec::new()),
             dir: dir.to_owned(),
         });
@@ -218,6 +222,12 @@ impl FakeKubelet {
     /// The latest device list the plugin sent.
     pub fn devices(&self) -> Vec<dp::Device> {
         self.devices_rx.borrow().clone()
+    }
+
+    /// Every device list the plugin sent so far, in order: what a test
+    /// reads to show a list never appeared, once a later one has.
+    pub fn lists(&self) -> Vec<Vec<dp::Device>> {
+        lock(&self.shared.lists).clone()
     }
 
     /// Waits until the device list satisfies `pred`; returns it, or None on

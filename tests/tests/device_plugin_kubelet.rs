@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use device_plugin_support::*;
 use tessera_device_plugin::allocate::host_env;
+use tessera_device_plugin::passes::Pass;
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tonic::Code;
 
@@ -82,7 +83,10 @@ async fn registers_once_a_late_kubelet_appears() {
         .expect("registered");
     // The kubelet goes away for a while (socket gone), then comes back.
     std::fs::remove_file(node.path("dp/kubelet.sock")).expect("rm");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The plugin has looked at the missing socket, twice: no registration
+    // without a kubelet.
+    node.pass(Pass::Kubelet).await;
+    node.pass(Pass::Kubelet).await;
     assert_eq!(node.kubelet.registrations().len(), 1);
     node.kubelet.restart().expect("restart");
     node.kubelet
@@ -133,18 +137,30 @@ async fn device_list_follows_health_and_config_reloads() {
     let d = node.wait_devices("3 + 2 slices", |d| d.len() == 5).await;
     assert_eq!(ids(&d)[3], "GPU-b::0");
 
-    // A bad file keeps the config in force...
-    node.write_config("default:\n  slice: {slicesPerGpu: 0}\n");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(node.kubelet.devices().len(), 5, "bad config ignored");
-    node.write_config("default:\n  slice: {memory: 4 gigs}\n");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    node.write_config("");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(node.kubelet.devices().len(), 5, "bad config ignored");
+    // A bad file keeps the config in force: each is read by a whole reload
+    // pass...
+    let lists_before = node.kubelet.lists().len();
+    for bad in [
+        "default:\n  slice: {slicesPerGpu: 0}\n",
+        "default:\n  slice: {memory: 4 gigs}\n",
+        "",
+    ] {
+        node.write_config(bad);
+        node.pass(Pass::Config).await;
+    }
     // ...and the next good one is taken.
     node.write_config("default:\n  slice: {compute: 50%}\n");
     node.wait_devices("2 + 2 slices", |d| d.len() == 4).await;
+    // The lists sent in between, in order: had a bad file been put in force
+    // its list would come before the good one's.
+    let between: Vec<usize> = node.kubelet.lists()[lists_before..]
+        .iter()
+        .map(Vec::len)
+        .collect();
+    assert!(
+        between.iter().all(|&n| n == 5 || n == 4) && between.last() == Some(&4),
+        "bad configs were put in force: device counts {between:?}"
+    );
     node.stop().await;
 }
 
@@ -269,34 +285,16 @@ async fn preferred_allocation_packs_binpacks_spreads_and_avoids_busy_gpus() {
     node.write_config(
         "default:\n  slice: {slicesPerGpu: 4}\n  placement: binpack\n  sharedThreshold: 0\n",
     );
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let r = preferred(&node, &avail_ab, &[], 2).await;
-        if r == strings(&["GPU-b::2", "GPU-b::3"]) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "threshold 0 never applied: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    node.pass(Pass::Config).await;
+    let r = preferred(&node, &avail_ab, &[], 2).await;
+    assert_eq!(r, strings(&["GPU-b::2", "GPU-b::3"]), "threshold 0 applied");
 
     // Spread: the least utilized GPU that fits.
     node.write_config("default:\n  slice: {slicesPerGpu: 4}\n  placement: spread\n");
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        // Under binpack, C (3 free) wins here; under spread, A (10%).
-        let r = preferred(&node, &avail, &[], 2).await;
-        if r == strings(&["GPU-a::0", "GPU-a::1"]) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "spread never applied: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    node.pass(Pass::Config).await;
+    // Under binpack, C (3 free) wins here; under spread, A (10%).
+    let r = preferred(&node, &avail, &[], 2).await;
+    assert_eq!(r, strings(&["GPU-a::0", "GPU-a::1"]), "spread applied");
     // A has one slice left: C (50%) is next; B (90%) is busy anyway.
     let r = preferred(
         &node,

@@ -8,6 +8,7 @@ mod device_plugin_support;
 use std::time::{Duration, Instant};
 
 use device_plugin_support::*;
+use tessera_device_plugin::passes::Pass;
 use tessera_device_plugin::testing::{FakePodResources, FakePods};
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
@@ -76,8 +77,15 @@ async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
     .await
     .expect("cli allocation");
 
-    // No PodResources server yet: listing fails, so nothing may be deleted.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // No PodResources server yet: listing fails, so nothing may be deleted,
+    // however long it fails. A pass that began after this point has seen
+    // all three; a plugin that took a failed listing for "no pods" would
+    // delete the two of ours in the first pass to begin once the grace
+    // (600 ms) is over from there.
+    node.pass(Pass::PodResources).await;
+    let grace_over = tokio::time::Instant::now() + Duration::from_millis(600);
+    tokio::time::sleep_until(grace_over).await;
+    node.pass(Pass::PodResources).await;
     assert_eq!(
         node.manager.allocations().len(),
         3,
@@ -183,8 +191,8 @@ async fn an_annotated_pod_makes_its_allocation_stricter() {
         find(&node, &a).is_some_and(|x| x.policy == mgr::ComputePolicy::Guaranteed as i32)
     })
     .await;
-    // A few more passes: the unannotated pod keeps the node's policy.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A whole pass later: the unannotated pod keeps the node's policy.
+    node.pass(Pass::PodResources).await;
     let p = find(&node, &plain).expect("plain");
     assert_eq!(p.policy, mgr::ComputePolicy::Burst as i32);
     assert_eq!(p.pod, "plain");
@@ -208,7 +216,7 @@ async fn a_looser_pod_policy_is_refused_and_the_owner_still_recorded() {
         find(&node, &a).is_some_and(|x| x.pod == "loose")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.pass(Pass::PodResources).await;
     assert_eq!(
         find(&node, &a).expect("a").policy,
         mgr::ComputePolicy::Guaranteed as i32,
@@ -235,8 +243,9 @@ async fn a_priority_annotation_is_applied_and_reapplied_when_it_changes() {
         find(&node, &a).is_some_and(|x| x.priority == 10)
     })
     .await;
-    // Many passes later (50 ms apart): one call, and none for the bad value.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Whole passes later: one call, and none for the bad value.
+    node.pass(Pass::PodResources).await;
+    node.pass(Pass::PodResources).await;
     let calls = node.manager.resize_calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
@@ -255,7 +264,7 @@ async fn a_priority_annotation_is_applied_and_reapplied_when_it_changes() {
         find(&node, &a).is_some_and(|x| x.priority == -20)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.pass(Pass::PodResources).await;
     assert_eq!(node.manager.resize_calls().len(), 2);
     node.stop().await;
 }

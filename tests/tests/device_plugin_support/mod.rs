@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tessera_device_plugin::passes::Pass;
 use tessera_device_plugin::testing::{FakeKubelet, FakeManager, FakePods, gpu_status};
 use tessera_device_plugin::{Options, run_with_pods};
 use tessera_proto::deviceplugin::v1beta1 as dp;
@@ -119,6 +120,14 @@ impl Node {
                 let _ = rx.await;
             },
         )));
+    }
+
+    /// Waits until a whole `pass` of the plugin that began after this call
+    /// has completed: what it does to the world as it is now has been done.
+    pub async fn pass(&self, pass: Pass) {
+        if let Err(e) = self.opts.passes.next_complete(pass, WAIT).await {
+            panic!("{e}");
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
