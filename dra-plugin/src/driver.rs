@@ -11,8 +11,9 @@
 //! Calls are serialised: the kubelet may call concurrently, and a claim's
 //! steps must not interleave with its own unprepare.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::labels::SOURCE;
@@ -62,12 +63,15 @@ impl ClaimSource for KubeClaims {
 }
 
 /// The node config file, read again when it changes; a bad file keeps the
-/// config in force (and is logged once).
+/// config in force (and is logged once). Overrides are resolved with the
+/// node's labels as last read ([`ConfigFile::set_labels`]), as the device
+/// plugin resolves them.
 #[derive(Debug)]
 pub struct ConfigFile {
     path: Option<PathBuf>,
     node: String,
-    last: std::sync::Mutex<(Option<Vec<u8>>, NodeConfig)>,
+    last: std::sync::Mutex<(Option<Vec<u8>>, Config)>,
+    labels: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl ConfigFile {
@@ -75,15 +79,31 @@ impl ConfigFile {
         Self {
             path,
             node: node.to_owned(),
-            last: std::sync::Mutex::new((
-                None,
-                Config::default().resolve(node, &Default::default()),
-            )),
+            last: std::sync::Mutex::new((None, Config::default())),
+            labels: std::sync::Mutex::default(),
         }
+    }
+
+    /// The node's labels, for label-selector overrides.
+    pub fn set_labels(&self, labels: BTreeMap<String, String>) {
+        *self.labels.lock().unwrap_or_else(|e| e.into_inner()) = labels;
     }
 
     /// The settings in force on this node.
     pub fn current(&self) -> NodeConfig {
+        self.current_with_classes().1
+    }
+
+    /// The whole config (its GPU classes) and the settings in force on
+    /// this node.
+    pub fn current_with_classes(&self) -> (Config, NodeConfig) {
+        let config = self.load();
+        let labels = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        let node = config.resolve(&self.node, &labels);
+        (config, node)
+    }
+
+    fn load(&self) -> Config {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(path) = &self.path {
             match std::fs::read(path) {
@@ -93,7 +113,7 @@ impl ConfigFile {
                         .and_then(|t| Config::parse(t).map_err(|e| e.to_string()))
                     {
                         Ok(c) => {
-                            last.1 = c.resolve(&self.node, &Default::default());
+                            last.1 = c;
                             tracing::info!(path = %path.display(), "node config loaded");
                         }
                         Err(e) => tracing::error!(
@@ -130,7 +150,7 @@ pub struct Driver<C> {
     opts: DriverOptions,
     manager: ManagerClient<Channel>,
     claims: C,
-    config: ConfigFile,
+    config: Arc<ConfigFile>,
     store: Mutex<Store>,
 }
 
@@ -139,7 +159,7 @@ impl<C: ClaimSource> Driver<C> {
         opts: DriverOptions,
         manager: ManagerClient<Channel>,
         claims: C,
-        config: ConfigFile,
+        config: Arc<ConfigFile>,
         store: Store,
     ) -> Self {
         Self {

@@ -1,8 +1,9 @@
 //! The plugin's life: read the checkpoint, connect to the manager and the
-//! API server, serve the DRA services on `dra.sock` in the plugin dir, then
-//! the registration socket in the kubelet's registry dir (only once there is
-//! something to call), until shut down; then remove both sockets so the
-//! kubelet sees the plugin go.
+//! API server, start publishing the node's ResourceSlices
+//! ([`crate::publish`]), serve the DRA services on `dra.sock` in the plugin
+//! dir, then the registration socket in the kubelet's registry dir (only
+//! once there is something to call), until shut down; then remove both
+//! sockets so the kubelet sees the plugin go.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -109,10 +110,21 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             source,
         }
     })?;
-    let config = ConfigFile::new(opts.config_path.clone(), &opts.driver.node_name);
+    let config = Arc::new(ConfigFile::new(
+        opts.config_path.clone(),
+        &opts.driver.node_name,
+    ));
+    let manager = ManagerClient::new(channel);
+    let publisher = tokio::spawn(crate::publish::run(
+        claims.0.clone(),
+        manager.clone(),
+        config.clone(),
+        opts.driver.driver_name.clone(),
+        opts.driver.node_name.clone(),
+    ));
     let driver = Arc::new(Driver::new(
         opts.driver.clone(),
-        ManagerClient::new(channel),
+        manager,
         claims,
         config,
         store,
@@ -189,6 +201,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         }
     };
     verdicts.abort();
+    publisher.abort();
     let _ = std::fs::remove_file(&reg_path);
     let _ = std::fs::remove_file(&dra_path);
     result

@@ -89,6 +89,17 @@ impl FakeApiServer {
         lock(&self.objects).insert(claim_path(&ns, &name), claim);
     }
 
+    /// Stores (or replaces) any object at its REST path
+    /// (`/api/v1/nodes/node-1`).
+    pub fn put(&self, path: &str, object: serde_json::Value) {
+        lock(&self.objects).insert(path.to_owned(), object);
+    }
+
+    /// Removes the object at `path`.
+    pub fn remove(&self, path: &str) -> Option<serde_json::Value> {
+        lock(&self.objects).remove(path)
+    }
+
     /// The object at `path`.
     pub fn get(&self, path: &str) -> Option<serde_json::Value> {
         lock(&self.objects).get(path).cloned()
@@ -120,6 +131,32 @@ fn list_of(
         .collect()
 }
 
+/// A query parameter's value as sent (`%3D` for `=`, `+` for a space).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn status(code: u16, reason: &str, message: &str) -> (u16, serde_json::Value) {
     (
         code,
@@ -147,27 +184,33 @@ fn route(method: &str, target: &str, body: &[u8], objects: &Objects) -> (u16, se
             if !is_collection {
                 return status(404, "NotFound", &format!("{path} not found"));
             }
-            let selector: Vec<(String, String)> = query
-                .split('&')
-                .filter_map(|kv| kv.strip_prefix("labelSelector="))
-                .flat_map(|s| {
-                    s.split("%2C")
-                        .flat_map(|p| p.split(','))
-                        .map(str::to_owned)
-                        .collect::<Vec<_>>()
-                })
-                .filter_map(|p| {
-                    let p = p.replace("%3D", "=");
-                    p.split_once('=')
-                        .map(|(k, v)| (k.replace("%2F", "/"), v.to_owned()))
-                })
-                .collect();
+            // `k=v` terms of the label and field selectors: a label names
+            // metadata.labels[k], a field a dotted path (spec.nodeName).
+            let terms = |param: &str| -> Vec<(String, String)> {
+                query
+                    .split('&')
+                    .filter_map(|kv| kv.strip_prefix(param))
+                    .flat_map(|s| {
+                        percent_decode(s)
+                            .split(',')
+                            .filter_map(|t| {
+                                t.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned()))
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            };
+            let labels = terms("labelSelector=");
+            let fields = terms("fieldSelector=");
             let items: Vec<_> = items
                 .into_iter()
                 .filter(|o| {
-                    selector
+                    labels
                         .iter()
                         .all(|(k, v)| o["metadata"]["labels"][k.as_str()] == v.as_str())
+                        && fields
+                            .iter()
+                            .all(|(k, v)| k.split('.').fold(o, |at, part| &at[part]) == v.as_str())
                 })
                 .collect();
             (

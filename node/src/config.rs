@@ -198,6 +198,83 @@ impl Default for DeviceListStrategy {
     }
 }
 
+/// How the DRA plugin publishes a node's GPUs in its ResourceSlices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraLayout {
+    /// Each GPU's slices are devices (any Kubernetes 1.34+).
+    Slices,
+    /// One device per GPU with consumable `memory` and `compute` capacity,
+    /// shared by many claims (1.34+ with `DRAConsumableCapacity`).
+    Shared,
+}
+
+impl DraLayout {
+    fn parse(field: &str, s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "slices" => Ok(Self::Slices),
+            "shared" => Ok(Self::Shared),
+            other => Err(invalid(
+                field,
+                format!("unknown DRA layout {other:?}; expected \"slices\" or \"shared\""),
+            )),
+        }
+    }
+
+    /// The name used in the config file and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Slices => "slices",
+            Self::Shared => "shared",
+        }
+    }
+}
+
+/// Default smallest memory a claim takes of a shared device.
+pub const DEFAULT_DRA_MEMORY_MINIMUM: u64 = 256 << 20;
+/// Default granule of memory requests on a shared device.
+pub const DEFAULT_DRA_MEMORY_STEP: u64 = 64 << 20;
+/// Smallest `dra.memoryStep`: a finer granule only multiplies rounding work.
+pub const MIN_DRA_MEMORY_STEP: u64 = 1 << 20;
+
+/// The `dra:` settings in force on a node (the DRA plugin's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraConfig {
+    pub layout: DraLayout,
+    /// `shared` layout: the least memory a claim is given (its request
+    /// policy's minimum, and its default when it names none).
+    pub memory_minimum: u64,
+    /// `shared` layout: memory requests are rounded up to the minimum plus a
+    /// multiple of this.
+    pub memory_step: u64,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        Self {
+            layout: DraLayout::Slices,
+            memory_minimum: DEFAULT_DRA_MEMORY_MINIMUM,
+            memory_step: DEFAULT_DRA_MEMORY_STEP,
+        }
+    }
+}
+
+/// A `dra:` block as a section gives it: each field it names replaces the
+/// one before (unlike `slice`, whose fields only mean something together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DraSettings {
+    pub layout: Option<DraLayout>,
+    pub memory_minimum: Option<u64>,
+    pub memory_step: Option<u64>,
+}
+
+impl DraSettings {
+    fn apply_to(&self, dra: &mut DraConfig) {
+        set(&mut dra.layout, self.layout);
+        set(&mut dra.memory_minimum, self.memory_minimum);
+        set(&mut dra.memory_step, self.memory_step);
+    }
+}
+
 /// A slice size: any of memory, compute and count; the tightest wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SliceSpec {
@@ -274,6 +351,8 @@ pub struct NodeConfig {
     pub ld_so_preload: bool,
     /// How containers are told their GPUs.
     pub device_list_strategy: DeviceListStrategy,
+    /// What the DRA plugin publishes.
+    pub dra: DraConfig,
     /// Indexes of the overrides that matched, in order (for logs).
     pub matched_overrides: Vec<usize>,
 }
@@ -290,6 +369,7 @@ impl Default for NodeConfig {
             shared_threshold: DEFAULT_SHARED_THRESHOLD,
             ld_so_preload: false,
             device_list_strategy: DeviceListStrategy::DEFAULT,
+            dra: DraConfig::default(),
             matched_overrides: Vec::new(),
         }
     }
@@ -304,6 +384,7 @@ pub struct Settings {
     pub shared_threshold: Option<f64>,
     pub ld_so_preload: Option<bool>,
     pub device_list_strategy: Option<DeviceListStrategy>,
+    pub dra: Option<DraSettings>,
 }
 
 impl Settings {
@@ -316,6 +397,9 @@ impl Settings {
         set(&mut node.shared_threshold, self.shared_threshold);
         set(&mut node.ld_so_preload, self.ld_so_preload);
         set(&mut node.device_list_strategy, self.device_list_strategy);
+        if let Some(d) = &self.dra {
+            d.apply_to(&mut node.dra);
+        }
     }
 }
 
@@ -480,6 +564,7 @@ macro_rules! raw_settings {
             shared_threshold: Option<f64>,
             ld_so_preload: Option<bool>,
             device_list_strategy: Option<OneOrMany>,
+            dra: Option<RawDra>,
         }
 
         impl $name {
@@ -503,6 +588,10 @@ macro_rules! raw_settings {
                     .placement
                     .map(|p| Placement::parse(&format!("{field}.placement"), &p))
                     .transpose()?;
+                let dra = self
+                    .dra
+                    .map(|d| d.validate(&format!("{field}.dra")))
+                    .transpose()?;
                 if let Some(t) = self.shared_threshold
                     && !(0.0..=1.0).contains(&t)
                 {
@@ -518,6 +607,7 @@ macro_rules! raw_settings {
                     shared_threshold: self.shared_threshold,
                     ld_so_preload: self.ld_so_preload,
                     device_list_strategy,
+                    dra,
                 })
             }
         }
@@ -536,6 +626,65 @@ struct RawSlice {
     memory: Option<NumOrString>,
     compute: Option<String>,
     slices_per_gpu: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDra {
+    layout: Option<String>,
+    memory_minimum: Option<NumOrString>,
+    memory_step: Option<NumOrString>,
+}
+
+impl RawDra {
+    fn validate(self, field: &str) -> Result<DraSettings, ConfigError> {
+        if self.layout.is_none() && self.memory_minimum.is_none() && self.memory_step.is_none() {
+            return Err(invalid(
+                field,
+                "give at least one of layout (slices or shared), memoryMinimum or memoryStep",
+            ));
+        }
+        let layout = self
+            .layout
+            .map(|l| DraLayout::parse(&format!("{field}.layout"), &l))
+            .transpose()?;
+        let memory_minimum = self
+            .memory_minimum
+            .map(|m| {
+                let f = format!("{field}.memoryMinimum");
+                let b = m.bytes(&f)?;
+                if b < MIN_SLICE_MEMORY {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "{b} bytes is below the smallest share, {}Mi",
+                            MIN_SLICE_MEMORY >> 20
+                        ),
+                    ));
+                }
+                Ok(b)
+            })
+            .transpose()?;
+        let memory_step = self
+            .memory_step
+            .map(|m| {
+                let f = format!("{field}.memoryStep");
+                let b = m.bytes(&f)?;
+                if b < MIN_DRA_MEMORY_STEP {
+                    return Err(invalid(
+                        f,
+                        format!("{b} bytes is below the smallest step, 1Mi"),
+                    ));
+                }
+                Ok(b)
+            })
+            .transpose()?;
+        Ok(DraSettings {
+            layout,
+            memory_minimum,
+            memory_step,
+        })
+    }
 }
 
 /// `deviceListStrategy: cdi` or `deviceListStrategy: [envvar, cdi]`.
@@ -560,6 +709,18 @@ impl OneOrMany {
 enum NumOrString {
     Num(i64),
     Str(String),
+}
+
+impl NumOrString {
+    /// A memory size in bytes; `field` names it in the error.
+    fn bytes(self, field: &str) -> Result<u64, ConfigError> {
+        match self {
+            Self::Num(n) => {
+                u64::try_from(n).map_err(|_| invalid(field, format!("{n} is negative")))
+            }
+            Self::Str(s) => parse_memory(&s).map_err(|e| invalid(field, e)),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -662,12 +823,7 @@ impl RawSlice {
             None => None,
             Some(m) => {
                 let f = format!("{field}.memory");
-                let bytes = match m {
-                    NumOrString::Num(n) => {
-                        u64::try_from(n).map_err(|_| invalid(&f, format!("{n} is negative")))?
-                    }
-                    NumOrString::Str(s) => parse_memory(&s).map_err(|e| invalid(&f, e))?,
-                };
+                let bytes = m.bytes(&f)?;
                 if bytes < MIN_SLICE_MEMORY {
                     return Err(invalid(
                         f,
@@ -749,7 +905,7 @@ impl RawOverride {
         if settings == Settings::default() {
             return Err(invalid(
                 field,
-                "sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload or deviceListStrategy",
+                "sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload, deviceListStrategy or dra",
             ));
         }
         Ok(Override {
@@ -1171,7 +1327,7 @@ overrides:
         );
         assert_eq!(
             err("overrides:\n  - nodeNames: [a]\n"),
-            "overrides[0]: sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload or deviceListStrategy"
+            "overrides[0]: sets nothing: give slice, computePolicy, placement, sharedThreshold, ldSoPreload, deviceListStrategy or dra"
         );
         assert_eq!(
             err(
@@ -1277,5 +1433,65 @@ overrides:
         );
         let e = err("default:\n  deviceListStrategy: []\n");
         assert!(e.contains("default.deviceListStrategy"), "{e}");
+    }
+
+    #[test]
+    fn dra_section_defaults_merges_field_by_field_and_follows_label_overrides() {
+        let none = Config::parse("version: 1\n").expect("parse");
+        assert_eq!(none.resolve("n", &labels(&[])).dra, DraConfig::default());
+        assert_eq!(DraConfig::default().layout, DraLayout::Slices);
+        let c = Config::parse(
+            "default:\n  dra: {layout: slices, memoryMinimum: 1Gi}\noverrides:\n  - nodeSelector: {matchLabels: {dra: shared}}\n    dra: {layout: shared, memoryStep: 128Mi}\n",
+        )
+        .expect("parse");
+        let plain = c.resolve("n", &labels(&[])).dra;
+        assert_eq!(
+            plain,
+            DraConfig {
+                layout: DraLayout::Slices,
+                memory_minimum: GI,
+                memory_step: DEFAULT_DRA_MEMORY_STEP,
+            }
+        );
+        let shared = c.resolve("n", &labels(&[("dra", "shared")]));
+        assert_eq!(
+            shared.dra,
+            DraConfig {
+                layout: DraLayout::Shared,
+                // Left out by the override: the default section's stays.
+                memory_minimum: GI,
+                memory_step: 128 << 20,
+            }
+        );
+        assert_eq!(shared.matched_overrides, vec![0]);
+        assert_eq!(DraLayout::Shared.as_str(), "shared");
+    }
+
+    #[test]
+    fn bad_dra_sections() {
+        assert_eq!(
+            err("default:\n  dra: {layout: partitioned}\n"),
+            "default.dra.layout: unknown DRA layout \"partitioned\"; expected \"slices\" or \"shared\""
+        );
+        assert_eq!(
+            err("default:\n  dra: {}\n"),
+            "default.dra: give at least one of layout (slices or shared), memoryMinimum or memoryStep"
+        );
+        assert_eq!(
+            err("overrides:\n  - nodeNames: [a]\n    dra: {memoryMinimum: 1Mi}\n"),
+            "overrides[0].dra.memoryMinimum: 1048576 bytes is below the smallest share, 64Mi"
+        );
+        assert_eq!(
+            err("default:\n  dra: {memoryStep: 1000}\n"),
+            "default.dra.memoryStep: 1000 bytes is below the smallest step, 1Mi"
+        );
+        assert_eq!(
+            err("default:\n  dra: {memoryStep: -5}\n"),
+            "default.dra.memoryStep: -5 is negative"
+        );
+        let e = err("default:\n  dra: {memoryMinimum: lots}\n");
+        assert!(e.starts_with("default.dra.memoryMinimum:"), "{e}");
+        let e = err("default:\n  dra: {layuot: shared}\n");
+        assert!(e.contains("layuot"), "{e}");
     }
 }
