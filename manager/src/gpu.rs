@@ -131,6 +131,14 @@ pub mod fake {
             g
         }
 
+        /// One GPU for each description, in order (UUIDs, memory and NUMA
+        /// nodes as given).
+        pub fn with_devices(devices: Vec<GpuInfo>) -> Self {
+            let g = FakeGpu::default();
+            g.inner.lock().devices = devices;
+            g
+        }
+
         pub fn uuid(&self, i: usize) -> String {
             self.inner.lock().devices[i].uuid.clone()
         }

@@ -1,6 +1,7 @@
 //! The device plugin driven by a fake kubelet over real unix sockets:
 //! registration (and again after a kubelet restart), the device list and
-//! its updates, GetPreferredAllocation, and Allocate against a fake manager.
+//! its updates, GetPreferredAllocation, and Allocate against the real
+//! manager (in-process, over a scripted driver).
 
 mod device_plugin_support;
 
@@ -9,15 +10,17 @@ use std::time::Duration;
 use device_plugin_support::*;
 use tessera_device_plugin::allocate::host_env;
 use tessera_device_plugin::passes::Pass;
+use tessera_manager::gpu::GpuEvent;
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tonic::Code;
 
 #[tokio::test]
 async fn registers_and_registers_again_after_a_kubelet_restart() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 80 * GI, 1, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 80 * GI, 1, 0)]),
         "default:\n  slice: {slicesPerGpu: 4}\n",
-    );
+    )
+    .await;
     let regs = node
         .kubelet
         .wait_registrations(1, WAIT)
@@ -74,9 +77,10 @@ async fn registers_and_registers_again_after_a_kubelet_restart() {
 #[tokio::test]
 async fn registers_once_a_late_kubelet_appears() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
         "default:\n  slice: {slicesPerGpu: 2}\n",
-    );
+    )
+    .await;
     node.kubelet
         .wait_registrations(1, WAIT)
         .await
@@ -99,9 +103,10 @@ async fn registers_once_a_late_kubelet_appears() {
 #[tokio::test]
 async fn device_list_follows_health_and_config_reloads() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
         "default:\n  slice: {memory: 20Gi}\n",
-    );
+    )
+    .await;
     // Memory slices: 4 on the 80 GiB GPU, 2 on the 40 GiB one.
     let d = node.wait_devices("6 slices", |d| d.len() == 6).await;
     assert_eq!(
@@ -115,11 +120,9 @@ async fn device_list_follows_health_and_config_reloads() {
     assert_eq!(numa(&d[0]), Some(0));
     assert_eq!(numa(&d[5]), Some(1));
 
-    // Health flip: GPU-b's slices turn Unhealthy at once, then recover.
-    node.manager.update_gpu("GPU-b", |g| {
-        g.healthy = false;
-        g.unhealthy_reason = "XID 79: fallen off the bus".into();
-    });
+    // Health flip: GPU-b stops answering the manager; its slices turn
+    // Unhealthy, then recover when it answers again.
+    node.gpu.set_lost("GPU-b", true);
     let d = node
         .wait_devices("GPU-b unhealthy", |d| d.len() == 6 && healthy(d) == 4)
         .await;
@@ -128,7 +131,7 @@ async fn device_list_follows_health_and_config_reloads() {
             .filter(|x| x.id.starts_with("GPU-b"))
             .all(|x| x.health == dp::UNHEALTHY)
     );
-    node.manager.update_gpu("GPU-b", |g| g.healthy = true);
+    node.gpu.set_lost("GPU-b", false);
     node.wait_devices("GPU-b healthy again", |d| healthy(d) == 6)
         .await;
 
@@ -167,13 +170,14 @@ async fn device_list_follows_health_and_config_reloads() {
 #[tokio::test]
 async fn devices_turn_unhealthy_while_the_manager_is_gone() {
     let mut node = Node::start_with(
-        status(&[("GPU-a", 80 * GI, 0, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
         "default:\n  slice: {slicesPerGpu: 2}\n",
         |o| o.manager_grace = Duration::from_millis(300),
-    );
+    )
+    .await;
     node.wait_devices("healthy", |d| d.len() == 2 && healthy(d) == 2)
         .await;
-    node.manager.stop();
+    node.stop_manager().await;
     node.wait_devices("unhealthy without a manager", |d| {
         d.len() == 2 && healthy(d) == 0
     })
@@ -194,12 +198,7 @@ async fn devices_turn_unhealthy_while_the_manager_is_gone() {
         e.message()
     );
     // A new manager on the same socket: the plugin picks it up again.
-    node.manager = tessera_device_plugin::testing::FakeManager::start(
-        &node.path("manager.sock"),
-        &node.path("state"),
-        status(&[("GPU-a", 80 * GI, 0, 0)]),
-    )
-    .expect("manager");
+    node.start_manager().await;
     node.wait_devices("healthy again", |d| healthy(d) == 2)
         .await;
     node.stop().await;
@@ -233,13 +232,14 @@ fn refs(v: &[String]) -> Vec<&str> {
 async fn preferred_allocation_packs_binpacks_spreads_and_avoids_busy_gpus() {
     // A is nearly idle, B 90% busy (idle 0.1, under the 0.2 threshold), C half.
     let mut node = Node::start(
-        status(&[
+        fake_gpus(&[
             ("GPU-a", 80 * GI, 0, 10),
             ("GPU-b", 80 * GI, 0, 90),
             ("GPU-c", 80 * GI, 1, 50),
         ]),
         "default:\n  slice: {slicesPerGpu: 4}\n  placement: binpack\n",
-    );
+    )
+    .await;
     node.wait_devices("12 slices", |d| d.len() == 12).await;
     let everything: Vec<String> = [all("GPU-a", 4), all("GPU-b", 4), all("GPU-c", 4)].concat();
 
@@ -333,9 +333,10 @@ fn allocate_req(ids: &[&str]) -> dp::AllocateRequest {
 #[tokio::test]
 async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
         "default:\n  slice: {memory: 10Gi}\n  computePolicy: guaranteed\n",
-    );
+    )
+    .await;
     node.wait_devices("8 + 4 slices", |d| d.len() == 12).await;
     let mut c = node.client().await;
 
@@ -359,7 +360,7 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         .into_inner();
     let r = &resp.container_responses[0];
 
-    let allocs = node.manager.allocations();
+    let allocs = node.allocations();
     assert_eq!(allocs.len(), 1);
     let a = &allocs[0];
     assert_eq!(a.devices.len(), 1);
@@ -433,8 +434,7 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         again.container_responses[0].envs["TESSERA_ALLOCATION"],
         a.id
     );
-    assert_eq!(node.manager.allocations().len(), 1);
-    assert_eq!(node.manager.create_calls(), 2);
+    assert_eq!(node.allocations().len(), 1);
 
     // Across two GPUs: one allocation with a part of each.
     let resp = c
@@ -453,7 +453,6 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
     assert_eq!(gpus, ["GPU-a", "GPU-b"]);
     let id = &resp.container_responses[0].envs["TESSERA_ALLOCATION"];
     let two = node
-        .manager
         .allocations()
         .into_iter()
         .find(|x| &x.id == id)
@@ -475,7 +474,7 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
     );
 
     // Bad IDs are clear errors and create nothing.
-    let before = node.manager.create_calls();
+    let before = node.allocations();
     let e = c
         .allocate(allocate_req(&["GPU-zz::0"]))
         .await
@@ -493,9 +492,9 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         .await
         .expect_err("malformed");
     assert_eq!(e.code(), Code::InvalidArgument);
-    node.manager.update_gpu("GPU-a", |g| {
-        g.healthy = false;
-        g.unhealthy_reason = "XID 48".into();
+    node.gpu.push_event(GpuEvent::Xid {
+        uuid: "GPU-a".into(),
+        xid: 48,
     });
     node.wait_devices("GPU-a unhealthy", |d| healthy(d) == 4)
         .await;
@@ -505,16 +504,17 @@ async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
         .expect_err("unhealthy");
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().contains("XID 48"), "{}", e.message());
-    assert_eq!(node.manager.create_calls(), before);
+    assert_eq!(node.allocations(), before, "refusals create nothing");
     node.stop().await;
 }
 
 #[tokio::test]
 async fn ld_so_preload_is_mounted_when_the_node_config_asks() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
         "default:\n  slice: {slicesPerGpu: 2}\n  ldSoPreload: true\n",
-    );
+    )
+    .await;
     node.wait_devices("2 slices", |d| d.len() == 2).await;
     let preload = node.opts.host.preload_file.clone();
     let resp = node
@@ -544,14 +544,15 @@ async fn ld_so_preload_is_mounted_when_the_node_config_asks() {
 /// as the kubelet gets it; under `cdi` the plugin's CDI spec is on disk.
 #[tokio::test]
 async fn each_device_list_strategy_answers_allocate_as_the_toolkit_expects() {
-    let gpus = || status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 80 * GI, 1, 0)]);
+    let gpus = || fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 80 * GI, 1, 0)]);
     let mut answers = Vec::new();
     for strategy in ["envvar", "volume-mounts", "cdi"] {
         let mut node = Node::start_with(
             gpus(),
             &format!("default:\n  slice: {{slicesPerGpu: 2}}\n  deviceListStrategy: {strategy}\n"),
             |o| o.cdi_spec_dir = Some(o.manager_socket.with_file_name("cdi")),
-        );
+        )
+        .await;
         node.wait_devices("2 + 2 slices", |d| d.len() == 4).await;
         let resp = node
             .client()
@@ -652,9 +653,10 @@ async fn each_device_list_strategy_answers_allocate_as_the_toolkit_expects() {
 #[tokio::test]
 async fn slice_counts_are_published_for_the_manager_and_follow_the_config() {
     let mut node = Node::start(
-        status(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
         "default:\n  slice: {memory: 10Gi}\n",
-    );
+    )
+    .await;
     node.wait_devices("8 + 4 slices", |d| d.len() == 12).await;
     let file = node.path("slices.json");
     assert_eq!(

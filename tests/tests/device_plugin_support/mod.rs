@@ -1,14 +1,20 @@
-//! A simulated node for the device plugin tests: a fake manager and a fake
-//! kubelet on real unix sockets in a temp dir, and the real plugin (`run`)
-//! between them.
+//! A simulated node for the device plugin tests: the real manager
+//! (in-process, over a scripted driver) and a fake kubelet on real unix
+//! sockets in a temp dir, and the real plugin (`run`) between them.
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_device_plugin::passes::Pass;
-use tessera_device_plugin::testing::{FakeKubelet, FakeManager, FakePods, gpu_status};
+use tessera_device_plugin::testing::{FakeKubelet, FakePods};
 use tessera_device_plugin::{Options, run_with_pods};
+use tessera_manager::arbiter::NoArbiter;
+use tessera_manager::core::Core;
+use tessera_manager::gpu::fake::FakeGpu;
+use tessera_manager::gpu::{GpuInfo, GpuSample};
+use tessera_manager::{Manager, ManagerError};
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 use tokio::sync::oneshot;
@@ -18,9 +24,18 @@ pub const GI: u64 = 1 << 30;
 /// Generous: the CI box is small and shared.
 pub const WAIT: Duration = Duration::from_secs(15);
 
+/// The real manager, in-process, serving on the node's socket.
+struct RunningManager {
+    core: Arc<Core>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ManagerError>>,
+}
+
 pub struct Node {
     pub dir: tempfile::TempDir,
-    pub manager: FakeManager,
+    /// The driver under the manager: GPUs, their utilization and health.
+    pub gpu: Arc<FakeGpu>,
+    manager: Option<RunningManager>,
     pub kubelet: FakeKubelet,
     pub opts: Options,
     /// Pods' annotations, injected in place of the Kubernetes API.
@@ -29,47 +44,53 @@ pub struct Node {
     pub plugin: Option<JoinHandle<Result<(), tessera_device_plugin::Error>>>,
 }
 
-/// GPUs: (uuid, memory, NUMA node, utilization %).
-pub fn status(gpus: &[(&str, u64, i32, u32)]) -> mgr::NodeStatus {
-    mgr::NodeStatus {
-        hostname: "node-1".into(),
-        gpus: gpus
-            .iter()
+/// A driver with these GPUs: (uuid, memory, NUMA node, utilization %).
+pub fn fake_gpus(gpus: &[(&str, u64, i32, u32)]) -> Arc<FakeGpu> {
+    let driver = FakeGpu::with_devices(
+        gpus.iter()
             .enumerate()
-            .map(|(i, &(uuid, mem, numa, util))| {
-                let mut g = gpu_status(
-                    u32::try_from(i).expect("few GPUs"),
-                    uuid,
-                    "NVIDIA A100-SXM4-80GB",
-                    mem,
-                    numa,
-                );
-                g.utilization_percent = util;
-                g
+            .map(|(i, &(uuid, mem, numa, _))| GpuInfo {
+                index: u32::try_from(i).expect("few GPUs"),
+                uuid: uuid.to_owned(),
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                memory_total_bytes: mem,
+                sm_count: 108,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + i),
+                numa_node: numa,
+                compute_capability: (8, 0),
             })
             .collect(),
-        ..Default::default()
+    );
+    for &(uuid, _, _, util) in gpus {
+        driver.set_sample(
+            uuid,
+            GpuSample {
+                utilization_percent: util,
+                ..Default::default()
+            },
+        );
     }
+    Arc::new(driver)
 }
 
 impl Node {
     /// Starts manager, kubelet and plugin; `config` is the slice config text.
-    pub fn start(status: mgr::NodeStatus, config: &str) -> Self {
-        Self::start_with(status, config, |_| {})
+    pub async fn start(gpu: Arc<FakeGpu>, config: &str) -> Self {
+        Self::start_with(gpu, config, |_| {}).await
     }
 
-    pub fn start_with(
-        status: mgr::NodeStatus,
+    pub async fn start_with(
+        gpu: Arc<FakeGpu>,
         config: &str,
         tweak: impl FnOnce(&mut Options),
     ) -> Self {
-        Self::start_with_pods(status, config, None, tweak)
+        Self::start_with_pods(gpu, config, None, tweak).await
     }
 
     /// [`Node::start_with`], the plugin reading pods' annotations from `pods`
     /// (in place of the Kubernetes API) when given.
-    pub fn start_with_pods(
-        status: mgr::NodeStatus,
+    pub async fn start_with_pods(
+        gpu: Arc<FakeGpu>,
         config: &str,
         pods: Option<FakePods>,
         tweak: impl FnOnce(&mut Options),
@@ -77,12 +98,6 @@ impl Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let dp_dir = dir.path().join("dp");
         std::fs::create_dir_all(&dp_dir).expect("mkdir");
-        let manager = FakeManager::start(
-            &dir.path().join("manager.sock"),
-            &dir.path().join("state"),
-            status,
-        )
-        .expect("manager");
         let kubelet = FakeKubelet::start(&dp_dir).expect("kubelet");
         let config_path = dir.path().join("config.yaml");
         std::fs::write(&config_path, config).expect("config");
@@ -99,15 +114,56 @@ impl Node {
         tweak(&mut opts);
         let mut node = Self {
             dir,
-            manager,
+            gpu,
+            manager: None,
             kubelet,
             opts,
             pods,
             stop: None,
             plugin: None,
         };
+        node.start_manager().await;
         node.start_plugin();
         node
+    }
+
+    /// Starts the manager (again) on the node's socket and state directory.
+    pub async fn start_manager(&mut self) {
+        assert!(self.manager.is_none(), "a manager is running");
+        let mut c = tessera_manager::Config::for_state_dir(&self.path("state"));
+        c.socket = self.opts.manager_socket.clone();
+        c.hook_library = self.opts.host.hook_library.clone();
+        c.hostname = "node-1".into();
+        c.sample_interval = Duration::from_millis(100);
+        let m = Manager::start(c, self.gpu.clone(), Arc::new(NoArbiter))
+            .await
+            .expect("manager starts");
+        let core = m.core().clone();
+        let (stop, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(m.serve(async move {
+            let _ = rx.await;
+        }));
+        self.manager = Some(RunningManager { core, stop, task });
+    }
+
+    /// Stops the manager: its socket goes, its status streams end, its
+    /// allocations stay on disk for the next one.
+    pub async fn stop_manager(&mut self) {
+        let m = self.manager.take().expect("a manager is running");
+        let _ = m.stop.send(());
+        let res = tokio::time::timeout(WAIT, m.task)
+            .await
+            .expect("manager stops");
+        res.expect("join").expect("manager ran cleanly");
+    }
+
+    /// The allocations the manager holds.
+    pub fn allocations(&self) -> Vec<mgr::Allocation> {
+        self.manager
+            .as_ref()
+            .expect("a manager is running")
+            .core
+            .list()
     }
 
     pub fn start_plugin(&mut self) {
@@ -172,6 +228,9 @@ impl Node {
         if let Some(p) = self.plugin.take() {
             let res = tokio::time::timeout(WAIT, p).await.expect("plugin stops");
             res.expect("join").expect("plugin ran cleanly");
+        }
+        if self.manager.is_some() {
+            self.stop_manager().await;
         }
     }
 }
