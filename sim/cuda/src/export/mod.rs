@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod context_checks;
 pub mod context_storage;
 pub mod cudart;
+pub mod cupti;
 pub mod device_ext;
 pub mod integrity;
 pub mod tools;
@@ -154,6 +155,11 @@ pub static TABLES: &[Table] = &[
         guid: cluster::GUID,
         ptr: || cluster::TABLE.as_ptr(),
     },
+    Table {
+        name: "CUPTI",
+        guid: cupti::GUID,
+        ptr: || cupti::TABLE.as_ptr(),
+    },
 ];
 
 /// Ids the runtime asks for that this driver knowingly does not provide: they are refused
@@ -166,6 +172,9 @@ pub static REFUSED: &[(&str, [u8; 16])] = &[
     // Asked for when the runtime (or cuda.bindings) first loads a kernel; unknown, and
     // kernels load and launch without it.
     ("da9151d3", guid("da9151d3-3ae6-cc41-a5c0-4f26d533e328")),
+    // Asked for by CUPTI 13.5 when it initialises (after `CUPTI`); ZLUDA names one of its
+    // entries `getCudaState`. CUPTI answers its version and runs without it.
+    ("d7bd8af8", guid("d7bd8af8-e7ac-ca4a-bdbc-fb1f1b3fcf33")),
 ];
 
 /// Formats an id as the runtime's bytes, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
