@@ -5,7 +5,6 @@
 //! retry of the same Allocate finds the allocation it already made.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
@@ -349,25 +348,8 @@ pub fn host_env(resp: &dp::ContainerAllocateResponse) -> BTreeMap<String, String
         .collect()
 }
 
-/// The text of the `ld.so.preload` file: the hook's container path.
-pub fn preload_contents() -> String {
-    format!("{CONTAINER_HOOK}\n")
-}
-
-/// Makes sure the host's preload file exists with the right text; written
-/// through a temporary file and a rename so no container sees half of it.
-pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
-    let want = preload_contents();
-    if std::fs::read_to_string(path).is_ok_and(|have| have == want) {
-        return Ok(());
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, want)?;
-    std::fs::rename(&tmp, path)
-}
+// The preload file is shared with the DRA plugin's CDI specs.
+pub use tessera_node::cdi::{ensure_preload_file, preload_contents};
 
 #[cfg(test)]
 mod tests {

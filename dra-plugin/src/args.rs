@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use tessera_node::cdi::HostPaths;
+
 use crate::driver::DriverOptions;
 use crate::plugin::{Error, Options};
 
@@ -63,6 +65,15 @@ pub struct DraPluginArgs {
         default_value = tessera_contract::paths::HOST_HOOK_LIBRARY
     )]
     pub hook_library: PathBuf,
+    /// The host file mounted as /etc/ld.so.preload when the node config sets
+    /// ldSoPreload (the device plugin's file; either plugin writes it).
+    #[arg(
+        long,
+        env = "TESSERA_PRELOAD_FILE",
+        value_name = "PATH",
+        default_value = tessera_contract::paths::HOST_PRELOAD_FILE
+    )]
+    pub preload_file: PathBuf,
 }
 
 impl DraPluginArgs {
@@ -81,7 +92,10 @@ impl DraPluginArgs {
                 driver_name: self.driver_name.clone(),
                 node_name,
                 cdi_dir: self.cdi_dir.clone(),
-                hook_library: self.hook_library.clone(),
+                host: HostPaths {
+                    hook_library: self.hook_library.clone(),
+                    preload_file: self.preload_file.clone(),
+                },
             },
             registry_dir: self.registry_dir.clone(),
             plugin_dir,

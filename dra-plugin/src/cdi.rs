@@ -45,11 +45,15 @@ pub fn nvidia_device_id(gpu_uuid: &str) -> String {
 
 /// The spec for claim `uid` under `alloc`. `visible_devices`: set
 /// `NVIDIA_VISIBLE_DEVICES` to the allocation's GPUs (the `envvar`
-/// strategy); otherwise the GPUs come as NVIDIA CDI devices.
+/// strategy); otherwise the GPUs come as NVIDIA CDI devices. `host`: the
+/// hook library, and the preload file mounted at `/etc/ld.so.preload` when
+/// `ld_so_preload` (the node config's `ldSoPreload`), as the device plugin
+/// mounts it: a program that clears `LD_PRELOAD` still loads the shim.
 pub fn spec(
     uid: &str,
     alloc: &mgr::Allocation,
-    hook_library: &Path,
+    host: &HostPaths,
+    ld_so_preload: bool,
     visible_devices: bool,
 ) -> Spec {
     let mut env = BTreeMap::from([
@@ -65,11 +69,7 @@ pub fn spec(
         let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
         env.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
     }
-    let host = HostPaths {
-        hook_library: hook_library.to_owned(),
-        ..HostPaths::default()
-    };
-    let mut mounts = shim_mounts(&host, false);
+    let mut mounts = shim_mounts(host, ld_so_preload);
     mounts.push(Mount {
         host_path: PathBuf::from(&alloc.control_path),
         container_path: CONTAINER_CONTROL.to_owned(),
@@ -143,7 +143,11 @@ mod tests {
             state_path: "/s/dra-u1/state".into(),
             ..Default::default()
         };
-        let typed = spec("u1", &alloc, Path::new("/lib/libtessera.so"), true);
+        let host = HostPaths {
+            hook_library: "/lib/libtessera.so".into(),
+            preload_file: "/host/ld.so.preload".into(),
+        };
+        let typed = spec("u1", &alloc, &host, false, true);
         let s = typed.to_json();
         assert_eq!(s["kind"], KIND);
         assert_eq!(s["devices"][0]["name"], "u1");
@@ -157,7 +161,8 @@ mod tests {
         let m = &s["devices"][0]["containerEdits"]["mounts"];
         assert_eq!(m[1]["options"][0], "ro", "control is read-only");
         assert_eq!(m[2]["options"][0], "rw", "state is the process's to write");
-        let cdi = spec("u1", &alloc, Path::new("/lib/libtessera.so"), false).to_json();
+        assert_eq!(m.as_array().map(Vec::len), Some(3), "no preload file: {m}");
+        let cdi = spec("u1", &alloc, &host, false, false).to_json();
         assert!(
             host_env(&cdi, "u1")
                 .unwrap()
@@ -165,6 +170,20 @@ mod tests {
                 .all(|(k, _)| k != "NVIDIA_VISIBLE_DEVICES")
         );
         assert_eq!(device_id("u1"), "vgpu.tessera.dev/claim=u1");
+
+        // ldSoPreload: the host's preload file at /etc/ld.so.preload,
+        // read-only, as the device plugin mounts it.
+        let pre = spec("u1", &alloc, &host, true, true).to_json();
+        let m = pre["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let p = m
+            .iter()
+            .find(|m| m["containerPath"] == "/etc/ld.so.preload")
+            .expect("the preload mount");
+        assert_eq!(p["hostPath"], "/host/ld.so.preload");
+        assert_eq!(p["options"][0], "ro");
 
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "u1", &typed).unwrap();

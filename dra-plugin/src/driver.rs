@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::labels::SOURCE;
+use tessera_node::cdi::{HostPaths, ensure_preload_file};
 use tessera_node::config::{Config, NodeConfig};
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
@@ -142,7 +143,8 @@ pub struct DriverOptions {
     pub driver_name: String,
     pub node_name: String,
     pub cdi_dir: PathBuf,
-    pub hook_library: PathBuf,
+    /// The hook library and the preload file on the host.
+    pub host: HostPaths,
 }
 
 /// The prepare/unprepare logic, behind the gRPC services.
@@ -313,7 +315,22 @@ impl<C: ClaimSource> Driver<C> {
             }
         }
         let cdi_strategy = node.device_list_strategy.cdi;
-        let spec = cdi::spec(&want.uid, &alloc, &self.opts.hook_library, !cdi_strategy);
+        if node.ld_so_preload
+            && let Err(e) = ensure_preload_file(&self.opts.host.preload_file)
+        {
+            return Err(undo(format!(
+                "resource claim {want}: cannot write the preload file {}: {e}",
+                self.opts.host.preload_file.display()
+            ))
+            .await);
+        }
+        let spec = cdi::spec(
+            &want.uid,
+            &alloc,
+            &self.opts.host,
+            node.ld_so_preload,
+            !cdi_strategy,
+        );
         if let Err(e) = cdi::write(&self.opts.cdi_dir, &want.uid, &spec) {
             return Err(undo(format!(
                 "resource claim {want}: cannot write its CDI spec in {}: {e}",

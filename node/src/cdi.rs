@@ -120,6 +120,27 @@ pub fn shim_mounts(host: &HostPaths, ld_so_preload: bool) -> Vec<Mount> {
     mounts
 }
 
+/// The text of the `ld.so.preload` file: the hook's container path.
+pub fn preload_contents() -> String {
+    format!("{CONTAINER_HOOK_LIBRARY}\n")
+}
+
+/// Makes sure the host's preload file (what [`shim_mounts`] mounts when
+/// `ldSoPreload` is on) exists with the right text; written through a
+/// temporary file and a rename so no container sees half of it.
+pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
+    let want = preload_contents();
+    if std::fs::read_to_string(path).is_ok_and(|have| have == want) {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, want)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The fully qualified name a container asks for: `kind=name`.
 pub fn qualified_name(kind: &str, name: &str) -> String {
     format!("{kind}={name}")
