@@ -384,3 +384,73 @@ mod tests {
         }
     }
 }
+
+/// The example of what the plugin publishes, `deploy/examples/dra/published-slices.yaml`
+/// (validated against the Kubernetes schemas in CI): checked equal to what
+/// [`slices`] makes of the node it describes.
+#[cfg(test)]
+mod published_example {
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+    const CONFIG: &str = "default:\n  slice: {slicesPerGpu: 4}\n\
+        overrides:\n  - nodeNames: [node-shared]\n    dra: {layout: shared, memoryMinimum: 1Gi, memoryStep: 256Mi}\n\
+        gpuClasses:\n  - {name: high-performance, products: ['*A100*', '*H100*']}\n";
+
+    fn expected() -> Vec<serde_json::Value> {
+        let c = Config::parse(CONFIG).expect("config");
+        let status = mgr::NodeStatus {
+            driver_version: "550.54.15".to_owned(),
+            gpus: [
+                "GPU-8f3c2a10-1b2c-4d5e-8f90-0123456789ab",
+                "GPU-2b7d9e44-5a6b-4c7d-9e0f-a1b2c3d4e5f6",
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, u)| mgr::GpuStatus {
+                index: i as u32,
+                uuid: (*u).to_owned(),
+                name: "NVIDIA A100-SXM4-80GB".to_owned(),
+                memory_total_bytes: 80 * GI,
+                compute_capability_major: 8,
+                compute_capability_minor: 0,
+                healthy: true,
+                ..Default::default()
+            })
+            .collect(),
+            ..Default::default()
+        };
+        ["node-slices", "node-shared"]
+            .iter()
+            .flat_map(|node| {
+                let n = c.resolve(node, &BTreeMap::new());
+                slices("vgpu.tessera.dev", node, devices(&status, &c, &n), 1)
+            })
+            .map(|s| {
+                let mut v = serde_json::to_value(&s).expect("JSON");
+                v["apiVersion"] = "resource.k8s.io/v1".into();
+                v["kind"] = "ResourceSlice".into();
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_example_is_what_the_plugin_publishes() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/examples/dra/published-slices.yaml");
+        let want = expected();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let have = crate::testing::yaml_documents(&text).expect("YAML");
+        let pretty: Vec<String> = want
+            .iter()
+            .map(|v| serde_json::to_string_pretty(v).unwrap_or_default())
+            .collect();
+        assert!(
+            have == want,
+            "{} differs from what the plugin publishes; it should hold:\n{}",
+            path.display(),
+            pretty.join("\n---\n")
+        );
+    }
+}

@@ -352,3 +352,29 @@ pub async fn register(
     .map_err(|s| format!("NotifyRegistrationStatus: {s}"))?;
     Ok((info, DraPluginClient::new(dra)))
 }
+
+/// The documents of a multi-document YAML file (`---` lines between them),
+/// as JSON values: how a test reads the example manifests.
+pub fn yaml_documents(text: &str) -> Result<Vec<serde_json::Value>, String> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    let mut flush = |doc: &mut String| -> Result<(), String> {
+        if let Some(v) = tessera_contract::yaml::from_yaml::<serde_json::Value>(doc)
+            .map_err(|e| e.to_string())?
+        {
+            docs.push(v);
+        }
+        doc.clear();
+        Ok(())
+    };
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            flush(&mut current)?;
+        } else {
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    flush(&mut current)?;
+    Ok(docs)
+}

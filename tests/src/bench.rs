@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 pub mod compute;
+pub mod dra;
 pub mod hook;
 pub mod many;
 pub mod race;

@@ -515,3 +515,291 @@ async fn kubelet_for(
             .expect("dial the plugin"),
     )
 }
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// This node's slices of the driver, once `ready` holds of them.
+async fn slices_when(
+    api: &FakeApiServer,
+    plugin: &Plugin,
+    ready: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mine: Vec<Value> = api
+            .list(SLICES)
+            .into_iter()
+            .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER_NAME)
+            .collect();
+        if ready(&mine) {
+            return mine;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slices never became as expected: {mine:#?}\n{}",
+            plugin.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn published_devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// What the kube-scheduler's allocator does with one request of `count`
+/// devices of this driver: any `count` free devices, or, under a
+/// `matchAttribute` constraint, `count` free devices that all have the same
+/// value of that attribute. The devices chosen, or None when none fit.
+fn allocate(
+    devices: &[Value],
+    taken: &[String],
+    count: usize,
+    match_attribute: Option<&str>,
+) -> Option<Vec<String>> {
+    let free: Vec<&Value> = devices
+        .iter()
+        .filter(|d| !taken.iter().any(|t| d["name"] == t.as_str()))
+        .collect();
+    let pick = |group: Vec<&Value>| -> Option<Vec<String>> {
+        (group.len() >= count).then(|| {
+            group[..count]
+                .iter()
+                .map(|d| d["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+    };
+    match match_attribute {
+        None => pick(free),
+        Some(attr) => {
+            // A constraint names the attribute with its domain.
+            let (domain, name) = attr.split_once('/').expect("a qualified attribute");
+            assert_eq!(domain, DRIVER_NAME);
+            let mut groups: std::collections::BTreeMap<String, Vec<&Value>> = Default::default();
+            for d in free {
+                groups
+                    .entry(d["attributes"][name].to_string())
+                    .or_default()
+                    .push(d);
+            }
+            groups.into_values().find_map(pick)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn published_slices_follow_the_node_and_three_slices_never_fit_on_two_plus_two() {
+    let n = SimNode::e2e(2, 0xd4b);
+    let m = ManagerProc::on(&n);
+    let st = off_runtime(|| node_status(&m.socket));
+    let (u0, u1) = (st.gpus[0].uuid.clone(), st.gpus[1].uuid.clone());
+    let api = FakeApiServer::start().await.expect("API server");
+    // The node's labels select the shared layout through an override.
+    api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": NODE, "labels": {"tessera.dev/dra-layout": "shared"}}}),
+    );
+    let dir = n.dir.path();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "default:\n  slice: {slicesPerGpu: 4}\n  dra: {layout: slices}\n\
+         overrides:\n  - nodeSelector: {matchLabels: {tessera.dev/dra-layout: shared}}\n    dra: {layout: shared, memoryMinimum: 1Gi}\n\
+         gpuClasses:\n  - {name: general-purpose, products: ['*Simulated*']}\n",
+    )
+    .expect("config");
+    let s = |p: &Path| p.display().to_string();
+    let (registry, plugin_dir, cdi_dir) =
+        (dir.join("registry"), dir.join("plugin"), dir.join("cdi"));
+    let args: Vec<String> = [
+        "--node-name",
+        NODE,
+        "--registry-dir",
+        &s(&registry),
+        "--plugin-dir",
+        &s(&plugin_dir),
+        "--cdi-dir",
+        &s(&cdi_dir),
+        "--kubeconfig",
+        &s(&kubeconfig),
+        "--socket",
+        &s(&m.socket),
+        "--config",
+        &s(&config),
+        "--hook-library",
+        &s(&hook()),
+        "--preload-file",
+        &s(&dir.join("ld.so.preload")),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let plugin = Plugin::start(&args, &dir.join("plugin.log"));
+
+    // Shared: one device per GPU of the manager, its memory and the
+    // override's minimum, the attributes the classes select on.
+    let shared = slices_when(&api, &plugin, |s| published_devices(s).len() == 2).await;
+    let devs = published_devices(&shared);
+    for (d, (uuid, g)) in devs.iter().zip([(&u0, &st.gpus[0]), (&u1, &st.gpus[1])]) {
+        assert_eq!(d["name"], gpu_device(uuid));
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(d["attributes"]["uuid"]["string"], uuid.as_str());
+        assert_eq!(d["attributes"]["index"]["int"], g.index);
+        assert_eq!(d["attributes"]["productName"]["string"], g.name.as_str());
+        assert_eq!(d["attributes"]["class"]["string"], "general-purpose");
+        assert_eq!(d["attributes"]["computeCapability"]["version"], "8.6.0");
+        assert_eq!(d["capacity"]["memory"]["value"], "16Gi");
+        assert_eq!(
+            d["capacity"]["memory"]["requestPolicy"]["validRange"]["min"],
+            "1Gi"
+        );
+        assert_eq!(d["capacity"]["compute"]["value"], "100");
+    }
+    assert_eq!(shared[0]["spec"]["pool"]["name"], NODE);
+
+    // The config file drops the override: the slices layout replaces the
+    // shared devices, at a newer pool generation.
+    let generation = shared[0]["spec"]["pool"]["generation"]
+        .as_i64()
+        .expect("generation");
+    // ldSoPreload on: the claims' specs mount the preload file too.
+    std::fs::write(
+        &config,
+        "default:\n  slice: {slicesPerGpu: 4}\n  dra: {layout: slices}\n  ldSoPreload: true\n",
+    )
+    .expect("config");
+    let sliced = slices_when(&api, &plugin, |s| published_devices(s).len() == 8).await;
+    assert_eq!(sliced.len(), 1, "the stale slices are gone: {sliced:#?}");
+    assert!(sliced[0]["spec"]["pool"]["generation"].as_i64() > Some(generation));
+    let devs = published_devices(&sliced);
+    let names: Vec<&str> = devs.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let want: Vec<String> = [&u0, &u1]
+        .iter()
+        .flat_map(|u| (0..4).map(move |i| slice_device(u, i)))
+        .collect();
+    assert_eq!(names, want);
+    for d in &devs {
+        assert_eq!(d["capacity"]["memory"]["value"], "4Gi");
+        assert_eq!(d["capacity"]["compute"]["value"], "25");
+    }
+
+    // Two claims of two slices each, one per GPU, as a scheduler would
+    // place them: each GPU has 2 slices left.
+    let (_, mut kubelet) = match register(&registry, DRIVER_NAME, T).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", plugin.log()),
+    };
+    let placed = [
+        ("a", "3a000000-0000-4000-8000-00000000003a", &u0),
+        ("b", "3b000000-0000-4000-8000-00000000003b", &u1),
+    ];
+    let mut taken = Vec::new();
+    for (name, uid, gpu) in placed {
+        // The scheduler may put a claim on either GPU; these go one each.
+        let on_gpu: Vec<Value> = devs
+            .iter()
+            .filter(|d| d["attributes"]["uuid"]["string"] == gpu.as_str())
+            .cloned()
+            .collect();
+        let got = allocate(&on_gpu, &taken, 2, Some("vgpu.tessera.dev/uuid")).expect("two fit");
+        let results: Vec<Value> = got.iter().map(|d| result(d, None)).collect();
+        assert!(
+            got.iter().all(|d| d.starts_with(&gpu_device(gpu))),
+            "{got:?}"
+        );
+        api.put_claim(claim(name, uid, results, json!([])));
+        let r = kubelet
+            .node_prepare_resources(dra::NodePrepareResourcesRequest {
+                claims: vec![req(name, uid)],
+            })
+            .await
+            .expect("prepare")
+            .into_inner();
+        assert_eq!(r.claims[uid].error, "", "{}", plugin.log());
+        let spec: Value = serde_json::from_str(
+            &std::fs::read_to_string(cdi::spec_path(&cdi_dir, uid)).expect("spec"),
+        )
+        .expect("spec JSON");
+        let mounts = spec["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["containerPath"] == "/etc/ld.so.preload"
+                    && m["hostPath"] == s(&dir.join("ld.so.preload"))),
+            "{mounts:?}"
+        );
+        taken.extend(got);
+    }
+    let limits: Vec<u64> = off_runtime(|| node_status(&m.socket))
+        .allocations
+        .iter()
+        .flat_map(|a| a.devices.iter().map(|d| d.memory_limit_bytes))
+        .collect();
+    assert_eq!(limits, [8 * GI, 8 * GI]);
+    // The preload file names the library the specs' LD_PRELOAD names.
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(cdi::spec_path(&cdi_dir, placed[0].1)).expect("spec"),
+    )
+    .expect("spec JSON");
+    let preload = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find_map(|e| e.as_str()?.strip_prefix("LD_PRELOAD="))
+        .expect("LD_PRELOAD")
+        .to_owned();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("ld.so.preload")).expect("the preload file"),
+        format!("{preload}\n")
+    );
+
+    // The example claim: three slices under its matchAttribute on the uuid.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/dra/three-slices.yaml"),
+    )
+    .expect("the example");
+    let docs = tessera_dra_plugin::testing::yaml_documents(&text).expect("YAML");
+    let template = docs
+        .iter()
+        .find(|d| d["kind"] == "ResourceClaimTemplate")
+        .expect("a template");
+    let spec = &template["spec"]["spec"]["devices"];
+    let count = spec["requests"][0]["exactly"]["count"]
+        .as_u64()
+        .expect("count") as usize;
+    let attr = spec["constraints"][0]["matchAttribute"]
+        .as_str()
+        .expect("matchAttribute");
+    assert_eq!((count, attr), (3, "vgpu.tessera.dev/uuid"));
+    // 4 slices are free, 2 + 2: without the constraint a scheduler would
+    // split the request over both GPUs (as the device plugin does today);
+    // with it, the node cannot hold it.
+    let split = allocate(&devs, &taken, count, None).expect("4 free slices");
+    assert!(split.iter().any(|d| d.starts_with(&gpu_device(&u0))));
+    assert!(split.iter().any(|d| d.starts_with(&gpu_device(&u1))));
+    assert_eq!(allocate(&devs, &taken, count, Some(attr)), None);
+    // Once claim a goes, GPU 0 has 4 free and holds the three on it alone.
+    let gone = kubelet
+        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+            claims: vec![req(placed[0].0, placed[0].1)],
+        })
+        .await
+        .expect("unprepare")
+        .into_inner();
+    assert_eq!(gone.claims[placed[0].1].error, "");
+    taken.retain(|d| !d.starts_with(&gpu_device(&u0)));
+    let three = allocate(&devs, &taken, count, Some(attr)).expect("fits on GPU 0");
+    assert!(
+        three.iter().all(|d| d.starts_with(&gpu_device(&u0))),
+        "{three:?}"
+    );
+}

@@ -105,13 +105,14 @@ fn manager_args(dir: &Path) -> Vec<String> {
     .collect()
 }
 
-struct Manager {
+/// The manager in a child process (also the DRA bench's).
+pub(crate) struct Manager {
     child: Child,
     dir: PathBuf,
 }
 
 impl Manager {
-    fn start(node: &SimNode, dir: &Path) -> Result<Manager, String> {
+    pub(crate) fn start(node: &SimNode, dir: &Path) -> Result<Manager, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -149,7 +150,7 @@ impl Manager {
         }
     }
 
-    fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         self.dir.join("manager.sock")
     }
 
@@ -172,7 +173,7 @@ impl Manager {
         })
     }
 
-    fn status(&self) -> Result<pb::NodeStatus, String> {
+    pub(crate) fn status(&self) -> Result<pb::NodeStatus, String> {
         self.call(async |c| {
             c.get_node_status(pb::NodeStatusRequest {})
                 .await
