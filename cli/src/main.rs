@@ -6,6 +6,7 @@ use clap::Parser;
 
 mod device_plugin_cmd;
 mod dra_plugin_cmd;
+mod extender_cmd;
 mod manager_cmd;
 mod resize_cmd;
 mod run_cmd;
@@ -60,6 +61,10 @@ enum Cmd {
     Resume(tessera_client::pause::PauseArgs),
     /// Install the shim on the node by copy and rename, never rewriting a mapped file.
     InstallHook(tessera_client::install_hook::InstallHookArgs),
+    /// The kube-scheduler extender: filter, prioritize and bind pods with slices by the
+    /// placement engine.
+    #[command(alias = "extender")]
+    SchedulerExtender(tessera_extender::SchedulerExtenderArgs),
     /// Replay a cluster trace (openb CSV) through the placement engine and compare policies.
     Simulate(tessera_simulate::SimulateArgs),
     /// A simulated GPU node, the manager and workloads under the shim, live (no GPU needed).
@@ -110,7 +115,11 @@ async fn terminated() {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if matches!(
         cli.cmd,
-        Cmd::Webhook(_) | Cmd::DevicePlugin(_) | Cmd::DraPlugin(_) | Cmd::Manager(_)
+        Cmd::Webhook(_)
+            | Cmd::DevicePlugin(_)
+            | Cmd::DraPlugin(_)
+            | Cmd::Manager(_)
+            | Cmd::SchedulerExtender(_)
     ) {
         init_logs(cli.log_format);
     }
@@ -126,6 +135,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Pause(args) => resize_cmd::pause_main(args, true)?,
         Cmd::Resume(args) => resize_cmd::pause_main(args, false)?,
         Cmd::InstallHook(args) => tessera_client::install_hook::install_hook(&args)?,
+        Cmd::SchedulerExtender(args) => extender_cmd::main(args)?,
         Cmd::Simulate(args) => tessera_simulate::run(&args)?,
         #[cfg(feature = "demo")]
         Cmd::Demo(args) => {

@@ -5,6 +5,17 @@ use std::collections::BTreeMap;
 
 /// The extended resource a container requests: a count of slices.
 pub const RESOURCE: &str = "tessera.dev/vgpu";
+
+/// A slice count of [`RESOURCE`]: a plain positive decimal integer. The API
+/// server hands quantities over in canonical form, so `2000m` arrives as
+/// `2`, while `500m` or `1.5` stay fractional (and are refused).
+pub fn parse_slices(q: &str) -> Option<u32> {
+    let q = q.trim();
+    if q.is_empty() || !q.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    q.parse::<u32>().ok().filter(|&n| n > 0)
+}
 /// Pod annotation: the compute policy the pod asks for (`guaranteed` | `burst`).
 pub const ANNOTATION_COMPUTE_POLICY: &str = "tessera.dev/compute-policy";
 /// Pod annotation: the allocation's priority for burst time, an integer in
@@ -28,6 +39,14 @@ pub const NODE_GPU_PRODUCT: &str = "tessera.dev/gpu-product";
 pub const NODE_GPU_MEMORY: &str = "tessera.dev/gpu-memory";
 /// Node label: how many slices each GPU is cut into.
 pub const NODE_SLICES_PER_GPU: &str = "tessera.dev/slices-per-gpu";
+
+/// Node annotation: the node's GPUs as its device plugin last reported them
+/// (JSON, `tessera_node::scheduling::NodeReport`), for the scheduler extender.
+pub const NODE_GPU_REPORT: &str = "tessera.dev/gpu-report";
+/// Pod annotation: the GPUs the scheduler extender chose for each container
+/// (JSON, `tessera_node::scheduling::Assignment`). Only the extender writes
+/// it; the webhook refuses a pod created with it.
+pub const ANNOTATION_GPU_ASSIGNMENT: &str = "tessera.dev/gpu-assignment";
 
 /// Allocation label: who created the allocation.
 pub const SOURCE: &str = "source";

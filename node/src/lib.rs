@@ -11,6 +11,8 @@
 //! - [`manager`]: the manager API as a plugin uses it ([`manager::ManagerApi`],
 //!   a trait so logic can be tested against a fake) and its gRPC client
 //!   ([`manager::GrpcManager`]).
+//! - [`scheduling`]: the node's GPU report and a pod's GPU assignment, the
+//!   JSON the device plugin and the scheduler extender exchange.
 //!
 //! `config`, `selector` and the spec building in `cdi` do no I/O but
 //! [`config::Config::load`] and the spec file functions.
@@ -18,4 +20,5 @@
 pub mod cdi;
 pub mod config;
 pub mod manager;
+pub mod scheduling;
 pub mod selector;

@@ -19,6 +19,17 @@ use crate::cluster::{Choice, GpuNeed, MILLI, MemoryNeed, Node, Request, free_sha
 use crate::frag::{CompiledType, FragGpu, TaskMix, node_fragmentation, node_leftover};
 use crate::policy::{Candidate, Policy, rank};
 
+/// How good a candidate is under the engine's policy: lower is better.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rank(pub [f64; 4]);
+
+impl Rank {
+    /// The order of two ranks (lexicographic, total).
+    pub fn total_cmp(&self, other: &Rank) -> std::cmp::Ordering {
+        cmp_rank(&self.0, &other.0)
+    }
+}
+
 /// Why a placement was not made. Nothing is changed when one is returned.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlaceError {
@@ -355,6 +366,43 @@ impl Engine {
             node: node as usize,
             gpus,
         })
+    }
+
+    /// The nodes among `among` that can hold `req` and their ranks, best
+    /// first (ties by index), changing nothing. `decide` picks a node of
+    /// the best rank (among equals it looks only at the ones with the least
+    /// and the most CPU of each bucket). The scheduler extender scores the
+    /// scheduler's candidate nodes by this order.
+    pub fn ranked(
+        &mut self,
+        req: &Request,
+        among: &[usize],
+    ) -> Result<Vec<(usize, Rank)>, PlaceError> {
+        validate(req)?;
+        let (rid, allowed) = self.request_id(req);
+        if self.memo.len() > MEMO_LIMIT {
+            self.memo.clear();
+        }
+        let mut ranked: Vec<([f64; 4], usize)> = Vec::with_capacity(among.len());
+        for &i in among {
+            let n = self.nodes.get(i).ok_or(PlaceError::UnknownNode(i))?;
+            if n.cpu_free < req.cpu_milli || n.memory_free < req.memory_mib {
+                continue;
+            }
+            let b = &self.buckets[&n.bucket];
+            let entry = self
+                .memo
+                .entry((n.bucket, n.cpu_free, rid))
+                .or_insert_with(|| {
+                    best_pick(self.policy, &self.types, &b.key, n.cpu_free, req, &allowed)
+                });
+            if let Some((r, _)) = entry {
+                ranked.push((*r, i));
+            }
+        }
+        ranked.sort_by(|a, b| cmp_rank(&a.0, &b.0).then(a.1.cmp(&b.1)));
+        ranked.dedup_by_key(|r| r.1);
+        Ok(ranked.into_iter().map(|(r, i)| (i, Rank(r))).collect())
     }
 
     /// Records `req` as placed at `choice`; refuses (changing nothing) a

@@ -16,6 +16,6 @@ pub mod frag;
 pub mod policy;
 
 pub use cluster::{Choice, Gpu, GpuNeed, MemoryNeed, Node, Request};
-pub use engine::{Engine, PlaceError};
+pub use engine::{Engine, PlaceError, Rank};
 pub use frag::{MixEntry, TaskMix, TaskType};
 pub use policy::{Policy, PolicyError};

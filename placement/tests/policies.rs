@@ -476,8 +476,27 @@ fn no_policy_ever_overcommits_on_random_clusters() {
             let mut e = Engine::new(nodes.clone(), p, &mix).unwrap();
             for _ in 0..60 {
                 let req = random_request(&mut r);
+                // `ranked` (the extender's order) agrees with `decide`: its
+                // first node is the one decided, and it lists exactly the
+                // nodes that can hold the request.
+                let all: Vec<usize> = (0..truth.len()).collect();
+                let order = e.ranked(&req, &all).unwrap();
+                let fitting: Vec<usize> = all
+                    .iter()
+                    .copied()
+                    .filter(|&i| any_fit(&truth[i..=i], &req))
+                    .collect();
+                let mut sorted: Vec<usize> = order.iter().map(|o| o.0).collect();
+                sorted.sort_unstable();
+                assert_eq!(sorted, fitting, "round {round} {p}: {req:?}");
                 match e.decide(&req) {
                     Ok(c) => {
+                        let best = order[0].1;
+                        let mine = order.iter().find(|o| o.0 == c.node).unwrap().1;
+                        assert!(
+                            mine.total_cmp(&best).is_eq(),
+                            "round {round} {p}: {mine:?} {best:?}"
+                        );
                         assert!(
                             fits(&truth, &req, &c),
                             "round {round} {p}: {req:?} at {c:?}"

@@ -521,15 +521,9 @@ fn slice_count(c: &Container, refusals: &mut Vec<Refusal>) -> Option<u32> {
     }
 }
 
-/// A slice count is a plain positive decimal integer. The API server hands quantities over
-/// in canonical form, so `2000m` arrives as `2`, while `500m` or `1.5` stay fractional.
-pub fn parse_slices(q: &str) -> Option<u32> {
-    let q = q.trim();
-    if q.is_empty() || !q.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    q.parse::<u32>().ok().filter(|&n| n > 0)
-}
+/// A slice count is a plain positive decimal integer (one parser, shared with the
+/// scheduler extender).
+pub use tessera_contract::labels::parse_slices;
 
 /// GPU-like extended resources the container requests (`tessera.dev/vgpu`, `nvidia.com/*`).
 fn gpu_resources(c: &Container) -> Vec<String> {
