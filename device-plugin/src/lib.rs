@@ -12,6 +12,7 @@ pub mod allocate;
 pub mod args;
 pub mod cdi;
 pub mod device_id;
+pub mod gpu_report;
 pub mod grpc;
 pub mod inventory;
 pub mod node_labels;

@@ -155,6 +155,15 @@ pub async fn run_with_pods<A: PodApi>(
     if opts.use_kube {
         let client = kube_client().await?;
         kube = Some(client.clone());
+        // The GPU report for the scheduler extender (docs/placement.md).
+        tasks.spawn(crate::gpu_report::publish_loop(
+            Arc::new(crate::gpu_report::KubeReportApi::with_client(
+                client.clone(),
+            )),
+            manager.clone(),
+            state.clone(),
+            opts.node_name.clone(),
+        ));
         let api = Arc::new(KubeNodeApi::with_client(client));
         tasks.spawn(crate::node_labels::sync_loop(
             api,
