@@ -23,7 +23,9 @@ use crate::sim::SimNode;
 
 /// The workload: a CUDA driver-API client linked with `-lcuda`, keeping at
 /// most `depth` kernels in flight (as a real framework's queue does) for a
-/// given time. It prints `ready`, then `done launches=<n>`; a failed call
+/// given time; or, with `sync_every` > 0, synchronising its context after
+/// every `sync_every` launches and then sleeping `gap_us` (a training step:
+/// its kernels, a `loss.item()`, the host's part). It prints `ready`, then `done launches=<n>`; a failed call
 /// prints `err <call> <code>` and exits 1.
 const WORKLOAD_C: &str = r#"
 #include <stdio.h>
@@ -44,8 +46,8 @@ const WORKLOAD_C: &str = r#"
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s <device> <kernel_us> <seconds> <depth> <kernel|ex|coop|graph>\n",
+    if (argc != 8) {
+        fprintf(stderr, "usage: %s <device> <kernel_us> <seconds> <depth> <kernel|ex|coop|graph> <sync_every> <gap_us>\n",
                 argv[0]);
         return 2;
     }
@@ -54,6 +56,9 @@ int main(int argc, char **argv) {
     double seconds = atof(argv[3]);
     int depth = atoi(argv[4]);
     const char *how = argv[5];
+    long sync_every = atol(argv[6]);
+    long gap_us = atol(argv[7]);
+    struct timespec gap = {gap_us / 1000000, (gap_us % 1000000) * 1000};
     if (depth < 1 || depth > 256) {
         fprintf(stderr, "depth must be 1..256\n");
         return 2;
@@ -99,6 +104,12 @@ int main(int argc, char **argv) {
         else CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
         CK(cuEventRecord(ev[n % depth], NULL));
         n++;
+        /* A training step: wait for the step's kernels (loss.item(), a
+           copy back), then the host's own part of the step. */
+        if (sync_every > 0 && n % sync_every == 0) {
+            CK(cuCtxSynchronize());
+            if (gap_us > 0) nanosleep(&gap, NULL);
+        }
     }
     CK(cuCtxSynchronize());
     printf("done launches=%ld\n", n);
@@ -174,6 +185,11 @@ pub struct Scenario {
     /// Kernels in flight per workload.
     pub depth: u32,
     pub launch: Launch,
+    /// Synchronise the context after every this many launches (0: never,
+    /// keep `depth` kernels in flight).
+    pub sync_every: u32,
+    /// Host time after each synchronisation (the step's CPU part, slept).
+    pub gap: Duration,
     /// Before measuring: the workloads start and the shares settle.
     pub warmup: Duration,
     /// The measured window.
@@ -192,6 +208,8 @@ impl Scenario {
             kernel,
             depth,
             launch: Launch::Kernel,
+            sync_every: 0,
+            gap: Duration::ZERO,
             warmup: Duration::from_millis(700),
             measure,
         }
@@ -287,6 +305,8 @@ impl Workload {
             .arg(format!("{seconds:.3}"))
             .arg(sc.depth.to_string())
             .arg(sc.launch.name())
+            .arg(sc.sync_every.to_string())
+            .arg(sc.gap.as_micros().to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("starting the compute workload");
@@ -485,7 +505,9 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         .iter()
         .enumerate()
         .map(|(i, &a)| {
-            let id = format!("{}-{i}", sc.name.replace([' ', '/'], "-"));
+            // Short (ids are at most 63 bytes) and unique on the node: one
+            // scenario per device.
+            let id = format!("compute-dev{device}-{i}");
             create_allocation(node, device, &id, a)
         })
         .collect();
@@ -681,51 +703,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
         .map(|i| per_kernel.iter().map(|scs| scs[i].clone()).collect())
         .collect();
     rounds.push(launch_scenarios(measure));
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    for round in &rounds {
-        for o in run_round(round)? {
-            failures.extend(o.failures.iter().cloned());
-            let ms =
-                |ns: Option<u64>| ns.map_or("-".to_string(), |v| format!("{:.2}", v as f64 / 1e6));
-            for (j, a) in o.allocs.iter().enumerate() {
-                let first = j == 0;
-                rows.push(vec![
-                    if first { o.name.clone() } else { String::new() },
-                    format!(
-                        "{} {}%",
-                        match a.policy {
-                            Policy::Guaranteed => "guaranteed",
-                            Policy::Burst => "burst",
-                        },
-                        a.share_ppm / 10_000
-                    ),
-                    format!("{:.2}", o.held[j]),
-                    format!("{:.2}", o.achieved[j]),
-                    if first {
-                        format!("{:.2}", o.gpu_busy)
-                    } else {
-                        String::new()
-                    },
-                    if first {
-                        ms(o.handover_p50)
-                    } else {
-                        String::new()
-                    },
-                    if first {
-                        ms(o.handover_p99)
-                    } else {
-                        String::new()
-                    },
-                    if first {
-                        idle_per_handover(&o)
-                    } else {
-                        String::new()
-                    },
-                ]);
-            }
-        }
-    }
+    let (rows, failures) = share_rows(&rounds)?;
     let mut notes = vec![
         format!(
             "{} s per scenario; achieved = the allocation's busy time on the simulated GPU's engine (ground truth); held = what the arbiter charged it (grant to drained).",
@@ -738,22 +716,136 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
     let shares = crate::bench::Table {
         title: "Compute-time slices: target vs achieved share (quantum 10 ms)".into(),
-        columns: [
-            "scenario",
-            "allocation",
-            "held %",
-            "achieved %",
-            "GPU busy %",
-            "hand-over p50 ms",
-            "p99 ms",
-            "idle per hand-over us",
-        ]
-        .map(String::from)
-        .to_vec(),
+        columns: SHARE_COLUMNS.map(String::from).to_vec(),
         rows,
         notes,
     };
-    Ok(vec![shares, no_arbiter(measure)?, gate_cost()?])
+    Ok(vec![
+        shares,
+        sync_table(measure)?,
+        no_arbiter(measure)?,
+        gate_cost()?,
+    ])
+}
+
+/// Runs each round ([`run_round`]) and makes the share table's rows: one
+/// per allocation; the failures of workloads that did not finish cleanly.
+fn share_rows(rounds: &[Vec<Scenario>]) -> Result<(Vec<Vec<String>>, Vec<String>), String> {
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for round in rounds {
+        for o in run_round(round)? {
+            failures.extend(o.failures.iter().cloned());
+            let ms =
+                |ns: Option<u64>| ns.map_or("-".to_string(), |v| format!("{:.2}", v as f64 / 1e6));
+            for (j, a) in o.allocs.iter().enumerate() {
+                let first = j == 0;
+                let once = |v: String| if first { v } else { String::new() };
+                rows.push(vec![
+                    once(o.name.clone()),
+                    format!(
+                        "{} {}%",
+                        match a.policy {
+                            Policy::Guaranteed => "guaranteed",
+                            Policy::Burst => "burst",
+                        },
+                        a.share_ppm / 10_000
+                    ),
+                    format!("{:.2}", o.held[j]),
+                    format!("{:.2}", o.achieved[j]),
+                    once(format!("{:.2}", o.gpu_busy)),
+                    once(ms(o.handover_p50)),
+                    once(ms(o.handover_p99)),
+                    once(idle_per_handover(&o)),
+                ]);
+            }
+        }
+    }
+    Ok((rows, failures))
+}
+
+const SHARE_COLUMNS: [&str; 8] = [
+    "scenario",
+    "allocation",
+    "held %",
+    "achieved %",
+    "GPU busy %",
+    "hand-over p50 ms",
+    "p99 ms",
+    "idle per hand-over us",
+];
+
+/// Allocations whose workloads synchronise, as training and inference loops
+/// do: with 1 ms and 50 µs kernels, a `cuCtxSynchronize` after every 2 or
+/// every launch, and a host gap (slept) after each synchronisation.
+/// Returned as rounds: the two kernel sizes of a scenario at once.
+pub fn sync_scenarios(measure: Duration) -> Vec<Vec<Scenario>> {
+    let kernels = [Duration::from_millis(1), Duration::from_micros(50)];
+    let g = AllocSpec::guaranteed;
+    // (allocations, sync every, host gap per kernel size)
+    let shapes: [(Vec<AllocSpec>, u32, [u64; 2]); 6] = [
+        (vec![g(30)], 2, [0, 0]),
+        (vec![g(30), g(70)], 2, [0, 0]),
+        (vec![g(20), g(30), g(50)], 2, [0, 0]),
+        (vec![g(30)], 1, [0, 0]),
+        (vec![g(30), g(70)], 1, [0, 0]),
+        (vec![g(30), g(70)], 2, [200, 20]),
+    ];
+    shapes
+        .into_iter()
+        .map(|(allocs, every, gaps)| {
+            kernels
+                .iter()
+                .zip(gaps)
+                .map(|(&k, gap_us)| {
+                    let shares: Vec<String> = allocs
+                        .iter()
+                        .map(|a| (a.share_ppm / 10_000).to_string())
+                        .collect();
+                    let gap = if gap_us > 0 {
+                        format!(", {gap_us} us host gap")
+                    } else {
+                        String::new()
+                    };
+                    let mut sc = Scenario::new(
+                        &format!(
+                            "guaranteed {}, {} us kernels, sync every {every}{gap}",
+                            shares.join("+"),
+                            k.as_micros()
+                        ),
+                        allocs.clone(),
+                        k,
+                        measure,
+                    );
+                    sc.sync_every = every;
+                    sc.gap = Duration::from_micros(gap_us);
+                    sc
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The share table of [`sync_scenarios`].
+///
+/// # Errors
+/// When the arbiter cannot start or a scenario panicked.
+pub fn sync_table(measure: Duration) -> Result<crate::bench::Table, String> {
+    let (rows, failures) = share_rows(&sync_scenarios(measure))?;
+    let mut notes = vec![
+        format!(
+            "{} s per scenario, the two kernel sizes of a scenario at once on two GPUs; one workload per allocation launches kernels one after another and calls cuCtxSynchronize after every 1 or 2 launches, then sleeps the host gap; achieved = ground truth (the engine timeline), held = charged by the arbiter.",
+            measure.as_secs_f64()
+        ),
+        "Targets: guaranteed 30 alone between 1 pp below its share and the share; guaranteed pairs and triples each within 1 pp and GPU >= 97% busy (1 ms kernels, sync every 2). A workload that leaves the GPU idle between its own steps (host gaps, 50 us kernels with a sync each) cannot use all of its share: its grants are charged, the idle time inside them included.".into(),
+    ];
+    notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
+    Ok(crate::bench::Table {
+        title: "Compute-time slices, programs that synchronise (quantum 10 ms)".into(),
+        columns: SHARE_COLUMNS.map(String::from).to_vec(),
+        rows,
+        notes,
+    })
 }
 
 /// Two guaranteed 30% allocations on one GPU (1 ms kernels), measured for
@@ -846,7 +938,8 @@ fn no_arbiter(measure: Duration) -> Result<crate::bench::Table, String> {
 /// The GPU's idle time per hand-over, in µs, when the allocations kept it
 /// saturated (every scenario with a hand-over does).
 fn idle_per_handover(o: &Outcome) -> String {
-    if o.handovers_measured == 0 {
+    // Alone, the GPU idles by the cap, not by switching.
+    if o.handovers_measured == 0 || o.allocs.len() < 2 {
         return "-".into();
     }
     let idle_us = (100.0 - o.gpu_busy).max(0.0) / 100.0 * o.measured.as_secs_f64() * 1e6;

@@ -1,5 +1,5 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|race|many|dra|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
@@ -12,7 +12,7 @@ use tessera_e2e::bench::{self, Table};
 
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
@@ -82,7 +82,18 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             s if s.starts_with('-') => bail!("unknown option {s}\n{USAGE}"),
-            s if ["sim", "hook", "compute", "race", "many", "dra", "all"].contains(&s) => {
+            s if [
+                "sim",
+                "hook",
+                "compute",
+                "compute-sync",
+                "race",
+                "many",
+                "dra",
+                "all",
+            ]
+            .contains(&s) =>
+            {
                 sections.push(s.to_string());
             }
             s => bail!("unknown section {s}\n{USAGE}"),
@@ -111,6 +122,9 @@ fn main() -> Result<()> {
         if all || s == "compute" {
             compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
             tables.extend(compute.iter().cloned());
+        }
+        if s == "compute-sync" {
+            tables.push(bench::compute::sync_table(o.measure).map_err(anyhow::Error::msg)?);
         }
         if all || s == "race" {
             let r = bench::race::race(o.processes, o.race_for).map_err(anyhow::Error::msg)?;
