@@ -57,6 +57,24 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
     Ok(())
 }
 
+/// Runs `wait`, a synchronisation of this process's work on allocation
+/// device `dev`, marked as such for the arbiter (see
+/// `tessera_shm::gate::Gate::syncing`): a holder waiting on its own work
+/// keeps its grant. Ungated processes (no gate, a forked child not yet
+/// joined) just wait.
+pub fn while_syncing<R>(gov: &Governed, dev: Option<usize>, wait: impl FnOnce() -> R) -> R {
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return wait();
+    }
+    // SAFETY: GATE only ever holds a pointer from Box::leak, never freed.
+    let gate = unsafe { &*p };
+    if gov.member() != Some(gate.member()) {
+        return wait();
+    }
+    gate.syncing(dev, wait)
+}
+
 /// Called once a process has joined its allocation (at `cuInit`, and again
 /// in a forked child), before its first submission.
 pub fn on_join(gov: &Governed) {

@@ -190,7 +190,13 @@ pub struct Slot {
     /// Bit `d` set: some thread of this process is blocked at device `d`'s
     /// gate. Each set bit is counted once in [`DeviceState::waiters`].
     pub gate_waiting: AtomicU32,
-    pub _pad: u32,
+    /// Bit `d` set: some thread of this process waits in a synchronisation
+    /// (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`)
+    /// on device `d`: its work is in flight and it will launch again when
+    /// the wait ends, so a holder in it is busy, not idle. Taken from what
+    /// was padding: the layout, its size and `ABI_VERSION` are unchanged,
+    /// and older processes read as never synchronising.
+    pub syncing: AtomicU32,
     pub reserved: [u64; 3],
     pub devices: [SlotDevice; MAX_DEVICES],
 }

@@ -333,22 +333,36 @@ fn synced(g: &Governed, r: CUresult) -> CUresult {
     r
 }
 
+// Each wait is marked for the compute arbiter (`gate::while_syncing`): a
+// holder waiting on its own work is busy, not idle. An event's device is
+// taken to be the current context's (where events are recorded).
+
+fn current_dev(g: &Governed) -> Option<usize> {
+    g.current().ok().and_then(|(dev, _)| dev)
+}
+
 pub unsafe fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuStreamSynchronize(stream)));
-    synced(g, call_real!(cuStreamSynchronize(stream)))
+    let dev = g.device_of_stream(stream);
+    let r = crate::gate::while_syncing(g, dev, || call_real!(cuStreamSynchronize(stream)));
+    synced(g, r)
 }
 
 pub unsafe fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuStreamSynchronize_ptsz(stream)));
-    synced(g, call_real!(cuStreamSynchronize_ptsz(stream)))
+    let dev = g.device_of_stream(stream);
+    let r = crate::gate::while_syncing(g, dev, || call_real!(cuStreamSynchronize_ptsz(stream)));
+    synced(g, r)
 }
 
 pub unsafe fn cuCtxSynchronize() -> CUresult {
     let g = governed_or!(call_real!(cuCtxSynchronize()));
-    synced(g, call_real!(cuCtxSynchronize()))
+    let r = crate::gate::while_syncing(g, current_dev(g), || call_real!(cuCtxSynchronize()));
+    synced(g, r)
 }
 
 pub unsafe fn cuEventSynchronize(event: CUevent) -> CUresult {
     let g = governed_or!(call_real!(cuEventSynchronize(event)));
-    synced(g, call_real!(cuEventSynchronize(event)))
+    let r = crate::gate::while_syncing(g, current_dev(g), || call_real!(cuEventSynchronize(event)));
+    synced(g, r)
 }

@@ -234,6 +234,10 @@ impl View for FileView<'_> {
         self.member(id)
             .map_or(0, |m| m.files.state().launches(m.dev))
     }
+    fn syncing(&mut self, id: ClientId) -> bool {
+        self.member(id)
+            .is_some_and(|m| m.files.state().syncing(m.dev))
+    }
     fn drained(&mut self, id: ClientId) -> Option<u64> {
         let now = self.now;
         match self.member(id) {

@@ -33,7 +33,10 @@
 //!   the priorities, and priorities decide only who gets what is beyond.
 //! - **Early release.** A holder that has launched nothing for
 //!   `idle_release` gives the GPU back when anyone else has work, or at once
-//!   when it is `guaranteed` (it would be charged for idling).
+//!   when it is `guaranteed` (it would be charged for idling). A holder
+//!   seen waiting in a synchronisation on its own work is not idle: its
+//!   work runs and it launches again when the wait returns, so a program
+//!   that synchronises every step keeps its grant to the quantum's end.
 
 use tessera_shm::Policy;
 
@@ -73,6 +76,10 @@ pub trait View {
     fn waiting(&mut self, id: ClientId) -> bool;
     /// A counter of the client's submissions; any change is activity.
     fn launches(&mut self, id: ClientId) -> u64;
+    /// Whether a process of the client waits in a synchronisation, its
+    /// work in flight: activity, as a launch is (it launches again when
+    /// the wait ends), though it submits nothing meanwhile.
+    fn syncing(&mut self, id: ClientId) -> bool;
     /// When the work the client submitted under its revoked grant finished
     /// (every process that submitted reported drained), or `None` while it
     /// has not. The time is where the grant's charge ends; it is at most
@@ -393,7 +400,12 @@ impl Scheduler {
                     mut last_activity,
                 } => {
                     let l = view.launches(id);
-                    if l != launches {
+                    // A holder waiting on its own work (a step's
+                    // `loss.item()`) keeps the GPU busy and launches again
+                    // when the wait ends: seen syncing is activity, so
+                    // `idle_release` counts from the end of the wait, not
+                    // from the last launch before it.
+                    if l != launches || view.syncing(id) {
                         launches = l;
                         last_activity = now;
                     }
@@ -607,6 +619,11 @@ mod tests {
         ran: Vec<(u64, u64)>,
         /// Never reports drained (a process stuck, or dead).
         stuck: bool,
+        /// Synchronises after each `depth` launches: launches its batch,
+        /// waits in a synchronisation until the batch has run, then
+        /// spends `gap_ns` on the host before the next batch.
+        sync: bool,
+        gap_ns: u64,
     }
 
     struct World {
@@ -637,6 +654,11 @@ mod tests {
                 .find(|c| c.id == id)
                 .map_or(0, |c| c.launches)
         }
+        fn syncing(&mut self, id: ClientId) -> bool {
+            self.clients
+                .iter()
+                .any(|c| c.id == id && c.syncing_at(self.now))
+        }
         fn drained(&mut self, id: ClientId) -> Option<u64> {
             let Some(c) = self.clients.iter().find(|c| c.id == id) else {
                 return Some(self.now);
@@ -658,8 +680,25 @@ mod tests {
         /// it waits on its own kernels, as a real process syncing does),
         /// and it may not launch.
         fn waiting_at(&self, now: u64) -> bool {
+            self.has_work(now) && self.room(now) > 0 && (!self.granted || now < self.wakes_at)
+        }
+        /// How many kernels it would launch now if it could.
+        fn room(&self, now: u64) -> usize {
             let queued = self.inflight.iter().filter(|&&e| e > now).count();
-            self.has_work(now) && queued < self.depth && (!self.granted || now < self.wakes_at)
+            if !self.sync {
+                return self.depth - queued.min(self.depth);
+            }
+            // A synchronising client: nothing until its batch has run and
+            // its host gap has passed.
+            if queued == 0 && now >= self.last_end + self.gap_ns {
+                self.depth
+            } else {
+                0
+            }
+        }
+        /// In its synchronisation: its batch is still running.
+        fn syncing_at(&self, now: u64) -> bool {
+            self.sync && self.inflight.iter().any(|&e| e > now)
         }
         fn busy_in(&self, a: u64, b: u64) -> u64 {
             self.ran
@@ -683,6 +722,18 @@ mod tests {
             launches: 0,
             ran: Vec::new(),
             stuck: false,
+            sync: false,
+            gap_ns: 0,
+        }
+    }
+
+    /// A client that launches `every` kernels, synchronises, spends `gap`
+    /// on the host, and again.
+    fn syncing_client(id: ClientId, kernel_ns: u64, every: usize, gap: u64) -> FakeClient {
+        FakeClient {
+            sync: true,
+            gap_ns: gap,
+            ..client(id, kernel_ns, every)
         }
     }
 
@@ -718,7 +769,7 @@ mod tests {
                         c.inflight.pop_front();
                     }
                     if c.granted && now >= c.wakes_at && c.has_work(now) {
-                        while c.inflight.len() < c.depth {
+                        for _ in 0..c.room(now) {
                             let start = self.engine_free.max(now);
                             let stop = start + c.kernel_ns;
                             self.engine_free = stop;
@@ -764,6 +815,7 @@ mod tests {
                         at(e);
                     }
                     at(c.last_end + self.drain_report_ns);
+                    at(c.last_end + c.gap_ns);
                     at(c.wakes_at);
                     at(c.from);
                     at(c.until);
@@ -853,6 +905,55 @@ mod tests {
                 30.0,
                 1.0,
             );
+        }
+    }
+
+    /// Programs that synchronise after every one or two launches (a
+    /// training step's `loss.item()`), with and without a host gap: a
+    /// holder waiting on its own work is busy, so its grants run to the
+    /// quantum's end and the shares hold as they do for streaming ones.
+    #[test]
+    fn synchronising_clients_get_their_shares() {
+        for (kernel, every, gap) in [(MS, 2, 0), (MS, 1, 0), (MS, 2, 100 * US)] {
+            let what =
+                |id| format!("client {id}, {kernel} ns kernels, sync every {every}, gap {gap}");
+            // Within a grant the GPU idles only through each step's host
+            // gap (here the only host time): that much of the share is
+            // the program's own idling, charged to it.
+            let used = kernel as f64 * every as f64 / (kernel * every as u64 + gap) as f64;
+            let mut w = World::new(
+                cfg(),
+                vec![(
+                    syncing_client(1, kernel, every, gap),
+                    300_000,
+                    Policy::Guaranteed,
+                )],
+            );
+            w.run_until(11 * S);
+            near(&what(1), w.busy(1, 2 * S, 11 * S), 30.0 * used, 1.0);
+            for shares in [vec![300_000, 700_000], vec![200_000, 300_000, 500_000]] {
+                let clients = shares
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &sh)| {
+                        let c = syncing_client(i as u64 + 1, kernel, every, gap);
+                        (c, sh, Policy::Guaranteed)
+                    })
+                    .collect();
+                let mut w = World::new(cfg(), clients);
+                w.run_until(11 * S);
+                for (i, &sh) in shares.iter().enumerate() {
+                    let id = i as u64 + 1;
+                    near(
+                        &what(id),
+                        w.busy(id, 2 * S, 11 * S),
+                        sh as f64 / 1e4 * used,
+                        1.0,
+                    );
+                }
+                let total = w.total_busy(2 * S, 11 * S);
+                assert!(total >= 97.0 * used, "{}: GPU busy {total:.2}%", what(0));
+            }
         }
     }
 

@@ -121,6 +121,22 @@ impl State {
             .count() as u32
     }
 
+    /// Live processes with a thread waiting in a synchronisation on device
+    /// `dev` (their work in flight; see [`crate::layout::Slot::syncing`]).
+    pub fn syncing(&self, dev: usize) -> bool {
+        if dev >= MAX_DEVICES {
+            return false;
+        }
+        let bit = 1u32 << dev;
+        self.gate_slot_range().iter().any(|s| {
+            s.syncing.load(Ordering::Acquire) & bit != 0
+                && matches!(
+                    Owner::unpack(s.owner.load(Ordering::Acquire)),
+                    Owner::Alive { .. }
+                )
+        })
+    }
+
     /// Submissions to device `dev` by all processes: a counter whose
     /// changes show activity (it may also drop when a slot is reused).
     pub fn launches(&self, dev: usize) -> u64 {
@@ -180,9 +196,11 @@ impl State {
     }
 }
 
-/// Clears a reclaimed slot's gate bits and takes them out of the waiter
-/// counts, so a process killed at the gate leaves no phantom demand.
+/// Clears a reclaimed slot's gate and synchronisation bits and takes them
+/// out of the waiter counts, so a process killed at the gate (or in a
+/// synchronisation) leaves no phantom demand or activity.
 pub(crate) fn forget_waiting(file: &StateFile, slot: usize) {
+    file.slots[slot].syncing.store(0, Ordering::Release);
     let bits = file.slots[slot].gate_waiting.swap(0, Ordering::AcqRel);
     for dev in 0..MAX_DEVICES {
         if bits & (1 << dev) != 0 {

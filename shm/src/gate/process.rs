@@ -75,6 +75,9 @@ struct Inner {
     /// Threads of this process blocked at each device's gate; the slot's
     /// bit is set while the count is non-zero.
     waiting: Mutex<[u32; MAX_DEVICES]>,
+    /// Threads of this process in a synchronisation on each device; the
+    /// slot's `syncing` bit is set while the count is non-zero.
+    syncing: Mutex<[u32; MAX_DEVICES]>,
     /// The heartbeat value last seen and when (own clock).
     hb_seen: AtomicU64,
     hb_seen_at: AtomicU64,
@@ -152,6 +155,7 @@ impl Gate {
                 sys,
                 devs: Default::default(),
                 waiting: Mutex::new([0; MAX_DEVICES]),
+                syncing: Mutex::new([0; MAX_DEVICES]),
                 hb_seen: AtomicU64::new(0),
                 hb_seen_at: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
@@ -178,6 +182,35 @@ impl Gate {
             return;
         }
         i.submit_slow(&self.inner, dev);
+    }
+
+    /// Runs `wait`, a synchronisation on device `dev` (a thread waiting
+    /// for this process's own work), with the slot's `syncing` bit set:
+    /// the arbiter counts a holder that waits on its work in flight as
+    /// busy, not idle, so it keeps its grant through a training step's
+    /// `loss.item()`. Not the hot path: a mutex and two atomic operations
+    /// around a wait that sleeps anyway.
+    pub fn syncing<R>(&self, dev: Option<usize>, wait: impl FnOnce() -> R) -> R {
+        let i = &*self.inner;
+        let Some(dev) = dev.filter(|&d| d < i.n_devices) else {
+            return wait();
+        };
+        let bit = 1u32 << dev;
+        let slot = i.state.slot(i.member.slot);
+        {
+            let mut counts = i.syncing.lock().unwrap_or_else(|p| p.into_inner());
+            counts[dev] += 1;
+            if counts[dev] == 1 {
+                slot.syncing.fetch_or(bit, Ordering::AcqRel);
+            }
+        }
+        let r = wait();
+        let mut counts = i.syncing.lock().unwrap_or_else(|p| p.into_inner());
+        counts[dev] = counts[dev].saturating_sub(1);
+        if counts[dev] == 0 {
+            slot.syncing.fetch_and(!bit, Ordering::AcqRel);
+        }
+        r
     }
 
     /// Whether device `dev`'s gate currently runs free (arbiter silent).

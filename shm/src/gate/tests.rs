@@ -473,3 +473,48 @@ fn a_gate_refuses_another_allocations_state() {
     .unwrap_err();
     assert!(e.to_string().contains("does not belong"), "{e}");
 }
+
+#[test]
+fn a_synchronising_process_is_seen_until_its_last_wait_ends() {
+    let f = files(300_000);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = gate(&f, 18, Arc::new(FakeDrain::default()), log);
+    assert!(!f.state.syncing(0));
+    // Two threads in a wait at once: seen while either waits.
+    let (in_wait, release) = (
+        Arc::new(std::sync::Barrier::new(2)),
+        Arc::new(std::sync::Barrier::new(2)),
+    );
+    let other = {
+        let (g, in_wait, release) = (g.clone(), in_wait.clone(), release.clone());
+        std::thread::spawn(move || {
+            g.syncing(Some(0), || {
+                in_wait.wait();
+                release.wait();
+            })
+        })
+    };
+    in_wait.wait();
+    let inner = g.syncing(Some(0), || f.state.syncing(0));
+    assert!(inner, "seen during its own wait");
+    assert!(f.state.syncing(0), "the other thread still waits");
+    release.wait();
+    other.join().unwrap();
+    assert!(!f.state.syncing(0), "both waits ended");
+    // Outside the allocation's devices, or on none: just the wait.
+    assert_eq!(g.syncing(None, || 7), 7);
+    assert!(!g.syncing(Some(5), || f.state.syncing(0)));
+    // A process killed in a wait leaves no activity behind.
+    g.syncing(Some(0), || {
+        struct Dead;
+        impl crate::Liveness for Dead {
+            fn check(&self, _: &ProcIdentity) -> Option<bool> {
+                Some(false)
+            }
+        }
+        assert!(f.state.syncing(0));
+        assert_eq!(f.state.reclaim_dead(&Dead, None).len(), 1);
+        assert!(!f.state.syncing(0));
+    });
+    g.stop();
+}
