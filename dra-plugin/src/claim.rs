@@ -202,6 +202,7 @@ pub fn plan(
     let mut per_gpu: BTreeMap<usize, (u128, u128, u32)> = BTreeMap::new();
     let mut planned = Vec::with_capacity(mine.len());
     let mut seen_slices = std::collections::BTreeSet::new();
+    let mut seen_shares = std::collections::BTreeSet::new();
     for r in &mine {
         let unknown = || ClaimError::UnknownDevice {
             claim: name.clone(),
@@ -230,6 +231,16 @@ pub fn plan(
                 )
             }
             DeviceName::Gpu(_) => {
+                // A shared device is allocated once per share (shareID):
+                // two shares add up; the same share twice is a broken
+                // allocation, not twice the memory.
+                let share = (r.device.clone(), r.share_id.clone().unwrap_or_default());
+                if !seen_shares.insert(share) {
+                    return Err(ClaimError::DeviceTwice {
+                        claim: name,
+                        device: r.device.clone(),
+                    });
+                }
                 let consumed = r.consumed_capacity.as_ref();
                 let read = |cap: &str| -> Result<Option<u64>, ClaimError> {
                     consumed
@@ -463,6 +474,39 @@ mod tests {
     }
 
     #[test]
+    fn shares_of_one_shared_device_add_up_and_one_share_twice_is_refused() {
+        let share = |id: &str, mem: &str| {
+            let mut r = result(
+                "gpu-aaaa",
+                Some(serde_json::json!({"memory": mem, "compute": "10"})),
+            );
+            r["shareID"] = id.into();
+            r
+        };
+        let p = run(&claim(
+            serde_json::json!([
+                share("0f0e0d0c-0000-4000-8000-000000000001", "2Gi"),
+                share("0f0e0d0c-0000-4000-8000-000000000002", "3Gi")
+            ]),
+            serde_json::json!([]),
+        ))
+        .expect("two shares");
+        assert_eq!(p.limits.len(), 1);
+        assert_eq!(p.limits[0].memory_limit_bytes, 5 * GI);
+        assert_eq!(p.limits[0].compute_share_ppm, 200_000);
+        assert_eq!(p.devices.len(), 2);
+        let e = run(&claim(
+            serde_json::json!([
+                share("0f0e0d0c-0000-4000-8000-000000000001", "2Gi"),
+                share("0f0e0d0c-0000-4000-8000-000000000001", "2Gi")
+            ]),
+            serde_json::json!([]),
+        ))
+        .expect_err("one share twice");
+        assert!(matches!(e, ClaimError::DeviceTwice { .. }), "{e}");
+    }
+
+    #[test]
     fn slices_add_up_per_gpu() {
         let c = claim(
             serde_json::json!([
@@ -545,13 +589,12 @@ mod tests {
         );
         let e = run(&c).unwrap_err();
         assert!(matches!(e, ClaimError::BeyondGpu { .. }), "{e}");
-        let c = claim(
-            serde_json::json!([
-                result("gpu-aaaa", Some(serde_json::json!({"compute": "60"}))),
-                result("gpu-aaaa", Some(serde_json::json!({"compute": "50"})))
-            ]),
-            no_cfg.clone(),
-        );
+        // Two shares of the shared device, 110 % together.
+        let mut r1 = result("gpu-aaaa", Some(serde_json::json!({"compute": "60"})));
+        r1["shareID"] = "0f0e0d0c-0000-4000-8000-000000000001".into();
+        let mut r2 = result("gpu-aaaa", Some(serde_json::json!({"compute": "50"})));
+        r2["shareID"] = "0f0e0d0c-0000-4000-8000-000000000002".into();
+        let c = claim(serde_json::json!([r1, r2]), no_cfg.clone());
         assert!(matches!(run(&c), Err(ClaimError::BeyondGpu { .. })));
         let c = claim(
             serde_json::json!([result(
