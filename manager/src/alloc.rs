@@ -1,12 +1,12 @@
-//! Allocations: requests checked into records ([`normalize`],
-//! [`check_capacity`]) and the errors every allocation operation reports.
-//! The records on disk are [`crate::store`]'s.
+//! Allocations as the manager keeps them: records checked against the node
+//! ([`validate`], [`check_capacity`]) and the errors every allocation
+//! operation reports. Requests are decoded into records once, at the edge
+//! ([`crate::wire`]); the records on disk are [`crate::store`]'s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tessera_proto::manager::v1 as pb;
 use tessera_shm::{ControlSpec, DeviceSpec, Policy};
 
 use crate::gpu::GpuInfo;
@@ -169,26 +169,6 @@ impl AllocationRecord {
     }
 }
 
-/// The wire form of a policy.
-pub fn policy_to_pb(p: Policy) -> pb::ComputePolicy {
-    match p {
-        Policy::Guaranteed => pb::ComputePolicy::Guaranteed,
-        Policy::Burst => pb::ComputePolicy::Burst,
-    }
-}
-
-/// A policy from the wire: `Ok(None)` for UNSPECIFIED.
-pub fn policy_from_pb(raw: i32) -> Result<Option<Policy>, AllocError> {
-    match pb::ComputePolicy::try_from(raw) {
-        Ok(pb::ComputePolicy::Unspecified) => Ok(None),
-        Ok(pb::ComputePolicy::Guaranteed) => Ok(Some(Policy::Guaranteed)),
-        Ok(pb::ComputePolicy::Burst) => Ok(Some(Policy::Burst)),
-        Err(_) => Err(AllocError::Invalid(format!(
-            "unknown compute policy {raw}: use GUARANTEED (1) or BURST (2)"
-        ))),
-    }
-}
-
 /// How strict a policy is: a guaranteed share is also a cap.
 fn strictness(p: Policy) -> u8 {
     match p {
@@ -227,29 +207,25 @@ pub fn generate_id() -> String {
     format!("alloc-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
 
-/// Turns a request into a record, checking everything that needs no
-/// knowledge of other allocations. `id` replaces an empty request id.
-pub fn normalize(
-    req: &pb::CreateAllocationRequest,
-    id: String,
-    gpus: &[GpuInfo],
-    default_policy: Policy,
-    now_unix_ms: i64,
-) -> Result<AllocationRecord, AllocError> {
+/// Checks a record against the node's GPUs: everything that needs no
+/// knowledge of other allocations. A create checks the record its request
+/// decodes to ([`crate::wire::create_record`]); a resize checks the resized
+/// record as it is.
+pub fn validate(rec: &AllocationRecord, gpus: &[GpuInfo]) -> Result<(), AllocError> {
     let bad = |m: String| Err(AllocError::Invalid(m));
-    check_id(&id)?;
-    if req.devices.is_empty() {
+    check_id(&rec.id)?;
+    let devices = &rec.devices;
+    if devices.is_empty() {
         return bad("an allocation needs at least one device".into());
     }
-    if req.devices.len() > tessera_shm::layout::MAX_DEVICES {
+    if devices.len() > tessera_shm::layout::MAX_DEVICES {
         return bad(format!(
             "an allocation spans at most {} devices, got {}",
             tessera_shm::layout::MAX_DEVICES,
-            req.devices.len()
+            devices.len()
         ));
     }
-    let mut devices = Vec::with_capacity(req.devices.len());
-    for (i, d) in req.devices.iter().enumerate() {
+    for (i, d) in devices.iter().enumerate() {
         let Some(gpu) = gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
             let known: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
             return bad(format!(
@@ -258,7 +234,7 @@ pub fn normalize(
                 known.join(", ")
             ));
         };
-        if req.devices[..i].iter().any(|o| o.gpu_uuid == d.gpu_uuid) {
+        if devices[..i].iter().any(|o| o.gpu_uuid == d.gpu_uuid) {
             return bad(format!("device {i}: GPU {} listed twice", d.gpu_uuid));
         }
         if d.memory_limit_bytes == 0 {
@@ -282,20 +258,14 @@ pub fn normalize(
                 d.slices
             ));
         }
-        devices.push(DeviceRecord {
-            gpu_uuid: d.gpu_uuid.clone(),
-            memory_limit_bytes: d.memory_limit_bytes,
-            compute_share_ppm: d.compute_share_ppm,
-            slices: d.slices,
-        });
     }
-    if req.device_ids.len() > MAX_DEVICE_IDS {
+    if rec.device_ids.len() > MAX_DEVICE_IDS {
         return bad(format!(
             "{} device ids; at most {MAX_DEVICE_IDS}",
-            req.device_ids.len()
+            rec.device_ids.len()
         ));
     }
-    for dev_id in &req.device_ids {
+    for dev_id in &rec.device_ids {
         if dev_id.len() > MAX_DEVICE_ID_LEN {
             return bad(format!(
                 "device id {} is over {MAX_DEVICE_ID_LEN} bytes",
@@ -312,10 +282,10 @@ pub fn normalize(
             ));
         }
     }
-    if req.labels.len() > 64 {
-        return bad(format!("{} labels; at most 64", req.labels.len()));
+    if rec.labels.len() > 64 {
+        return bad(format!("{} labels; at most 64", rec.labels.len()));
     }
-    for (k, v) in &req.labels {
+    for (k, v) in &rec.labels {
         if k.is_empty() || k.len() > 253 || v.len() > 1024 {
             return bad(format!(
                 "label {}: keys are 1-253 bytes, values at most 1024",
@@ -323,17 +293,7 @@ pub fn normalize(
             ));
         }
     }
-    Ok(AllocationRecord {
-        id,
-        devices,
-        policy: policy_from_pb(req.policy)?.unwrap_or(default_policy),
-        device_ids: req.device_ids.clone(),
-        labels: req.labels.clone().into_iter().collect(),
-        namespace: String::new(),
-        pod: String::new(),
-        container: String::new(),
-        created_unix_ms: now_unix_ms,
-    })
+    Ok(())
 }
 
 /// Checks the owner fields of a SetAllocationOwner request: Kubernetes
@@ -366,7 +326,7 @@ pub fn check_capacity<'a>(
 ) -> Result<(), AllocError> {
     for d in &rec.devices {
         let Some(gpu) = gpus.iter().find(|g| g.uuid == d.gpu_uuid) else {
-            continue; // normalize() already refused unknown GPUs
+            continue; // validate() already refused unknown GPUs
         };
         let on_gpu = existing
             .clone()
@@ -400,6 +360,8 @@ pub fn check_capacity<'a>(
 mod tests {
     use super::*;
     use crate::gpu::fake::test_gpu;
+    use crate::wire::create_record;
+    use tessera_proto::manager::v1 as pb;
 
     const GI: u64 = 1 << 30;
 
@@ -411,8 +373,11 @@ mod tests {
         pb::CreateAllocationRequest::one_device("a1", uuid, mem, ppm)
     }
 
+    /// What a create does with a request: decode, then validate.
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
-        normalize(r, r.id.clone(), &gpus(), Policy::Burst, 1)
+        let rec = create_record(r, r.id.clone(), Policy::Burst, 1)?;
+        validate(&rec, &gpus())?;
+        Ok(rec)
     }
 
     #[test]
@@ -432,7 +397,8 @@ mod tests {
         assert!(e.len() < 400 && e.contains("1048576 bytes"), "{}", e.len());
         r = req(&g[0].uuid, GI, 1000);
         r.id = huge.clone();
-        let e = normalize(&r, huge.clone(), &g, Policy::Burst, 1)
+        let e = create_record(&r, huge.clone(), Policy::Burst, 1)
+            .and_then(|rec| validate(&rec, &g))
             .unwrap_err()
             .to_string();
         assert!(e.len() < 400, "{}", e.len());
@@ -529,6 +495,52 @@ mod tests {
                 .to_string()
                 .contains("listed twice")
         );
+    }
+
+    /// A resize checks the resized record itself, with the same rules and
+    /// messages as a create, never a request rebuilt from it.
+    #[test]
+    fn a_resized_record_is_checked_as_it_is() {
+        let g = gpus();
+        let mut r = req(&g[0].uuid, 4 * GI, 300_000);
+        r.device_ids = vec![format!("{}::0", g[0].uuid)];
+        r.labels.insert("source".into(), "device-plugin".into());
+        let good = norm(&r).unwrap();
+        validate(&good, &g).unwrap();
+        let resized = |f: &dyn Fn(&mut DeviceRecord)| {
+            let mut rec = good.clone();
+            f(&mut rec.devices[0]);
+            validate(&rec, &g)
+        };
+        resized(&|d| d.memory_limit_bytes = 16 * GI).unwrap();
+        for (change, want) in [
+            (
+                &(|d: &mut DeviceRecord| d.memory_limit_bytes = 17 * GI)
+                    as &dyn Fn(&mut DeviceRecord),
+                "device 0: memory limit 18253611008 exceeds GPU",
+            ),
+            (
+                &|d| d.memory_limit_bytes = 0,
+                "memory_limit_bytes must be above 0",
+            ),
+            (
+                &|d| d.compute_share_ppm = 0,
+                "compute_share_ppm 0 is not in",
+            ),
+            (
+                &|d| d.compute_share_ppm = 1_000_001,
+                "compute_share_ppm 1000001",
+            ),
+        ] {
+            let e = resized(change).expect_err(want);
+            assert!(matches!(e, AllocError::Invalid(_)), "{e}");
+            assert!(e.to_string().contains(want), "{e} lacks {want}");
+        }
+        // A record another version left with a GPU this node lacks.
+        let mut gone = good.clone();
+        gone.devices[0].gpu_uuid = "GPU-gone".into();
+        let e = validate(&gone, &g).unwrap_err().to_string();
+        assert!(e.contains("no GPU \"GPU-gone\" on this node"), "{e}");
     }
 
     #[test]

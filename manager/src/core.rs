@@ -180,13 +180,8 @@ impl Core {
         } else {
             req.id.clone()
         };
-        let rec = alloc::normalize(
-            req,
-            id,
-            &self.gpus,
-            self.config.default_policy,
-            now_unix_ms(),
-        )?;
+        let rec = wire::create_record(req, id, self.config.default_policy, now_unix_ms())?;
+        alloc::validate(&rec, &self.gpus)?;
         if let Some(existing) = self.allocation(&rec.id) {
             if existing.record().same_request(&rec) {
                 return Ok(self.allocation_pb(&existing));
@@ -278,7 +273,7 @@ impl Core {
         })?;
         alloc::check_owner(&req.namespace, &req.pod, &req.container)?;
         let mut rec = live.record();
-        if let Some(p) = alloc::policy_from_pb(req.policy)? {
+        if let Some(p) = wire::policy_from_pb(req.policy)? {
             if !alloc::is_stricter_or_same(rec.policy, p) {
                 return Err(AllocError::Precondition(format!(
                     "allocation {} is {}; a policy may only become stricter, not {}",
@@ -360,21 +355,9 @@ impl Core {
             }
             return Ok(self.allocation_pb(&live));
         }
-        // The same checks as a create of the resized allocation.
-        let as_create = pb::CreateAllocationRequest {
-            id: rec.id.clone(),
-            devices: wire::device_requests(&rec.devices),
-            policy: alloc::policy_to_pb(rec.policy) as i32,
-            device_ids: vec![],
-            labels: Default::default(),
-        };
-        alloc::normalize(
-            &as_create,
-            rec.id.clone(),
-            &self.gpus,
-            rec.policy,
-            rec.created_unix_ms,
-        )?;
+        // The same checks as a create of the resized allocation, on the
+        // record as it is.
+        alloc::validate(&rec, &self.gpus)?;
         let others: Vec<AllocationRecord> = self
             .live_list()
             .iter()

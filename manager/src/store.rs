@@ -698,9 +698,10 @@ impl AllocationFiles for LiveAllocation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::normalize;
+    use crate::alloc::validate;
     use crate::gpu::GpuInfo;
     use crate::gpu::fake::test_gpu;
+    use crate::wire::create_record;
     use tessera_proto::manager::v1 as pb;
 
     const GI: u64 = 1 << 30;
@@ -714,7 +715,9 @@ mod tests {
     }
 
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
-        normalize(r, r.id.clone(), &gpus(), tessera_shm::Policy::Burst, 1)
+        let rec = create_record(r, r.id.clone(), tessera_shm::Policy::Burst, 1)?;
+        validate(&rec, &gpus())?;
+        Ok(rec)
     }
 
     #[test]
