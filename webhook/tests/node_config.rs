@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use tessera_node::config::{ComputePolicy, Config, DeviceListStrategy, Placement};
+use tessera_node::config::{ComputePolicy, Config, DeviceListStrategy, DraLayout, Placement};
 
 fn shipped_node_config() -> Value {
     let path = concat!(
@@ -38,6 +38,8 @@ fn shipped_node_config_parses_and_resolves_as_documented() {
     // What docs/install.md sets the NVIDIA container toolkit up for.
     assert_eq!(plain.device_list_strategy, DeviceListStrategy::DEFAULT);
     assert_eq!(plain.device_list_strategy.names(), ["volume-mounts"]);
+    // The DRA plugin's layout (docs/dra.md): slices, on any 1.34+ cluster.
+    assert_eq!(plain.dra.layout, DraLayout::Slices);
 
     let labels = BTreeMap::from([("pool".to_string(), "inference".to_string())]);
     let inference = c.resolve("gpu-node-2", &labels);
