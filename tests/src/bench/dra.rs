@@ -15,6 +15,7 @@ use tessera_dra_plugin::names::{gpu_device, slice_device};
 use tessera_dra_plugin::testing::{FakeApiServer, register};
 use tessera_dra_plugin::{DRIVER_NAME, DraPluginArgs};
 use tessera_proto::dra::v1 as dra;
+use tessera_proto::manager::v1 as pb;
 
 use super::Table;
 use super::soak::Manager;
@@ -32,6 +33,22 @@ struct Cli {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Writes a small file and syncs it and its directory, as a CDI spec or a
+/// checkpoint is written.
+fn synced_write(path: &std::path::Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = std::fs::File::create(path).map_err(err)?;
+    f.write_all(&[b'x'; 1024]).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// Median, 90th percentile and largest of `v` (sorted here).
@@ -53,7 +70,7 @@ pub fn table(runs: usize) -> Result<Table, String> {
     let manager = Manager::start(&node, &dir.path().join("manager"))?;
     let uuids: Vec<String> = manager.status()?.gpus.into_iter().map(|g| g.uuid).collect();
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    let (slices, shared) = rt.block_on(async {
+    let (slices, shared, mut parts) = rt.block_on(async {
         let api = FakeApiServer::start().await.map_err(|e| e.to_string())?;
         let kubeconfig = dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig)
@@ -88,6 +105,13 @@ pub fn table(runs: usize) -> Result<Table, String> {
             .await?;
         let mut slices = Vec::new();
         let mut shared = Vec::new();
+        // The parts of a prepare, timed on their own: the manager's node
+        // status and CreateAllocation, and one file written and synced with
+        // its directory (a prepare writes two: the CDI spec, the checkpoint).
+        let mut mgr = tessera_client::connect(&manager.socket())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut parts: [Vec<f64>; 3] = Default::default();
         for i in 0..runs {
             let uid = format!("{i:08x}-0000-4000-8000-00000000beef");
             let name = format!("bench-{i}");
@@ -140,10 +164,37 @@ pub fn table(runs: usize) -> Result<Table, String> {
                 return Err(format!("claim {uid} not unprepared: {u:?}"));
             }
             layout.push((ms(prepare), ms(unprepare)));
+
+            let t = Instant::now();
+            mgr.get_node_status(pb::NodeStatusRequest {})
+                .await
+                .map_err(|s| format!("node status: {s}"))?;
+            parts[0].push(ms(t.elapsed()));
+            let id = format!("bench-direct-{i}");
+            let t = Instant::now();
+            mgr.create_allocation(pb::CreateAllocationRequest {
+                id: id.clone(),
+                devices: vec![pb::DeviceRequest {
+                    gpu_uuid: gpu.clone(),
+                    memory_limit_bytes: 1 << 30,
+                    compute_share_ppm: 100_000,
+                    slices: 0,
+                }],
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| format!("create: {s}"))?;
+            parts[1].push(ms(t.elapsed()));
+            mgr.delete_allocation(pb::DeleteAllocationRequest { id })
+                .await
+                .map_err(|s| format!("delete: {s}"))?;
+            let t = Instant::now();
+            synced_write(&dir.path().join("sync-probe"))?;
+            parts[2].push(ms(t.elapsed()));
         }
         let _ = stop.send(());
         let _ = plugin.await;
-        Ok::<_, String>((slices, shared))
+        Ok::<_, String>((slices, shared, parts))
     })?;
     let mut rows = Vec::new();
     for (what, samples) in [
@@ -162,6 +213,26 @@ pub fn table(runs: usize) -> Result<Table, String> {
             format!("{um:.1}"),
             format!("{u90:.1}"),
             if p90 < TARGET_MS { "yes" } else { "no" }.to_owned(),
+        ]);
+    }
+    for (what, v) in [
+        "  part: manager GetNodeStatus",
+        "  part: manager CreateAllocation",
+        "  part: one file written + fsync (x2 per prepare)",
+    ]
+    .into_iter()
+    .zip(parts.iter_mut())
+    {
+        let (p50, p90, max) = spread(v);
+        rows.push(vec![
+            what.to_owned(),
+            v.len().to_string(),
+            format!("{p50:.1}"),
+            format!("{p90:.1}"),
+            format!("{max:.1}"),
+            "-".into(),
+            "-".into(),
+            "-".into(),
         ]);
     }
     Ok(Table {
