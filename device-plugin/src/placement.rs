@@ -7,9 +7,12 @@
 //! 2. All slices of a request go to one GPU whenever one GPU can hold them.
 //! 3. Among GPUs that fit, a GPU whose idle fraction over the last minute is
 //!    below `sharedThreshold` is not chosen while a less busy one fits.
-//! 4. Then `binpack` takes the GPU with the fewest free slices (whole GPUs
-//!    stay free for big requests), `spread` the one with the lowest measured
-//!    utilization (ties: most free slices). Remaining ties: lowest GPU index.
+//! 4. Then the placement engine (`tessera-placement`, the one that places
+//!    across the cluster) ranks the GPUs that remain, as one node's: `binpack`
+//!    takes the GPU left with the least free share (the fewest free slices
+//!    among GPUs cut alike: whole GPUs stay free for big requests), `spread`
+//!    the one with the lowest measured utilization (ties: most free slices).
+//!    Remaining ties: the less utilized GPU, then the lowest GPU index.
 //! 5. A request no single GPU can hold is spread over the fewest GPUs: the
 //!    ones with the most free slices, the last chosen by rules 3 and 4.
 //!
@@ -19,12 +22,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device_id::DeviceId;
 use tessera_node::config::Placement;
+use tessera_placement::cluster::MILLI;
+use tessera_placement::{Engine, Gpu, GpuNeed, MemoryNeed, Node, TaskMix};
 
 /// What placement needs to know about one GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuLoad {
     pub uuid: String,
     pub index: u32,
+    /// Slices the GPU is cut into under the config in force.
+    pub slices: u32,
     /// Mean utilization (0..=1) over the last minute; None if unmeasured.
     pub utilization: Option<f64>,
 }
@@ -115,7 +122,7 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
             .copied()
             .filter(|&i| candidates[i].free.len() >= remaining)
             .collect();
-        if let Some(i) = select(&candidates, &fitting, policy) {
+        if let Some(i) = select(&candidates, &fitting, policy, remaining) {
             remaining -= take(&mut candidates[i], remaining, &mut picked);
         } else {
             for i in idx {
@@ -129,7 +136,7 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
         let fitting: Vec<usize> = (0..candidates.len())
             .filter(|&i| candidates[i].free.len() >= remaining)
             .collect();
-        if let Some(i) = select(&candidates, &fitting, policy) {
+        if let Some(i) = select(&candidates, &fitting, policy, remaining) {
             remaining -= take(&mut candidates[i], remaining, &mut picked);
         } else {
             // Rule 5: fewest GPUs. Order by free slices (desc), least busy and
@@ -153,7 +160,7 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
                     .copied()
                     .filter(|&i| candidates[i].free.len() >= remaining)
                     .collect();
-                if let Some(i) = select(&candidates, &rest, policy) {
+                if let Some(i) = select(&candidates, &rest, policy, remaining) {
                     remaining -= take(&mut candidates[i], remaining, &mut picked);
                     break;
                 }
@@ -192,7 +199,8 @@ fn busy(c: &Candidate<'_>, policy: Policy) -> bool {
     c.load.idle() < policy.shared_threshold
 }
 
-/// `Less` when `a` is preferred by the placement policy alone.
+/// `Less` when `a` is preferred by the placement policy alone (the order of
+/// rule 5's spill-over).
 fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cmp::Ordering {
     let by_index = a.load.index.cmp(&b.load.index);
     match policy.placement {
@@ -207,14 +215,70 @@ fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cm
     }
 }
 
-/// Rules 3 and 4 among `fitting` candidates.
-fn select(cands: &[Candidate<'_>], fitting: &[usize], policy: Policy) -> Option<usize> {
+/// A candidate as the engine sees a GPU: cut into `S` slices with `f` free,
+/// `⌊1000·f/S⌋` of its compute and `f` slices of its memory (counted in
+/// thousandths of a slice, so that `f ≥ n` is exactly "n slices fit") are
+/// free, as the scheduler extender models it.
+fn engine_gpu(c: &Candidate<'_>) -> Gpu {
+    let free = u32::try_from(c.free.len()).unwrap_or(u32::MAX);
+    let cut = c.load.slices.max(free).max(1);
+    Gpu {
+        model: String::new(),
+        class: String::new(),
+        memory_mib: u64::from(cut) * u64::from(MILLI),
+        memory_free_mib: u64::from(free) * u64::from(MILLI),
+        compute_free: free * MILLI / cut,
+        slices: cut,
+        slices_free: free,
+        utilization: c.load.utilization.map(|u| u.clamp(0.0, 1.0) as f32),
+    }
+}
+
+/// Rules 3 and 4 among `fitting` candidates for `n` slices: the busy ones
+/// are set aside while a quiet one fits, then the engine ranks the rest.
+fn select(cands: &[Candidate<'_>], fitting: &[usize], policy: Policy, n: usize) -> Option<usize> {
     let any_quiet = fitting.iter().any(|&i| !busy(&cands[i], policy));
-    fitting
+    let mut pool: Vec<usize> = fitting
         .iter()
         .copied()
         .filter(|&i| !any_quiet || !busy(&cands[i], policy))
-        .min_by(|&a, &b| policy_order(&cands[a], &cands[b], policy))
+        .collect();
+    // The engine breaks its remaining ties by GPU order: GPU index order.
+    pool.sort_by_key(|&i| cands[i].load.index);
+    let first = *pool.first()?;
+    let n = u32::try_from(n).ok()?;
+    let node = Node::new(
+        "this-node",
+        0,
+        0,
+        pool.iter().map(|&i| engine_gpu(&cands[i])).collect(),
+    );
+    let engine_policy = match policy.placement {
+        Placement::Binpack => tessera_placement::Policy::Binpack,
+        Placement::Spread => tessera_placement::Policy::Spread,
+    };
+    let req = tessera_placement::Request {
+        cpu_milli: 0,
+        memory_mib: 0,
+        gpu: GpuNeed::Share {
+            // Slices, not compute, are what must fit; the share a slice is
+            // of each GPU shows in its free share after.
+            compute: 0,
+            memory: MemoryNeed::Mib(u64::from(n) * u64::from(MILLI)),
+            slices: n,
+        },
+        models: Vec::new(),
+    };
+    let choice = Engine::new(vec![node], engine_policy, &TaskMix::default())
+        .and_then(|mut e| e.decide(&req));
+    match choice {
+        Ok(c) => c.gpus.first().map(|&g| pool[g]),
+        Err(e) => {
+            // Every candidate fits by construction; fall back to the first.
+            tracing::warn!(error = %e, "placement engine refused a fitting GPU");
+            Some(first)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +298,7 @@ mod tests {
         GpuLoad {
             uuid: uuid.into(),
             index,
+            slices: 8,
             utilization: Some(util),
         }
     }
@@ -337,11 +402,26 @@ mod tests {
     }
 
     #[test]
+    fn binpack_ties_go_to_the_quieter_gpu_then_the_lowest_index() {
+        // Equal free slices: the engine's order takes the less utilized GPU.
+        let gpus = [gpu("A", 0, 0.5), gpu("B", 1, 0.1), gpu("C", 2, 0.1)];
+        let avail = ids(&[("A", &[0, 1]), ("B", &[0, 1]), ("C", &[0, 1])]);
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["B::0", "B::1"]);
+        // Equally quiet: the lower index.
+        let gpus = [gpu("A", 0, 0.1), gpu("B", 1, 0.1)];
+        let avail = ids(&[("A", &[0, 1]), ("B", &[0, 1])]);
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["A::0", "A::1"]);
+        let avail = ids(&[("B", &[0, 1]), ("A", &[0, 1])]);
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["A::0", "A::1"]);
+    }
+
+    #[test]
     fn unmeasured_gpus_count_as_idle() {
         let gpus = [
             GpuLoad {
                 uuid: "A".into(),
                 index: 0,
+                slices: 8,
                 utilization: None,
             },
             gpu("B", 1, 0.95),

@@ -41,6 +41,7 @@ fn loads(snap: &Snapshot) -> Vec<GpuLoad> {
         .map(|g| GpuLoad {
             uuid: g.gpu.uuid.clone(),
             index: g.gpu.index,
+            slices: g.layout.slices,
             utilization: g.utilization,
         })
         .collect()
