@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tessera_e2e::bench::compute::{
-    AllocSpec, Outcome, Scenario, launch_scenarios, run_round, standard_scenarios,
+    AllocSpec, Outcome, Scenario, launch_scenarios, run_round, standard_scenarios, sync_scenarios,
 };
 use tessera_manager::arbiter::ArbiterConfig;
 use tessera_shm::Policy;
@@ -187,6 +187,47 @@ fn burst_allocations_with_work_are_not_held_to_their_floors() {
 fn every_way_of_launching_is_gated() {
     for o in &run_parallel(launch_scenarios(Duration::from_secs(3))) {
         capped(o, 0);
+    }
+}
+
+/// Programs that synchronise every step (`cuCtxSynchronize` after every
+/// second launch; 1 ms and 50 µs kernels), guaranteed 30 + 70 and
+/// 20 + 30 + 50: every cap holds, nothing runs uncharged, none starves
+/// (in `run_parallel`), and the GPU is worked for all of them: together
+/// they are granted more than the largest share (plus the hold cut at each
+/// end of the window), so no allocation's cap, and no holder waiting on
+/// its own work, leaves the GPU to one of them alone.
+#[test]
+fn synchronising_allocations_are_capped_and_share_the_gpu() {
+    let rounds = sync_scenarios(MEASURE);
+    let chosen = rounds
+        .into_iter()
+        .filter(|r| {
+            let a = &r[0].allocs;
+            r[0].sync_every == 2 && r[0].gap.is_zero() && a.len() > 1
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(chosen.len(), 2, "30+70 and 20+30+50");
+    for round in chosen {
+        for o in &run_parallel(round) {
+            let mut largest: f64 = 0.0;
+            for i in 0..o.allocs.len() {
+                capped(o, i);
+                largest = largest.max(share_pp(o, i));
+            }
+            let slack: f64 = o
+                .longest_hold
+                .iter()
+                .map(|h| 2.0 * h.as_secs_f64() / o.measured.as_secs_f64() * 100.0)
+                .sum();
+            let held: f64 = o.held.iter().sum();
+            assert!(
+                held > largest + slack,
+                "{}: together held {held:.2}% of the GPU, no more than the largest share {largest}% (+{slack:.2} pp): {:?}",
+                o.name,
+                o.held
+            );
+        }
     }
 }
 

@@ -83,6 +83,11 @@ pub struct ArbiterConfig {
     pub idle_after: Duration,
     /// Window of the achieved share in [`AllocationStats`].
     pub stats_window: Duration,
+    /// A holder waiting in a synchronisation on its own work is active
+    /// (true, the default): it keeps its grant through a training step's
+    /// `loss.item()`. False counts only launches, the rule before; the
+    /// bench compares the two.
+    pub sync_is_activity: bool,
 }
 
 impl Default for ArbiterConfig {
@@ -97,6 +102,7 @@ impl Default for ArbiterConfig {
             idle_poll: Duration::from_millis(2),
             idle_after: Duration::from_millis(200),
             stats_window: Duration::from_secs(10),
+            sync_is_activity: s.sync_is_activity,
         }
     }
 }
@@ -150,6 +156,7 @@ impl ArbiterConfig {
             idle_release_ns: ns(self.idle_release),
             drain_timeout_ns: ns(self.drain_timeout),
             catch_up_ns: ns(self.catch_up),
+            sync_is_activity: self.sync_is_activity,
         }
     }
 }

@@ -57,6 +57,10 @@ pub struct SchedConfig {
     /// beyond this is forgotten, so a cap is exceeded by at most this much
     /// times the share, however long the contention lasted.
     pub catch_up_ns: u64,
+    /// A holder seen waiting in a synchronisation on its own work is
+    /// active, as if it had launched (see the module's early release).
+    /// `false` keeps the older rule, launches only, for comparison.
+    pub sync_is_activity: bool,
 }
 
 impl Default for SchedConfig {
@@ -66,6 +70,7 @@ impl Default for SchedConfig {
             idle_release_ns: 1_000_000,
             drain_timeout_ns: 1_000_000_000,
             catch_up_ns: 100_000_000,
+            sync_is_activity: true,
         }
     }
 }
@@ -405,7 +410,7 @@ impl Scheduler {
                     // when the wait ends: seen syncing is activity, so
                     // `idle_release` counts from the end of the wait, not
                     // from the last launch before it.
-                    if l != launches || view.syncing(id) {
+                    if l != launches || (self.cfg.sync_is_activity && view.syncing(id)) {
                         launches = l;
                         last_activity = now;
                     }

@@ -723,6 +723,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
     Ok(vec![
         shares,
         sync_table(measure)?,
+        sync_rule_table(measure)?,
         no_arbiter(measure)?,
         gate_cost()?,
     ])
@@ -824,6 +825,96 @@ pub fn sync_scenarios(measure: Duration) -> Vec<Vec<Scenario>> {
                 .collect()
         })
         .collect()
+}
+
+/// The arbiter's rule for a holder in a synchronisation, both ways at
+/// once on one node (so at the same CPU load): guaranteed 30 alone and
+/// 30 + 70, 1 ms kernels, a synchronisation after every second launch,
+/// under an arbiter that counts a holder seen synchronising as active (the
+/// default) and under one that counts launches only (the rule before).
+///
+/// # Errors
+/// When an arbiter cannot start or a scenario panicked.
+pub fn sync_rule_table(measure: Duration) -> Result<crate::bench::Table, String> {
+    use tessera_manager::arbiter::ArbiterConfig;
+    let g = AllocSpec::guaranteed;
+    let scs: Vec<Scenario> = [vec![g(30)], vec![g(30), g(70)]]
+        .into_iter()
+        .map(|allocs| {
+            let mut sc = Scenario::new("sync rule", allocs, Duration::from_millis(1), measure);
+            sc.sync_every = 2;
+            sc
+        })
+        .collect();
+    let node = SimNode::builder().devices(4).build();
+    let on = Arbiter::new(ArbiterConfig::default()).map_err(|e| e.to_string())?;
+    let off = Arbiter::new(ArbiterConfig {
+        sync_is_activity: false,
+        ..ArbiterConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let outcomes: Vec<(bool, Outcome)> = std::thread::scope(|s| {
+        let runs: Vec<_> = [(true, &on), (false, &off)]
+            .into_iter()
+            .flat_map(|(rule, arbiter)| scs.iter().map(move |sc| (rule, arbiter, sc)))
+            .enumerate()
+            .map(|(dev, (rule, arbiter, sc))| {
+                let node = &node;
+                s.spawn(move || (rule, run_scenario(node, arbiter, dev as u32, sc)))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().map_err(|_| "a scenario panicked".to_string()))
+            .collect::<Result<_, _>>()
+    })?;
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for (rule, o) in &outcomes {
+        failures.extend(o.failures.iter().cloned());
+        let shares: Vec<String> = o
+            .allocs
+            .iter()
+            .map(|a| (a.share_ppm / 10_000).to_string())
+            .collect();
+        let fmt = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        rows.push(vec![
+            format!("guaranteed {}", shares.join("+")),
+            if *rule {
+                "syncing is activity (now)"
+            } else {
+                "launches only (before)"
+            }
+            .into(),
+            fmt(&o.held),
+            fmt(&o.achieved),
+            format!("{:.2}", o.gpu_busy),
+        ]);
+    }
+    let mut notes = vec![format!(
+        "{} s, the four at once on four GPUs of one node (same CPU load); 1 ms kernels, cuCtxSynchronize after every second launch.",
+        measure.as_secs_f64()
+    )];
+    notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
+    Ok(crate::bench::Table {
+        title: "Compute-time slices: a holder in a synchronisation, the two rules side by side"
+            .into(),
+        columns: [
+            "scenario",
+            "arbiter's rule",
+            "held %",
+            "achieved %",
+            "GPU busy %",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        notes,
+    })
 }
 
 /// The share table of [`sync_scenarios`].

@@ -125,6 +125,7 @@ fn main() -> Result<()> {
         }
         if s == "compute-sync" {
             tables.push(bench::compute::sync_table(o.measure).map_err(anyhow::Error::msg)?);
+            tables.push(bench::compute::sync_rule_table(o.measure).map_err(anyhow::Error::msg)?);
         }
         if all || s == "race" {
             let r = bench::race::race(o.processes, o.race_for).map_err(anyhow::Error::msg)?;
