@@ -1,7 +1,8 @@
 //! `tessera-bench soak`: a node driven for minutes by a seeded random mix of what happens
 //! to a node in production — allocations created and deleted, processes launched that
-//! allocate and free, processes SIGKILLed, the manager restarted (SIGTERM or SIGKILL), a
-//! tenant's state file corrupted — with the node's promises checked after every step:
+//! allocate and free, processes SIGKILLed, the manager restarted (SIGTERM or SIGKILL), the
+//! device plugin restarted, a tenant's state file corrupted — with the node's promises
+//! checked after every step:
 //!
 //! - no allocation lost or invented: the manager serves exactly the allocations created
 //!   and not deleted, across restarts and corruption;
@@ -11,7 +12,10 @@
 //!   the live processes of an allocation is within its limit;
 //! - no memory held by a dead process after the reclaim deadline: a SIGKILLed process's
 //!   slot is gone from its allocation's state file within [`RECLAIM_DEADLINE`] (the
-//!   manager's reaper, or a process that needed the quota), unless the file is damaged.
+//!   manager's reaper, or a process that needed the quota), unless the file is damaged;
+//! - the kubelet's side recovers: the device plugin (the real one, in-process, talking to
+//!   the manager and to a fake kubelet) is registered and the kubelet holds its full device
+//!   list after every step, and a restarted plugin registers again within [`ANSWER`].
 //!
 //! The manager runs as a child process: this very binary with `__manager` (the manager's
 //! library, as `tessera manager` runs it).
@@ -21,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tessera_device_plugin::testing::FakeKubelet;
 use tessera_proto::manager::v1 as pb;
 
 use super::Table;
@@ -231,11 +236,104 @@ struct Proc {
     handles: Vec<u32>,
 }
 
+/// The device plugin of the chart's DaemonSet, in-process, with the kubelet it registers
+/// with.
+struct Plugin {
+    rt: tokio::runtime::Runtime,
+    kubelet: FakeKubelet,
+    opts: tessera_device_plugin::Options,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), tessera_device_plugin::Error>>>,
+    /// Registrations the kubelet should have seen: one per start.
+    starts: usize,
+    /// The device list's length once the first plugin listed the GPUs.
+    devices: usize,
+}
+
+impl Plugin {
+    fn start(node: &SimNode, manager_socket: &Path) -> Result<Plugin, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let dp_dir = node.dir.path().join("dp");
+        std::fs::create_dir_all(&dp_dir).map_err(|e| e.to_string())?;
+        let kubelet = {
+            let _in_rt = rt.enter();
+            FakeKubelet::start(&dp_dir).map_err(|e| format!("the kubelet: {e}"))?
+        };
+        let config = node.dir.path().join("slices.yaml");
+        std::fs::write(&config, "default:\n  slice: {memory: 2Gi}\n").map_err(|e| e.to_string())?;
+        let mut opts = tessera_device_plugin::Options::new("soak-node");
+        opts.device_plugin_dir = dp_dir;
+        opts.manager_socket = manager_socket.to_owned();
+        opts.pod_resources_socket = None;
+        opts.config_path = Some(config);
+        opts.kubelet_poll = Duration::from_millis(100);
+        opts.status_interval = Duration::from_millis(500);
+        opts.host.hook_library = crate::hook_library().unwrap_or_default();
+        opts.host.preload_file = node.dir.path().join("ld.so.preload");
+        let mut p = Plugin {
+            rt,
+            kubelet,
+            opts,
+            stop: None,
+            task: None,
+            starts: 0,
+            devices: 0,
+        };
+        p.run()?;
+        let listed =
+            p.rt.block_on(p.kubelet.wait_devices(ANSWER, |d| !d.is_empty()))
+                .ok_or("the first plugin listed no devices")?;
+        p.devices = listed.len();
+        Ok(p)
+    }
+
+    /// Starts a plugin process's worth of plugin, and waits for its registration.
+    fn run(&mut self) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        self.stop = Some(tx);
+        self.task = Some(
+            self.rt
+                .spawn(tessera_device_plugin::run(self.opts.clone(), async {
+                    let _ = rx.await;
+                })),
+        );
+        self.starts += 1;
+        self.rt
+            .block_on(self.kubelet.wait_registrations(self.starts, ANSWER))
+            .map(|_| ())
+            .ok_or_else(|| format!("plugin start {} did not register", self.starts))
+    }
+
+    /// Stops it as SIGTERM does: it must stop cleanly.
+    fn halt(&mut self) -> Result<(), String> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(ANSWER, task).await })
+        {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(format!("the device plugin failed: {e}")),
+            Ok(Err(e)) => Err(format!("the device plugin panicked: {e}")),
+            Err(_) => Err("the device plugin did not stop".into()),
+        }
+    }
+}
+
 /// The soak's whole world: the node, the manager, and the model of what should be.
 struct World<'a> {
     node: &'a SimNode,
     dir: PathBuf,
     manager: Option<Manager>,
+    plugin: Plugin,
     allocs: BTreeMap<String, Alloc>,
     procs: Vec<Proc>,
     /// SIGKILLed processes whose reclaim is awaited: (pid, allocation, when).
@@ -449,6 +547,19 @@ impl World<'_> {
         Ok(())
     }
 
+    /// The device plugin's pod replaced: the old one stopped, a new one started; it
+    /// must register again and list every device again.
+    fn restart_plugin(&mut self) -> Result<(), String> {
+        if let Err(e) = self.plugin.halt() {
+            self.violation(e);
+        }
+        if let Err(e) = self.plugin.run() {
+            self.violation(e);
+        }
+        self.report.faults += 1;
+        Ok(())
+    }
+
     fn corrupt(&mut self, rng: &mut Rng) -> Result<(), String> {
         use std::os::unix::fs::FileExt;
         let Some(id) = pick(rng, self.allocs.keys()).cloned() else {
@@ -467,6 +578,22 @@ impl World<'_> {
 
     /// Every invariant, once.
     fn check(&mut self) -> Result<(), String> {
+        // The kubelet's side: the plugin registered (once per start) and the full
+        // device list with the kubelet (the plugin lists its slices again after a start,
+        // and the manager's restarts are shorter than its grace).
+        self.report.checks += 1;
+        let p = &mut self.plugin;
+        let want = p.devices;
+        let registered = p.kubelet.registrations().len();
+        let listed =
+            p.rt.block_on(p.kubelet.wait_devices(ANSWER, |d| d.len() == want))
+                .map(|d| d.len());
+        if registered != p.starts || listed.is_none() {
+            let (starts, now) = (p.starts, p.kubelet.devices().len());
+            self.violation(format!(
+                "device plugin: {registered} registrations after {starts} starts; the kubelet lists {now} devices, not {want}"
+            ));
+        }
         let status = self.manager().status()?;
         // No allocation lost or invented.
         self.report.checks += 1;
@@ -581,10 +708,13 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
     let node = SimNode::e2e(GPUS, seed);
     let dir = node.dir.path().join("manager");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let manager = Manager::start(&node, &dir)?;
+    let plugin = Plugin::start(&node, &manager.socket())?;
     let mut w = World {
         node: &node,
         dir: dir.clone(),
-        manager: Some(Manager::start(&node, &dir)?),
+        manager: Some(manager),
+        plugin,
         allocs: BTreeMap::new(),
         procs: Vec::new(),
         killed: Vec::new(),
@@ -596,7 +726,7 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
     };
     let mut rng = Rng(seed | 1);
     // (weight, action)
-    let mix: [(u64, &'static str); 8] = [
+    let mix: [(u64, &'static str); 9] = [
         (10, "create allocation"),
         (4, "delete allocation"),
         (14, "launch process"),
@@ -604,6 +734,7 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
         (20, "free"),
         (8, "SIGKILL a process"),
         (2, "restart the manager"),
+        (2, "restart the device plugin"),
         (2, "corrupt a state file"),
     ];
     let total: u64 = mix.iter().map(|m| m.0).sum();
@@ -630,6 +761,7 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
             "free" => w.free(&mut rng),
             "SIGKILL a process" => w.kill(&mut rng),
             "restart the manager" => w.restart_manager(&mut rng),
+            "restart the device plugin" => w.restart_plugin(),
             _ => w.corrupt(&mut rng),
         };
         done.map_err(|e| format!("step {} ({name}): {e}", w.report.steps))?;
@@ -648,6 +780,7 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
         let mut c = p.child;
         c.kill();
     }
+    w.plugin.halt()?;
     if let Some(m) = w.manager.take() {
         m.stop(false)?;
     }
