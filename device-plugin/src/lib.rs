@@ -5,13 +5,14 @@
 //! The node config, the CDI spec writer and the manager client are
 //! `tessera-node`'s, shared with the DRA plugin. Pure logic (placement,
 //! allocation plans, PodResources decisions) lives in modules with no I/O;
-//! tonic and kube stay at the edges (`service`, `registration`, `node_labels`,
-//! `plugin`).
+//! tonic and kube stay at the edges (`edge`: the Kubernetes and PodResources
+//! adapters; `service`, `registration`, `plugin`).
 
 pub mod allocate;
 pub mod args;
 pub mod cdi;
 pub mod device_id;
+mod edge;
 pub mod gpu_report;
 pub mod grpc;
 pub mod inventory;

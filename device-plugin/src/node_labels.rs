@@ -40,51 +40,6 @@ pub(crate) trait NodeApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
 }
 
-/// The node through the Kubernetes API (in-cluster config or kubeconfig).
-pub(crate) struct KubeNodeApi {
-    nodes: kube::Api<k8s_openapi::api::core::v1::Node>,
-}
-
-impl KubeNodeApi {
-    pub(crate) fn with_client(client: kube::Client) -> Self {
-        Self {
-            nodes: kube::Api::all(client),
-        }
-    }
-}
-
-/// A Kubernetes client from the in-cluster config or a kubeconfig.
-pub(crate) async fn kube_client() -> Result<kube::Client, NodeApiError> {
-    // kube's TLS client takes the process-wide rustls provider; name it,
-    // so that a second provider compiled into the binary is no ambiguity.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Ok(kube::Client::try_default().await?)
-}
-
-impl NodeApi for KubeNodeApi {
-    async fn labels(&self, node: &str) -> Result<BTreeMap<String, String>, NodeApiError> {
-        let n = self.nodes.get(node).await?;
-        Ok(n.metadata.labels.unwrap_or_default())
-    }
-
-    async fn patch_labels(
-        &self,
-        node: &str,
-        labels: &BTreeMap<String, Option<String>>,
-    ) -> Result<(), NodeApiError> {
-        // A JSON merge patch: `null` removes a label, others are untouched.
-        let patch = serde_json::json!({ "metadata": { "labels": labels } });
-        self.nodes
-            .patch(
-                node,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
-    }
-}
-
 /// Makes a label value of a product name: `NVIDIA A100-SXM4-80GB` →
 /// `NVIDIA-A100-SXM4-80GB`.
 pub fn label_value(s: &str) -> String {

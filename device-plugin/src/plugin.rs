@@ -14,9 +14,10 @@ use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServ
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::node_labels::{KubeNodeApi, NodeApiError, kube_client};
+use crate::edge::{GrpcPodResources, KubeNodeApi, KubePodApi, kube_client};
+use crate::node_labels::NodeApiError;
 use crate::passes::{Pass, Passes};
-use crate::pod_resources::{GrpcPodResources, KubePodApi, OrphanTracker, PodApi, PodResourcesApi};
+use crate::pod_resources::{OrphanTracker, PodApi, PodResourcesApi};
 use crate::registration::{file_id, register};
 use crate::service::{PluginService, plugin_options};
 use crate::state::PluginState;

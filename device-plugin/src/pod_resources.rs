@@ -17,17 +17,18 @@
 //! differs from the one last applied. A pod's memory limit and compute share
 //! come from its slice count and change only by scheduling it again, so the
 //! priority is the one live change a pod asks for.
+//!
+//! Everything here goes through traits (`PodResourcesApi`, `PodApi`, the
+//! manager's `ManagerApi`); their real adapters, tonic and kube, are in
+//! `edge`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tessera_proto::manager::v1 as mgr;
 use tessera_proto::podresources::v1 as pr;
-use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::allocate::{SOURCE_DEVICE_PLUGIN, SOURCE_LABEL};
 use crate::node_labels::NodeApiError;
@@ -46,34 +47,6 @@ pub trait PodApi: Send + Sync + 'static {
         namespace: &str,
         pod: &str,
     ) -> impl Future<Output = Result<BTreeMap<String, String>, NodeApiError>> + Send;
-}
-
-/// Pods through the Kubernetes API (in-cluster config or kubeconfig).
-pub(crate) struct KubePodApi {
-    client: kube::Client,
-}
-
-impl KubePodApi {
-    pub(crate) fn new(client: kube::Client) -> Self {
-        Self { client }
-    }
-}
-
-impl PodApi for KubePodApi {
-    async fn annotations(
-        &self,
-        namespace: &str,
-        pod: &str,
-    ) -> Result<BTreeMap<String, String>, NodeApiError> {
-        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-            kube::Api::namespaced(self.client.clone(), namespace);
-        Ok(pods
-            .get(pod)
-            .await?
-            .metadata
-            .annotations
-            .unwrap_or_default())
-    }
 }
 
 /// The policy a pod's annotations ask for; UNSPECIFIED (the node's) when
@@ -127,30 +100,6 @@ pub fn priority_from_annotations(
 /// The kubelet's PodResources API as the plugin uses it.
 pub(crate) trait PodResourcesApi: Send + Sync + 'static {
     fn list(&self) -> impl Future<Output = Result<pr::ListPodResourcesResponse, Status>> + Send;
-}
-
-/// PodResources over gRPC on the kubelet's socket.
-pub(crate) struct GrpcPodResources {
-    client: PodResourcesListerClient<Channel>,
-}
-
-impl GrpcPodResources {
-    pub(crate) fn new(socket: &Path) -> Result<Self, tonic::transport::Error> {
-        Ok(Self {
-            client: PodResourcesListerClient::new(crate::grpc::unix_channel_lazy(socket)?),
-        })
-    }
-}
-
-impl PodResourcesApi for GrpcPodResources {
-    async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
-        Ok(self
-            .client
-            .clone()
-            .list(pr::ListPodResourcesRequest {})
-            .await?
-            .into_inner())
-    }
 }
 
 /// A container that holds some of the resource's devices.
