@@ -752,6 +752,15 @@ mod tests {
             }]
         );
         assert!(e.to_string().contains(ANNOTATION_PRIORITY), "{e}");
+        // Only the scheduler extender writes a pod's GPU assignment (at bind,
+        // after admission): a pod created with one is refused.
+        let key = tessera_contract::labels::ANNOTATION_GPU_ASSIGNMENT;
+        let e = mutate_pod(&pod_with_annotations(&[(
+            key,
+            r#"{"version":1,"node":"n","containers":[]}"#,
+        )]))
+        .expect_err("forged assignment");
+        assert_eq!(e.0, vec![Refusal::ForgedAnnotation { key: key.into() }]);
     }
 
     #[test]
