@@ -111,6 +111,26 @@ impl Drop for Plugin {
     }
 }
 
+/// The plugin's flags for a node in `dir`: its registry, plugin, CDI dirs,
+/// kubeconfig, node config and preload file all there.
+fn plugin_args(dir: &Path, manager_socket: &Path) -> Vec<String> {
+    let s = |p: &Path| p.display().to_string();
+    [
+        ("--node-name", NODE.to_owned()),
+        ("--registry-dir", s(&dir.join("registry"))),
+        ("--plugin-dir", s(&dir.join("plugin"))),
+        ("--cdi-dir", s(&dir.join("cdi"))),
+        ("--kubeconfig", s(&dir.join("kubeconfig"))),
+        ("--socket", s(manager_socket)),
+        ("--config", s(&dir.join("config.yaml"))),
+        ("--hook-library", s(&hook())),
+        ("--preload-file", s(&dir.join("ld.so.preload"))),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value])
+    .collect()
+}
+
 fn claim(name: &str, uid: &str, results: Vec<Value>, config: Value) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",
@@ -226,27 +246,7 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
     // 4 slices per 16 GiB GPU: 4 GiB and 25 % each.
     std::fs::write(&config, "default:\n  slice: {slicesPerGpu: 4}\n").expect("config");
     let s = |p: &Path| p.display().to_string();
-    let args: Vec<String> = [
-        "--node-name",
-        NODE,
-        "--registry-dir",
-        &s(&registry),
-        "--plugin-dir",
-        &s(&plugin_dir),
-        "--cdi-dir",
-        &s(&cdi_dir),
-        "--kubeconfig",
-        &s(&kubeconfig),
-        "--socket",
-        &s(&m.socket),
-        "--config",
-        &s(&config),
-        "--hook-library",
-        &s(&hook()),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let args = plugin_args(dir, &m.socket);
     let mut plugin = Plugin::start(&args, &dir.join("plugin.log"));
 
     let (info, mut kubelet) = match register(&registry, DRIVER_NAME, T).await {
@@ -615,31 +615,8 @@ async fn published_slices_follow_the_node_and_three_slices_never_fit_on_two_plus
     )
     .expect("config");
     let s = |p: &Path| p.display().to_string();
-    let (registry, plugin_dir, cdi_dir) =
-        (dir.join("registry"), dir.join("plugin"), dir.join("cdi"));
-    let args: Vec<String> = [
-        "--node-name",
-        NODE,
-        "--registry-dir",
-        &s(&registry),
-        "--plugin-dir",
-        &s(&plugin_dir),
-        "--cdi-dir",
-        &s(&cdi_dir),
-        "--kubeconfig",
-        &s(&kubeconfig),
-        "--socket",
-        &s(&m.socket),
-        "--config",
-        &s(&config),
-        "--hook-library",
-        &s(&hook()),
-        "--preload-file",
-        &s(&dir.join("ld.so.preload")),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let (registry, cdi_dir) = (dir.join("registry"), dir.join("cdi"));
+    let args = plugin_args(dir, &m.socket);
     let plugin = Plugin::start(&args, &dir.join("plugin.log"));
 
     // Shared: one device per GPU of the manager, its memory and the
