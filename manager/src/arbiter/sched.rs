@@ -960,6 +960,28 @@ mod tests {
                 assert!(total >= 97.0 * used, "{}: GPU busy {total:.2}%", what(0));
             }
         }
+        // The rule before (launches only) took a holder in its
+        // synchronisation for idle: a hand-over every step, and the GPU
+        // idle through each. This test is what catches that.
+        let before = SchedConfig {
+            sync_is_activity: false,
+            ..cfg()
+        };
+        let clients = [300_000, 700_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &sh)| {
+                (
+                    syncing_client(i as u64 + 1, MS, 2, 0),
+                    sh,
+                    Policy::Guaranteed,
+                )
+            })
+            .collect();
+        let mut w = World::new(before, clients);
+        w.run_until(11 * S);
+        let total = w.total_busy(2 * S, 11 * S);
+        assert!(total < 97.0, "launches only: GPU busy {total:.2}%");
     }
 
     #[test]
