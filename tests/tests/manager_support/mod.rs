@@ -236,10 +236,10 @@ pub fn governed_probe(node: &SimNode, control: &str, state: &str) -> ProbeChild 
     ProbeChild::start(c)
 }
 
-/// The manager running in a child process.
 /// How long a manager may take to serve before a test calls it broken.
 const START_DEADLINE: Duration = Duration::from_secs(120);
 
+/// The manager running in a child process.
 pub struct ManagerProc {
     pub child: Child,
     pub state_dir: PathBuf,
