@@ -64,21 +64,36 @@ impl ClientError {
     }
 }
 
-/// Connects to the manager's socket.
+/// Connects to the manager's socket: one connection, its error said
+/// exactly (the io error under the transport's, which alone would only say
+/// "transport error").
 pub async fn connect(socket: &Path) -> Result<ManagerClient<Channel>, ClientError> {
-    // A plain connect first: its error says exactly what is wrong, where
-    // the gRPC transport would only say "transport error".
-    match tokio::net::UnixStream::connect(socket).await {
-        Ok(s) => drop(s),
-        Err(e) => return Err(ClientError::from_io(socket, &e)),
-    }
     let channel = tessera_proto::unix::channel(socket)
         .await
-        .map_err(|e| ClientError::Connect {
-            path: socket.to_owned(),
-            message: e.to_string(),
+        .map_err(|e| match io_cause(&e) {
+            Some(io) => ClientError::from_io(socket, io),
+            None => ClientError::Connect {
+                path: socket.to_owned(),
+                message: e.to_string(),
+            },
         })?;
     Ok(ManagerClient::new(channel))
+}
+
+/// The io error at the root of a transport error, if any.
+fn io_cause<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e std::io::Error> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            // An io error may wrap the real one (tonic boxes its connector's).
+            return match io.get_ref() {
+                Some(inner) => io_cause(inner).or(Some(io)),
+                None => Some(io),
+            };
+        }
+        cur = err.source();
+    }
+    None
 }
 
 #[cfg(test)]

@@ -2,20 +2,25 @@
 //! socket, `tessera run` uses a private manager for the user's session,
 //! started on demand as the user (`tessera manager` with its state under
 //! `$XDG_RUNTIME_DIR/tessera`, metrics off, the backstop reporting only),
-//! shared by every `tessera run` of that user, and stopped by the last run
-//! to end.
+//! shared by every `tessera run` of that user. It outlives the last run by
+//! a grace period (`--private-grace`, [`DEFAULT_GRACE`]) and then exits by
+//! itself (the manager's `--idle-exit`), so a loop of short commands pays
+//! for one start.
 //!
-//! Who is still running is a lock, not a count: every run holds a shared
-//! `flock` on `users.lock` for its whole life; a run that ends takes the
-//! lock exclusively without waiting, and only if that succeeds (no other
-//! run holds it) stops the manager. A run starting meanwhile waits for the
-//! shared lock, so it never finds a manager that is about to be stopped.
+//! Runs and the manager agree through `users.lock` (see the manager's
+//! `idle` module): a run holds it shared from before it looks for the
+//! manager until its command starts (the `exec` closes it); the manager
+//! exits only while holding it exclusively with no allocation left, and
+//! keeps it until it is gone, so a run never finds a manager about to go.
+//! A second lock, `start.lock`, makes one run at a time start a manager.
+//! The manager is a grandchild in a session of its own: not the command's
+//! child (it execs in our place), and ^C at the terminal does not reach it.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -28,6 +33,10 @@ pub const MANAGER_PROGRAM_ENV: &str = "TESSERA_PRIVATE_MANAGER";
 
 /// How long a run waits for a manager it started to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the private manager stays after its last run: long enough that
+/// a loop of short commands, or an edit-and-rerun session, starts it once.
+pub const DEFAULT_GRACE: &str = "5m";
 
 /// The session's private manager directory: `$XDG_RUNTIME_DIR/tessera`,
 /// or `/tmp/tessera-<uid>` without a runtime directory.
@@ -50,17 +59,16 @@ pub fn answers(socket: &Path) -> bool {
     std::os::unix::net::UnixStream::connect(socket).is_ok()
 }
 
-/// This run's hold on the session's private manager.
+/// This run's hold on the session's private manager: the shared lock on
+/// `users.lock`, to keep until the command starts (exec closes it) or the
+/// allocation exists.
 #[derive(Debug)]
 pub struct Private {
     pub dir: PathBuf,
     pub socket: PathBuf,
     /// Whether this run started the manager (else it found one running).
     pub started: bool,
-    /// Our shared lock on `users.lock`, held until [`Private::release`].
-    users: Option<Flock<File>>,
-    /// The manager, when this run started it (to reap it if we stop it).
-    child: Option<Child>,
+    _users: Flock<File>,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CliError {
@@ -68,15 +76,19 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CliError {
     move |error| CliError::Io { what, error }
 }
 
-fn lock_file(dir: &Path) -> Result<File, CliError> {
-    let path = dir.join("users.lock");
-    OpenOptions::new()
+fn lock(dir: &Path, name: &str, how: FlockArg) -> Result<Flock<File>, CliError> {
+    let path = dir.join(name);
+    let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
         .open(&path)
-        .map_err(io(format!("cannot open {}", path.display())))
+        .map_err(io(format!("cannot open {}", path.display())))?;
+    Flock::lock(f, how).map_err(|(_, e)| CliError::Io {
+        what: format!("cannot lock {}", path.display()),
+        error: e.into(),
+    })
 }
 
 /// The hook library a private manager hands out when `tessera run` names
@@ -97,155 +109,121 @@ pub fn default_hook() -> Option<PathBuf> {
 
 impl Private {
     /// Joins the session's private manager, starting it if none answers.
-    /// `hook`: the shim the manager hands out.
-    pub fn join(dir: &Path, hook: &Path) -> Result<Private, CliError> {
+    /// `hook`: the shim the manager hands out; `grace`: how long a manager
+    /// started here stays after its last run (a duration, as `--idle-exit`
+    /// takes it).
+    pub fn join(dir: &Path, hook: &Path, grace: &str) -> Result<Private, CliError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
             .map_err(io(format!("cannot create {}", dir.display())))?;
         let socket = dir.join("manager.sock");
-        let users =
-            Flock::lock(lock_file(dir)?, FlockArg::LockShared).map_err(|(_, e)| CliError::Io {
-                what: format!("cannot lock {}", dir.join("users.lock").display()),
-                error: e.into(),
-            })?;
+        // Waits while a manager that decided to exit lets go.
+        let users = lock(dir, "users.lock", FlockArg::LockShared)?;
         let mut me = Private {
             dir: dir.to_owned(),
             socket: socket.clone(),
             started: false,
-            users: Some(users),
-            child: None,
+            _users: users,
         };
         if answers(&socket) {
             return Ok(me);
         }
-        // None answers: start one. Two runs may get here at once; the
-        // manager's own lock on its state directory lets one of them serve,
-        // and both wait for the socket to answer.
-        let program = std::env::var_os(MANAGER_PROGRAM_ENV)
-            .map(PathBuf::from)
-            .map(Ok)
-            .unwrap_or_else(std::env::current_exe)
-            .map_err(io("cannot find the tessera executable"))?;
-        let log_path = dir.join("manager.log");
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&log_path)
-            .map_err(io(format!("cannot open {}", log_path.display())))?;
-        let mut cmd = Command::new(&program);
-        cmd.arg("manager")
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--hook-library")
-            .arg(hook)
-            .args(["--metrics-addr", "off", "--backstop-kill", "false"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            // Its own process group: ^C at the terminal reaches the
-            // command, not the manager other runs share.
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(io(format!("cannot start {} manager", program.display())))?;
-        me.child = Some(child);
+        // One run at a time starts one; the others find it answering.
+        let _start = lock(dir, "start.lock", FlockArg::LockExclusive)?;
+        if answers(&socket) {
+            return Ok(me);
+        }
+        start(dir, &socket, hook, grace)?;
         me.started = true;
-        let t0 = Instant::now();
-        while !answers(&socket) {
-            if let Some(c) = me.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                me.child = None;
-                if answers(&socket) {
-                    break; // another run's manager won the race
-                }
-                if !status.success() && t0.elapsed() > Duration::from_millis(200) {
-                    return Err(CliError::Usage(format!(
-                        "the private manager did not start ({status}); see {}",
-                        log_path.display()
-                    )));
-                }
-            }
-            if t0.elapsed() > START_TIMEOUT {
-                return Err(CliError::Usage(format!(
-                    "the private manager did not answer on {} within {START_TIMEOUT:?}; see {}",
-                    socket.display(),
-                    log_path.display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
         Ok(me)
-    }
-
-    /// Ends this run's use of the manager; the last run stops it (SIGTERM,
-    /// then waits up to 5 s for its socket to go). Errors are reported, not
-    /// returned: the command's exit code matters more.
-    pub fn release(mut self) {
-        drop(self.users.take());
-        let Ok(f) = lock_file(&self.dir) else { return };
-        let Ok(last) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
-            return; // another run still uses it
-        };
-        if answers(&self.socket) {
-            let pid = self
-                .child
-                .as_ref()
-                .map(|c| c.id())
-                .or_else(|| manager_pid(&self.dir.join("state")));
-            match pid.and_then(|p| i32::try_from(p).ok()) {
-                Some(pid) => {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGTERM,
-                    );
-                    let t0 = Instant::now();
-                    while answers(&self.socket) && t0.elapsed() < Duration::from_secs(5) {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
-                None => eprintln!(
-                    "tessera run: could not tell which process is the private manager on {}",
-                    self.socket.display()
-                ),
-            }
-        }
-        // Reap the manager if it is our child; one that does not stop in
-        // 5 s is left to finish on its own (re-parented when we exit).
-        if let Some(mut c) = self.child.take() {
-            let t0 = Instant::now();
-            while matches!(c.try_wait(), Ok(None)) && t0.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
-        drop(last);
     }
 }
 
-/// The pid of the manager serving `state_dir`: the process that holds the
-/// directory's `manager.lock` open, found in `/proc` among our own.
-fn manager_pid(state_dir: &Path) -> Option<u32> {
-    let lock = std::fs::canonicalize(state_dir.join("manager.lock")).ok()?;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == lock))
-        {
-            return Some(pid);
-        }
+/// Starts the manager for `dir` and waits until it answers on `socket`.
+fn start(dir: &Path, socket: &Path, hook: &Path, grace: &str) -> Result<(), CliError> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let program = std::env::var_os(MANAGER_PROGRAM_ENV)
+        .map(PathBuf::from)
+        .map(Ok)
+        .unwrap_or_else(std::env::current_exe)
+        .map_err(io("cannot find the tessera executable"))?;
+    let log_path = dir.join("manager.log");
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .map_err(io(format!("cannot open {}", log_path.display())))?;
+    // The manager keeps the write end for life: end of file on ours says
+    // it has gone (it failed to start), without being its parent.
+    let (alive, keep): (OwnedFd, OwnedFd) = nix::unistd::pipe2(
+        nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK,
+    )
+    .map_err(|e| CliError::Io {
+        what: "cannot make a pipe".into(),
+        error: e.into(),
+    })?;
+    let keep_fd = keep.as_raw_fd();
+    let mut cmd = Command::new(&program);
+    cmd.arg("manager")
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("--hook-library")
+        .arg(hook)
+        .args(["--metrics-addr", "off", "--backstop-kill", "false"])
+        .arg("--idle-exit")
+        .arg(grace)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: between fork and exec only async-signal-safe calls (fcntl,
+    // fork, setsid, _exit), no allocation and no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(keep_fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            match libc::fork() {
+                -1 => Err(std::io::Error::last_os_error()),
+                // The grandchild: a session of its own, then exec.
+                0 => {
+                    libc::setsid();
+                    Ok(())
+                }
+                // The child leaves at once; we reap it below.
+                _ => libc::_exit(0),
+            }
+        });
     }
-    None
+    let mut child = cmd
+        .spawn()
+        .map_err(io(format!("cannot start {} manager", program.display())))?;
+    drop(keep);
+    let _ = child.wait();
+    let t0 = Instant::now();
+    let mut byte = [0u8; 1];
+    while !answers(socket) {
+        // Nothing to read but the end of the pipe: the manager has gone.
+        if let Ok(0) = nix::unistd::read(&alive, &mut byte) {
+            return Err(CliError::Usage(format!(
+                "the private manager did not start; see {}",
+                log_path.display()
+            )));
+        }
+        if t0.elapsed() > START_TIMEOUT {
+            return Err(CliError::Usage(format!(
+                "the private manager did not answer on {} within {START_TIMEOUT:?}; see {}",
+                socket.display(),
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -264,26 +242,18 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_says_who_is_last() {
+    fn a_shared_lock_keeps_the_exclusive_one_out() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Flock::lock(lock_file(dir.path()).unwrap(), FlockArg::LockShared).unwrap();
-        let b = Flock::lock(lock_file(dir.path()).unwrap(), FlockArg::LockShared).unwrap();
+        let a = lock(dir.path(), "users.lock", FlockArg::LockShared).unwrap();
+        let b = lock(dir.path(), "users.lock", FlockArg::LockShared).unwrap();
         drop(a);
         assert!(
-            Flock::lock(
-                lock_file(dir.path()).unwrap(),
-                FlockArg::LockExclusiveNonblock
-            )
-            .is_err(),
+            lock(dir.path(), "users.lock", FlockArg::LockExclusiveNonblock).is_err(),
             "a run still holds it"
         );
         drop(b);
         assert!(
-            Flock::lock(
-                lock_file(dir.path()).unwrap(),
-                FlockArg::LockExclusiveNonblock
-            )
-            .is_ok(),
+            lock(dir.path(), "users.lock", FlockArg::LockExclusiveNonblock).is_ok(),
             "the last run is alone"
         );
     }

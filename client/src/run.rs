@@ -1,7 +1,12 @@
 //! `tessera run`: runs one command under the shim with a fresh allocation,
-//! for GPU sharing on a single machine without Kubernetes. The allocation
-//! is created before the command starts and deleted after it ends; the
-//! command's exit code (or 128 + its signal) becomes ours.
+//! for GPU sharing on a single machine without Kubernetes. One round trip
+//! to the manager (CreateAllocation, GPUs named as the user named them),
+//! then `exec`: the command takes this process's place, so its exit status
+//! and signals are its own, and the manager, which bound the allocation to
+//! this process from the connection's peer credentials, deletes it once the
+//! process is gone. A manager that does not say so (`cli-tracked`, an
+//! older one) gets the old way: the command runs as a child, its exit code
+//! (or 128 + its signal) becomes ours, and we delete the allocation.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -12,7 +17,7 @@ use tessera_proto::manager::v1 as pb;
 
 use tessera_contract::Policy;
 use tessera_contract::env;
-use tessera_contract::labels::RunOwner;
+use tessera_contract::labels::{CLI_TRACKED, RunOwner};
 use tessera_contract::paths::CONTAINER_HOOK_LIBRARY;
 use tessera_contract::units::{parse_share_ppm, parse_size};
 
@@ -50,6 +55,16 @@ pub struct RunArgs {
     /// The hook library to preload [default: what the manager hands out].
     #[arg(long, value_name = "PATH")]
     pub hook_library: Option<PathBuf>,
+    /// Without a node manager: how long the session's private manager, when
+    /// this run starts it, stays after the last run ends (a duration: 30s,
+    /// 5m, 1h), so that the next runs find it ready.
+    #[arg(
+        long,
+        env = "TESSERA_PRIVATE_GRACE",
+        value_name = "DURATION",
+        default_value = crate::private::DEFAULT_GRACE
+    )]
+    pub private_grace: String,
     /// The command and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -66,38 +81,13 @@ fn current_owner() -> RunOwner {
     }
 }
 
-/// Finds the GPU `want` names: an index, a UUID or a unique UUID prefix.
+/// Finds the GPU `want` names: an index, a UUID or a unique UUID prefix
+/// (the manager resolves a run's names the same way).
 pub fn resolve_gpu<'a>(st: &'a pb::NodeStatus, want: &str) -> Result<&'a pb::GpuStatus, CliError> {
-    let list = || {
-        st.gpus
-            .iter()
-            .map(|g| format!("{} ({})", g.index, g.uuid))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let found: Vec<&pb::GpuStatus> = if let Ok(i) = want.parse::<u32>() {
-        st.gpus.iter().filter(|g| g.index == i).collect()
-    } else {
-        match st.gpus.iter().find(|g| g.uuid == want) {
-            Some(g) => vec![g],
-            None => st
-                .gpus
-                .iter()
-                .filter(|g| g.uuid.starts_with(want))
-                .collect(),
-        }
-    };
-    match found.as_slice() {
-        [g] => Ok(g),
-        [] => Err(CliError::Usage(format!(
-            "no GPU {want:?} on this node; GPUs here: {}",
-            list()
-        ))),
-        _ => Err(CliError::Usage(format!(
-            "{want:?} matches several GPUs; give more of the UUID ({})",
-            list()
-        ))),
-    }
+    let names: Vec<(u32, &str)> = st.gpus.iter().map(|g| (g.index, g.uuid.as_str())).collect();
+    tessera_contract::uuid::resolve_gpu_name(&names, want)
+        .map(|k| &st.gpus[k])
+        .map_err(|e| CliError::Usage(e.to_string()))
 }
 
 /// One GPU's limits as `tessera run` was asked for them: the GPU as the
@@ -155,10 +145,11 @@ pub fn resolve_gpus<'a>(
 }
 
 /// The allocation request for `tessera run`: one allocation with a device
-/// entry per GPU, in `--gpu`'s order.
+/// entry per GPU, in `--gpu`'s order; `gpus` are UUIDs, or the names as the
+/// user gave them for the manager to resolve.
 pub fn request(
     args: &RunArgs,
-    gpus: &[&pb::GpuStatus],
+    gpus: &[&str],
     id: String,
 ) -> Result<pb::CreateAllocationRequest, CliError> {
     let limits = limits(args)?;
@@ -192,7 +183,7 @@ pub fn request(
             .iter()
             .zip(&limits)
             .map(|(g, l)| pb::DeviceRequest {
-                gpu_uuid: g.uuid.clone(),
+                gpu_uuid: (*g).to_owned(),
                 memory_limit_bytes: l.memory,
                 compute_share_ppm: l.share_ppm,
                 slices: 0,
@@ -247,29 +238,20 @@ fn hook_path(alloc: &pb::Allocation) -> Option<String> {
         .map(|m| m.host_path.clone())
 }
 
-/// Runs `tessera run`; returns the exit code to leave with.
+/// Runs `tessera run`; returns the exit code to leave with (when the
+/// command was not exec'd in our place).
 pub fn run(args: &RunArgs) -> Result<i32, CliError> {
-    // Bad sizes and lists are reported before the manager is even asked.
+    // Bad sizes, lists and durations are reported before the manager is
+    // even asked.
     limits(args)?;
-    let rt = runtime()?;
-    let mut private = None;
-    let result = rt.block_on(run_async(args, &mut private));
-    // The runtime goes first: it closes our connections, which a stopping
-    // manager waits for.
-    drop(rt);
-    if let Some(p) = private {
-        p.release();
-    }
-    result
+    tessera_contract::units::parse_duration(&args.private_grace)
+        .map_err(|e| CliError::Usage(format!("--private-grace {:?}: {e}", args.private_grace)))?;
+    runtime()?.block_on(run_async(args))
 }
 
-async fn run_async(
-    args: &RunArgs,
-    private: &mut Option<crate::private::Private>,
-) -> Result<i32, CliError> {
-    let signals = catch_signals();
+async fn run_async(args: &RunArgs) -> Result<i32, CliError> {
     match client::connect(&args.socket.socket).await {
-        Ok(c) => run_with(args, c, signals).await,
+        Ok(c) => run_with(args, c, None).await,
         Err(client::ClientError::NotRunning(_) | client::ClientError::Refused(_)) => {
             // No manager: the session's private one (started if need be).
             let hook = match &args.hook_library {
@@ -283,51 +265,56 @@ async fn run_async(
                 })?,
             };
             let dir = crate::private::session_dir();
-            let p = crate::private::Private::join(&dir, &hook)?;
-            eprintln!(
-                "tessera run: no manager on {}; {} this session's private manager ({})",
-                args.socket.socket.display(),
-                if p.started { "started" } else { "using" },
-                p.dir.display()
-            );
-            let socket = p.socket.clone();
-            *private = Some(p);
-            let c = client::connect(&socket).await?;
-            run_with(args, c, signals).await
+            let p = crate::private::Private::join(&dir, &hook, &args.private_grace)?;
+            if p.started {
+                eprintln!(
+                    "tessera run: no manager on {}; started this session's private manager ({}), \
+                     which stays {} after the last run (--private-grace)",
+                    args.socket.socket.display(),
+                    p.dir.display(),
+                    args.private_grace
+                );
+            }
+            let c = client::connect(&p.socket).await?;
+            run_with(args, c, Some(p)).await
         }
         Err(e) => Err(e.into()),
     }
 }
 
-async fn run_with(
-    args: &RunArgs,
-    mut c: tessera_proto::manager::v1::manager_client::ManagerClient<tonic::transport::Channel>,
-    signals: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
-) -> Result<i32, CliError> {
+type Client = tessera_proto::manager::v1::manager_client::ManagerClient<tonic::transport::Channel>;
+
+/// CreateAllocation with the GPUs as the user named them: one round trip.
+/// A manager that does not resolve names (an older one) refuses them as
+/// invalid; then the names are resolved here from its status and asked
+/// again.
+async fn create(args: &RunArgs, c: &mut Client) -> Result<pb::Allocation, CliError> {
+    let limits = limits(args)?;
+    let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
+    let names: Vec<&str> = limits.iter().map(|l| l.gpu.as_str()).collect();
+    let first = match c
+        .create_allocation(request(args, &names, id.clone())?)
+        .await
+    {
+        Ok(a) => return Ok(a.into_inner()),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => s,
+        Err(s) => return Err(s.into()),
+    };
     let st = c
         .get_node_status(pb::NodeStatusRequest {})
         .await?
         .into_inner();
-    let gpus = resolve_gpus(&st, &limits(args)?)?;
-    let id = format!("run-{}-{:04x}", std::process::id(), rand::random::<u16>());
-    let req = request(args, &gpus, id)?;
-    let alloc = c.create_allocation(req).await?.into_inner();
-    let result = match args.priority {
-        // Set once the allocation exists (ResizeAllocation), before the
-        // command starts.
-        Some(p) => match c
-            .resize_allocation(pb::ResizeAllocationRequest {
-                id: alloc.id.clone(),
-                devices: vec![],
-                priority: Some(p),
-            })
-            .await
-        {
-            Ok(_) => run_child(args, &alloc, signals).await,
-            Err(e) => Err(e.into()),
-        },
-        None => run_child(args, &alloc, signals).await,
-    };
+    let gpus = resolve_gpus(&st, &limits)?;
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    if uuids == names {
+        return Err(first.into());
+    }
+    Ok(c.create_allocation(request(args, &uuids, id)?)
+        .await?
+        .into_inner())
+}
+
+async fn delete(c: &mut Client, alloc: &pb::Allocation) {
     if let Err(e) = c
         .delete_allocation(pb::DeleteAllocationRequest {
             id: alloc.id.clone(),
@@ -340,7 +327,76 @@ async fn run_with(
             client::ClientError::from(e)
         );
     }
+}
+
+async fn run_with(
+    args: &RunArgs,
+    mut c: Client,
+    private: Option<crate::private::Private>,
+) -> Result<i32, CliError> {
+    let alloc = create(args, &mut c).await?;
+    let prepared = prepare(args, &mut c, &alloc).await;
+    let hook = match prepared {
+        Ok(h) => h,
+        Err(e) => {
+            delete(&mut c, &alloc).await;
+            return Err(e);
+        }
+    };
+    let mut cmd = std::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    let existing = std::env::var(env::LD_PRELOAD).ok();
+    cmd.envs(child_env(&alloc, &hook, existing.as_deref()));
+    if alloc.labels.get(CLI_TRACKED).map(String::as_str) == Some("true") {
+        // The manager deletes the allocation when this process (the
+        // command, from here on) is gone. The private manager's users lock
+        // closes with the exec (close-on-exec): our allocation holds it now.
+        use std::os::unix::process::CommandExt;
+        let error = cmd.exec();
+        delete(&mut c, &alloc).await;
+        return Err(CliError::Io {
+            what: format!("cannot start {:?}", args.command[0]),
+            error,
+        });
+    }
+    drop(private);
+    let signals = catch_signals();
+    let result = run_child(args, tokio::process::Command::from(cmd), signals).await;
+    delete(&mut c, &alloc).await;
     result
+}
+
+/// What comes between the allocation and the command: the priority, when
+/// asked (ResizeAllocation: a second round trip), and the hook library's
+/// path, which must exist.
+async fn prepare(
+    args: &RunArgs,
+    c: &mut Client,
+    alloc: &pb::Allocation,
+) -> Result<String, CliError> {
+    if let Some(p) = args.priority {
+        c.resize_allocation(pb::ResizeAllocationRequest {
+            id: alloc.id.clone(),
+            devices: vec![],
+            priority: Some(p),
+        })
+        .await?;
+    }
+    let hook = match &args.hook_library {
+        Some(p) => std::path::absolute(p)
+            .unwrap_or_else(|_| p.clone())
+            .display()
+            .to_string(),
+        None => hook_path(alloc).unwrap_or_default(),
+    };
+    if hook.is_empty() || !std::path::Path::new(&hook).exists() {
+        return Err(CliError::Usage(format!(
+            "the hook library {hook:?} does not exist: build it (cargo build -p tessera-hook) and \
+             start the manager with --hook-library pointing at libtessera.so, or pass \
+             --hook-library here"
+        )));
+    }
+    Ok(hook)
 }
 
 /// Catches the signals `tessera run` passes on, from before the allocation
@@ -375,34 +431,13 @@ fn catch_signals() -> tokio::sync::mpsc::UnboundedReceiver<(i32, bool)> {
     rx
 }
 
+/// The old way, for a manager that does not track the run: the command
+/// as our child, signals passed on, its exit code ours.
 async fn run_child(
     args: &RunArgs,
-    alloc: &pb::Allocation,
+    mut cmd: tokio::process::Command,
     mut signals: tokio::sync::mpsc::UnboundedReceiver<(i32, bool)>,
 ) -> Result<i32, CliError> {
-    let hook = match &args.hook_library {
-        Some(p) => std::path::absolute(p)
-            .unwrap_or_else(|_| p.clone())
-            .display()
-            .to_string(),
-        None => hook_path(alloc).unwrap_or_default(),
-    };
-    if hook.is_empty() || !std::path::Path::new(&hook).exists() {
-        return Err(CliError::Usage(format!(
-            "the hook library {hook:?} does not exist: build it (cargo build -p tessera-hook) and \
-             start the manager with --hook-library pointing at libtessera.so, or pass \
-             --hook-library here"
-        )));
-    }
-    // A signal before the command starts (^C while the allocation was being
-    // made, say) ends the run: the allocation is deleted, nothing runs.
-    if let Ok((raw, _)) = signals.try_recv() {
-        return Ok(128 + raw);
-    }
-    let existing = std::env::var(env::LD_PRELOAD).ok();
-    let mut cmd = tokio::process::Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]);
-    cmd.envs(child_env(alloc, &hook, existing.as_deref()));
     let mut child = cmd.spawn().map_err(|error| CliError::Io {
         what: format!("cannot start {:?}", args.command[0]),
         error,
@@ -493,7 +528,6 @@ pub(crate) mod tests {
 
     #[test]
     fn the_request_carries_limits_policy_and_labels() {
-        let st = crate::status::tests::sample();
         let a = args(&[
             "--compute",
             "30%",
@@ -502,19 +536,19 @@ pub(crate) mod tests {
             "--",
             "/usr/bin/python3",
         ]);
-        let r = request(&a, &[&st.gpus[0]], "run-1".into()).unwrap();
+        let r = request(&a, &["GPU-a"], "run-1".into()).unwrap();
         assert_eq!(r.devices[0].memory_limit_bytes, 4 << 30);
         assert_eq!(r.devices[0].compute_share_ppm, 300_000);
         assert_eq!(r.policy, pb::ComputePolicy::Guaranteed as i32);
         assert_eq!(r.labels["source"], "cli");
         assert_eq!(r.labels["command"], "python3");
         let bad = args(&["--policy", "fast", "--", "x"]);
-        let e = request(&bad, &[&st.gpus[0]], "r".into())
+        let e = request(&bad, &["GPU-a"], "r".into())
             .unwrap_err()
             .to_string();
         assert!(e.contains("bad --policy \"fast\""), "{e}");
         let bad = args(&["--compute", "300%", "--", "x"]);
-        assert!(request(&bad, &[&st.gpus[0]], "r".into()).is_err());
+        assert!(request(&bad, &["GPU-a"], "r".into()).is_err());
     }
 
     fn multi(argv: &[&str]) -> RunArgs {
@@ -552,7 +586,8 @@ pub(crate) mod tests {
             ]
         );
         let gpus = resolve_gpus(&st, &l).unwrap();
-        let r = request(&a, &gpus, "run-2".into()).unwrap();
+        let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+        let r = request(&a, &uuids, "run-2".into()).unwrap();
         let got = asked(&r.devices);
         assert_eq!(
             got,

@@ -64,6 +64,14 @@ pub const CLI_PIDNS: &str = "cli-pidns";
 /// Its start time (clock ticks since boot), so a reused pid is not mistaken.
 pub const CLI_START: &str = "cli-start";
 
+/// Set by the manager alone (a request's own value is dropped): the
+/// allocation's `cli-*` labels name the process the kernel says created it
+/// (the peer of the connection), never what the request said, and the
+/// manager deletes the allocation once that process and the allocation's
+/// own processes are gone. `tessera run` execs its command only when the
+/// answer carries it; otherwise it waits and deletes the allocation itself.
+pub const CLI_TRACKED: &str = "cli-tracked";
+
 /// The `tessera run` process behind an allocation, from its labels, so
 /// the manager can delete the allocation should that process die without
 /// doing so itself.

@@ -97,6 +97,12 @@ pub struct ManagerArgs {
     /// How often dead processes are looked for [default: 100ms].
     #[arg(long, env = "TESSERA_REAP_INTERVAL", value_name = "DURATION")]
     pub reap_interval: Option<String>,
+    /// Exit once no allocation has existed for this long and no client
+    /// holds `users.lock` beside the socket (the private manager `tessera
+    /// run` starts; see the `idle` module) [default: never]. Flag and
+    /// environment only: a node's manager never idles out.
+    #[arg(long, env = "TESSERA_IDLE_EXIT", value_name = "DURATION")]
+    pub idle_exit: Option<String>,
 }
 
 /// The YAML file: the same settings, camelCase, every key optional.
@@ -185,6 +191,8 @@ pub struct Config {
     pub arbiter: crate::arbiter::ArbiterConfig,
     pub sample_interval: Duration,
     pub reap_interval: Duration,
+    /// Exit after this long idle (`--idle-exit`); `None`: never.
+    pub idle_exit: Option<Duration>,
     /// Settings that were accepted but mean nothing any more, each with
     /// what to do instead; the daemon logs them at start-up.
     pub warnings: Vec<String>,
@@ -212,6 +220,7 @@ impl Config {
             arbiter: crate::arbiter::ArbiterConfig::default(),
             sample_interval: Duration::from_secs(1),
             reap_interval: Duration::from_millis(100),
+            idle_exit: None,
             warnings: Vec::new(),
         }
     }
@@ -295,6 +304,7 @@ impl Config {
             }
             c.reap_interval = d;
         }
+        c.idle_exit = dur("idleExit", args.idle_exit.clone(), Duration::ZERO)?;
         if let Some(k) = pick(args.backstop_kill, file.backstop_kill) {
             c.backstop_kill = k;
         }

@@ -3,11 +3,12 @@
 //! restart. The threads that keep it current are [`crate::reaper`] and
 //! [`crate::sampler`]; what it reports is [`crate::report`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
-use tessera_contract::labels::{PRIORITY_MAX, PRIORITY_MIN};
+use tessera_contract::labels::{self, PRIORITY_MAX, PRIORITY_MIN};
 
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::manager::v1 as pb;
@@ -57,6 +58,15 @@ pub struct Core {
     /// Background passes completed, so that tests (and operators) can wait
     /// for the next one instead of guessing how long it takes.
     pub(crate) passes: Passes,
+}
+
+/// Who made a request, as the kernel says (SO_PEERCRED of its connection);
+/// never from the request itself. `None` where unknown (in-process calls,
+/// a peer in a pid namespace we cannot see).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: Option<u32>,
+    pub pid: Option<u32>,
 }
 
 /// Counts of completed background passes (`tessera_manager_passes_total`).
@@ -164,16 +174,20 @@ impl Core {
 
     /// CreateAllocation: idempotent for the same id and request.
     pub fn create(&self, req: &pb::CreateAllocationRequest) -> Result<pb::Allocation, AllocError> {
-        self.create_for(req, None)
+        self.create_for(req, Peer::default())
     }
 
-    /// CreateAllocation for a caller: `owner_uid` (a non-root `tessera run`
-    /// user) gets the state file as its own (see [`Store::create_owned`]).
+    /// CreateAllocation for a caller: a non-root `tessera run` user gets
+    /// the state file as its own (see [`Store::create_owned`]); a `tessera
+    /// run` request (`source=cli`) is bound to the peer process (see
+    /// [`Core::bind_run`]) and may name its GPUs by index or UUID prefix.
     pub fn create_for(
         &self,
         req: &pb::CreateAllocationRequest,
-        owner_uid: Option<u32>,
+        peer: Peer,
     ) -> Result<pb::Allocation, AllocError> {
+        let owner_uid = peer.uid.filter(|&u| u != 0);
+        let req = &*self.bind_run(req, peer)?;
         let _w = self.writes.lock();
         let id = if req.id.is_empty() {
             alloc::generate_id()
@@ -228,6 +242,64 @@ impl Core {
         );
         self.notify();
         Ok(self.allocation_pb(&live))
+    }
+
+    /// A `tessera run` request as the manager records it: its GPU names
+    /// resolved to UUIDs (an index or a unique UUID prefix, so the run needs
+    /// no status call first), and its `cli-*` labels replaced by the
+    /// kernel's word: the peer's pid (SO_PEERCRED, in our pid namespace)
+    /// and that process's start time from `/proc`, read while it waits for
+    /// this answer (so the pid cannot have been reused). What the request
+    /// said about its owner is never used: a tenant could name another
+    /// process. With no peer pid the labels go and the run is not tracked
+    /// (the run then deletes the allocation itself). Other requests pass
+    /// unchanged.
+    pub fn bind_run<'r>(
+        &self,
+        req: &'r pb::CreateAllocationRequest,
+        peer: Peer,
+    ) -> Result<Cow<'r, pb::CreateAllocationRequest>, AllocError> {
+        if req.labels.get(labels::SOURCE).map(String::as_str) != Some(labels::SOURCE_CLI) {
+            return Ok(Cow::Borrowed(req));
+        }
+        let mut req = req.clone();
+        let names: Vec<(u32, &str)> = self
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.as_str()))
+            .collect();
+        for (i, d) in req.devices.iter_mut().enumerate() {
+            match tessera_contract::uuid::resolve_gpu_name(&names, &d.gpu_uuid) {
+                Ok(k) => d.gpu_uuid = self.gpus[k].uuid.clone(),
+                // An unknown name is refused by normalize with the others.
+                Err(tessera_contract::uuid::GpuNameError::NotFound { .. }) => {}
+                Err(e) => return Err(AllocError::Invalid(format!("device {i}: {e}"))),
+            }
+        }
+        for k in [
+            labels::CLI_PID,
+            labels::CLI_PIDNS,
+            labels::CLI_START,
+            labels::CLI_TRACKED,
+        ] {
+            req.labels.remove(k);
+        }
+        let own_ns = self.resolver.own_pidns();
+        let runner = peer
+            .pid
+            .filter(|&p| p != 0 && own_ns != 0)
+            .and_then(|p| crate::procfs::ProcFs::host().entry(p))
+            .filter(|e| !e.zombie);
+        if let Some(e) = runner {
+            let owner = labels::RunOwner {
+                pid: e.host_pid,
+                pidns: own_ns,
+                start_time: e.start_time,
+            };
+            req.labels.extend(owner.labels());
+            req.labels.insert(labels::CLI_TRACKED.into(), "true".into());
+        }
+        Ok(Cow::Owned(req))
     }
 
     /// DeleteAllocation.

@@ -165,8 +165,9 @@ impl Manager {
         &self.socket
     }
 
-    /// Serves until `shutdown` completes, then stops every thread and
-    /// removes the socket. Allocation files stay: containers keep running.
+    /// Serves until `shutdown` completes (or, with `--idle-exit`, the
+    /// manager has been idle for that long: [`crate::idle`]), then stops
+    /// every thread and removes the socket. Allocation files stay: containers keep running.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send,
@@ -185,7 +186,15 @@ impl Manager {
         let metrics_task =
             metrics.map(|l| listeners::serve_metrics(l, core.clone(), stop_rx.clone()));
         let grpc_task = listeners::serve_grpc(grpc, core.clone(), stop_rx);
-        shutdown.await;
+        // Held from the idle decision until everything is let go (below).
+        let mut users = None;
+        match core.config.idle_exit {
+            Some(grace) => tokio::select! {
+                () = shutdown => {}
+                held = crate::idle::idle_for(core.clone(), grace) => users = Some(held),
+            },
+            None => shutdown.await,
+        }
         tracing::info!("shutting down");
         let _ = stop_tx.send(true);
         let grpc_result = grpc_task.await;
@@ -216,11 +225,16 @@ impl Manager {
         if std::fs::metadata(&socket).is_ok_and(|m| m.ino() == socket_ino) {
             let _ = std::fs::remove_file(&socket);
         }
-        match grpc_result {
+        let result = match grpc_result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(ManagerError::Serve(e.to_string())),
             Err(e) => Err(ManagerError::Serve(e.to_string())),
-        }
+        };
+        // The state directory first, then the users lock: a run waiting on
+        // it may start a successor at once, which needs the directory.
+        drop(_lock);
+        drop(users);
+        result
     }
 }
 

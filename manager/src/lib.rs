@@ -19,7 +19,8 @@
 //!   proven to be in ([`identity`], from `/proc`, never the state file),
 //!   judged by the pure [`backstop`].
 //! - [`listeners`] (gRPC socket, [`metrics`] over HTTP), [`service`] (the
-//!   gRPC API) and [`daemon`] (start, serve, stop) put it together.
+//!   gRPC API) and [`daemon`] (start, serve, stop; [`idle`]: the private
+//!   manager's exit when idle) put it together.
 //!
 //! The client side (`tessera status`, `top`, `run`) is the `tessera-client`
 //! crate; what every part shares is `tessera-contract`.
@@ -42,6 +43,7 @@ pub mod error;
 pub mod gpu;
 pub mod health;
 pub mod identity;
+pub mod idle;
 pub mod listeners;
 pub mod metrics;
 pub mod nvml;

@@ -87,6 +87,23 @@ impl ProcFs {
         })
     }
 
+    /// Whether process `host_pid` still has a thread that is not a
+    /// zombie. Its main thread shows as a zombie while the process lives on
+    /// in another: after that thread called `pthread_exit`, and for a moment
+    /// while another thread execs (the kernel waits for the old main thread
+    /// to go before the exec'ing one takes its pid).
+    pub fn has_live_thread(&self, host_pid: u32) -> bool {
+        let Ok(tasks) = std::fs::read_dir(self.root.join(host_pid.to_string()).join("task")) else {
+            return false;
+        };
+        tasks.flatten().any(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+                .is_some_and(|(state, _)| !matches!(state, 'Z' | 'X'))
+        })
+    }
+
     /// Every process's (namespace, innermost pid) → host pid.
     pub fn scan(&self) -> ProcScan {
         let mut scan = ProcScan::default();

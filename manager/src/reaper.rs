@@ -108,16 +108,26 @@ impl Reaper {
         Self::collect_orphaned_runs(core, &snapshot);
     }
 
-    /// Deletes the allocations of `tessera run` commands that died without
-    /// cleaning up (SIGKILL), once none of their processes is left. Only
-    /// for runs in our own pid namespace, where their pid means the same.
+    /// Deletes the allocations of `tessera run` commands whose runner is
+    /// gone (the command `tessera run` exec'd ended, or an old-style run
+    /// died without cleaning up), once none of their processes is left.
+    /// Only for runs in our own pid namespace, where their pid means the
+    /// same; the manager binds a run to its peer's pid at create time
+    /// ([`Core::bind_run`]).
     fn collect_orphaned_runs(
         core: &Core,
         snapshot: &[(Arc<LiveAllocation>, Vec<tessera_shm::ProcessInfo>)],
     ) {
         let own_ns = core.resolver.own_pidns();
-        for (live, procs) in snapshot {
-            if !procs.is_empty() {
+        for (live, _) in snapshot {
+            // Read again: this pass may just have reclaimed the last slot
+            // (the run's command itself, exec'd in its place), and the
+            // allocation then goes in the same pass.
+            if !live
+                .state()
+                .processes(live.control().n_devices())
+                .is_empty()
+            {
                 continue;
             }
             let rec = live.record();
@@ -127,9 +137,10 @@ impl Reaper {
             if own_ns == 0 || run.pidns != own_ns {
                 continue;
             }
-            let alive = crate::procfs::ProcFs::host()
-                .entry(run.pid)
-                .is_some_and(|e| !e.zombie && e.start_time == run.start_time);
+            let fs = crate::procfs::ProcFs::host();
+            let alive = fs.entry(run.pid).is_some_and(|e| {
+                e.start_time == run.start_time && (!e.zombie || fs.has_live_thread(run.pid))
+            });
             if alive
                 || !live
                     .state()

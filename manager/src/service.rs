@@ -49,15 +49,20 @@ impl pb::manager_server::Manager for ManagerService {
         req: Request<pb::CreateAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
         // Who asked, from the kernel (SO_PEERCRED): a non-root `tessera run`
-        // user gets the allocation's state file as its own, private.
-        let peer_uid = req
+        // user gets the allocation's state file as its own, private, and a
+        // run's allocation is bound to the process that connected.
+        let cred = req
             .extensions()
             .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|i| i.peer_cred)
-            .map(|c| c.uid())
-            .filter(|&uid| uid != 0);
+            .and_then(|i| i.peer_cred);
+        let peer = crate::core::Peer {
+            uid: cred.map(|c| c.uid()),
+            pid: cred
+                .and_then(|c| c.pid())
+                .and_then(|p| u32::try_from(p).ok()),
+        };
         let req = req.into_inner();
-        self.blocking(move |c| c.create_for(&req, peer_uid))
+        self.blocking(move |c| c.create_for(&req, peer))
             .await
             .map(Response::new)
     }

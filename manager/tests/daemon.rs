@@ -800,7 +800,20 @@ async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gon
     };
     let mut req = request("run-x", &u0, GI, 100_000);
     req.labels = owner.labels().into_iter().collect();
-    let a = c.create_allocation(req).await.unwrap().into_inner();
+    // The run is bound to the peer the kernel names (here: as the service
+    // would pass it), not to the labels a request carries.
+    let peer = tessera_manager::core::Peer {
+        uid: None,
+        pid: Some(run_id.pid),
+    };
+    let a = m.core.create_for(&req, peer).unwrap();
+    assert_eq!(a.labels["cli-tracked"], "true");
+    // A request naming the run in its labels over our own connection is
+    // bound to us, alive: never collected when the run dies.
+    let mut forged = request("run-forged", &u0, GI, 100_000);
+    forged.labels = owner.labels().into_iter().collect();
+    let f = c.create_allocation(forged).await.unwrap().into_inner();
+    assert_eq!(f.labels["cli-pid"], std::process::id().to_string());
     // A device-plugin allocation with no process is never touched.
     create(&mut c, "pod-y", &u0, GI, 100_000).await;
     let state = State::open(Path::new(&a.state_path), "run-x").unwrap();
@@ -814,12 +827,12 @@ async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gon
     m.reaper_pass().await;
     assert_eq!(
         ids(&m.socket).await,
-        ["pod-y", "run-x"],
+        ["pod-y", "run-forged", "run-x"],
         "kept while a process runs"
     );
 
     kill(&mut worker);
-    let gone = eventually(async || ids(&m.socket).await == ["pod-y"]).await;
+    let gone = eventually(async || ids(&m.socket).await == ["pod-y", "run-forged"]).await;
     assert!(
         gone.is_some(),
         "the orphaned run's allocation was never deleted"

@@ -345,10 +345,12 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_by_the_next_reap
     assert_eq!(state.reserved(0), GI, "not reclaimed by a whole pass");
     assert_eq!(node_status(&m.socket).allocations[0].processes.len(), 1);
 
-    // The last worker goes: the command ends, and with it the allocation.
+    // The last worker goes: the command ends, and with it the allocation
+    // (the run exec'd the command: the reaper deletes it once it is gone).
     kill(p2);
     let status = run.wait().unwrap();
     assert_eq!(status.code(), Some(0));
+    m.reaper_pass();
     assert!(node_status(&m.socket).allocations.is_empty());
     m.stop();
 }
@@ -398,18 +400,23 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
         Some(GI.to_string().as_str()),
         "{meminfo}"
     );
+    // The run exec'd the command: the reaper deletes the allocation once
+    // it has gone.
+    m.reaper_pass();
     assert!(
         node_status(&m.socket).allocations.is_empty(),
         "allocation left behind"
     );
 
-    // Exit codes: the command's own, or 128 + the signal that killed it.
-    let code = |cmd: &str| {
+    // Exit statuses are the command's own: its code, or the signal that
+    // killed it (the command is the process `tessera run` was).
+    let status = |cmd: &str| {
         let o = client(&n, &[&run_1gi[..], &["--", "sh", "-c", cmd]].concat());
-        o.status.code()
+        o.status
     };
-    assert_eq!(code("exit 7"), Some(7));
-    assert_eq!(code("kill -9 $$"), Some(137));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status("exit 7").code(), Some(7));
+    assert_eq!(status("kill -9 $$").signal(), Some(9));
 
     // SIGTERM to `tessera run` reaches the command, which decides how to end.
     let trap = "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait";
@@ -422,6 +429,7 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     )
     .unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(42));
+    m.reaper_pass();
     assert!(node_status(&m.socket).allocations.is_empty());
     m.stop();
 }

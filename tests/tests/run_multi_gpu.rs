@@ -147,14 +147,16 @@ fn one_run_on_two_gpus_holds_each_limit_by_ground_truth() {
     assert_eq!(used_of(&uuid(1)), Some(2 * GI), "{a:?}");
     assert_eq!(used_of(&uuid(0)), Some(GI), "{a:?}");
 
-    // The command ends (killed): its code is 128 + 9, the allocation goes
-    // and the capacity of both GPUs is free again.
+    // The command ends (killed): the run's status is the command's (it is
+    // the same process), the allocation goes and the capacity of both GPUs
+    // is free again.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    assert_eq!(run.wait().unwrap().code(), Some(137));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(run.wait().unwrap().signal(), Some(9));
     assert!(
         eventually(DEADLINE, || node_status(&m.socket).allocations.is_empty()).is_some(),
         "allocation left behind"
@@ -210,6 +212,7 @@ fn several_gpus_are_checked_like_one() {
         ],
     );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    m.reaper_pass();
     assert!(node_status(&m.socket).allocations.is_empty());
     m.stop();
 }

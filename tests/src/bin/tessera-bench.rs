@@ -1,9 +1,10 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|run|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
-//! invariants after every step; it exits 1 on any violation.
+//! invariants after every step; it exits 1 on any violation. `run`: `tessera run -- true`
+//! start-up (node's manager, private manager warm and cold) beside a bare start.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tessera_e2e::bench::{self, Table};
 
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
@@ -46,8 +47,12 @@ fn manager_main(args: Vec<String>) -> Result<()> {
 
 fn main() -> Result<()> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    if argv.first().map(String::as_str) == Some("__manager") {
-        return manager_main(argv[1..].to_vec());
+    // `manager` and `run` as `tessera` spells them: the run bench starts
+    // this binary in their place when the `tessera` binary was not built.
+    match argv.first().map(String::as_str) {
+        Some("__manager" | "manager") => return manager_main(argv[1..].to_vec()),
+        Some("run") => run_main(argv),
+        _ => {}
     }
     if argv.first().map(String::as_str) == Some("soak") {
         return soak_main(&argv[1..]);
@@ -90,6 +95,7 @@ fn main() -> Result<()> {
                 "race",
                 "many",
                 "dra",
+                "run",
                 "all",
             ]
             .contains(&s) =>
@@ -132,6 +138,9 @@ fn main() -> Result<()> {
             tables.push(bench::race::table(&r, o.processes, o.race_for));
             race = Some(r);
         }
+        if s == "run" {
+            tables.push(bench::run::table(40, 15).map_err(anyhow::Error::msg)?);
+        }
         if s == "many" {
             tables.push(bench::many::table(500).map_err(anyhow::Error::msg)?);
         }
@@ -147,6 +156,25 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `tessera-bench run <tessera run flags>`: `tessera run` itself (the run bench's stand-in
+/// for the `tessera` binary); leaves with the command's code.
+fn run_main(argv: Vec<String>) -> ! {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct RunCli {
+        #[command(flatten)]
+        args: tessera_client::run::RunArgs,
+    }
+    let cli = RunCli::parse_from(argv);
+    match tessera_client::run::run(&cli.args) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        }
+    }
 }
 
 /// `tessera-bench soak [--minutes N] [--seed S]`.
