@@ -188,6 +188,50 @@ impl Core {
     ) -> Result<pb::Allocation, AllocError> {
         let owner_uid = peer.uid.filter(|&u| u != 0);
         let req = &*self.bind_run(req, peer)?;
+        match self.create_bound(req, owner_uid) {
+            // A run that has just ended is deleted by the reaper, not by
+            // itself (it exec'd its command): a loop of runs asking for the
+            // whole GPU would find the last one's allocation still there.
+            // When runs are held, two reaper passes are waited for (a
+            // fifth of a second by default) and the request tried again.
+            Err(e @ AllocError::Exhausted(_)) => {
+                if self.holds_runs() && self.wait_reaper_passes(2) {
+                    self.create_bound(req, owner_uid)
+                } else {
+                    Err(e)
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// Whether an allocation of a `tessera run` the reaper may delete is held.
+    fn holds_runs(&self) -> bool {
+        self.live_list()
+            .iter()
+            .any(|l| labels::RunOwner::from_labels(&l.record().labels).is_some())
+    }
+
+    /// Waits until `n` reaper passes have completed after this call (false
+    /// if they do not within two seconds: no reaper runs).
+    fn wait_reaper_passes(&self, n: u64) -> bool {
+        let start = self.passes.reaper();
+        let t0 = std::time::Instant::now();
+        while self.passes.reaper() < start + n + 1 {
+            if t0.elapsed() > std::time::Duration::from_secs(2) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// [`Core::create_for`] once its request is bound.
+    fn create_bound(
+        &self,
+        req: &pb::CreateAllocationRequest,
+        owner_uid: Option<u32>,
+    ) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
         let id = if req.id.is_empty() {
             alloc::generate_id()
