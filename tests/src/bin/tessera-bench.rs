@@ -51,7 +51,8 @@ fn main() -> Result<()> {
     // this binary in their place when the `tessera` binary was not built.
     match argv.first().map(String::as_str) {
         Some("__manager" | "manager") => return manager_main(argv[1..].to_vec()),
-        Some("run") => run_main(argv),
+        // `run … -- COMMAND`; the section `run` has no `--`.
+        Some("run") if argv.iter().any(|a| a == "--") => run_main(argv),
         _ => {}
     }
     if argv.first().map(String::as_str) == Some("soak") {
