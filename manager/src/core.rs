@@ -188,21 +188,75 @@ impl Core {
     ) -> Result<pb::Allocation, AllocError> {
         let owner_uid = peer.uid.filter(|&u| u != 0);
         let req = &*self.bind_run(req, peer)?;
-        match self.create_bound(req, owner_uid) {
-            // A run that has just ended is deleted by the reaper, not by
-            // itself (it exec'd its command): a loop of runs asking for the
-            // whole GPU would find the last one's allocation still there.
-            // When runs are held, two reaper passes are waited for (a
-            // fifth of a second by default) and the request tried again.
-            Err(e @ AllocError::Exhausted(_)) => {
-                if self.holds_runs() && self.wait_reaper_passes(2) {
-                    self.create_bound(req, owner_uid)
-                } else {
-                    Err(e)
+        // A run that has just ended is deleted by the reaper, not by itself
+        // (it exec'd its command): a loop of runs asking for the whole GPU
+        // would find the last one's allocation still there. So a refusal for
+        // capacity is tried once more, after deleting the runs that are gone
+        // or, when none is yet (its command's slot is the reaper's to free),
+        // after two reaper passes. The retry is unconditional: the reaper may
+        // have deleted the last run's allocation since the first attempt.
+        let mut retried = false;
+        loop {
+            match self.create_bound(req, owner_uid) {
+                Err(AllocError::Exhausted(_)) if !retried => {
+                    retried = true;
+                    if self.collect_gone_runs() == 0 && self.holds_runs() {
+                        self.wait_reaper_passes(2);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Deletes the allocations of `tessera run`s whose runner is gone and
+    /// that hold no process (see the reaper); how many it deleted.
+    pub(crate) fn collect_gone_runs(&self) -> usize {
+        let own_ns = self.resolver.own_pidns();
+        let fs = crate::procfs::ProcFs::host();
+        let mut gone = 0;
+        for live in self.live_list() {
+            if !live
+                .state()
+                .processes(live.control().n_devices())
+                .is_empty()
+            {
+                continue;
+            }
+            let rec = live.record();
+            let Some(run) = labels::RunOwner::from_labels(&rec.labels) else {
+                continue;
+            };
+            if own_ns == 0 || run.pidns != own_ns {
+                continue;
+            }
+            let alive = fs.entry(run.pid).is_some_and(|e| {
+                e.start_time == run.start_time && (!e.zombie || fs.has_live_thread(run.pid))
+            });
+            if alive
+                || !live
+                    .state()
+                    .processes(live.control().n_devices())
+                    .is_empty()
+            {
+                continue;
+            }
+            match self.delete(&rec.id) {
+                Ok(()) => {
+                    gone += 1;
+                    tracing::info!(
+                        allocation = %rec.id,
+                        pid = run.pid,
+                        "deleted the allocation of a `tessera run` that ended"
+                    );
+                }
+                Err(AllocError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(allocation = %rec.id, error = %e, "cannot delete orphaned allocation")
                 }
             }
-            r => r,
         }
+        gone
     }
 
     /// Whether an allocation of a `tessera run` the reaper may delete is held.
@@ -213,12 +267,13 @@ impl Core {
     }
 
     /// Waits until `n` reaper passes have completed after this call (false
-    /// if they do not within two seconds: no reaper runs).
+    /// if they do not within five seconds: no reaper runs, or the node is
+    /// too loaded for it to matter).
     fn wait_reaper_passes(&self, n: u64) -> bool {
         let start = self.passes.reaper();
         let t0 = std::time::Instant::now();
         while self.passes.reaper() < start + n + 1 {
-            if t0.elapsed() > std::time::Duration::from_secs(2) {
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
                 return false;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));

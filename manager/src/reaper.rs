@@ -8,10 +8,8 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tessera_contract::labels::RunOwner;
 use tessera_shm::{Liveness, ProcIdentity};
 
-use crate::alloc::AllocError;
 use crate::core::Core;
 use crate::procfs::Verdict;
 use crate::store::LiveAllocation;
@@ -116,51 +114,9 @@ impl Reaper {
     /// ([`Core::bind_run`]).
     fn collect_orphaned_runs(
         core: &Core,
-        snapshot: &[(Arc<LiveAllocation>, Vec<tessera_shm::ProcessInfo>)],
+        _snapshot: &[(Arc<LiveAllocation>, Vec<tessera_shm::ProcessInfo>)],
     ) {
-        let own_ns = core.resolver.own_pidns();
-        for (live, _) in snapshot {
-            // Read again: this pass may just have reclaimed the last slot
-            // (the run's command itself, exec'd in its place), and the
-            // allocation then goes in the same pass.
-            if !live
-                .state()
-                .processes(live.control().n_devices())
-                .is_empty()
-            {
-                continue;
-            }
-            let rec = live.record();
-            let Some(run) = RunOwner::from_labels(&rec.labels) else {
-                continue;
-            };
-            if own_ns == 0 || run.pidns != own_ns {
-                continue;
-            }
-            let fs = crate::procfs::ProcFs::host();
-            let alive = fs.entry(run.pid).is_some_and(|e| {
-                e.start_time == run.start_time && (!e.zombie || fs.has_live_thread(run.pid))
-            });
-            if alive
-                || !live
-                    .state()
-                    .processes(live.control().n_devices())
-                    .is_empty()
-            {
-                continue;
-            }
-            match core.delete(&rec.id) {
-                Ok(()) => tracing::info!(
-                    allocation = %rec.id,
-                    pid = run.pid,
-                    "deleted the allocation of a `tessera run` that died"
-                ),
-                Err(AllocError::NotFound(_)) => {}
-                Err(e) => {
-                    tracing::warn!(allocation = %rec.id, error = %e, "cannot delete orphaned allocation")
-                }
-            }
-        }
+        core.collect_gone_runs();
     }
 }
 
