@@ -179,7 +179,12 @@ pub fn table(rounds: usize, cold: usize) -> Result<Table, String> {
                  each round: a bare `true`, then each case, so that a pair shares the load of \
                  its moment; cold: no manager runs, the run starts the private manager (which \
                  leaves at once, --private-grace 0s, and is waited out before the next round)",
-                if prog.ends_with("tessera") { "release build" } else { "bench binary" },
+                // The binary beside the bench was built in the bench's profile.
+                match (prog.ends_with("tessera"), cfg!(debug_assertions)) {
+                    (true, true) => "debug build",
+                    (true, false) => "release build",
+                    (false, _) => "bench binary",
+                },
                 prog.display()
             ),
             "targets (issue 26): node's manager <= 10 ms, warm private manager <= 20 ms; the cold figure is stated, not judged".into(),
