@@ -15,7 +15,7 @@
 //!   manager's reaper, or a process that needed the quota), unless the file is damaged;
 //! - the kubelet's side recovers: the device plugin (the real one, in-process, talking to
 //!   the manager and to a fake kubelet) is registered and the kubelet holds its full device
-//!   list after every step, and a restarted plugin registers again within [`ANSWER`].
+//!   list after every step, and a restarted plugin registers again within a minute.
 //!
 //! The manager runs as a child process: this very binary with `__manager` (the manager's
 //! library, as `tessera manager` runs it).
