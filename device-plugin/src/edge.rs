@@ -12,6 +12,7 @@ use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesLi
 use tonic::Status;
 use tonic::transport::Channel;
 
+use crate::gpu_report::ReportApi;
 use crate::node_labels::{NodeApi, NodeApiError};
 use crate::pod_resources::{PodApi, PodResourcesApi};
 
@@ -36,6 +37,26 @@ pub(crate) async fn kube_client() -> Result<kube::Client, NodeApiError> {
     Ok(kube::Client::try_default().await?)
 }
 
+impl KubeNodeApi {
+    /// A JSON merge patch of the node's metadata: what is named is set
+    /// (`null` removes it), the rest is untouched.
+    async fn merge_metadata(
+        &self,
+        node: &str,
+        metadata: serde_json::Value,
+    ) -> Result<(), NodeApiError> {
+        let patch = serde_json::json!({ "metadata": metadata });
+        self.nodes
+            .patch(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
 impl NodeApi for KubeNodeApi {
     async fn labels(&self, node: &str) -> Result<BTreeMap<String, String>, NodeApiError> {
         let n = self.nodes.get(node).await?;
@@ -47,16 +68,15 @@ impl NodeApi for KubeNodeApi {
         node: &str,
         labels: &BTreeMap<String, Option<String>>,
     ) -> Result<(), NodeApiError> {
-        // A JSON merge patch: `null` removes a label, others are untouched.
-        let patch = serde_json::json!({ "metadata": { "labels": labels } });
-        self.nodes
-            .patch(
-                node,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
+        self.merge_metadata(node, serde_json::json!({ "labels": labels }))
+            .await
+    }
+}
+
+impl ReportApi for KubeNodeApi {
+    async fn annotate(&self, node: &str, key: &str, value: &str) -> Result<(), NodeApiError> {
+        self.merge_metadata(node, serde_json::json!({ "annotations": { key: value } }))
+            .await
     }
 }
 

@@ -129,33 +129,6 @@ pub(crate) trait ReportApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
 }
 
-/// The node through the Kubernetes API.
-pub(crate) struct KubeReportApi {
-    nodes: kube::Api<k8s_openapi::api::core::v1::Node>,
-}
-
-impl KubeReportApi {
-    pub(crate) fn with_client(client: kube::Client) -> Self {
-        Self {
-            nodes: kube::Api::all(client),
-        }
-    }
-}
-
-impl ReportApi for KubeReportApi {
-    async fn annotate(&self, node: &str, key: &str, value: &str) -> Result<(), NodeApiError> {
-        let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
-        self.nodes
-            .patch(
-                node,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
-    }
-}
-
 fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

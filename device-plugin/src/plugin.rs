@@ -158,9 +158,7 @@ pub async fn run_with_pods<A: PodApi>(
         kube = Some(client.clone());
         // The GPU report for the scheduler extender (docs/placement.md).
         tasks.spawn(crate::gpu_report::publish_loop(
-            Arc::new(crate::gpu_report::KubeReportApi::with_client(
-                client.clone(),
-            )),
+            Arc::new(KubeNodeApi::with_client(client.clone())),
             manager.clone(),
             state.clone(),
             opts.node_name.clone(),
