@@ -37,7 +37,7 @@ install() {
     local t0=$SECONDS
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input "$spec"
+    "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input "$spec"
     # Written last: an interrupted install is redone from scratch next time.
     echo "$spec" >"$stamp"
     echo "jax venv: installed $(version) in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1)"

@@ -31,8 +31,8 @@ install() {
     local t0=$SECONDS
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input --upgrade pip
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input "$spec" numpy
+    "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input --upgrade pip
+    "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input "$spec" numpy
     echo "$spec" >"$stamp"
     echo "torch venv: installed $("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null) in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1)"
 }

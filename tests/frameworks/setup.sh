@@ -36,7 +36,7 @@ fi
 
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+"$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input \
     -r "$requirements" >&2
 # Written last: an interrupted install is redone from scratch next time.
 echo "$want" >"$stamp"
