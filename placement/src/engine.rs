@@ -1,17 +1,22 @@
-//! The engine: the cluster, indexed by the state of each node's GPUs, and
-//! the decision over that index.
+//! The engine: the cluster, its nodes grouped by the state of their GPUs,
+//! and the decision over an index of the nodes per request.
 //!
 //! Nodes whose GPUs are in the same state (kind, free compute, free memory,
-//! free slices, utilization: the multiset, not the order) form one *bucket*.
-//! Every policy ranks a candidate by its GPU state and the CPU it leaves, so
-//! a decision looks at each bucket once, not at each node: in a bucket the
-//! nodes are kept sorted by free CPU and host memory, and only the fitting
-//! node with the least CPU left and the one with the most are ranked. A
-//! bucket's rank for a request is remembered (a bucket's GPU state never
-//! changes; a node that changes moves to another bucket), so a decision
-//! costs a lookup per bucket. The number of buckets grows with the variety
-//! of states, not with the number of nodes: a cluster of the same nodes
-//! ten times over has about as many.
+//! free slices, utilization: the multiset, not the order) share one
+//! *bucket*. Every policy ranks a candidate by its GPU state and the CPU it
+//! leaves, so a node's rank for a request is a function of (bucket, free
+//! CPU, request) and is remembered under that key (a bucket's GPU state
+//! never changes; a node that changes moves to another bucket).
+//!
+//! A decision is the best (rank, node index) over the nodes with the CPU and
+//! host memory to hold the request. Rather than rank every node on every
+//! decision, the engine keeps, per kind of request (CPU, GPU need, models),
+//! the nodes ordered by their rank for it, and a log of the nodes that
+//! changed: a decision first re-ranks the nodes changed since that kind of
+//! request last came (usually a handful, whatever the cluster's size), then
+//! takes the first node of the order with the host memory left. Its cost
+//! grows with the changes between two requests of a kind, not with the
+//! number of nodes.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -121,10 +126,36 @@ struct NodeState {
 struct Bucket {
     /// The GPU states, sorted.
     key: Vec<GState>,
-    /// (free CPU, free memory, node index)
-    members: BTreeSet<(u64, u64, u32)>,
-    unused: u32,
-    max_compute_free: u16,
+    /// Nodes in this state.
+    members: u32,
+}
+
+/// A rank as an ordered key: each component mapped to a `u64` in the order
+/// of `f64::total_cmp`, so that (key, node) orders as (rank, node index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct RankKey([u64; 4]);
+
+impl RankKey {
+    fn of(r: &[f64; 4]) -> RankKey {
+        RankKey(r.map(|x| {
+            let b = x.to_bits();
+            if b >> 63 == 1 { !b } else { b | (1 << 63) }
+        }))
+    }
+}
+
+/// The nodes ordered by their rank for one kind of request.
+struct RankIndex {
+    /// The change (a position in the engine's log) it has seen up to.
+    seen: u64,
+    /// (rank, node) of each node with the CPU for the request and a way to
+    /// place it.
+    order: BTreeSet<(RankKey, u32)>,
+    /// Each node's key in `order`, if it is there.
+    key_of: Vec<Option<RankKey>>,
+    /// When it was last used (the engine's decision count), to drop the
+    /// least recently used beyond [`INDEX_LIMIT`].
+    used: u64,
 }
 
 /// How a candidate uses the GPUs of a bucket's state: indexes into its key.
@@ -144,7 +175,52 @@ struct ReqKey {
 }
 
 /// Remembered ranks: (bucket, free CPU of the ranked node, request).
-type Memo = HashMap<(u32, u64, u32), Option<([f64; 4], Pick)>>;
+type Memo = HashMap<(u32, u64, u32), Option<([f64; 4], Pick)>, BuildFast>;
+
+/// A fast hash for the engine's own integer keys (none comes from a
+/// tenant, so no defence against chosen collisions is needed): the default
+/// SipHash was a good part of a decision's time.
+#[derive(Debug, Clone, Copy, Default)]
+struct BuildFast;
+
+impl std::hash::BuildHasher for BuildFast {
+    type Hasher = FastHasher;
+    fn build_hasher(&self) -> FastHasher {
+        FastHasher(0)
+    }
+}
+
+/// Multiply-rotate over the key's words (the scheme of rustc's FxHasher).
+#[derive(Debug, Clone, Copy)]
+struct FastHasher(u64);
+
+impl FastHasher {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+}
 
 /// How much FGD's fragmentation counts in the defrag measure against the
 /// leftover measure (measured on the openb traces: 3 to 30 all beat FGD
@@ -154,19 +230,29 @@ const DEFRAG_FGD_WEIGHT: f64 = 10.0;
 /// Memo entries before it is emptied (a bound on memory, not a tuning).
 const MEMO_LIMIT: usize = 1 << 20;
 
+/// Kinds of request with an index of their own; beyond it the least
+/// recently used is dropped (rebuilt if it comes again). A bound on memory.
+const INDEX_LIMIT: usize = 256;
+
 /// The placement engine over one cluster.
 pub struct Engine {
     policy: Policy,
     /// (model, class), lower case.
     kinds: Vec<(String, String)>,
     nodes: Vec<NodeState>,
-    buckets: HashMap<u32, Bucket>,
+    buckets: HashMap<u32, Bucket, BuildFast>,
     by_key: HashMap<Vec<GState>, u32>,
     next_bucket: u32,
     types: Vec<CompiledType>,
     mix: TaskMix,
     requests: HashMap<ReqKey, u32>,
     memo: Memo,
+    /// Per kind of request (its id in `requests`), the nodes by rank.
+    indexes: HashMap<u32, RankIndex, BuildFast>,
+    /// Nodes changed, in order; `log[0]` is change number `log_base`.
+    log: Vec<u32>,
+    log_base: u64,
+    decisions: u64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -187,13 +273,17 @@ impl Engine {
             policy,
             kinds: Vec::new(),
             nodes: Vec::with_capacity(nodes.len()),
-            buckets: HashMap::new(),
+            buckets: HashMap::default(),
             by_key: HashMap::new(),
             next_bucket: 0,
             types: Vec::new(),
             mix: mix.clone(),
             requests: HashMap::new(),
-            memo: HashMap::new(),
+            memo: HashMap::default(),
+            indexes: HashMap::default(),
+            log: Vec::new(),
+            log_base: 0,
+            decisions: 0,
         };
         for n in nodes {
             let bad = |reason: &str| PlaceError::InvalidNode {
@@ -312,39 +402,116 @@ impl Engine {
         self.remove(node as u32);
         self.nodes[node].gpus[gpu].util = util_key(util);
         self.insert(node as u32);
+        self.changed(node as u32);
         Ok(())
     }
 
-    /// Decides where `req` goes, changing nothing.
+    /// Decides where `req` goes, changing nothing: the best (rank, node
+    /// index) among the nodes with the CPU and host memory for it.
     pub fn decide(&mut self, req: &Request) -> Result<Choice, PlaceError> {
         validate(req)?;
         let (rid, allowed) = self.request_id(req);
-        let mut best: Option<([f64; 4], u32, Pick)> = None;
         if self.memo.len() > MEMO_LIMIT {
             self.memo.clear();
         }
-        for (&bid, b) in &self.buckets {
-            if !quick_fit(b, req) {
+        self.decisions += 1;
+        let mut idx = match self.indexes.remove(&rid) {
+            Some(idx) => idx,
+            None => RankIndex {
+                seen: 0,
+                order: BTreeSet::new(),
+                key_of: Vec::new(),
+                used: 0,
+            },
+        };
+        self.sync(&mut idx, rid, req, &allowed);
+        idx.used = self.decisions;
+        let best = idx
+            .order
+            .iter()
+            .find(|(_, i)| self.nodes[*i as usize].memory_free >= req.memory_mib)
+            .map(|&(_, i)| i);
+        self.indexes.insert(rid, idx);
+        if self.indexes.len() > INDEX_LIMIT
+            && let Some(&old) = self
+                .indexes
+                .iter()
+                .min_by_key(|(_, x)| x.used)
+                .map(|(k, _)| k)
+        {
+            self.indexes.remove(&old);
+        }
+        let node = best.ok_or(PlaceError::NoFit)?;
+        let n = &self.nodes[node as usize];
+        let key = &self.buckets[&n.bucket].key;
+        let (policy, types, cpu_free) = (self.policy, &self.types, n.cpu_free);
+        let pick = self
+            .memo
+            .entry((n.bucket, n.cpu_free, rid))
+            .or_insert_with(|| best_pick(policy, types, key, cpu_free, req, &allowed))
+            .as_ref()
+            .map(|(_, p)| p.clone())
+            .expect("a node in the index has a way to place the request");
+        Ok(self.choice(node, &pick))
+    }
+
+    /// Brings `idx` (the index of request `rid`, `req`) up to date: re-ranks
+    /// the nodes changed since it last looked, or every node if that is
+    /// fewer (or the log no longer reaches back that far).
+    fn sync(&mut self, idx: &mut RankIndex, rid: u32, req: &Request, allowed: &[bool]) {
+        let end = self.log_base + self.log.len() as u64;
+        let behind = end.saturating_sub(idx.seen);
+        let fresh = idx.key_of.len() != self.nodes.len();
+        let nodes: Vec<u32> =
+            if fresh || idx.seen < self.log_base || behind > self.nodes.len() as u64 {
+                idx.order.clear();
+                idx.key_of = vec![None; self.nodes.len()];
+                (0..self.nodes.len() as u32).collect()
+            } else {
+                let mut changed = self.log[(idx.seen - self.log_base) as usize..].to_vec();
+                // A node changed twice is re-ranked once (its state now).
+                changed.sort_unstable();
+                changed.dedup();
+                changed
+            };
+        for i in nodes {
+            let new = self
+                .node_rank(i, rid, req, allowed)
+                .map(|r| RankKey::of(&r));
+            let old = std::mem::replace(&mut idx.key_of[i as usize], new);
+            if old == new {
                 continue;
             }
-            for (cpu_free, _, node) in representatives(b, req).into_iter().flatten() {
-                let entry = self.memo.entry((bid, cpu_free, rid)).or_insert_with(|| {
-                    best_pick(self.policy, &self.types, &b.key, cpu_free, req, &allowed)
-                });
-                if let Some((r, pick)) = entry {
-                    let better = match &best {
-                        None => true,
-                        Some((br, bn, _)) => cmp_rank(r, br).then(node.cmp(bn)).is_lt(),
-                    };
-                    if better {
-                        best = Some((*r, node, pick.clone()));
-                    }
-                }
+            if let Some(k) = old {
+                idx.order.remove(&(k, i));
+            }
+            if let Some(k) = new {
+                idx.order.insert((k, i));
             }
         }
-        let (_, node, pick) = best.ok_or(PlaceError::NoFit)?;
+        idx.seen = end;
+    }
+
+    /// Node `i`'s rank for `req` (remembered per bucket, free CPU and
+    /// request), or None if it has not the CPU or no way to place it.
+    fn node_rank(&mut self, i: u32, rid: u32, req: &Request, allowed: &[bool]) -> Option<[f64; 4]> {
+        let n = &self.nodes[i as usize];
+        if n.cpu_free < req.cpu_milli {
+            return None;
+        }
+        let key = &self.buckets[&n.bucket].key;
+        let (policy, types, cpu_free) = (self.policy, &self.types, n.cpu_free);
+        self.memo
+            .entry((n.bucket, cpu_free, rid))
+            .or_insert_with(|| best_pick(policy, types, key, cpu_free, req, allowed))
+            .as_ref()
+            .map(|(r, _)| *r)
+    }
+
+    /// The node and GPUs of a pick on node `node`.
+    fn choice(&self, node: u32, pick: &Pick) -> Choice {
         let b = &self.buckets[&self.nodes[node as usize].bucket];
-        let states: Vec<GState> = match &pick {
+        let states: Vec<GState> = match pick {
             Pick::None => Vec::new(),
             Pick::Share(i) => vec![b.key[*i]],
             Pick::Whole(is) => is.iter().map(|&i| b.key[i]).collect(),
@@ -362,17 +529,29 @@ impl Engine {
             gpus.push(i);
         }
         gpus.sort_unstable();
-        Ok(Choice {
+        Choice {
             node: node as usize,
             gpus,
-        })
+        }
+    }
+
+    /// Records that node `i` changed, for the indexes to re-rank it; keeps
+    /// the log within a few times the node count (an index further behind
+    /// re-ranks every node, which costs no more).
+    fn changed(&mut self, i: u32) {
+        self.log.push(i);
+        let limit = 2 * self.nodes.len() + 1024;
+        if self.log.len() > limit {
+            let drop = self.log.len() - self.nodes.len();
+            self.log.drain(..drop);
+            self.log_base += drop as u64;
+        }
     }
 
     /// The nodes among `among` that can hold `req` and their ranks, best
-    /// first (ties by index), changing nothing. `decide` picks a node of
-    /// the best rank (among equals it looks only at the ones with the least
-    /// and the most CPU of each bucket). The scheduler extender scores the
-    /// scheduler's candidate nodes by this order.
+    /// first (ties by index), changing nothing. `decide` picks the first
+    /// node of this order over the whole cluster. The scheduler extender
+    /// scores the scheduler's candidate nodes by this order.
     pub fn ranked(
         &mut self,
         req: &Request,
@@ -471,6 +650,7 @@ impl Engine {
         n.memory_free -= req.memory_mib;
         n.gpus = after;
         self.insert(i);
+        self.changed(i);
         Ok(())
     }
 
@@ -526,6 +706,7 @@ impl Engine {
         n.memory_free += req.memory_mib;
         n.gpus = after;
         self.insert(i);
+        self.changed(i);
         Ok(())
     }
 
@@ -586,17 +767,14 @@ impl Engine {
         let n = &self.nodes[i as usize];
         let mut key = n.gpus.clone();
         key.sort_unstable();
-        let member = (n.cpu_free, n.memory_free, i);
         let bid = match self.by_key.get(&key) {
             Some(&b) => b,
             None => {
                 let b = self.next_bucket;
                 self.next_bucket += 1;
                 let bucket = Bucket {
-                    unused: key.iter().filter(|g| g.unused()).count() as u32,
-                    max_compute_free: key.iter().map(|g| g.compute_free).max().unwrap_or(0),
                     key: key.clone(),
-                    members: BTreeSet::new(),
+                    members: 0,
                 };
                 self.by_key.insert(key, b);
                 self.buckets.insert(b, bucket);
@@ -606,17 +784,15 @@ impl Engine {
         self.buckets
             .get_mut(&bid)
             .expect("by_key names live buckets")
-            .members
-            .insert(member);
+            .members += 1;
         self.nodes[i as usize].bucket = bid;
     }
 
     fn remove(&mut self, i: u32) {
-        let n = &self.nodes[i as usize];
-        let bid = n.bucket;
+        let bid = self.nodes[i as usize].bucket;
         let b = self.buckets.get_mut(&bid).expect("a node is in its bucket");
-        b.members.remove(&(n.cpu_free, n.memory_free, i));
-        if b.members.is_empty() {
+        b.members -= 1;
+        if b.members == 0 {
             let b = self.buckets.remove(&bid).expect("present");
             self.by_key.remove(&b.key);
         }
@@ -677,38 +853,6 @@ fn cmp_rank(a: &[f64; 4], b: &[f64; 4]) -> std::cmp::Ordering {
         }
     }
     std::cmp::Ordering::Equal
-}
-
-/// A cheap test that some node of the bucket might hold the request's GPU part.
-fn quick_fit(b: &Bucket, req: &Request) -> bool {
-    match req.gpu {
-        GpuNeed::None => true,
-        GpuNeed::Share { compute, .. } => u32::from(b.max_compute_free) >= compute,
-        GpuNeed::Whole(n) => b.unused >= n,
-    }
-}
-
-/// The bucket's nodes that fit the request's CPU and memory: the one with
-/// the least CPU left and the one with the most, as (free CPU, free
-/// memory, node).
-fn representatives(b: &Bucket, req: &Request) -> [Option<(u64, u64, u32)>; 2] {
-    let low = b
-        .members
-        .range((req.cpu_milli, 0, 0)..)
-        .find(|m| m.1 >= req.memory_mib)
-        .copied();
-    let Some(low) = low else {
-        return [None, None];
-    };
-    let high = b
-        .members
-        .iter()
-        .rev()
-        .take_while(|m| m.0 >= req.cpu_milli)
-        .find(|m| m.1 >= req.memory_mib)
-        .copied()
-        .filter(|h| h.2 != low.2);
-    [Some(low), high]
 }
 
 /// The best way to place `req` on a node whose GPUs are `key` and with
@@ -822,5 +966,148 @@ fn best_pick(
             let r = rank(policy, &candidate(&after, &free));
             Some((r, Pick::Whole(free)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Gpu;
+
+    /// xorshift64*: the test's own seeded generator.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+        }
+    }
+
+    /// The decision without index or memo: rank every node with the CPU
+    /// and memory for `req`, keep the best (rank, node index).
+    fn decide_by_scan(e: &Engine, req: &Request) -> Result<Choice, PlaceError> {
+        validate(req)?;
+        let allowed = e.allowed(&req.models);
+        let mut best: Option<([f64; 4], u32, Pick)> = None;
+        for (i, n) in e.nodes.iter().enumerate() {
+            if n.cpu_free < req.cpu_milli || n.memory_free < req.memory_mib {
+                continue;
+            }
+            let mut key = n.gpus.clone();
+            key.sort_unstable();
+            let Some((r, pick)) = best_pick(e.policy, &e.types, &key, n.cpu_free, req, &allowed)
+            else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(b, _, _)| cmp_rank(&r, b).is_lt())
+            {
+                best = Some((r, i as u32, pick));
+            }
+        }
+        let (_, node, pick) = best.ok_or(PlaceError::NoFit)?;
+        Ok(e.choice(node, &pick))
+    }
+
+    fn random_node(r: &mut Rng, i: usize) -> Node {
+        let models = ["T4", "A100"];
+        let model = models[r.below(2) as usize];
+        let gpus = (0..1 + r.below(8))
+            .map(|_| {
+                let mut g = Gpu::new(model, 16_000);
+                // Few distinct states, so that buckets hold several nodes.
+                g.compute_free = [0, 190, 500, 530, 1000][r.below(5) as usize];
+                g.memory_free_mib = 16 * u64::from(g.compute_free);
+                g
+            })
+            .collect();
+        let mut n = Node::new(format!("n{i}"), 32_000, 64_000, gpus);
+        n.cpu_free = 1000 * r.below(33);
+        n.memory_free_mib = 4000 * r.below(17);
+        n
+    }
+
+    fn random_request(r: &mut Rng) -> Request {
+        // A small set of kinds that recur (the index is reused and must
+        // follow the changes) and some that are new every time.
+        let cpu = if r.below(4) == 0 {
+            r.below(8000)
+        } else {
+            1000 * r.below(4)
+        };
+        let mut req = match r.below(4) {
+            0 => Request::trace(cpu, 0, 0, 0),
+            1 => Request::trace(cpu, 0, 1 + r.below(3) as u32, 1000),
+            _ => Request::trace(cpu, 0, 1, [190, 470, 500, 810][r.below(4) as usize]),
+        };
+        req.memory_mib = 4000 * r.below(6);
+        if r.below(5) == 0 {
+            req.models = vec!["a100".into()];
+        }
+        req
+    }
+
+    #[test]
+    fn the_index_decides_as_a_scan_of_every_node() {
+        let mut r = Rng(0x5EED_1234);
+        for round in 0..40 {
+            let nodes: Vec<Node> = (0..1 + r.below(30) as usize)
+                .map(|i| random_node(&mut r, i))
+                .collect();
+            let reqs: Vec<Request> = (0..40).map(|_| random_request(&mut r)).collect();
+            let mix = TaskMix::from_requests(&reqs, 0.95);
+            let policy = Policy::ALL[round % Policy::ALL.len()];
+            let mut e = Engine::new(nodes, policy, &mix).unwrap();
+            let mut placed: Vec<(Choice, Request)> = Vec::new();
+            for step in 0..300 {
+                let req = random_request(&mut r);
+                let want = decide_by_scan(&e, &req);
+                assert_eq!(e.decide(&req), want, "{policy}, round {round}, step {step}");
+                // Mostly place; sometimes give back or change a utilization,
+                // so that nodes move between buckets both ways.
+                match r.below(10) {
+                    0 if !placed.is_empty() => {
+                        let (c, q) = placed.swap_remove(r.below(placed.len() as u64) as usize);
+                        e.release(&c, &q).unwrap();
+                    }
+                    1 => {
+                        let n = r.below(e.len() as u64) as usize;
+                        let g = r.below(e.nodes[n].gpus.len() as u64) as usize;
+                        e.set_utilization(n, g, Some(r.below(11) as f32 / 10.0))
+                            .unwrap();
+                    }
+                    _ => {
+                        if let Ok(c) = want {
+                            e.commit(&c, &req).unwrap();
+                            placed.push((c, req));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_index_left_far_behind_by_the_log_is_rebuilt() {
+        let mut r = Rng(77);
+        let nodes: Vec<Node> = (0..6).map(|i| random_node(&mut r, i)).collect();
+        let mut e = Engine::new(nodes, Policy::Defrag, &TaskMix::default()).unwrap();
+        let seldom = Request::trace(0, 0, 1, 190);
+        let often = Request::trace(0, 0, 0, 0);
+        assert_eq!(e.decide(&seldom), decide_by_scan(&e, &seldom));
+        // Far more changes than the log keeps, then the seldom kind again.
+        for _ in 0..3000 {
+            if let Ok(c) = e.place(&often) {
+                e.release(&c, &often).unwrap();
+            }
+            let n = r.below(e.len() as u64) as usize;
+            e.set_utilization(n, 0, Some(r.below(11) as f32 / 10.0))
+                .unwrap();
+        }
+        assert!(e.log_base > 0, "the log was trimmed");
+        assert_eq!(e.decide(&seldom), decide_by_scan(&e, &seldom));
     }
 }

@@ -7,7 +7,7 @@
 //! - [`frag`]: the task mix a cluster expects and the fragmentation measure
 //!   over it (the FGD paper's definition).
 //! - [`policy`]: the policies and how each scores a candidate.
-//! - [`engine`]: the index (nodes bucketed by the state of their GPUs) and
+//! - [`engine`]: the index (per kind of request, the nodes in rank order) and
 //!   the decision over it.
 
 pub mod cluster;
