@@ -209,7 +209,7 @@ pub fn generate_id() -> String {
 
 /// Checks a record against the node's GPUs: everything that needs no
 /// knowledge of other allocations. A create checks the record its request
-/// decodes to ([`crate::wire::create_record`]); a resize checks the resized
+/// decodes to ([`crate::wire::create`]); a resize checks the resized
 /// record as it is.
 pub fn validate(rec: &AllocationRecord, gpus: &[GpuInfo]) -> Result<(), AllocError> {
     let bad = |m: String| Err(AllocError::Invalid(m));
@@ -360,7 +360,6 @@ pub fn check_capacity<'a>(
 mod tests {
     use super::*;
     use crate::gpu::fake::test_gpu;
-    use crate::wire::create_record;
     use tessera_proto::manager::v1 as pb;
 
     const GI: u64 = 1 << 30;
@@ -375,7 +374,7 @@ mod tests {
 
     /// What a create does with a request: decode, then validate.
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
-        let rec = create_record(r, r.id.clone(), Policy::Burst, 1)?;
+        let rec = crate::wire::create(r)?.into_record(r.id.clone(), Policy::Burst, 1);
         validate(&rec, &gpus())?;
         Ok(rec)
     }
@@ -397,8 +396,8 @@ mod tests {
         assert!(e.len() < 400 && e.contains("1048576 bytes"), "{}", e.len());
         r = req(&g[0].uuid, GI, 1000);
         r.id = huge.clone();
-        let e = create_record(&r, huge.clone(), Policy::Burst, 1)
-            .and_then(|rec| validate(&rec, &g))
+        let e = crate::wire::create(&r)
+            .and_then(|c| validate(&c.into_record(huge.clone(), Policy::Burst, 1), &g))
             .unwrap_err()
             .to_string();
         assert!(e.len() < 400, "{}", e.len());

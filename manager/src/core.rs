@@ -3,7 +3,6 @@
 //! restart. The threads that keep it current are [`crate::reaper`] and
 //! [`crate::sampler`]; what it reports is [`crate::report`].
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,7 +172,7 @@ impl Core {
     }
 
     /// CreateAllocation: idempotent for the same id and request.
-    pub fn create(&self, req: &pb::CreateAllocationRequest) -> Result<pb::Allocation, AllocError> {
+    pub fn create(&self, req: wire::Create) -> Result<pb::Allocation, AllocError> {
         self.create_for(req, Peer::default())
     }
 
@@ -181,13 +180,12 @@ impl Core {
     /// the state file as its own (see [`Store::create_owned`]); a `tessera
     /// run` request (`source=cli`) is bound to the peer process (see
     /// [`Core::bind_run`]) and may name its GPUs by index or UUID prefix.
-    pub fn create_for(
-        &self,
-        req: &pb::CreateAllocationRequest,
-        peer: Peer,
-    ) -> Result<pb::Allocation, AllocError> {
+    pub fn create_for(&self, req: wire::Create, peer: Peer) -> Result<pb::Allocation, AllocError> {
         let owner_uid = peer.uid.filter(|&u| u != 0);
-        let req = &*self.bind_run(req, peer)?;
+        let req = self.bind_run(req, peer)?;
+        // Named once: a retry below asks for the same allocation.
+        let id = req.id.clone().unwrap_or_else(alloc::generate_id);
+        let rec = req.into_record(id, self.config.default_policy, now_unix_ms());
         // A run that has just ended is deleted by the reaper, not by itself
         // (it exec'd its command): a loop of runs asking for the whole GPU
         // would find the last one's allocation still there. So a refusal for
@@ -197,7 +195,7 @@ impl Core {
         // have deleted the last run's allocation since the first attempt.
         let mut retried = false;
         loop {
-            match self.create_bound(req, owner_uid) {
+            match self.create_bound(&rec, owner_uid) {
                 Err(AllocError::Exhausted(_)) if !retried => {
                     retried = true;
                     if self.collect_gone_runs() == 0 && self.holds_runs() {
@@ -284,19 +282,13 @@ impl Core {
     /// [`Core::create_for`] once its request is bound.
     fn create_bound(
         &self,
-        req: &pb::CreateAllocationRequest,
+        rec: &AllocationRecord,
         owner_uid: Option<u32>,
     ) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
-        let id = if req.id.is_empty() {
-            alloc::generate_id()
-        } else {
-            req.id.clone()
-        };
-        let rec = wire::create_record(req, id, self.config.default_policy, now_unix_ms())?;
-        alloc::validate(&rec, &self.gpus)?;
+        alloc::validate(rec, &self.gpus)?;
         if let Some(existing) = self.allocation(&rec.id) {
-            if existing.record().same_request(&rec) {
+            if existing.record().same_request(rec) {
                 return Ok(self.allocation_pb(&existing));
             }
             return Err(AllocError::Conflict(format!(
@@ -320,9 +312,9 @@ impl Core {
             }
         }
         let existing: Vec<AllocationRecord> = self.live_list().iter().map(|l| l.record()).collect();
-        alloc::check_capacity(&rec, &self.gpus, existing.iter())?;
+        alloc::check_capacity(rec, &self.gpus, existing.iter())?;
         let spec = rec.control_spec(self.config.context_overhead_bytes);
-        self.store.create_owned(&rec, &spec, owner_uid)?;
+        self.store.create_owned(rec, &spec, owner_uid)?;
         let dir = self.store.alloc_dir(&rec.id);
         let live = match LiveAllocation::open(rec.clone(), dir) {
             Ok(l) => Arc::new(l),
@@ -353,15 +345,10 @@ impl Core {
     /// process. With no peer pid the labels go and the run is not tracked
     /// (the run then deletes the allocation itself). Other requests pass
     /// unchanged.
-    pub fn bind_run<'r>(
-        &self,
-        req: &'r pb::CreateAllocationRequest,
-        peer: Peer,
-    ) -> Result<Cow<'r, pb::CreateAllocationRequest>, AllocError> {
+    pub fn bind_run(&self, mut req: wire::Create, peer: Peer) -> Result<wire::Create, AllocError> {
         if req.labels.get(labels::SOURCE).map(String::as_str) != Some(labels::SOURCE_CLI) {
-            return Ok(Cow::Borrowed(req));
+            return Ok(req);
         }
-        let mut req = req.clone();
         let names: Vec<(u32, &str)> = self
             .gpus
             .iter()
@@ -398,7 +385,7 @@ impl Core {
             req.labels.extend(owner.labels());
             req.labels.insert(labels::CLI_TRACKED.into(), "true".into());
         }
-        Ok(Cow::Owned(req))
+        Ok(req)
     }
 
     /// DeleteAllocation.
@@ -434,17 +421,14 @@ impl Core {
     }
 
     /// SetAllocationOwner: records the owner; a policy may only tighten.
-    pub fn set_owner(
-        &self,
-        req: &pb::SetAllocationOwnerRequest,
-    ) -> Result<pb::Allocation, AllocError> {
+    pub fn set_owner(&self, req: wire::Owner) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
         let live = self.allocation(&req.id).ok_or_else(|| {
             AllocError::NotFound(format!("no allocation {}", alloc::clip(&req.id)))
         })?;
         alloc::check_owner(&req.namespace, &req.pod, &req.container)?;
         let mut rec = live.record();
-        if let Some(p) = wire::policy_from_pb(req.policy)? {
+        if let Some(p) = req.policy {
             if !alloc::is_stricter_or_same(rec.policy, p) {
                 return Err(AllocError::Precondition(format!(
                     "allocation {} is {}; a policy may only become stricter, not {}",
@@ -455,9 +439,9 @@ impl Core {
             }
             rec.policy = p;
         }
-        rec.namespace = req.namespace.clone();
-        rec.pod = req.pod.clone();
-        rec.container = req.container.clone();
+        rec.namespace = req.namespace;
+        rec.pod = req.pod;
+        rec.container = req.container;
         self.store.save(&rec)?;
         for i in 0..live.control().n_devices() {
             live.control().set_policy(i, rec.policy)?;
@@ -476,7 +460,7 @@ impl Core {
     /// apart), so a reservation racing the resize fits the new limit or
     /// makes the resize fail (the old limit is put back), unless it read
     /// the old limit and stalls for longer than that before landing.
-    pub fn resize(&self, req: &pb::ResizeAllocationRequest) -> Result<pb::Allocation, AllocError> {
+    pub fn resize(&self, req: wire::Resize) -> Result<pb::Allocation, AllocError> {
         let _w = self.writes.lock();
         let live = self.allocation(&req.id).ok_or_else(|| {
             AllocError::NotFound(format!("no allocation {}", alloc::clip(&req.id)))
@@ -509,11 +493,11 @@ impl Core {
                     d.gpu_uuid
                 )));
             }
-            if d.memory_limit_bytes != 0 {
-                rec.devices[k].memory_limit_bytes = d.memory_limit_bytes;
+            if let Some(m) = d.memory_limit_bytes {
+                rec.devices[k].memory_limit_bytes = m;
             }
-            if d.compute_share_ppm != 0 {
-                rec.devices[k].compute_share_ppm = d.compute_share_ppm;
+            if let Some(c) = d.compute_share_ppm {
+                rec.devices[k].compute_share_ppm = c;
             }
         }
         if rec.devices == old.devices {

@@ -61,8 +61,8 @@ impl pb::manager_server::Manager for ManagerService {
                 .and_then(|c| c.pid())
                 .and_then(|p| u32::try_from(p).ok()),
         };
-        let req = req.into_inner();
-        self.blocking(move |c| c.create_for(&req, peer))
+        let req = crate::wire::create(&req.into_inner()).map_err(Status::from)?;
+        self.blocking(move |c| c.create_for(req, peer))
             .await
             .map(Response::new)
     }
@@ -90,8 +90,8 @@ impl pb::manager_server::Manager for ManagerService {
         &self,
         req: Request<pb::SetAllocationOwnerRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
-        let req = req.into_inner();
-        self.blocking(move |c| c.set_owner(&req))
+        let req = crate::wire::owner(&req.into_inner()).map_err(Status::from)?;
+        self.blocking(move |c| c.set_owner(req))
             .await
             .map(Response::new)
     }
@@ -100,8 +100,8 @@ impl pb::manager_server::Manager for ManagerService {
         &self,
         req: Request<pb::ResizeAllocationRequest>,
     ) -> Result<Response<pb::Allocation>, Status> {
-        let req = req.into_inner();
-        self.blocking(move |c| c.resize(&req))
+        let req = crate::wire::resize(&req.into_inner());
+        self.blocking(move |c| c.resize(req))
             .await
             .map(Response::new)
     }

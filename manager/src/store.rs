@@ -701,7 +701,6 @@ mod tests {
     use crate::alloc::validate;
     use crate::gpu::GpuInfo;
     use crate::gpu::fake::test_gpu;
-    use crate::wire::create_record;
     use tessera_proto::manager::v1 as pb;
 
     const GI: u64 = 1 << 30;
@@ -715,7 +714,7 @@ mod tests {
     }
 
     fn norm(r: &pb::CreateAllocationRequest) -> Result<AllocationRecord, AllocError> {
-        let rec = create_record(r, r.id.clone(), tessera_shm::Policy::Burst, 1)?;
+        let rec = crate::wire::create(r)?.into_record(r.id.clone(), tessera_shm::Policy::Burst, 1);
         validate(&rec, &gpus())?;
         Ok(rec)
     }

@@ -806,7 +806,10 @@ async fn the_allocation_of_a_run_that_died_is_deleted_once_its_processes_are_gon
         uid: None,
         pid: Some(run_id.pid),
     };
-    let a = m.core.create_for(&req, peer).unwrap();
+    let a = m
+        .core
+        .create_for(tessera_manager::wire::create(&req).unwrap(), peer)
+        .unwrap();
     assert_eq!(a.labels["cli-tracked"], "true");
     // A request naming the run in its labels over our own connection is
     // bound to us, alive: never collected when the run dies.
