@@ -1,12 +1,21 @@
-//! `tessera scheduler-extender`: its flags and the daemon's life (a
-//! Kubernetes client, the listener, serving until shutdown).
+//! `tessera scheduler-extender`: its flags and the daemon's life (how it
+//! serves, a Kubernetes client, the listener, serving until shutdown).
+//!
+//! How it serves: HTTPS when given `--tls-cert-file` and `--tls-key-file`
+//! (re-read when they change, as the webhook's); plain HTTP only on a
+//! loopback address, where only the scheduler in the same pod reaches it. A
+//! non-loopback address without a certificate is refused at start: whatever
+//! reaches the extender can bind pods.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_placement::Policy;
+use tessera_tls::certs::{self, CertError, HTTP1};
+use tessera_tls::files::MountedFiles;
 use tokio::net::TcpListener;
 
 use crate::server::{ServeError, serve};
@@ -34,6 +43,38 @@ pub struct SchedulerExtenderArgs {
     /// cluster may be; bind always reads afresh.
     #[arg(long, env = "TESSERA_EXTENDER_REFRESH_MS", default_value_t = 1000)]
     pub refresh_ms: u64,
+    /// Serving certificate chain (PEM), e.g. cert-manager's tls.crt: serve
+    /// HTTPS. Re-read when it changes. Without it the extender serves plain
+    /// HTTP, and only on a loopback `--listen`.
+    #[arg(
+        long,
+        env = "TESSERA_EXTENDER_TLS_CERT_FILE",
+        requires = "tls_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(
+        long,
+        env = "TESSERA_EXTENDER_TLS_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_key_file: Option<PathBuf>,
+    /// Seconds between re-reads of the certificate files.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tls_reload_secs: u64,
+}
+
+/// How the extender serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain HTTP: loopback addresses only.
+    Plain,
+    /// HTTPS from certificate files, re-read every `reload`.
+    Tls {
+        cert: PathBuf,
+        key: PathBuf,
+        reload: Duration,
+    },
 }
 
 impl SchedulerExtenderArgs {
@@ -42,6 +83,36 @@ impl SchedulerExtenderArgs {
             policy: self.policy,
             node_deadline: Duration::from_secs(self.node_deadline_secs),
             refresh: Duration::from_millis(self.refresh_ms),
+        }
+    }
+
+    /// How to serve: TLS with a certificate, plain only on loopback.
+    pub fn transport(&self) -> Result<Transport, RunError> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Ok(Transport::Tls {
+                cert: cert.clone(),
+                key: key.clone(),
+                reload: Duration::from_secs(self.tls_reload_secs),
+            }),
+            (None, None) if self.listen.ip().is_loopback() => Ok(Transport::Plain),
+            (None, None) => Err(RunError::PlainOffLoopback { addr: self.listen }),
+            // clap's `requires` makes these unreachable from the command line.
+            (Some(_), None) => Err(RunError::HalfTls("--tls-key-file")),
+            (None, Some(_)) => Err(RunError::HalfTls("--tls-cert-file")),
+        }
+    }
+
+    /// The TLS configuration to serve with (`None`: plain HTTP), its
+    /// certificate files loaded (a missing or bad one is an error here) and
+    /// re-read every `--tls-reload-secs` on the current tokio runtime.
+    pub fn server_tls(&self) -> Result<Option<Arc<rustls::ServerConfig>>, RunError> {
+        match self.transport()? {
+            Transport::Plain => Ok(None),
+            Transport::Tls { cert, key, reload } => {
+                let resolver = MountedFiles::watch(cert, key, reload)?;
+                // HTTP/1.1 only: offering h2 would make Go's client (the scheduler) take it.
+                Ok(Some(certs::server_config_alpn(resolver, &[HTTP1])?))
+            }
         }
     }
 }
@@ -59,6 +130,16 @@ pub enum RunError {
     },
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(
+        "refusing to serve plain HTTP on {addr}, which is not a loopback address: whatever \
+         reaches the extender can bind pods. Give --tls-cert-file and --tls-key-file, or \
+         listen on 127.0.0.1"
+    )]
+    PlainOffLoopback { addr: SocketAddr },
+    #[error("TLS needs {0} too")]
+    HalfTls(&'static str),
+    #[error("extender TLS: {0}")]
+    Cert(#[from] CertError),
 }
 
 /// Runs the extender with the in-cluster config (or a kubeconfig) until
@@ -68,7 +149,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     // kube's TLS client takes the process-wide rustls provider; name it.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = certs::provider().install_default();
+    // Before anything else: a bad certificate or a plain non-loopback address
+    // is a clear error at start.
+    let tls = args.server_tls()?;
     let client = kube::Client::try_default().await?;
     let listener = TcpListener::bind(args.listen)
         .await
@@ -76,8 +160,66 @@ pub async fn run(
             addr: args.listen,
             source,
         })?;
-    tracing::info!(listen = %args.listen, policy = %args.policy, "scheduler extender serving");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(listen = %args.listen, scheme, policy = %args.policy, "scheduler extender serving");
     let ext = Arc::new(Extender::new(client, args.settings()));
-    serve(listener, ext, shutdown).await?;
+    serve(listener, tls, ext, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SchedulerExtenderArgs,
+    }
+
+    fn args(flags: &[&str]) -> Result<SchedulerExtenderArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("extender").chain(flags.iter().copied()))
+            .map(|c| c.args)
+    }
+
+    #[test]
+    fn plain_http_only_on_loopback() {
+        for listen in ["127.0.0.1:8888", "[::1]:8888"] {
+            let a = args(&["--listen", listen]).expect("flags");
+            assert_eq!(a.transport().expect(listen), Transport::Plain);
+        }
+        for listen in ["0.0.0.0:8888", "10.0.0.7:8888", "[::]:8888"] {
+            let a = args(&["--listen", listen]).expect("flags");
+            let e = a.transport().expect_err(listen).to_string();
+            assert!(e.contains("refusing to serve plain HTTP"), "{e}");
+            assert!(e.contains("--tls-cert-file"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_means_tls_on_any_address() {
+        let a = args(&[
+            "--listen",
+            "0.0.0.0:8888",
+            "--tls-cert-file",
+            "/c.pem",
+            "--tls-key-file",
+            "/k.pem",
+            "--tls-reload-secs",
+            "5",
+        ])
+        .expect("flags");
+        assert_eq!(
+            a.transport().expect("tls"),
+            Transport::Tls {
+                cert: "/c.pem".into(),
+                key: "/k.pem".into(),
+                reload: Duration::from_secs(5),
+            }
+        );
+        // One without the other is refused by the flags themselves.
+        assert!(args(&["--tls-cert-file", "/c.pem"]).is_err());
+        assert!(args(&["--tls-key-file", "/k.pem"]).is_err());
+    }
 }

@@ -1,17 +1,22 @@
 //! The HTTP front of the extender: `POST /filter`, `/prioritize`, `/bind`
 //! (the verbs the scheduler's `KubeSchedulerConfiguration` names) and
-//! `GET /healthz`, over HTTP/1.1. The chart runs it beside the scheduler in
-//! one pod, on the loopback address only.
+//! `GET /healthz`, over HTTP/1.1, in TLS when given a configuration (the
+//! certificate and its reloading are `tessera_tls`, shared with the webhook).
+//! The chart runs it beside the scheduler in one pod, on the loopback address.
+//! On shutdown it drains: requests in flight (a bind half-way) are answered.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tessera_tls::drain::Drain;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 use crate::service::{Extender, ServiceError};
 use crate::wire::{ExtenderBindingResult, ExtenderFilterResult};
@@ -28,28 +33,87 @@ pub enum ServeError {
     Accept(#[source] std::io::Error),
 }
 
-/// Serves until `shutdown` completes.
+/// A TLS handshake must complete within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request head must arrive within this of the connection opening or of the
+/// previous answer (idle keep-alive connections close after it too).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// On shutdown, how long the requests in flight have to be answered (the chart's
+/// `httpTimeout` is 30 s; the pod's grace period is 30 s too).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// Serves until `shutdown` completes, then drains: accepts nothing more,
+/// answers the requests in flight and closes. `tls`: HTTPS with this
+/// configuration; `None`: plain HTTP (the caller decides when that is allowed,
+/// see `run`).
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     extender: Arc<Extender>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let acceptor = tls.map(TlsAcceptor::from);
+    let drain = Drain::new();
     tokio::pin!(shutdown);
     loop {
-        let (tcp, _) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
             a = listener.accept() => a.map_err(ServeError::Accept)?,
         };
-        let ext = extender.clone();
+        let held = drain.hold();
+        let (ext, acceptor, drain) = (extender.clone(), acceptor.clone(), drain.clone());
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(ext.clone(), req));
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await
-            {
-                tracing::debug!(error = %e, "connection closed");
+            let _held = held;
+            let result = match acceptor {
+                None => connection(TokioIo::new(tcp), ext, &drain).await,
+                Some(acceptor) => match handshake(&acceptor, tcp).await {
+                    Ok(tls) => connection(TokioIo::new(tls), ext, &drain).await,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                },
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection closed");
             }
         });
+    }
+    drop(listener);
+    let open = drain.open();
+    let left = drain.close(DRAIN_TIMEOUT).await;
+    tracing::info!(open, left, "stopped accepting; connections drained");
+    Ok(())
+}
+
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))?
+}
+
+/// One HTTP/1.1 connection, closed gracefully (after its request in flight)
+/// when the server drains.
+async fn connection<I>(io: TokioIo<I>, ext: Arc<Extender>, drain: &Drain) -> hyper::Result<()>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| handle(ext.clone(), req));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        () = drain.closing() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
     }
 }
 

@@ -2,7 +2,10 @@
 //! real one's JSON (lists, 404 Status objects, merge patches with a
 //! resourceVersion precondition, the pods/binding subresource): filter,
 //! prioritize and bind with the bodies kube-scheduler sends, and the bad
-//! inputs, each of which must change nothing.
+//! inputs, each of which must change nothing. Then the same over HTTPS, as
+//! `tessera scheduler-extender --tls-cert-file/--tls-key-file` serves it: a
+//! certificate from a test CA, a bad certificate refused at start, and a
+//! rotated one served once its files change.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -19,6 +22,7 @@ use serde_json::{Value, json};
 use tessera_extender::service::{Extender, Settings};
 use tessera_node::scheduling::{Assignment, FORMAT_VERSION, GpuReport, NodeReport};
 use tessera_placement::Policy;
+use tessera_tls::certs::{Authority, ServingCert, der_to_pem};
 use tokio::net::{TcpListener, TcpStream};
 
 // ---------------------------------------------------------------- fake API server
@@ -287,9 +291,21 @@ fn cluster() -> Cluster {
 struct Harness {
     cluster: Shared,
     extender: SocketAddr,
+    /// HTTPS: the CA bundle the client trusts.
+    tls: Option<String>,
 }
 
 async fn start(c: Cluster, policy: Policy) -> Harness {
+    start_with(c, policy, None).await
+}
+
+/// The extender serving with `tls` (a configuration and the CA bundle a
+/// client trusts), or plain HTTP.
+async fn start_with(
+    c: Cluster,
+    policy: Policy,
+    tls: Option<(Arc<rustls::ServerConfig>, String)>,
+) -> Harness {
     let cluster: Shared = Arc::new(Mutex::new(c));
     let api_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api_addr = api_listener.local_addr().unwrap();
@@ -311,16 +327,28 @@ async fn start(c: Cluster, policy: Policy) -> Harness {
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let extender = listener.local_addr().unwrap();
+    let (config, bundle) = tls.unzip();
     tokio::spawn(tessera_extender::server::serve(
         listener,
+        config,
         ext,
         std::future::pending(),
     ));
-    Harness { cluster, extender }
+    Harness {
+        cluster,
+        extender,
+        tls: bundle,
+    }
 }
 
 impl Harness {
     async fn post(&self, verb: &str, body: &[u8]) -> (StatusCode, Value) {
+        if let Some(bundle) = &self.tls {
+            let r = https(self.extender, bundle, verb, body)
+                .await
+                .expect("an HTTPS answer");
+            return (StatusCode::from_u16(r.status).unwrap(), as_json(&r.body));
+        }
         let tcp = TcpStream::connect(self.extender).await.unwrap();
         let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
@@ -334,9 +362,7 @@ impl Harness {
         let resp = send.send_request(req).await.unwrap();
         let code = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let v = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (code, v)
+        (code, as_json(&bytes))
     }
 
     fn add_pod(&self, p: Value) {
@@ -355,6 +381,11 @@ impl Harness {
     fn writes(&self) -> Vec<String> {
         self.cluster.lock().unwrap().writes.clone()
     }
+}
+
+fn as_json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 const ALL: [&str; 5] = ["two-by-two", "empty", "stale", "silent", "sick"];
@@ -625,4 +656,231 @@ async fn bad_inputs_get_a_clear_error_and_change_nothing() {
         "{r}"
     );
     assert_eq!(h.writes(), writes);
+}
+
+// ---------------------------------------------------------------- HTTPS
+
+/// The name the extender's certificate is for (the chart's `tlsConfig`
+/// names it as `serverName`).
+const TLS_NAME: &str = "localhost";
+
+/// One request over TLS on a new connection, trusting `bundle` only.
+async fn https(
+    addr: SocketAddr,
+    bundle: &str,
+    verb: &str,
+    body: &[u8],
+) -> Result<tessera_tls::testing::Reply, tessera_tls::testing::RequestError> {
+    tessera_tls::testing::request(
+        addr,
+        TLS_NAME,
+        bundle,
+        "POST",
+        &format!("/{verb}"),
+        body.into(),
+    )
+    .await
+}
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: tessera_extender::SchedulerExtenderArgs,
+}
+
+/// `tessera scheduler-extender` flags, parsed as the binary parses them.
+fn flags(flags: &[&str]) -> tessera_extender::SchedulerExtenderArgs {
+    use clap::Parser as _;
+    Cli::try_parse_from(std::iter::once("scheduler-extender").chain(flags.iter().copied()))
+        .expect("flags")
+        .args
+}
+
+/// A test CA and certificate files it signed for [`TLS_NAME`], in a
+/// temporary directory.
+struct Certs {
+    ca: Authority,
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn new() -> Certs {
+        let ca = Authority::generate(Duration::from_secs(86_400), time::OffsetDateTime::now_utc())
+            .expect("ca");
+        let c = Certs {
+            ca,
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        c.write(&c.issue());
+        c
+    }
+
+    fn issue(&self) -> ServingCert {
+        self.ca
+            .issue(
+                &[TLS_NAME.to_string()],
+                Duration::from_secs(3600),
+                time::OffsetDateTime::now_utc(),
+            )
+            .expect("issue")
+    }
+
+    fn cert_path(&self) -> String {
+        self.dir.path().join("tls.crt").display().to_string()
+    }
+
+    fn key_path(&self) -> String {
+        self.dir.path().join("tls.key").display().to_string()
+    }
+
+    /// Writes `cert` and its key as cert-manager's mounted files.
+    fn write(&self, cert: &ServingCert) {
+        let pem: String = cert.chain.iter().map(|d| der_to_pem(d)).collect();
+        std::fs::write(self.cert_path(), pem).expect("write cert");
+        std::fs::write(self.key_path(), cert.key_pem()).expect("write key");
+    }
+
+    /// The extender's flags serving these files, re-read every second.
+    fn flags(&self) -> tessera_extender::SchedulerExtenderArgs {
+        flags(&[
+            "--listen",
+            "0.0.0.0:8888",
+            "--tls-cert-file",
+            &self.cert_path(),
+            "--tls-key-file",
+            &self.key_path(),
+            "--tls-reload-secs",
+            "1",
+        ])
+    }
+
+    fn bundle(&self) -> String {
+        self.ca.material().cert_pem.clone()
+    }
+}
+
+#[tokio::test]
+async fn filter_prioritize_and_bind_over_tls() {
+    let certs = Certs::new();
+    let tls = certs
+        .flags()
+        .server_tls()
+        .expect("TLS")
+        .expect("TLS, not plain");
+    let h = start_with(cluster(), Policy::default(), Some((tls, certs.bundle()))).await;
+
+    let (code, r) = h
+        .post("filter", &args_by_name(&pod("p3", Some("3")), &ALL))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{r}");
+    assert_eq!(r["nodenames"], json!(["empty"]), "{r}");
+
+    let (code, r) = h
+        .post(
+            "prioritize",
+            &args_by_name(&pod("p2", Some("2")), &["empty", "two-by-two"]),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{r}");
+    assert_eq!(r.as_array().map(Vec::len), Some(2), "{r}");
+
+    h.add_pod(pod("p1", Some("2")));
+    let (code, r) = h
+        .post("bind", &bind_args("p1", "uid-p1", "two-by-two"))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{r}");
+    assert!(r.get("error").is_none(), "{r}");
+    assert_eq!(h.pod("p1")["spec"]["nodeName"], "two-by-two");
+    assert_eq!(h.writes(), ["patch team-a/p1", "bind team-a/p1 two-by-two"]);
+
+    // A client that trusts another CA is refused in the handshake, and plain
+    // HTTP to the TLS port gets no answer: nothing more is written.
+    let other = Certs::new();
+    let e = https(h.extender, &other.bundle(), "filter", b"{}")
+        .await
+        .expect_err("an untrusted certificate");
+    assert!(
+        matches!(e, tessera_tls::testing::RequestError::Tls(_)),
+        "{e}"
+    );
+    let tcp = TcpStream::connect(h.extender).await.unwrap();
+    let plain = async {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        let req = Request::post("/bind")
+            .header("host", "localhost")
+            .body(Full::new(Bytes::from(bind_args("p1", "uid-p1", "empty"))))
+            .unwrap();
+        send.send_request(req).await
+    };
+    assert!(plain.await.is_err(), "plain HTTP answered on the TLS port");
+    assert_eq!(h.writes().len(), 2);
+}
+
+#[tokio::test]
+async fn a_bad_certificate_or_plain_http_off_loopback_is_a_clear_error_at_start() {
+    let certs = Certs::new();
+    let run = |args| tessera_extender::run(args, std::future::pending());
+
+    // Not PEM.
+    std::fs::write(certs.cert_path(), "not a certificate").unwrap();
+    let e = run(certs.flags()).await.expect_err("garbage").to_string();
+    assert!(e.contains("not a PEM certificate"), "{e}");
+    assert!(e.contains(&certs.cert_path()), "{e}");
+
+    // A key that is not the certificate's.
+    let (a, b) = (certs.issue(), certs.issue());
+    certs.write(&a);
+    std::fs::write(certs.key_path(), b.key_pem()).unwrap();
+    let e = run(certs.flags()).await.expect_err("mismatch").to_string();
+    assert!(e.contains("extender TLS"), "{e}");
+
+    // Missing.
+    std::fs::remove_file(certs.key_path()).unwrap();
+    let e = run(certs.flags()).await.expect_err("missing").to_string();
+    assert!(e.contains("cannot read"), "{e}");
+    assert!(e.contains(&certs.key_path()), "{e}");
+
+    // No certificate on an address others reach.
+    let e = run(flags(&["--listen", "0.0.0.0:0"]))
+        .await
+        .expect_err("plain off loopback")
+        .to_string();
+    assert!(e.contains("refusing to serve plain HTTP"), "{e}");
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_after_its_files_change() {
+    let certs = Certs::new();
+    let tls = certs.flags().server_tls().expect("TLS").expect("TLS");
+    let h = start_with(cluster(), Policy::default(), Some((tls, certs.bundle()))).await;
+    let body = args_by_name(&pod("p3", Some("3")), &ALL);
+    let first = https(h.extender, &certs.bundle(), "filter", &body)
+        .await
+        .expect("served");
+    assert_eq!(first.status, 200);
+
+    // cert-manager renews: new certificate, new key, same CA.
+    let next = certs.issue();
+    certs.write(&next);
+    let t0 = std::time::Instant::now();
+    loop {
+        // Every request meanwhile is answered, by the old certificate or the new.
+        let r = https(h.extender, &certs.bundle(), "filter", &body)
+            .await
+            .expect("served through the rotation");
+        assert_eq!(r.status, 200);
+        if r.leaf == next.chain[0] {
+            break;
+        }
+        assert_eq!(
+            r.leaf, first.leaf,
+            "neither the old certificate nor the new"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the new certificate was not served within 60 s (re-read every second)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -3,7 +3,6 @@
 //! (cert-manager), both swapped into the running server without dropping a request.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +12,9 @@ use crate::certs::{
     Authority, CaMaterial, CertError, ServingCert, SwappableCert, ca_rollover_due, renewal_due,
     validity_of_pem,
 };
+/// Mounted certificate files (cert-manager) are `tessera_tls::files`, shared with the
+/// scheduler extender.
+pub use tessera_tls::files::MountedFiles;
 
 /// The CA as the replicas share it: the one that signs now, and the one before it, which
 /// stays trusted until the certificates it signed have expired.
@@ -241,72 +243,6 @@ impl<S: CaStore> SelfManaged<S> {
                 Ok(t) if t != Tick::default() => tracing::info!(?t, "certificate upkeep"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "certificate upkeep failed; will retry"),
-            }
-        }
-    }
-}
-
-/// Certificates from mounted files (cert-manager writes them into a Secret, the kubelet
-/// updates the volume): re-read on an interval and swapped in when they change.
-#[derive(Debug)]
-pub struct MountedFiles {
-    pub cert_path: PathBuf,
-    pub key_path: PathBuf,
-    last: Mutex<Option<(String, String)>>,
-}
-
-impl MountedFiles {
-    pub fn new(cert_path: PathBuf, key_path: PathBuf) -> Self {
-        Self {
-            cert_path,
-            key_path,
-            last: Mutex::new(None),
-        }
-    }
-
-    fn read(&self) -> Result<(String, String), CertError> {
-        let read = |p: &PathBuf| {
-            std::fs::read_to_string(p).map_err(|source| CertError::Read {
-                path: p.display().to_string(),
-                source,
-            })
-        };
-        Ok((read(&self.cert_path)?, read(&self.key_path)?))
-    }
-
-    /// Loads the files; fails with a clear error if they are missing or bad.
-    pub fn start(&self) -> Result<Arc<SwappableCert>, CertError> {
-        let (cert, key) = self.read()?;
-        let serving = ServingCert::from_pem(&cert, &key, &self.cert_path.display().to_string())?;
-        *lock(&self.last) = Some((cert, key));
-        SwappableCert::new(&serving)
-    }
-
-    /// Swaps in the files if they changed since the last load. A bad new pair is an error
-    /// and the old certificate keeps serving. Returns whether it swapped.
-    pub fn reload(&self, resolver: &SwappableCert) -> Result<bool, CertError> {
-        let pair = self.read()?;
-        if lock(&self.last).as_ref() == Some(&pair) {
-            return Ok(false);
-        }
-        let serving =
-            ServingCert::from_pem(&pair.0, &pair.1, &self.cert_path.display().to_string())?;
-        resolver.swap(&serving)?;
-        *lock(&self.last) = Some(pair);
-        Ok(true)
-    }
-
-    pub async fn run(self, resolver: Arc<SwappableCert>, interval: Duration) {
-        loop {
-            tokio::time::sleep(interval).await;
-            match self.reload(&resolver) {
-                Ok(true) => {
-                    tracing::info!(path = %self.cert_path.display(), "reloaded serving certificate")
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "new certificate files rejected; keeping the old ones")
-                }
             }
         }
     }

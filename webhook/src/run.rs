@@ -141,9 +141,19 @@ pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// Runs the webhook until `shutdown` completes.
+/// Runs the webhook until `shutdown` completes, then drains its connections.
 pub async fn run(
     opts: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
+    run_with(opts, |_| {}, shutdown).await
+}
+
+/// [`run`], calling `ready` with the address bound once the server listens (a test
+/// started on port 0 learns its port, and when it serves).
+pub async fn run_with(
+    opts: Options,
+    ready: impl FnOnce(SocketAddr),
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
     // kube's TLS client asks rustls for the process default provider; name it once, so a
@@ -151,10 +161,7 @@ pub async fn run(
     let _ = certs::provider().install_default();
     let resolver = match &opts.certs {
         CertSource::Files { cert, key } => {
-            let files = MountedFiles::new(cert.clone(), key.clone());
-            let resolver = files.start()?;
-            tokio::spawn(files.run(resolver.clone(), opts.check_interval));
-            resolver
+            MountedFiles::watch(cert.clone(), key.clone(), opts.check_interval)?
         }
         CertSource::SelfManaged {
             namespace,
@@ -182,7 +189,9 @@ pub async fn run(
             addr: opts.listen,
             source,
         })?;
-    tracing::info!(addr = %opts.listen, "webhook serving");
+    let addr = listener.local_addr().unwrap_or(opts.listen);
+    tracing::info!(%addr, "webhook serving");
+    ready(addr);
     let stats = Arc::new(server::Stats::default());
     tokio::spawn(report_refusals(stats.clone(), Duration::from_secs(60)));
     server::serve_with(listener, tls, server::Limits::default(), stats, shutdown).await?;

@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tessera_tls::drain::Drain;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -71,6 +72,9 @@ pub struct Limits {
     /// the largest review is admitted alone and small ones by the hundred. Beyond it a
     /// request waits, within `body_timeout`, then gets 503.
     pub memory_budget: usize,
+    /// On shutdown (SIGTERM), how long the requests in flight have to be answered before
+    /// the server stops anyway; connections close as soon as theirs are.
+    pub drain_timeout: Duration,
 }
 
 /// How long a connection told to close gracefully has to do so.
@@ -93,6 +97,8 @@ impl Default for Limits {
             max_streams: 32,
             max_body: MAX_BODY,
             memory_budget: PARSE_COST * MAX_BODY + (4 << 20),
+            // The chart's webhook timeout (10 s): the API server gives up after it anyway.
+            drain_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -155,9 +161,12 @@ struct Shared {
     /// Memory budget in KiB permits.
     budget: Semaphore,
     per_peer: Mutex<HashMap<IpAddr, usize>>,
+    /// Open connections, told to close on shutdown.
+    drain: Arc<Drain>,
 }
 
-/// Serves until `shutdown` completes. Connections already open finish on their own.
+/// Serves until `shutdown` completes, then drains: accepts nothing more, answers the
+/// requests in flight (within `Limits::drain_timeout`) and closes every connection.
 pub async fn serve_with(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -175,12 +184,13 @@ pub async fn serve_with(
         limits,
         stats,
         per_peer: Mutex::new(HashMap::new()),
+        drain: Drain::new(),
     });
     let mut last_refusal_log: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 // Running out of file descriptors is temporary; anything else is fatal.
@@ -204,9 +214,20 @@ pub async fn serve_with(
             continue;
         };
         let acceptor = acceptor.clone();
+        let held = shared.drain.hold();
         let shared = shared.clone();
-        tokio::spawn(async move { connection(shared, acceptor, tcp, peer, slot).await });
+        tokio::spawn(async move {
+            connection(shared, acceptor, tcp, peer, slot).await;
+            drop(held);
+        });
     }
+    // New connections are refused from here on (the Service sends them to another
+    // replica, or the API server retries them).
+    drop(listener);
+    let open = shared.drain.open();
+    let left = shared.drain.close(shared.limits.drain_timeout).await;
+    tracing::info!(open, left, "stopped accepting; connections drained");
+    Ok(())
 }
 
 fn kib(bytes: usize) -> usize {
@@ -442,7 +463,8 @@ async fn watch(
 ) {
     let limits = &shared.limits;
     let tick = (limits.idle_timeout.min(limits.stall_timeout) / 4).max(Duration::from_millis(50));
-    let mut closing: Option<Instant> = None;
+    // When a graceful close began, and how long the connection has to complete it.
+    let mut closing: Option<(Instant, Duration)> = None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
@@ -455,10 +477,16 @@ async fn watch(
                 return;
             }
             _ = tokio::time::sleep(tick) => {}
+            // Shutdown: answer what is in flight, then close.
+            _ = shared.drain.closing(), if closing.is_none() => {
+                conn.as_mut().shut();
+                closing = Some((Instant::now(), limits.drain_timeout));
+                continue;
+            }
         }
-        if let Some(since) = closing {
+        if let Some((since, grace)) = closing {
             // A graceful close the client does not complete is made hard.
-            if since.elapsed() > GRACE {
+            if since.elapsed() > grace {
                 tracing::debug!(%peer, "connection did not close; dropped");
                 return;
             }
@@ -478,7 +506,7 @@ async fn watch(
                 return;
             }
             conn.as_mut().shut();
-            closing = Some(Instant::now());
+            closing = Some((Instant::now(), GRACE));
         }
     }
 }

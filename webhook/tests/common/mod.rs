@@ -5,13 +5,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use tessera_webhook::certs::{self, SwappableCert};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 pub const SERVICE_DNS: &str = "tessera-webhook.tessera-system.svc";
 
@@ -29,14 +26,7 @@ pub async fn start_server(cert: Arc<SwappableCert>) -> SocketAddr {
     addr
 }
 
-/// One answer from the server.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub body: Vec<u8>,
-    /// The leaf certificate the server presented.
-    pub leaf: CertificateDer<'static>,
-}
+pub use tessera_tls::testing::Reply;
 
 /// One request on a new TLS connection (so each one sees the certificate current at the
 /// time) trusting exactly the CAs in `bundle_pem`.
@@ -47,51 +37,9 @@ pub async fn request(
     path: &str,
     body: Vec<u8>,
 ) -> Result<Reply, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_slice_iter(bundle_pem.as_bytes()) {
-        roots
-            .add(der.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(certs::provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(SERVICE_DNS.to_string()).map_err(|e| e.to_string())?;
-    let tls = connector
-        .connect(name, tcp)
+    tessera_tls::testing::request(addr, SERVICE_DNS, bundle_pem, method, path, body)
         .await
-        .map_err(|e| format!("TLS: {e}"))?;
-    let leaf = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first().cloned())
-        .ok_or("no peer certificate")?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", SERVICE_DNS)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes()
-        .to_vec();
-    Ok(Reply { status, body, leaf })
+        .map_err(|e| e.to_string())
 }
 
 /// The common name of a certificate's issuer.
