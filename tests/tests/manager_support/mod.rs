@@ -63,12 +63,7 @@ pub fn role_main() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
-    let args: Vec<String> = std::env::var(ARGS_ENV)
-        .unwrap_or_default()
-        .split('\u{1f}')
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let args = role_args();
     let code = match role.as_str() {
         "manager" => manager_role(args),
         "cli" => cli_role(args),
@@ -78,6 +73,16 @@ pub fn role_main() {
         }
     };
     std::process::exit(code);
+}
+
+/// The arguments a re-run test executable's role was given ([`role_command`]).
+pub fn role_args() -> Vec<String> {
+    std::env::var(ARGS_ENV)
+        .unwrap_or_default()
+        .split('\u{1f}')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn manager_role(args: Vec<String>) -> i32 {
