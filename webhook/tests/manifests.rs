@@ -480,6 +480,33 @@ fn the_scheduler_reaches_the_extender_over_https_when_tls_is_on() {
         "the certificate is not for the name the scheduler checks: {certificate}"
     );
 
+    // The chart's schema: a misspelt or mistyped TLS value is refused, not ignored.
+    for (flags, says) in [
+        (
+            "scheduler.tls.enable=true",
+            "additional properties 'enable'",
+        ),
+        ("scheduler.tls.enabled=yes", "want boolean"),
+    ] {
+        let helm = std::env::var("HELM").unwrap_or_else(|_| "helm".into());
+        let out = Command::new(&helm)
+            .args([
+                "template",
+                "tessera",
+                CHART,
+                "--namespace",
+                "tessera-system",
+            ])
+            .args(["--set", flags])
+            .output()
+            .expect("run helm");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{flags}: {err}"
+        );
+    }
+
     // On, with a Secret of one's own: mounted as named, no cert-manager objects.
     let out = helm_template(&[
         "--set",
