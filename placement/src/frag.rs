@@ -124,74 +124,134 @@ pub(crate) struct FragGpu {
     pub free: u32,
 }
 
-/// The expected unusable free share (thousandths of a GPU) of a node with
-/// `cpu_free` CPU left and these GPUs.
-pub(crate) fn node_fragmentation(types: &[CompiledType], cpu_free: u64, gpus: &[FragGpu]) -> f64 {
-    let total: u64 = gpus.iter().map(|g| u64::from(g.free)).sum();
-    if total == 0 {
-        return 0.0;
-    }
-    let mut frag = 0.0;
-    for t in types {
-        let unusable = if t.gpus == 0 || cpu_free < t.cpu_milli {
-            total
-        } else {
-            let mut usable_n = 0u32;
-            let mut usable_sum = 0u64;
-            for g in gpus {
-                if g.free >= t.milli && t.allowed.get(usize::from(g.kind)).copied().unwrap_or(false)
-                {
-                    usable_n += 1;
-                    usable_sum += u64::from(g.free);
-                }
-            }
-            if usable_n < t.gpus {
-                total
-            } else {
-                total - usable_sum
-            }
-        };
-        frag += t.weight * unusable as f64;
-    }
-    frag
+/// What the two measures need of a node's GPUs, summed per task type, so
+/// that the measures of the node after one or a few of its GPUs change
+/// follow from a pass over the types alone (the engine ranks each GPU of a
+/// node as a candidate: a pass over types × GPUs per candidate was most of
+/// a decision's time). Integer sums: adding and taking away GPUs is exact,
+/// and the measures come out the same as from the GPUs directly.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSums {
+    /// Free share of the node's GPUs.
+    total: u64,
+    per_type: Vec<TypeSums>,
 }
 
-/// The expected share (thousandths of a GPU) of a node's free GPU that the
-/// task mix cannot fill: for each type, what is left after as many copies
-/// of it as the node can still hold (by its GPUs and by its CPU) are
-/// placed. Stricter than [`node_fragmentation`]: a free share counts as
-/// usable only as far as copies of the task fit in it, and CPU limits the
-/// copies rather than all-or-nothing.
-pub(crate) fn node_leftover(types: &[CompiledType], cpu_free: u64, gpus: &[FragGpu]) -> f64 {
-    let total: u64 = gpus.iter().map(|g| u64::from(g.free)).sum();
-    if total == 0 {
-        return 0.0;
-    }
-    let mut frag = 0.0;
-    for t in types {
-        let usable = if t.gpus == 0 || t.milli == 0 {
-            0
-        } else {
-            let allowed =
-                |g: &&FragGpu| t.allowed.get(usize::from(g.kind)).copied().unwrap_or(false);
-            let by_gpu = if t.milli >= MILLI {
-                gpus.iter()
-                    .filter(allowed)
-                    .filter(|g| g.free >= MILLI)
-                    .count() as u64
-                    / u64::from(t.gpus)
-            } else {
-                gpus.iter()
-                    .filter(allowed)
-                    .map(|g| u64::from(g.free / t.milli))
-                    .sum()
-            };
-            let by_cpu = cpu_free.checked_div(t.cpu_milli).unwrap_or(u64::MAX);
-            (by_gpu.min(by_cpu) * u64::from(t.gpus) * u64::from(t.milli)).min(total)
+#[derive(Debug, Clone, Copy, Default)]
+struct TypeSums {
+    /// Allowed GPUs with at least the type's share free, and their free share.
+    usable_n: u32,
+    usable_sum: u64,
+    /// Copies of the type the allowed GPUs hold by their free share alone:
+    /// for a share type, the sum of ⌊free / share⌋; for whole GPUs, the
+    /// unused GPUs (a copy takes `gpus` of them).
+    copies: u64,
+}
+
+impl NodeSums {
+    pub fn new(types: &[CompiledType], gpus: &[FragGpu]) -> NodeSums {
+        let mut s = NodeSums {
+            total: 0,
+            per_type: vec![TypeSums::default(); types.len()],
         };
-        frag += t.weight * (total - usable) as f64;
+        for g in gpus {
+            s.add(types, *g);
+        }
+        s
     }
-    frag
+
+    /// One GPU's part of each sum.
+    fn part(t: &CompiledType, g: FragGpu) -> (u32, u64, u64) {
+        if !t.allowed.get(usize::from(g.kind)).copied().unwrap_or(false) {
+            return (0, 0, 0);
+        }
+        let usable = g.free >= t.milli;
+        let copies = if t.milli == 0 {
+            0
+        } else if t.milli >= MILLI {
+            u64::from(g.free >= MILLI)
+        } else {
+            u64::from(g.free / t.milli)
+        };
+        (
+            u32::from(usable),
+            if usable { u64::from(g.free) } else { 0 },
+            copies,
+        )
+    }
+
+    /// Counts one more GPU.
+    pub fn add(&mut self, types: &[CompiledType], g: FragGpu) {
+        self.total += u64::from(g.free);
+        for (t, s) in types.iter().zip(&mut self.per_type) {
+            let (n, sum, copies) = Self::part(t, g);
+            s.usable_n += n;
+            s.usable_sum += sum;
+            s.copies += copies;
+        }
+    }
+
+    /// Takes away a GPU counted before (in the state it was counted in).
+    pub fn remove(&mut self, types: &[CompiledType], g: FragGpu) {
+        self.total -= u64::from(g.free);
+        for (t, s) in types.iter().zip(&mut self.per_type) {
+            let (n, sum, copies) = Self::part(t, g);
+            s.usable_n -= n;
+            s.usable_sum -= sum;
+            s.copies -= copies;
+        }
+    }
+
+    /// The expected unusable free share (thousandths of a GPU) with
+    /// `cpu_free` CPU left: for each type, all of it if the type needs no
+    /// GPU, more CPU than is left or more GPUs than hold its share; else
+    /// the GPUs' free share that is below the type's share.
+    pub fn fragmentation(&self, types: &[CompiledType], cpu_free: u64) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        let mut frag = 0.0;
+        for (t, s) in types.iter().zip(&self.per_type) {
+            let unusable = if t.gpus == 0 || cpu_free < t.cpu_milli || s.usable_n < t.gpus {
+                self.total
+            } else {
+                self.total - s.usable_sum
+            };
+            frag += t.weight * unusable as f64;
+        }
+        frag
+    }
+
+    /// The expected share (thousandths of a GPU) the task mix cannot fill
+    /// with `cpu_free` CPU left: for each type, what is left after as many
+    /// copies of it as the node can still hold, by its GPUs and by its CPU.
+    pub fn leftover(&self, types: &[CompiledType], cpu_free: u64) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        let mut frag = 0.0;
+        for (t, s) in types.iter().zip(&self.per_type) {
+            let usable = if t.gpus == 0 || t.milli == 0 {
+                0
+            } else {
+                let by_gpu = if t.milli >= MILLI {
+                    s.copies / u64::from(t.gpus)
+                } else {
+                    s.copies
+                };
+                let by_cpu = cpu_free.checked_div(t.cpu_milli).unwrap_or(u64::MAX);
+                (by_gpu.min(by_cpu) * u64::from(t.gpus) * u64::from(t.milli)).min(self.total)
+            };
+            frag += t.weight * (self.total - usable) as f64;
+        }
+        frag
+    }
+}
+
+/// The expected unusable free share (thousandths of a GPU) of a node with
+/// `cpu_free` CPU left and these GPUs ([`NodeSums::fragmentation`]).
+pub(crate) fn node_fragmentation(types: &[CompiledType], cpu_free: u64, gpus: &[FragGpu]) -> f64 {
+    NodeSums::new(types, gpus).fragmentation(types, cpu_free)
 }
 
 #[cfg(test)]
@@ -276,5 +336,93 @@ mod tests {
         assert_eq!(all.types.len(), 3);
         let w: f64 = all.types.iter().map(|t| t.weight).sum();
         assert!((w - 1.0).abs() < 1e-12);
+    }
+
+    /// Both measures straight from the GPUs, type by type, GPU by GPU.
+    fn direct(types: &[CompiledType], cpu: u64, gpus: &[FragGpu]) -> (f64, f64) {
+        let total: u64 = gpus.iter().map(|g| u64::from(g.free)).sum();
+        if total == 0 {
+            return (0.0, 0.0);
+        }
+        let (mut frag, mut left) = (0.0, 0.0);
+        for t in types {
+            let ok = |g: &&FragGpu| t.allowed[usize::from(g.kind)];
+            let usable: Vec<&FragGpu> = gpus
+                .iter()
+                .filter(ok)
+                .filter(|g| g.free >= t.milli)
+                .collect();
+            let unusable = if t.gpus == 0 || cpu < t.cpu_milli || (usable.len() as u32) < t.gpus {
+                total
+            } else {
+                total - usable.iter().map(|g| u64::from(g.free)).sum::<u64>()
+            };
+            frag += t.weight * unusable as f64;
+            let fill = if t.gpus == 0 || t.milli == 0 {
+                0
+            } else {
+                let by_gpu = if t.milli >= MILLI {
+                    gpus.iter().filter(ok).filter(|g| g.free >= MILLI).count() as u64
+                        / u64::from(t.gpus)
+                } else {
+                    gpus.iter()
+                        .filter(ok)
+                        .map(|g| u64::from(g.free / t.milli))
+                        .sum()
+                };
+                let by_cpu = cpu.checked_div(t.cpu_milli).unwrap_or(u64::MAX);
+                (by_gpu.min(by_cpu) * u64::from(t.gpus) * u64::from(t.milli)).min(total)
+            };
+            left += t.weight * (total - fill) as f64;
+        }
+        (frag, left)
+    }
+
+    #[test]
+    fn sums_changed_gpu_by_gpu_measure_as_the_gpus_do() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut below = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..500 {
+            let types: Vec<CompiledType> = (0..1 + below(6))
+                .map(|_| CompiledType {
+                    cpu_milli: 1000 * below(8),
+                    gpus: below(4) as u32,
+                    milli: [0, 110, 470, 500, 810, 1000][below(6) as usize],
+                    allowed: vec![true, below(2) == 0],
+                    weight: 0.1 + below(10) as f64 / 10.0,
+                })
+                .collect();
+            let mut gpus: Vec<FragGpu> = (0..below(9))
+                .map(|_| FragGpu {
+                    kind: below(2) as u16,
+                    free: [0, 60, 190, 530, 1000][below(5) as usize],
+                })
+                .collect();
+            let mut sums = NodeSums::new(&types, &gpus);
+            // Change a few GPUs the way a candidate does: take the old
+            // state away, count the new one.
+            for _ in 0..below(4) {
+                if gpus.is_empty() {
+                    break;
+                }
+                let i = below(gpus.len() as u64) as usize;
+                let new = FragGpu {
+                    kind: gpus[i].kind,
+                    free: below(1001) as u32,
+                };
+                sums.remove(&types, gpus[i]);
+                sums.add(&types, new);
+                gpus[i] = new;
+            }
+            let cpu = 1000 * below(10);
+            let (frag, left) = direct(&types, cpu, &gpus);
+            assert_eq!(sums.fragmentation(&types, cpu), frag, "{types:?} {gpus:?}");
+            assert_eq!(sums.leftover(&types, cpu), left, "{types:?} {gpus:?}");
+        }
     }
 }
