@@ -833,7 +833,11 @@ async fn a_bad_certificate_or_plain_http_off_loopback_is_a_clear_error_at_start(
     certs.write(&a);
     std::fs::write(certs.key_path(), b.key_pem()).unwrap();
     let e = run(certs.flags()).await.expect_err("mismatch").to_string();
-    assert!(e.contains("extender TLS"), "{e}");
+    assert!(
+        e.contains("the key does not go with the certificate"),
+        "{e}"
+    );
+    assert!(e.contains(&certs.cert_path()), "{e}");
 
     // Missing.
     std::fs::remove_file(certs.key_path()).unwrap();

@@ -27,6 +27,10 @@ pub enum CertError {
     BadKey { what: String, reason: String },
     #[error("the TLS library refused the certificate or key: {0}")]
     Tls(#[from] rustls::Error),
+    #[error(
+        "{what}: the key does not go with the certificate, or the TLS library refused them: {reason}"
+    )]
+    Mismatch { what: String, reason: String },
     #[error("cannot read {path}: {source}")]
     Read {
         path: String,
@@ -186,7 +190,15 @@ impl ServingCert {
             not_before,
             not_after,
         };
-        cert.certified_key()?;
+        // A key of another certificate is the usual mistake (a half-written rotation):
+        // name the file.
+        cert.certified_key().map_err(|e| match e {
+            CertError::Tls(e) => CertError::Mismatch {
+                what: what.into(),
+                reason: e.to_string(),
+            },
+            other => other,
+        })?;
         Ok(cert)
     }
 
@@ -372,7 +384,8 @@ mod tests {
         let b = ca.issue(&["b".into()], DAY, now()).expect("b");
         let a_pem: String = a.chain.iter().map(|d| der_to_pem(d)).collect();
         let err = ServingCert::from_pem(&a_pem, &b.key_pem, "test cert").unwrap_err();
-        assert!(matches!(err, CertError::Tls(_)), "{err}");
+        assert!(matches!(err, CertError::Mismatch { .. }), "{err}");
+        assert!(err.to_string().starts_with("test cert: "), "{err}");
         assert!(ServingCert::from_pem(&a_pem, &a.key_pem, "test cert").is_ok());
     }
 
