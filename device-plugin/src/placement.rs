@@ -11,8 +11,12 @@
 //!    across the cluster) ranks the GPUs that remain, as one node's: `binpack`
 //!    takes the GPU left with the least free share (the fewest free slices
 //!    among GPUs cut alike: whole GPUs stay free for big requests), `spread`
-//!    the one with the lowest measured utilization (ties: most free slices).
-//!    Remaining ties: the less utilized GPU, then the lowest GPU index.
+//!    the one with the lowest measured utilization (ties: most free slices),
+//!    `defrag` (the default) and `fgd` the one whose placing leaves the least
+//!    free share stranded on GPUs too small for another request like this
+//!    one (`defrag` then best fit), `shared-threshold` binpack after rule 3
+//!    with the node's `sharedThreshold`. Remaining ties: the less utilized
+//!    GPU, then the lowest GPU index.
 //! 5. A request no single GPU can hold is spread over the fewest GPUs: the
 //!    ones with the most free slices, the last chosen by rules 3 and 4.
 //!
@@ -204,7 +208,6 @@ fn busy(c: &Candidate<'_>, policy: Policy) -> bool {
 fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cmp::Ordering {
     let by_index = a.load.index.cmp(&b.load.index);
     match policy.placement {
-        Placement::Binpack => a.free.len().cmp(&b.free.len()).then(by_index),
         Placement::Spread => {
             let ua = a.load.utilization.unwrap_or(0.0);
             let ub = b.load.utilization.unwrap_or(0.0);
@@ -212,14 +215,32 @@ fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cm
                 .then_with(|| b.free.len().cmp(&a.free.len()))
                 .then(by_index)
         }
+        // The others all end in best fit: the fullest GPU first.
+        Placement::Binpack | Placement::SharedThreshold(_) | Placement::Fgd | Placement::Defrag => {
+            a.free.len().cmp(&b.free.len()).then(by_index)
+        }
+    }
+}
+
+/// The engine's policy for a node's: `shared-threshold` with the node's
+/// `sharedThreshold`, the others as named.
+fn engine_policy(policy: Policy) -> tessera_placement::Policy {
+    match policy.placement {
+        Placement::SharedThreshold(_) => {
+            tessera_placement::Policy::SharedThreshold(policy.shared_threshold)
+        }
+        other => other,
     }
 }
 
 /// A candidate as the engine sees a GPU: cut into `S` slices with `f` free,
-/// `⌊1000·f/S⌋` of its compute and `f` slices of its memory (counted in
-/// thousandths of a slice, so that `f ≥ n` is exactly "n slices fit") are
-/// free, as the scheduler extender models it.
-fn engine_gpu(c: &Candidate<'_>) -> Gpu {
+/// `⌊1000·f/F⌋` of compute and `f` slices of memory (counted in thousandths
+/// of a slice, so that `f ≥ n` is exactly "n slices fit") are free, where
+/// `F` is the finest cut among the candidates: a slice weighs the same on
+/// every GPU, so that what a placement leaves free compares across GPUs cut
+/// differently. GPUs cut alike (the usual node) get `⌊1000·f/S⌋`, as the
+/// scheduler extender models them.
+fn engine_gpu(c: &Candidate<'_>, finest: u32) -> Gpu {
     let free = u32::try_from(c.free.len()).unwrap_or(u32::MAX);
     let cut = c.load.slices.max(free).max(1);
     Gpu {
@@ -227,7 +248,7 @@ fn engine_gpu(c: &Candidate<'_>) -> Gpu {
         class: String::new(),
         memory_mib: u64::from(cut) * u64::from(MILLI),
         memory_free_mib: u64::from(free) * u64::from(MILLI),
-        compute_free: free * MILLI / cut,
+        compute_free: free.saturating_mul(MILLI) / finest.max(cut),
         slices: cut,
         slices_free: free,
         utilization: c.load.utilization.map(|u| u.clamp(0.0, 1.0) as f32),
@@ -247,30 +268,41 @@ fn select(cands: &[Candidate<'_>], fitting: &[usize], policy: Policy, n: usize) 
     pool.sort_by_key(|&i| cands[i].load.index);
     let first = *pool.first()?;
     let n = u32::try_from(n).ok()?;
-    let node = Node::new(
-        "this-node",
-        0,
-        0,
-        pool.iter().map(|&i| engine_gpu(&cands[i])).collect(),
-    );
-    let engine_policy = match policy.placement {
-        Placement::Binpack => tessera_placement::Policy::Binpack,
-        Placement::Spread => tessera_placement::Policy::Spread,
-    };
+    let finest = pool
+        .iter()
+        .map(|&i| {
+            cands[i]
+                .load
+                .slices
+                .max(u32::try_from(cands[i].free.len()).unwrap_or(u32::MAX))
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let gpus: Vec<Gpu> = pool
+        .iter()
+        .map(|&i| engine_gpu(&cands[i], finest))
+        .collect();
+    // Slices are what must fit (memory, counted as above). The compute
+    // asked is n slices of the finest cut: it fits on every GPU with n free
+    // slices, and placing it takes share off the GPU, which fragmentation
+    // (fgd, defrag) and best fit are measured on.
+    let node = Node::new("this-node", 0, 0, gpus);
     let req = tessera_placement::Request {
         cpu_milli: 0,
         memory_mib: 0,
         gpu: GpuNeed::Share {
-            // Slices, not compute, are what must fit; the share a slice is
-            // of each GPU shows in its free share after.
-            compute: 0,
+            compute: n.saturating_mul(MILLI) / finest,
             memory: MemoryNeed::Mib(u64::from(n) * u64::from(MILLI)),
             slices: n,
         },
         models: Vec::new(),
     };
-    let choice = Engine::new(vec![node], engine_policy, &TaskMix::default())
-        .and_then(|mut e| e.decide(&req));
+    // The task mix a node knows of is the request in hand: fragmentation
+    // is then the free share left on GPUs too small for another like it.
+    let mix = TaskMix::from_requests([&req], 1.0);
+    let choice =
+        Engine::new(vec![node], engine_policy(policy), &mix).and_then(|mut e| e.decide(&req));
     match choice {
         Ok(c) => c.gpus.first().map(|&g| pool[g]),
         Err(e) => {
@@ -353,6 +385,51 @@ mod tests {
         assert_eq!(
             run(&avail, &[], 4, &gpus, BINPACK),
             ["A::0", "A::1", "A::2", "A::3"]
+        );
+    }
+
+    fn with(placement: Placement) -> Policy {
+        Policy {
+            placement,
+            shared_threshold: 0.2,
+        }
+    }
+
+    #[test]
+    fn defrag_and_fgd_leave_no_stranded_slices_where_binpack_would() {
+        let gpus = [gpu("A", 0, 0.0), gpu("B", 1, 0.0)];
+        // A has 4 free, B 3. Two slices on B leave one there that no other
+        // request of two can use; on A they leave two that one can.
+        let avail = ids(&[("A", &[0, 1, 2, 3]), ("B", &[0, 1, 2])]);
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["B::0", "B::1"]);
+        for p in [Placement::Defrag, Placement::Fgd] {
+            assert_eq!(run(&avail, &[], 2, &gpus, with(p)), ["A::0", "A::1"], "{p}");
+        }
+        // Where nothing is stranded either way, defrag is best fit: three
+        // slices fill B exactly.
+        assert_eq!(
+            run(&avail, &[], 3, &gpus, with(Placement::Defrag)),
+            ["B::0", "B::1", "B::2"]
+        );
+        // The default policy of a node config is defrag.
+        assert_eq!(Placement::default(), Placement::Defrag);
+    }
+
+    #[test]
+    fn shared_threshold_policy_takes_the_nodes_threshold() {
+        // B is the best fit but busy for a threshold of 0.5 (idle 0.4),
+        // not for 0.2.
+        let gpus = [gpu("A", 0, 0.0), gpu("B", 1, 0.6)];
+        let avail = ids(&[("A", &[0, 1, 2, 3]), ("B", &[0, 1])]);
+        let policy = |t: f64| Policy {
+            placement: Placement::SharedThreshold(0.2),
+            shared_threshold: t,
+        };
+        assert_eq!(run(&avail, &[], 2, &gpus, policy(0.2)), ["B::0", "B::1"]);
+        assert_eq!(run(&avail, &[], 2, &gpus, policy(0.5)), ["A::0", "A::1"]);
+        assert_eq!(
+            engine_policy(policy(0.5)),
+            tessera_placement::Policy::SharedThreshold(0.5)
         );
     }
 

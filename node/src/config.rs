@@ -91,34 +91,33 @@ impl ComputePolicy {
     }
 }
 
-/// How GetPreferredAllocation chooses among GPUs that can hold a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// The GPU with the fewest free slices that still fit: keeps whole GPUs free.
-    Binpack,
-    /// The GPU with the lowest measured utilization: balances load.
-    Spread,
-}
+/// How GetPreferredAllocation chooses among GPUs that can hold a request:
+/// one of the placement engine's policies (`tessera-placement`), by the
+/// engine's own names (`defrag`, `fgd`, `binpack`, `spread`,
+/// `shared-threshold`). A node whose config names none gets the engine's
+/// default, [`Placement::Defrag`].
+pub use tessera_placement::Policy as Placement;
 
-impl Placement {
-    fn parse(field: &str, s: &str) -> Result<Self, ConfigError> {
-        match s {
-            "binpack" => Ok(Self::Binpack),
-            "spread" => Ok(Self::Spread),
-            other => Err(invalid(
-                field,
-                format!("unknown placement {other:?}; expected \"binpack\" or \"spread\""),
-            )),
-        }
+/// Parses a `placement` value with the engine's parser. `shared-threshold`
+/// takes its threshold from the node's `sharedThreshold` (one number, one
+/// place): the engine's `shared-threshold:T` form is refused here.
+fn parse_placement(field: &str, s: &str) -> Result<Placement, ConfigError> {
+    let names = Placement::ALL.map(|p| p.to_string()).join(", ");
+    if s.contains(':') {
+        return Err(invalid(
+            field,
+            format!(
+                "{s:?}: a node config gives the threshold as sharedThreshold, not in the \
+                 placement name; expected one of {names}"
+            ),
+        ));
     }
-
-    /// The name used in the config file and in logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Binpack => "binpack",
-            Self::Spread => "spread",
-        }
-    }
+    s.parse::<Placement>().map_err(|_| {
+        invalid(
+            field,
+            format!("unknown placement {s:?}; expected one of {names}"),
+        )
+    })
 }
 
 /// How a container is told its GPUs, as NVIDIA's device plugin does it: the
@@ -365,7 +364,7 @@ impl Default for NodeConfig {
                 ..SliceSpec::default()
             },
             compute_policy: ComputePolicy::Burst,
-            placement: Placement::Binpack,
+            placement: Placement::default(),
             shared_threshold: DEFAULT_SHARED_THRESHOLD,
             ld_so_preload: false,
             device_list_strategy: DeviceListStrategy::DEFAULT,
@@ -586,7 +585,7 @@ macro_rules! raw_settings {
                     .transpose()?;
                 let placement = self
                     .placement
-                    .map(|p| Placement::parse(&format!("{field}.placement"), &p))
+                    .map(|p| parse_placement(&format!("{field}.placement"), &p))
                     .transpose()?;
                 let dra = self
                     .dra
@@ -1033,10 +1032,10 @@ overrides:
 "#,
         )
         .expect("valid");
-        assert_eq!(c.resolve("n", &labels(&[])).placement, Placement::Binpack);
+        assert_eq!(c.resolve("n", &labels(&[])).placement, Placement::Defrag);
         assert_eq!(
             c.resolve("m", &labels(&[("a", "b")])).placement,
-            Placement::Binpack
+            Placement::Defrag
         );
         assert_eq!(
             c.resolve("n", &labels(&[("a", "b")])).placement,
@@ -1291,7 +1290,46 @@ overrides:
         );
         assert_eq!(
             err("overrides:\n  - nodeNames: [a]\n    placement: random\n"),
-            "overrides[0].placement: unknown placement \"random\"; expected \"binpack\" or \"spread\""
+            "overrides[0].placement: unknown placement \"random\"; expected one of defrag, fgd, binpack, spread, shared-threshold"
+        );
+    }
+
+    #[test]
+    fn placement_takes_the_engines_policies_and_defaults_to_its_default() {
+        let resolve = |text: &str| {
+            Config::parse(text)
+                .expect("valid")
+                .resolve("n", &labels(&[]))
+        };
+        // No placement named: the engine's default (what `tessera simulate`
+        // runs without --policy).
+        assert_eq!(resolve("version: 1\n").placement, Placement::default());
+        assert_eq!(Placement::default(), Placement::Defrag);
+        for (name, want) in [
+            ("defrag", Placement::Defrag),
+            ("fgd", Placement::Fgd),
+            ("binpack", Placement::Binpack),
+            ("spread", Placement::Spread),
+            (
+                "shared-threshold",
+                Placement::SharedThreshold(DEFAULT_SHARED_THRESHOLD),
+            ),
+        ] {
+            let n = resolve(&format!("default:\n  placement: {name}\n"));
+            assert_eq!(n.placement, want, "{name}");
+            assert_eq!(n.placement.to_string(), name);
+        }
+        // An override may name any of them too.
+        let c =
+            Config::parse("overrides:\n  - nodeNames: [n]\n    placement: fgd\n").expect("valid");
+        assert_eq!(c.resolve("n", &labels(&[])).placement, Placement::Fgd);
+        assert_eq!(c.resolve("m", &labels(&[])).placement, Placement::Defrag);
+        // The threshold is sharedThreshold's, never part of the name.
+        assert_eq!(
+            err("default:\n  placement: shared-threshold:0.5\n"),
+            "default.placement: \"shared-threshold:0.5\": a node config gives the threshold as \
+             sharedThreshold, not in the placement name; expected one of defrag, fgd, binpack, \
+             spread, shared-threshold"
         );
     }
 

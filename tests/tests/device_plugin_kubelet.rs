@@ -334,7 +334,7 @@ fn allocate_req(ids: &[&str]) -> dp::AllocateRequest {
 async fn allocate_creates_a_manager_allocation_and_returns_env_and_mounts() {
     let mut node = Node::start(
         fake_gpus(&[("GPU-a", 80 * GI, 0, 0), ("GPU-b", 40 * GI, 1, 0)]),
-        "default:\n  slice: {memory: 10Gi}\n  computePolicy: guaranteed\n",
+        "default:\n  slice: {memory: 10Gi}\n  computePolicy: guaranteed\n  placement: binpack\n",
     )
     .await;
     node.wait_devices("8 + 4 slices", |d| d.len() == 12).await;
