@@ -47,6 +47,10 @@ pub const NODE_GPU_REPORT: &str = "tessera.dev/gpu-report";
 /// (JSON, `tessera_node::scheduling::Assignment`). Only the extender writes
 /// it; the webhook refuses a pod created with it.
 pub const ANNOTATION_GPU_ASSIGNMENT: &str = "tessera.dev/gpu-assignment";
+/// Pod annotation: the containers (comma-separated names) whose assignment
+/// the device plugin has served, so that the next Allocate of the same size
+/// goes to the next pod. Only the device plugin writes it.
+pub const ANNOTATION_GPU_ALLOCATED: &str = "tessera.dev/gpu-allocated";
 
 /// Allocation label: who created the allocation.
 pub const SOURCE: &str = "source";

@@ -1,5 +1,6 @@
 //! The plugin's adapters to the outside world, and nothing else: the
-//! Kubernetes API (the node's labels, pods' annotations) through `kube`, and
+//! Kubernetes API (the node's labels, pods' annotations, the pods bound to
+//! the node and their GPU assignments) through `kube`, and
 //! the kubelet's PodResources API through tonic. The modules they serve
 //! (`node_labels`, `pod_resources`) hold the traits and the decisions, with
 //! no I/O of their own, and are tested against doubles of these traits.
@@ -12,6 +13,7 @@ use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesLi
 use tonic::Status;
 use tonic::transport::Channel;
 
+use crate::assignment::{ANNOTATION_GPU_ALLOCATED, PodInfo, PodsOnNode};
 use crate::gpu_report::ReportApi;
 use crate::node_labels::{NodeApi, NodeApiError};
 use crate::pod_resources::{PodApi, PodResourcesApi};
@@ -29,12 +31,21 @@ impl KubeNodeApi {
     }
 }
 
-/// A Kubernetes client from the in-cluster config or a kubeconfig.
-pub(crate) async fn kube_client() -> Result<kube::Client, NodeApiError> {
+/// A Kubernetes client from the in-cluster config or a kubeconfig, or for
+/// the API server at `url` (plain HTTP, no credentials: tests).
+pub(crate) async fn kube_client(url: Option<&str>) -> Result<kube::Client, NodeApiError> {
     // kube's TLS client takes the process-wide rustls provider; name it,
     // so that a second provider compiled into the binary is no ambiguity.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    Ok(kube::Client::try_default().await?)
+    match url {
+        None => Ok(kube::Client::try_default().await?),
+        Some(url) => {
+            let uri = url
+                .parse()
+                .map_err(|e| NodeApiError::Config(format!("API server URL {url:?}: {e}")))?;
+            Ok(kube::Client::try_from(kube::Config::new(uri))?)
+        }
+    }
 }
 
 impl KubeNodeApi {
@@ -105,6 +116,79 @@ impl PodApi for KubePodApi {
             .metadata
             .annotations
             .unwrap_or_default())
+    }
+}
+
+impl PodsOnNode for KubePodApi {
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<PodInfo>, NodeApiError> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(self.client.clone());
+        let list = pods
+            .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        Ok(list.items.into_iter().map(pod_info).collect())
+    }
+
+    async fn mark_allocated(
+        &self,
+        namespace: &str,
+        pod: &str,
+        containers: &str,
+    ) -> Result<(), NodeApiError> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { ANNOTATION_GPU_ALLOCATED: containers } }
+        });
+        pods.patch(
+            pod,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// What [`PodsOnNode`] needs of a pod object.
+fn pod_info(p: k8s_openapi::api::core::v1::Pod) -> PodInfo {
+    let spec = p.spec.unwrap_or_default();
+    let status = p.status.unwrap_or_default();
+    let resource = crate::RESOURCE_NAME;
+    let bound_at_ms = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0.as_millisecond());
+    PodInfo {
+        namespace: p.metadata.namespace.unwrap_or_default(),
+        name: p.metadata.name.unwrap_or_default(),
+        node: spec.node_name.unwrap_or_default(),
+        phase: status.phase.unwrap_or_default(),
+        bound_at_ms,
+        created_at_ms: p.metadata.creation_timestamp.map(|t| t.0.as_millisecond()),
+        containers: spec
+            .containers
+            .iter()
+            .map(|c| {
+                // Limits, else requests, as the extender reads them; a
+                // count that is not a whole number of slices counts as none
+                // (the extender refuses such a pod).
+                let r = c.resources.as_ref();
+                let limit = r
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get(resource))
+                    .or_else(|| {
+                        r.and_then(|r| r.requests.as_ref())
+                            .and_then(|l| l.get(resource))
+                    })
+                    .and_then(|q| q.0.parse::<u64>().ok())
+                    .unwrap_or(0);
+                (c.name.clone(), limit)
+            })
+            .collect(),
+        annotations: p.metadata.annotations.unwrap_or_default(),
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod allocate;
 pub mod args;
+pub mod assignment;
 pub mod cdi;
 pub mod device_id;
 mod edge;

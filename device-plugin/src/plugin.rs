@@ -14,12 +14,13 @@ use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServ
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 
+use crate::assignment::PodsOnNode;
 use crate::edge::{GrpcPodResources, KubeNodeApi, KubePodApi, kube_client};
 use crate::node_labels::NodeApiError;
 use crate::passes::{Pass, Passes};
 use crate::pod_resources::{OrphanTracker, PodApi, PodResourcesApi};
 use crate::registration::{file_id, register};
-use crate::service::{PluginService, plugin_options};
+use crate::service::{Assigned, PluginService, plugin_options};
 use crate::state::PluginState;
 use tessera_node::cdi::HostPaths;
 use tessera_node::config::{Config, ConfigError};
@@ -72,6 +73,10 @@ pub struct Options {
     pub cdi_spec_dir: Option<PathBuf>,
     /// Read node labels and write GPU labels through the Kubernetes API.
     pub use_kube: bool,
+    /// The API server's URL (plain HTTP, no credentials) in place of the
+    /// in-cluster config or kubeconfig: how tests point the plugin at a
+    /// local fake API server. Production options never carry one.
+    pub kube_url: Option<String>,
     /// Node labels to assume when the Kubernetes API is not used.
     pub static_labels: BTreeMap<String, String>,
     pub label_refresh: Duration,
@@ -105,6 +110,7 @@ impl Options {
             host: HostPaths::default(),
             cdi_spec_dir: None,
             use_kube: false,
+            kube_url: None,
             static_labels: BTreeMap::new(),
             label_refresh: Duration::from_secs(60),
             pod_resources_interval: Duration::from_secs(10),
@@ -154,7 +160,7 @@ pub async fn run_with_pods<A: PodApi>(
 
     let mut kube = None;
     if opts.use_kube {
-        let client = kube_client().await?;
+        let client = kube_client(opts.kube_url.as_deref()).await?;
         kube = Some(client.clone());
         // The GPU report for the scheduler extender (docs/placement.md).
         tasks.spawn(crate::gpu_report::publish_loop(
@@ -208,7 +214,7 @@ pub async fn run_with_pods<A: PodApi>(
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
                 lister,
-                kube.map(KubePodApi::new),
+                kube.clone().map(KubePodApi::new),
                 sync,
             ));
         }
@@ -227,6 +233,10 @@ pub async fn run_with_pods<A: PodApi>(
         state,
         manager,
         host: opts.host.clone(),
+        // The scheduler extender's assignments (docs/placement.md, "Allocate").
+        assigned: kube
+            .clone()
+            .map(|c| Assigned::new(KubePodApi::new(c), opts.node_name.clone())),
     });
     let result = serve_and_register(&opts, service, shutdown).await;
     tasks.shutdown().await;
@@ -236,9 +246,9 @@ pub async fn run_with_pods<A: PodApi>(
 
 /// Serves on the plugin socket, registers, and starts over when the kubelet
 /// socket is recreated or the plugin socket removed (a kubelet restart).
-async fn serve_and_register<M: ManagerApi>(
+async fn serve_and_register<M: ManagerApi, P: PodsOnNode>(
     opts: &Options,
-    service: Arc<PluginService<M>>,
+    service: Arc<PluginService<M, P>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let plugin_socket = opts.device_plugin_dir.join(&opts.socket_name);

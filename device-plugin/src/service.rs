@@ -1,5 +1,6 @@
 //! The kubelet-facing DevicePlugin gRPC service: thin glue from tonic to
-//! the snapshot, the placement function and the allocate module.
+//! the snapshot, the placement function, the allocate module and the
+//! scheduler extender's assignments (`assignment`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,16 +13,82 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::allocate;
+use crate::assignment::{self, AssignmentError, Match, Pending, PodsOnNode};
+use crate::device_id::DeviceId;
 use crate::placement::{self, GpuLoad, Policy};
 use crate::state::{PluginState, Snapshot};
 use tessera_node::cdi::HostPaths;
 use tessera_node::manager::ManagerApi;
 
 /// Serves one node's slices to the kubelet.
-pub(crate) struct PluginService<M> {
+pub(crate) struct PluginService<M, P> {
     pub(crate) state: Arc<PluginState>,
     pub(crate) manager: Arc<M>,
     pub(crate) host: HostPaths,
+    /// The extender's assignments; None without the Kubernetes API.
+    pub(crate) assigned: Option<Assigned<P>>,
+}
+
+/// Where the pods of this node and their assignments are read.
+pub(crate) struct Assigned<P> {
+    pub(crate) api: P,
+    pub(crate) node: String,
+    /// One Allocate at a time: a pod is marked served before the next
+    /// request looks for its pod.
+    pub(crate) one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl<P: PodsOnNode> Assigned<P> {
+    pub(crate) fn new(api: P, node: String) -> Self {
+        Self {
+            api,
+            node,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    async fn pending(&self) -> Result<Vec<Pending>, AssignmentError> {
+        let pods =
+            self.api
+                .pods_on_node(&self.node)
+                .await
+                .map_err(|e| AssignmentError::Lookup {
+                    node: self.node.clone(),
+                    reason: e.to_string(),
+                })?;
+        Ok(assignment::pending(&pods, &self.node))
+    }
+
+    /// The pending container these (already checked) device IDs serve, if
+    /// any: an error when they are not the GPUs it was assigned, or its
+    /// assignment does not hold on this node.
+    async fn for_request(
+        &self,
+        ids: &[String],
+        snap: &Snapshot,
+    ) -> Result<Option<Pending>, AssignmentError> {
+        let mut pending = self.pending().await?;
+        let ids: Vec<DeviceId> = ids.iter().filter_map(|s| DeviceId::parse(s).ok()).collect();
+        match assignment::find(&pending, &ids) {
+            Match::Exact(i) => {
+                let p = pending.swap_remove(i);
+                assignment::check(&p, snap)?;
+                Ok(Some(p))
+            }
+            Match::Other(i) => Err(assignment::disagreement(&pending[i], &ids, snap)),
+            Match::None => Ok(None),
+        }
+    }
+
+    async fn mark(&self, p: &Pending) -> Result<(), AssignmentError> {
+        self.api
+            .mark_allocated(&p.namespace, &p.name, &p.allocated_value())
+            .await
+            .map_err(|e| AssignmentError::Mark {
+                pod: p.pod(),
+                reason: e.to_string(),
+            })
+    }
 }
 
 /// The options this plugin registers with.
@@ -48,7 +115,7 @@ fn loads(snap: &Snapshot) -> Vec<GpuLoad> {
 }
 
 #[tonic::async_trait]
-impl<M: ManagerApi> DevicePlugin for PluginService<M> {
+impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
     async fn get_device_plugin_options(
         &self,
         _req: Request<dp::Empty>,
@@ -97,6 +164,15 @@ impl<M: ManagerApi> DevicePlugin for PluginService<M> {
             placement: snap.node.placement,
             shared_threshold: snap.node.shared_threshold,
         };
+        // The pods waiting for the extender's choice; without them (or the
+        // API) the node's own policy picks.
+        let pending = match &self.assigned {
+            Some(a) => a.pending().await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "preferring by the node's policy");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
             let size = usize::try_from(c.allocation_size).map_err(|_| {
@@ -105,15 +181,27 @@ impl<M: ManagerApi> DevicePlugin for PluginService<M> {
                     c.allocation_size
                 ))
             })?;
-            let ids = placement::preferred(
-                &placement::Request {
-                    available: &c.available_device_i_ds,
-                    must_include: &c.must_include_device_i_ds,
-                    size,
-                },
-                &gpus,
-                policy,
+            let assigned = assignment::prefer(
+                &pending,
+                &c.available_device_i_ds,
+                &c.must_include_device_i_ds,
+                size,
             );
+            let ids = match assigned {
+                Some((i, ids)) => {
+                    tracing::debug!(pod = %pending[i].pod(), container = %pending[i].container, "preferring the assigned GPUs");
+                    ids
+                }
+                None => placement::preferred(
+                    &placement::Request {
+                        available: &c.available_device_i_ds,
+                        must_include: &c.must_include_device_i_ds,
+                        size,
+                    },
+                    &gpus,
+                    policy,
+                ),
+            };
             tracing::debug!(size, chosen = ?ids, "preferred allocation");
             container_responses.push(dp::ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
@@ -132,11 +220,32 @@ impl<M: ManagerApi> DevicePlugin for PluginService<M> {
             allocate::ensure_preload_file(path)
                 .map_err(|e| Status::internal(format!("cannot write {}: {e}", path.display())))?;
         }
+        let _one_at_a_time = match &self.assigned {
+            Some(a) => Some(a.one_at_a_time.lock().await),
+            None => None,
+        };
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
             let plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
                 tracing::warn!(devices = ?c.devices_ids, error = %e, "allocate refused");
             })?;
+            if let Some(a) = &self.assigned {
+                let refused = |e: AssignmentError| {
+                    tracing::warn!(devices = ?c.devices_ids, error = %e, "allocate refused");
+                    Status::from(e)
+                };
+                // Marked before the allocation is made: the next request
+                // must not take this pod again, and a pod whose allocation
+                // then fails is not admitted anyway.
+                if let Some(p) = a
+                    .for_request(&c.devices_ids, &snap)
+                    .await
+                    .map_err(refused)?
+                {
+                    a.mark(&p).await.map_err(refused)?;
+                    tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the scheduler extender's assignment");
+                }
+            }
             let alloc = allocate::create(self.manager.as_ref(), &plan)
                 .await
                 .map_err(|s| {

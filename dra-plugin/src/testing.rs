@@ -19,7 +19,7 @@ type Objects = Arc<Mutex<BTreeMap<String, serde_json::Value>>>;
 /// An API server holding objects by their REST path
 /// (`/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/name`):
 /// GET of an object or of a collection (a list), POST to a collection,
-/// PUT and DELETE of an object. Every request is recorded.
+/// PUT, merge PATCH and DELETE of an object. Every request is recorded.
 pub struct FakeApiServer {
     pub addr: SocketAddr,
     objects: Objects,
@@ -120,15 +120,46 @@ fn list_of(
     objects: &BTreeMap<String, serde_json::Value>,
     collection: &str,
 ) -> Vec<serde_json::Value> {
-    let prefix = format!("{}/", collection.trim_end_matches('/'));
+    let collection = collection.trim_end_matches('/');
+    let prefix = format!("{collection}/");
+    // `/api/v1/pods` also lists every namespace's
+    // `/api/v1/namespaces/<ns>/pods/<name>`, as the API server does.
+    let across = collection
+        .rsplit_once('/')
+        .filter(|(group, _)| !group.contains("/namespaces/"))
+        .map(|(group, resource)| (format!("{group}/namespaces/"), format!("/{resource}/")));
     objects
         .iter()
         .filter(|(p, _)| {
-            p.strip_prefix(&prefix)
-                .is_some_and(|rest| !rest.contains('/'))
+            let direct = p
+                .strip_prefix(&prefix)
+                .is_some_and(|rest| !rest.contains('/'));
+            let namespaced = across.as_ref().is_some_and(|(ns, res)| {
+                p.strip_prefix(ns.as_str())
+                    .and_then(|rest| rest.split_once(res.as_str()))
+                    .is_some_and(|(ns, name)| !ns.contains('/') && !name.contains('/'))
+            });
+            direct || namespaced
         })
         .map(|(_, v)| v.clone())
         .collect()
+}
+
+/// A JSON merge patch (RFC 7386): objects merge, `null` removes, anything
+/// else replaces.
+fn merge_patch(into: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (into, patch) {
+        (serde_json::Value::Object(o), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    o.remove(k);
+                } else {
+                    merge_patch(o.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (slot, p) => *slot = p.clone(),
+    }
 }
 
 /// A query parameter's value as sent (`%3D` for `=`, `+` for a space).
@@ -180,7 +211,8 @@ fn route(method: &str, target: &str, body: &[u8], objects: &Objects) -> (u16, se
             let items = list_of(&objs, &path);
             let is_collection = path.ends_with('s') && !items.is_empty()
                 || path.ends_with("resourceslices")
-                || path.ends_with("resourceclaims");
+                || path.ends_with("resourceclaims")
+                || path.ends_with("/pods");
             if !is_collection {
                 return status(404, "NotFound", &format!("{path} not found"));
             }
@@ -253,6 +285,22 @@ fn route(method: &str, target: &str, body: &[u8], objects: &Objects) -> (u16, se
             o["metadata"]["resourceVersion"] = (v + 1).to_string().into();
             objs.insert(path, o.clone());
             (200, o)
+        }
+        "PATCH" => {
+            // Merge patches only (what kube's `Patch::Merge` sends).
+            let Ok(patch) = serde_json::from_slice::<serde_json::Value>(body) else {
+                return status(400, "BadRequest", "body is not JSON");
+            };
+            let Some(o) = objs.get_mut(&path) else {
+                return status(404, "NotFound", &format!("{path} not found"));
+            };
+            let v: u64 = o["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1);
+            merge_patch(o, &patch);
+            o["metadata"]["resourceVersion"] = (v + 1).to_string().into();
+            (200, o.clone())
         }
         "DELETE" => match objs.remove(&path) {
             Some(_) => status(200, "", "deleted"),
