@@ -293,6 +293,9 @@ struct Harness {
     extender: SocketAddr,
     /// HTTPS: the CA bundle the client trusts.
     tls: Option<String>,
+    /// Shuts the server down (as SIGTERM does), and the server's task.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: tokio::task::JoinHandle<Result<(), tessera_extender::server::ServeError>>,
 }
 
 async fn start(c: Cluster, policy: Policy) -> Harness {
@@ -328,16 +331,21 @@ async fn start_with(
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let extender = listener.local_addr().unwrap();
     let (config, bundle) = tls.unzip();
-    tokio::spawn(tessera_extender::server::serve(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(tessera_extender::server::serve(
         listener,
         config,
         ext,
-        std::future::pending(),
+        async {
+            let _ = stopped.await;
+        },
     ));
     Harness {
         cluster,
         extender,
         tls: bundle,
+        stop: Some(stop),
+        served,
     }
 }
 
@@ -887,4 +895,50 @@ async fn a_rotated_certificate_is_served_after_its_files_change() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+// ---------------------------------------------------------------- shutdown
+
+#[tokio::test]
+async fn a_bind_in_flight_at_shutdown_is_answered_before_the_server_stops() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut h = start(cluster(), Policy::default()).await;
+    h.add_pod(pod("p1", Some("2")));
+    let body = bind_args("p1", "uid-p1", "two-by-two");
+    let mut tcp = TcpStream::connect(h.extender).await.unwrap();
+    // `Expect: 100-continue`: `100 Continue` comes once the handler reads the body, so
+    // the bind is in flight, by construction, when the shutdown comes.
+    let head = format!(
+        "POST /bind HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         expect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut interim = Vec::new();
+    while !interim.ends_with(b"\r\n\r\n") {
+        interim.push(tcp.read_u8().await.expect("100 Continue"));
+    }
+    assert!(interim.starts_with(b"HTTP/1.1 100"), "{interim:?}");
+    h.stop.take().unwrap().send(()).unwrap();
+    // It stops listening ...
+    let t0 = std::time::Instant::now();
+    while TcpStream::connect(h.extender).await.is_ok() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "still listening");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ... waits for the bind in flight (the process would exit when this returns) ...
+    assert!(!h.served.is_finished(), "stopped with a bind in flight");
+    // ... answers it, then closes the connection and stops.
+    tcp.write_all(&body).await.unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.expect("the answer");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert_eq!(h.pod("p1")["spec"]["nodeName"], "two-by-two");
+    tokio::time::timeout(Duration::from_secs(60), h.served)
+        .await
+        .expect("the server stopped")
+        .expect("join")
+        .expect("served cleanly");
 }
