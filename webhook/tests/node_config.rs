@@ -33,7 +33,7 @@ fn shipped_node_config_parses_and_resolves_as_documented() {
     assert_eq!(plain.slice.memory_bytes, Some(4 << 30));
     assert_eq!(plain.slice.slices_per_gpu, Some(8));
     assert_eq!(plain.compute_policy, ComputePolicy::Burst);
-    assert_eq!(plain.placement, Placement::Binpack);
+    assert_eq!(plain.placement, Placement::Defrag);
     assert_eq!(plain.shared_threshold, 0.2);
     // What docs/install.md sets the NVIDIA container toolkit up for.
     assert_eq!(plain.device_list_strategy, DeviceListStrategy::DEFAULT);
