@@ -52,6 +52,10 @@ impl FakeApiServer {
         let (o, r) = (objects.clone(), requests.clone());
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
+                // As the real API server (Go's net/http sets TCP_NODELAY):
+                // without it an answer written in two parts waits out the
+                // client's delayed ACK, 40 ms a request.
+                let _ = sock.set_nodelay(true);
                 tokio::spawn(serve_conn(sock, o.clone(), r.clone()));
             }
         });
