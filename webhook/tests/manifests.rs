@@ -20,10 +20,10 @@ use tessera_webhook::run::{CertSource, WebhookArgs};
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/helm/tessera");
 
 /// `helm template tessera <chart> -n tessera-system <flags>`, with the helm binary `HELM`
-/// names (or `helm` on PATH).
-fn helm_template(flags: &[&str]) -> String {
+/// names (or `helm` on PATH), whatever its exit status.
+fn helm_output(flags: &[&str]) -> std::process::Output {
     let helm = std::env::var("HELM").unwrap_or_else(|_| "helm".into());
-    let out = Command::new(&helm)
+    Command::new(&helm)
         .args([
             "template",
             "tessera",
@@ -33,7 +33,12 @@ fn helm_template(flags: &[&str]) -> String {
         ])
         .args(flags)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {helm} (set HELM; .ci/chart installs it): {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {helm} (set HELM; .ci/chart installs it): {e}"))
+}
+
+/// [`helm_output`] of a rendering that must succeed: the manifests.
+fn helm_template(flags: &[&str]) -> String {
+    let out = helm_output(flags);
     assert!(
         out.status.success(),
         "helm template {flags:?}: {}",
@@ -488,18 +493,7 @@ fn the_scheduler_reaches_the_extender_over_https_when_tls_is_on() {
         ),
         ("scheduler.tls.enabled=yes", "want boolean"),
     ] {
-        let helm = std::env::var("HELM").unwrap_or_else(|_| "helm".into());
-        let out = Command::new(&helm)
-            .args([
-                "template",
-                "tessera",
-                CHART,
-                "--namespace",
-                "tessera-system",
-            ])
-            .args(["--set", flags])
-            .output()
-            .expect("run helm");
+        let out = helm_output(&["--set", flags]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && err.contains(says),
