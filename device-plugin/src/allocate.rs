@@ -352,7 +352,7 @@ pub fn host_env(resp: &dp::ContainerAllocateResponse) -> BTreeMap<String, String
 pub use tessera_node::cdi::{ensure_preload_file, preload_contents};
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::state::PluginState;
     use std::sync::Mutex;
@@ -362,7 +362,9 @@ mod tests {
 
     const GI: u64 = 1 << 30;
 
-    fn snapshot(cfg: &str) -> std::sync::Arc<Snapshot> {
+    /// A node of three GPUs (GPU-a 80 GiB, GPU-b 40 GiB, GPU-sick unhealthy)
+    /// under the node config `cfg`; the assignment tests use it too.
+    pub(crate) fn snapshot(cfg: &str) -> std::sync::Arc<Snapshot> {
         let st = PluginState::new("n", Config::parse(cfg).expect("cfg"), BTreeMap::new());
         st.update_status(
             &NodeStatus {

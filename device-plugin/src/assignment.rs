@@ -370,11 +370,7 @@ pub fn prefer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::PluginState;
-    use std::time::Instant;
-    use tessera_node::config::Config;
     use tessera_node::scheduling::{ContainerAssignment, FORMAT_VERSION};
-    use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
 
     fn assignment(node: &str, containers: &[(&str, &[(&str, u32)])]) -> String {
         Assignment {
@@ -548,34 +544,7 @@ mod tests {
 
     #[test]
     fn assignments_are_checked_against_the_node() {
-        let st = PluginState::new(
-            "n1",
-            Config::parse("default:\n  slice: {slicesPerGpu: 4}\n").expect("cfg"),
-            BTreeMap::new(),
-        );
-        st.update_status(
-            &NodeStatus {
-                gpus: vec![
-                    GpuStatus {
-                        index: 0,
-                        uuid: "GPU-a".into(),
-                        memory_total_bytes: 80 << 30,
-                        healthy: true,
-                        ..Default::default()
-                    },
-                    GpuStatus {
-                        index: 1,
-                        uuid: "GPU-sick".into(),
-                        memory_total_bytes: 80 << 30,
-                        healthy: false,
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            },
-            Instant::now(),
-        );
-        let snap = st.snapshot();
+        let snap = crate::allocate::tests::snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
         let one =
             |gpu: &str, slices: u32| pending(&[pod("p", 1, &[(gpu, slices)])], "n1").remove(0);
         assert_eq!(check(&one("GPU-a", 4), &snap), Ok(()));
