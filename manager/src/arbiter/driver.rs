@@ -500,11 +500,18 @@ impl Driver {
             };
             match self.sched.step(now, &mut view) {
                 Action::Grant(id) => {
+                    // Deciding took time (slot scans): charge from now, not
+                    // from when the step began. The clock is read before the
+                    // gate opens: the holder's work starts the moment the
+                    // grant is published, and an arbiter preempted between
+                    // the two must not leave that start uncharged (over a
+                    // hundred grants a second, such gaps add up to whole
+                    // holds of uncharged GPU time).
+                    let at = monotonic_ns();
                     if let Some(m) = self.members.iter().find(|m| m.id == id) {
                         m.publish(grant::GRANTED);
                     }
-                    // Deciding took time (slot scans): charge from now.
-                    self.sched.granted_at(monotonic_ns());
+                    self.sched.granted_at(at);
                 }
                 Action::Revoke(id, _) => {
                     if let Some(m) = self.members.iter_mut().find(|m| m.id == id)
