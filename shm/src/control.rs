@@ -204,8 +204,23 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
 }
 
 /// Writes `bytes` to `path` so that readers see either the old file or the
-/// whole new one: write a sibling temp file, fsync, rename over.
+/// whole new one: write a sibling temp file, rename over.
+///
+/// Not fsynced: control and state files are runtime files. What must
+/// survive a power loss is the manager's record, from which its start-up
+/// repairs a control or state file that came back empty or torn (in place,
+/// docs/manager.md); an fsync here would only add milliseconds to every
+/// create (`tessera run` start-up, issue 26).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ShmError> {
+    write_atomically_with(path, mode, |f| f.write_all(bytes))
+}
+
+/// [`write_atomically`] with the temp file's content written by `fill`.
+pub(crate) fn write_atomically_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<(), ShmError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -219,8 +234,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(
             .truncate(true)
             .mode(mode)
             .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        fill(&mut f)?;
         std::fs::rename(&tmp, path)
     })();
     if let Err(e) = result {

@@ -31,11 +31,12 @@
 //! taken over.
 
 use std::fs::OpenOptions;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::ShmError;
-use crate::control::{check_exact_size, check_header, write_atomically};
+use crate::control::{check_exact_size, check_header, write_atomically_with};
 use crate::layout::*;
 use crate::map::Mapping;
 use crate::process::{Liveness, ProcIdentity};
@@ -98,15 +99,22 @@ pub fn create_state_file(path: &Path, alloc_id: &str) -> Result<(), ShmError> {
     if alloc_id.is_empty() || alloc_id.len() >= ID_LEN {
         return Err(ShmError::BadSpec(format!("bad allocation id {alloc_id:?}")));
     }
-    let mut bytes = vec![0u8; std::mem::size_of::<StateFile>()];
-    bytes[..8].copy_from_slice(&STATE_MAGIC.to_le_bytes());
+    // Only the header is written; the rest (the slots, over half a
+    // megabyte) is a hole that reads as zeros, so a create writes one page
+    // instead of the whole file, and pages are spent only on slots used.
+    let mut header = vec![0u8; std::mem::size_of::<StateHeader>()];
+    header[..8].copy_from_slice(&STATE_MAGIC.to_le_bytes());
     let abi = std::mem::offset_of!(StateHeader, abi_version);
-    bytes[abi..abi + 4].copy_from_slice(&ABI_VERSION.to_le_bytes());
+    header[abi..abi + 4].copy_from_slice(&ABI_VERSION.to_le_bytes());
     let size = std::mem::offset_of!(StateHeader, size);
-    bytes[size..size + 4].copy_from_slice(&(std::mem::size_of::<StateFile>() as u32).to_le_bytes());
+    header[size..size + 4]
+        .copy_from_slice(&(std::mem::size_of::<StateFile>() as u32).to_le_bytes());
     let id = std::mem::offset_of!(StateHeader, alloc_id);
-    bytes[id..id + alloc_id.len()].copy_from_slice(alloc_id.as_bytes());
-    write_atomically(path, &bytes, 0o666)?;
+    header[id..id + alloc_id.len()].copy_from_slice(alloc_id.as_bytes());
+    write_atomically_with(path, 0o666, |f| {
+        f.set_len(std::mem::size_of::<StateFile>() as u64)?;
+        f.write_all(&header)
+    })?;
     // The umask may have narrowed the mode; processes of any uid must write.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))

@@ -394,3 +394,25 @@ fn sequence_wrap_keeps_books_exact() {
     assert_eq!(st.reserved(0), total);
     st.audit().unwrap();
 }
+
+/// A new state file is its whole size, but only its header is written: the
+/// slots are a hole (a create costs one page, not half a megabyte), read as
+/// zeros, so every slot starts free.
+#[test]
+fn a_new_state_file_is_sparse_and_every_slot_starts_free() {
+    use std::os::unix::fs::MetadataExt;
+    let (d, st) = setup();
+    let meta = std::fs::metadata(d.path().join("state")).unwrap();
+    let size = std::mem::size_of::<StateFile>() as u64;
+    assert_eq!(meta.len(), size);
+    assert!(
+        meta.blocks() * 512 < size / 4,
+        "{} bytes allocated for a {size}-byte state file",
+        meta.blocks() * 512
+    );
+    let live = Fake::default();
+    for pid in 0..MAX_SLOTS as u32 {
+        st.join(&ident(100 + pid), &live).unwrap();
+    }
+    assert!(st.join(&ident(99), &live).is_err(), "more slots than MAX_SLOTS");
+}
