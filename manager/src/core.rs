@@ -405,8 +405,12 @@ impl Core {
         self.recovered.lock().remove(id);
         let procs = live.state().processes(live.control().n_devices()).len();
         drop(live);
-        if let Err(e) = self.store.purge(&doomed) {
-            tracing::warn!(id, error = %e, "deleted allocation's files not removed; start-up removes them");
+        match doomed.map(|d| self.store.purge(&d)) {
+            Some(Err(e)) => {
+                tracing::warn!(id, error = %e, "deleted allocation's files not removed; start-up removes them")
+            }
+            Some(Ok(())) => {}
+            None => tracing::warn!(id, "the allocation's directory was already gone"),
         }
         tracing::info!(id, processes_left = procs, "allocation deleted");
         self.notify();

@@ -191,7 +191,7 @@ impl Manager {
         match core.config.idle_exit {
             Some(grace) => tokio::select! {
                 () = shutdown => {}
-                held = crate::idle::idle_for(core.clone(), grace) => users = Some(held),
+                held = crate::idle::idle_for(core.clone(), grace, socket_ino) => users = held,
             },
             None => shutdown.await,
         }

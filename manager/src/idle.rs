@@ -53,8 +53,15 @@ fn tick(grace: Duration) -> Duration {
 /// Completes when the manager has had no allocation for `grace` and no run
 /// holds the users lock, with that lock held exclusively: the caller keeps
 /// it until the manager has stopped. While the lock file cannot be opened
-/// the manager stays, as a node's manager would.
-pub(crate) async fn idle_for(core: Arc<Core>, grace: Duration) -> Flock<File> {
+/// the manager stays, as a node's manager would, unless its socket (inode
+/// `socket_ino`) is gone too: then no run can ever reach it (its directory
+/// was removed, as a logout removes `$XDG_RUNTIME_DIR`), and it completes
+/// without the lock (`None`) rather than linger for good.
+pub(crate) async fn idle_for(
+    core: Arc<Core>,
+    grace: Duration,
+    socket_ino: u64,
+) -> Option<Flock<File>> {
     let path = users_lock_path(&core.config.socket);
     // Since when the manager has been idle: the first look that found no
     // allocation, so the grace counts from after the last one went.
@@ -73,6 +80,15 @@ pub(crate) async fn idle_for(core: Arc<Core>, grace: Duration) -> Flock<File> {
         let file = match open_users_lock(&path) {
             Ok(f) => f,
             Err(e) => {
+                let ours = std::fs::metadata(&core.config.socket)
+                    .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == socket_ino);
+                if !ours {
+                    tracing::info!(
+                        socket = %core.config.socket.display(),
+                        "idle, and the socket and users lock are gone: nothing can reach this manager; exiting"
+                    );
+                    return None;
+                }
                 if !std::mem::replace(&mut warned, true) {
                     tracing::warn!(path = %path.display(), error = %e, "cannot open the users lock; not exiting while idle");
                 }
@@ -86,7 +102,7 @@ pub(crate) async fn idle_for(core: Arc<Core>, grace: Duration) -> Flock<File> {
             // starting, so what we see now is final.
             Ok(held) if core.live_list().is_empty() => {
                 tracing::info!(grace = ?grace, "no allocation for the grace period; exiting");
-                return held;
+                return Some(held);
             }
             Ok(_) => idle_since = None,
         }

@@ -348,23 +348,38 @@ impl Store {
     /// Removes an allocation's directory: [`Store::retire`] then
     /// [`Store::purge`].
     pub fn remove(&self, id: &str) -> Result<(), AllocError> {
-        let doomed = self.retire(id)?;
-        self.purge(&doomed)
+        match self.retire(id)? {
+            Some(doomed) => self.purge(&doomed),
+            None => Ok(()),
+        }
     }
 
     /// The step of a delete that decides it: the directory is renamed away
     /// (and the record's copy removed). If this fails nothing has changed
     /// and the allocation must stay served; once it succeeds the allocation
     /// is gone, even across a crash (leftovers are cleaned at start-up).
-    pub fn retire(&self, id: &str) -> Result<PathBuf, AllocError> {
+    /// `None`: the directory was gone already (someone removed it, or the
+    /// whole state directory, as a logout does a private manager's): there
+    /// is nothing left to serve, so the delete goes through.
+    pub fn retire(&self, id: &str) -> Result<Option<PathBuf>, AllocError> {
         let dir = self.alloc_dir(id);
         let doomed = self
             .dir
             .join(format!(".deleted-{id}-{}", std::process::id()));
-        std::fs::rename(&dir, &doomed).map_err(io(&dir))?;
+        match std::fs::rename(&dir, &doomed) {
+            Ok(()) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && std::fs::symlink_metadata(&dir).is_err() =>
+            {
+                let _ = std::fs::remove_file(self.copy_path(id));
+                return Ok(None);
+            }
+            Err(e) => return Err(io(&dir)(e)),
+        }
         sync_dir(&self.dir);
         let _ = std::fs::remove_file(self.copy_path(id));
-        Ok(doomed)
+        Ok(Some(doomed))
     }
 
     /// Removes a retired directory's files (a failure leaves only garbage

@@ -414,5 +414,8 @@ fn a_new_state_file_is_sparse_and_every_slot_starts_free() {
     for pid in 0..MAX_SLOTS as u32 {
         st.join(&ident(100 + pid), &live).unwrap();
     }
-    assert!(st.join(&ident(99), &live).is_err(), "more slots than MAX_SLOTS");
+    assert!(
+        st.join(&ident(99), &live).is_err(),
+        "more slots than MAX_SLOTS"
+    );
 }

@@ -366,3 +366,47 @@ fn the_allocation_of_a_sigkilled_run_is_reclaimed() {
     );
     m.stop();
 }
+
+/// A logout removes `$XDG_RUNTIME_DIR` under a running private manager: once
+/// its last run has ended it leaves all the same (nothing can reach it any
+/// more), instead of lingering for good with an allocation it can no
+/// longer delete from disk.
+#[test]
+fn a_private_manager_whose_directory_was_removed_leaves_after_its_runs() {
+    let n = node();
+    let s = Session::new(&n, "1s");
+    let none = n.dir.path().join("no-manager.sock").display().to_string();
+    let hook = hook().display().to_string();
+    let mut args = base(&hook, &none);
+    args.push("cat");
+    let mut run = s
+        .run(&n, &args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a run");
+    assert!(
+        eventually(DEADLINE, || answers(&s.socket())
+            && node_status(&s.socket()).allocations.len() == 1)
+        .is_some(),
+        "the run never had its allocation:\n{}",
+        log(&s)
+    );
+    let pid = s.manager_pid().expect("the private manager");
+    std::fs::remove_dir_all(s.dir()).unwrap();
+    drop(run.stdin.take());
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| !r.trim_start().starts_with('Z'))
+        })
+    };
+    assert!(
+        eventually(DEADLINE, || !alive()).is_some(),
+        "the private manager (pid {pid}) is still running with its directory gone"
+    );
+}
