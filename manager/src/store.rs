@@ -9,7 +9,7 @@
 //! temporary file, fsynced and renamed over (`allocation.json`, and a
 //! checksummed copy in `allocations/.records/<id>.json`, which no container
 //! mounts). The fsyncs are skipped for the allocation of a `tessera run`,
-//! which cannot outlive its process (see [`Durability`]); the control and
+//! which cannot outlive its process (see `Durability`); the control and
 //! state files are never fsynced, being rebuilt from the record. At start-up a record is read from the first that is whole; if
 //! both are lost it is rebuilt from the control file (limits, shares; policy
 //! `guaranteed`, the most restrictive), so an allocation a live process may
