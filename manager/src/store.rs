@@ -10,8 +10,10 @@
 //! checksummed copy in `allocations/.records/<id>.json`, which no container
 //! mounts). The fsyncs are skipped for the allocation of a `tessera run`,
 //! which cannot outlive its process (see `Durability`); the control and
-//! state files are never fsynced, being rebuilt from the record. At start-up a record is read from the first that is whole; if
-//! both are lost it is rebuilt from the control file (limits, shares; policy
+//! state files are never fsynced, being rebuilt from the record.
+//!
+//! At start-up a record is read from the first that is whole; if both are
+//! lost it is rebuilt from the control file (limits, shares; policy
 //! `guaranteed`, the most restrictive), so an allocation a live process may
 //! still use keeps its capacity and its place in arbitration until it is
 //! deleted. Allocation files a tenant damaged (its state file is mapped
