@@ -156,6 +156,33 @@ fn fragmentation_policies_keep_whole_gpus_for_whole_gpu_tasks() {
     }
 }
 
+/// Defrag's order among placements its measure scores alike: the GPU the
+/// request fills best, then the first node (first fit), not the node left
+/// fullest. Two nodes, each with an unused GPU beside a half-used one; the
+/// request takes the half-used GPU either way, which leaves node 1 (less CPU)
+/// the fuller: first fit still takes node 0.
+#[test]
+fn defrag_fills_the_best_fitting_gpu_of_the_first_node() {
+    let nodes = vec![
+        node("first", 64_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+        node("fuller", 32_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+    ];
+    let c = engine(nodes, Policy::Defrag)
+        .decide(&share(1000, 500))
+        .unwrap();
+    assert_eq!(c.node, 0);
+    assert_eq!(c.gpus, [1], "the half-used GPU: {c:?}");
+    // The same placements with binpack: the fuller node.
+    let nodes = vec![
+        node("first", 64_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+        node("fuller", 32_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+    ];
+    let c = engine(nodes, Policy::Binpack)
+        .decide(&share(1000, 500))
+        .unwrap();
+    assert_eq!(c.node, 1);
+}
+
 #[test]
 fn commit_refuses_what_does_not_fit_and_changes_nothing() {
     let mut e = engine(trap_cluster(), Policy::Defrag);
