@@ -18,7 +18,7 @@ pub enum Policy {
     /// Fragmentation gradient descent (Weng et al., ATC'23), as its
     /// published scheduler runs it: the candidate that grows the node's
     /// expected fragmentation least, scored as that scheduler scores it (an
-    /// integer, see [`score_step`]), ties to the first node.
+    /// integer, see `score_step`), ties to the first node.
     Fgd,
     /// Tessera's policy: the growth of a measure that adds to FGD's
     /// fragmentation what each task type could still place (see
