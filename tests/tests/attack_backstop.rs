@@ -376,6 +376,9 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
     }
     let over_at = over_at.expect("the tenant got over its limit + slack");
     let died = eventually(Duration::from_secs(5), || !alive(&mut tenant));
+    // The manager logs the stop once it has seen the process gone, which
+    // under load can come after we saw it: wait for the line, not a moment.
+    let _ = eventually(DEADLINE, || m.log().contains("stopped the process"));
     let log = strip_ansi(&m.log());
     let died = died.unwrap_or_else(|| panic!("the cheat was not stopped in 5 s:\n{log}"));
     let after_over = over_at.elapsed().min(died);
