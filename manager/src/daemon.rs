@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -222,7 +221,7 @@ impl Manager {
             );
         }
         // Only our own socket: a successor may already have bound a new one.
-        if std::fs::metadata(&socket).is_ok_and(|m| m.ino() == socket_ino) {
+        if listeners::socket_is_ours(&socket, socket_ino) {
             let _ = std::fs::remove_file(&socket);
         }
         let result = match grpc_result {

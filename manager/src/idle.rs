@@ -80,9 +80,7 @@ pub(crate) async fn idle_for(
         let file = match open_users_lock(&path) {
             Ok(f) => f,
             Err(e) => {
-                let ours = std::fs::metadata(&core.config.socket)
-                    .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == socket_ino);
-                if !ours {
+                if !crate::listeners::socket_is_ours(&core.config.socket, socket_ino) {
                     tracing::info!(
                         socket = %core.config.socket.display(),
                         "idle, and the socket and users lock are gone: nothing can reach this manager; exiting"

@@ -71,6 +71,12 @@ pub(crate) fn bind_socket(
     Ok((listener, ino))
 }
 
+/// Whether `path` is still the socket [`bind_socket`] made (inode `ino`):
+/// not removed, and not replaced by a successor's.
+pub(crate) fn socket_is_ours(path: &Path, ino: u64) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.ino() == ino)
+}
+
 /// Binds the metrics listener; returns it with the address really bound
 /// (the port chosen when 0 was asked for).
 pub(crate) async fn bind_metrics(
