@@ -163,24 +163,18 @@ fn fragmentation_policies_keep_whole_gpus_for_whole_gpu_tasks() {
 /// the fuller: first fit still takes node 0.
 #[test]
 fn defrag_fills_the_best_fitting_gpu_of_the_first_node() {
-    let nodes = vec![
-        node("first", 64_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
-        node("fuller", 32_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
-    ];
-    let c = engine(nodes, Policy::Defrag)
-        .decide(&share(1000, 500))
-        .unwrap();
+    let decide = |p: Policy| {
+        let nodes = vec![
+            node("first", 64_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+            node("fuller", 32_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
+        ];
+        engine(nodes, p).decide(&share(1000, 500)).unwrap()
+    };
+    let c = decide(Policy::Defrag);
     assert_eq!(c.node, 0);
     assert_eq!(c.gpus, [1], "the half-used GPU: {c:?}");
     // The same placements with binpack: the fuller node.
-    let nodes = vec![
-        node("first", 64_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
-        node("fuller", 32_000, vec![gpu("T4", 1000), gpu("T4", 500)]),
-    ];
-    let c = engine(nodes, Policy::Binpack)
-        .decide(&share(1000, 500))
-        .unwrap();
-    assert_eq!(c.node, 1);
+    assert_eq!(decide(Policy::Binpack).node, 1);
 }
 
 #[test]

@@ -81,6 +81,17 @@ impl Session {
         c
     }
 
+    /// A run whose command waits on its input (`cat`): it holds its
+    /// allocation until the test closes the run's stdin.
+    fn spawn_held(&self, n: &SimNode, args: &[&str]) -> Child {
+        self.run(n, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a run")
+    }
+
     fn output(&self, n: &SimNode, args: &[&str]) -> Output {
         self.run(n, args).output().expect("run the client")
     }
@@ -206,16 +217,7 @@ fn a_burst_of_runs_starts_one_private_manager_which_leaves_after_its_grace() {
     // construction, whatever the load.
     let mut args = base(&hook, &none);
     args.push("cat");
-    let mut runs: Vec<Child> = (0..50)
-        .map(|_| {
-            s.run(&n, &args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn a run")
-        })
-        .collect();
+    let mut runs: Vec<Child> = (0..50).map(|_| s.spawn_held(&n, &args)).collect();
     let all_in = eventually(DEADLINE, || {
         answers(&s.socket()) && node_status(&s.socket()).allocations.len() == 50
     });
@@ -379,13 +381,7 @@ fn a_private_manager_whose_directory_was_removed_leaves_after_its_runs() {
     let hook = hook().display().to_string();
     let mut args = base(&hook, &none);
     args.push("cat");
-    let mut run = s
-        .run(&n, &args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a run");
+    let mut run = s.spawn_held(&n, &args);
     assert!(
         eventually(DEADLINE, || answers(&s.socket())
             && node_status(&s.socket()).allocations.len() == 1)
