@@ -22,7 +22,7 @@ pub fn driver_version() -> CuResult<c_int> {
     static VERSION: std::sync::OnceLock<CuResult<c_int>> = std::sync::OnceLock::new();
     *VERSION.get_or_init(|| {
         tessera_sim::config::driver_version_from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
-            crate::export::say(&e.to_string());
+            crate::errors::say(&e.to_string());
             CUresult::CUDA_ERROR_OPERATING_SYSTEM
         })
     })

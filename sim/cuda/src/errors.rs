@@ -181,8 +181,15 @@ pub const ENV_TRACE_ERRORS: &str = "TESSERA_SIM_TRACE_ERRORS";
 pub fn trace_failure(at: &std::panic::Location<'_>, rc: CUresult) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os(ENV_TRACE_ERRORS).is_some_and(|v| v != "0")) {
-        crate::export::say(&format!("{}:{}: {}", at.file(), at.line(), name(rc)));
+        say(&format!("{}:{}: {}", at.file(), at.line(), name(rc)));
     }
+}
+
+/// One line on stderr. Never panics (unlike `eprintln!`): it runs inside entries that C
+/// calls directly, which must not unwind.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "tessera-sim libcuda: {line}");
 }
 
 #[cfg(test)]

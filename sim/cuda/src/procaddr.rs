@@ -497,7 +497,7 @@ fn get_proc(
         ),
         Err((e, st)) => {
             if crate::export::tracing() {
-                crate::export::say(&format!(
+                crate::errors::say(&format!(
                     "cuGetProcAddress {name} {version} {flags}: {st:?}"
                 ));
             }

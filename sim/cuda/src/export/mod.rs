@@ -206,12 +206,9 @@ pub fn log_once(key: String, line: impl FnOnce() -> String) {
     }
 }
 
-/// One line on stderr. Never panics (unlike `eprintln!`): it runs inside entries that C
-/// calls directly, which must not unwind.
-pub fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "tessera-sim libcuda: {line}");
-}
+// `say` lives in `errors`, below every family, so that `device` can report a bad
+// driver version without importing the export tables (which import `device`).
+use crate::errors::say;
 
 /// Looks `id` up; `None` for an id this driver does not know.
 pub fn find(id: &[u8; 16]) -> Option<&'static Table> {
