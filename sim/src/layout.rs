@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// `b"TSRASIM\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRASIM\0");
 /// Bumped on every incompatible change of this file.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// Devices a node can have.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can use the node's CUDA at the same time.
@@ -43,7 +43,7 @@ pub struct NodeState {
 /// Size of the node state file in bytes.
 pub const STATE_SIZE: usize = size_of::<NodeState>();
 const _: () = assert!(
-    STATE_SIZE == 4_693_496 + MAX_SHARED * 104,
+    STATE_SIZE == 4_693_496 + MAX_PROCS * 8 + MAX_SHARED * 104,
     "NodeState layout changed: bump ABI_VERSION"
 );
 
@@ -65,7 +65,13 @@ pub struct Header {
     pub shared_seq: AtomicU64,
     /// Device memory each CUDA context holds for itself (`TESSERA_SIM_CONTEXT_MEMORY`).
     pub context_memory: AtomicU64,
-    pub _reserved: [u64; 7],
+    /// How long the driver takes to tear down what one process held on one device once
+    /// the process has exited (`TESSERA_SIM_CONTEXT_TEARDOWN`, ns); 0: at once.
+    pub context_teardown_ns: AtomicU64,
+    /// CLOCK_MONOTONIC ns at which the last teardown queued so far completes: the driver
+    /// tears exited processes down one at a time, node-wide.
+    pub teardown_until_ns: AtomicU64,
+    pub _reserved: [u64; 5],
 }
 
 /// One simulated GPU. The first block is written once at creation; the rest changes.
@@ -109,6 +115,9 @@ pub const SLOT_FREE: u64 = 0;
 pub const SLOT_CLAIMING: u64 = 1 << 32;
 pub const SLOT_LIVE: u64 = 2 << 32;
 pub const SLOT_REAPING: u64 = 3 << 32;
+/// The process has exited and the driver is still tearing down what it held
+/// ([`ProcSlot::exit_done_ns`] says until when): NVML still lists it with its memory.
+pub const SLOT_EXITING: u64 = 4 << 32;
 pub const SLOT_STATE_MASK: u64 = 0xffff_ffff << 32;
 
 /// One process using the node's CUDA: what it holds and what it ran, per device.
@@ -126,6 +135,9 @@ pub struct ProcSlot {
     pub busy_ns: [AtomicU64; MAX_DEVICES],
     pub launches: [AtomicU64; MAX_DEVICES],
     pub busy: [BusyRing<PROC_RING, PROC_BUCKET_NS>; MAX_DEVICES],
+    /// For a [`SLOT_EXITING`] slot: CLOCK_MONOTONIC ns at which the driver is done tearing
+    /// the process down and its memory is free.
+    pub exit_done_ns: AtomicU64,
 }
 
 impl ProcSlot {
@@ -133,6 +145,7 @@ impl ProcSlot {
     pub fn clear_usage(&self) {
         self.contexts.store(0, Ordering::SeqCst);
         self.start_time.store(0, Ordering::SeqCst);
+        self.exit_done_ns.store(0, Ordering::SeqCst);
         for d in 0..MAX_DEVICES {
             self.memory[d].store(0, Ordering::SeqCst);
             self.busy_ns[d].store(0, Ordering::SeqCst);

@@ -43,11 +43,25 @@ pub enum NodeError {
 /// environment.
 pub const ENV_CONTEXT_MEMORY: &str = "TESSERA_SIM_CONTEXT_MEMORY";
 
-/// The default context memory of a node created from the environment: 300 MiB, what
-/// NVIDIA's engineers quote for a CUDA 12 context with lazy module loading
-/// (pytorch/pytorch#107667: "the currently used ~300MB"; a bare context on an RTX 3090
-/// with a 12.8 runtime measured 256 MiB in invoke-ai/InvokeAI#9413).
-pub const DEFAULT_CONTEXT_MEMORY: u64 = 300 << 20;
+/// The default context memory of a node created from the environment: 518 MiB, what a
+/// primary context held on the first real GPU Tessera ran on (an H200, driver 580, CUDA
+/// 13.0, 2026-12-04: `cuMemGetInfo` inside a 4 GiB allocation showed 518 MiB used
+/// before any allocation; NVML listed the process at 523 MiB). The simulator holds
+/// 518 MiB in both views.
+pub const DEFAULT_CONTEXT_MEMORY: u64 = 518 << 20;
+
+/// How long the driver takes, per device, to tear down what an exited process held
+/// (its contexts and memory), set per node by this variable when the node is created
+/// from the environment: a duration (`20ms`), `0` for at once.
+pub const ENV_CONTEXT_TEARDOWN: &str = "TESSERA_SIM_CONTEXT_TEARDOWN";
+
+/// The default teardown of a node created from the environment: 20 ms per device a
+/// process held something on. Assumed, not measured: on the H200 run, 29 of 32
+/// processes that had all exited together were still listed by NVML with their memory
+/// in one pass of the manager (docs/simulator.md, "Exited processes"), which shows the
+/// driver frees an exited process's memory one process at a time and not at once, but
+/// not how long each takes.
+pub const DEFAULT_CONTEXT_TEARDOWN_NS: u64 = 20_000_000;
 
 /// The context memory a node created from this environment gets.
 pub fn context_memory_from_env() -> Result<u64, NodeError> {
@@ -55,6 +69,24 @@ pub fn context_memory_from_env() -> Result<u64, NodeError> {
         Err(_) => Ok(DEFAULT_CONTEXT_MEMORY),
         Ok(v) => parse_size(&v).map_err(|e| NodeError::Config(invalid(ENV_CONTEXT_MEMORY, &v, e))),
     }
+}
+
+/// The teardown (ns per device) a node created from this environment gets.
+pub fn context_teardown_from_env() -> Result<u64, NodeError> {
+    match std::env::var(ENV_CONTEXT_TEARDOWN) {
+        Err(_) => Ok(DEFAULT_CONTEXT_TEARDOWN_NS),
+        Ok(v) if v.trim() == "0" => Ok(0),
+        Ok(v) => tessera_contract::units::parse_duration(&v)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .map_err(|e| NodeError::Config(invalid(ENV_CONTEXT_TEARDOWN, &v, e))),
+    }
+}
+
+/// What a node is created with beyond its devices: the driver's own figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct DriverFigures {
+    context_memory: u64,
+    context_teardown_ns: u64,
 }
 
 /// A mapped node state file. Cheap to share between threads: everything in it is atomic.
@@ -115,15 +147,20 @@ impl Node {
         // bad variable does not stop a process from joining an existing node.
         Self::open_with(&path, || {
             let config = NodeConfig::from_env().map_err(NodeError::from)?;
-            Ok((config, context_memory_from_env()?))
+            let figures = DriverFigures {
+                context_memory: context_memory_from_env()?,
+                context_teardown_ns: context_teardown_from_env()?,
+            };
+            Ok((config, figures))
         })
     }
 
     /// Opens `path`, creating and initialising it from `config` if it does not exist yet.
-    /// A node created here has no context memory until [`Node::set_context_memory`] (the
+    /// A node created here has no context memory until [`Node::set_context_memory`] and
+    /// frees an exited process's memory at once until [`Node::set_context_teardown`] (the
     /// Rust API's nodes are the tests', which count bytes exactly).
     pub fn open(path: &Path, config: &NodeConfig) -> Result<Node, NodeError> {
-        Self::open_with(path, || Ok((config.clone(), 0)))
+        Self::open_with(path, || Ok((config.clone(), DriverFigures::default())))
     }
 
     /// Device memory each CUDA context created from now on holds for itself.
@@ -140,9 +177,26 @@ impl Node {
             .store(bytes, Ordering::Release);
     }
 
+    /// How long (ns) the driver takes, per device, to tear down what an exited process
+    /// held there; 0: its memory is free the moment it is gone.
+    pub fn context_teardown(&self) -> u64 {
+        self.state()
+            .header
+            .context_teardown_ns
+            .load(Ordering::Acquire)
+    }
+
+    /// Sets the teardown per device of processes that exit from now on.
+    pub fn set_context_teardown(&self, ns: u64) {
+        self.state()
+            .header
+            .context_teardown_ns
+            .store(ns, Ordering::Release);
+    }
+
     fn open_with(
         path: &Path,
-        config: impl FnOnce() -> Result<(NodeConfig, u64), NodeError>,
+        config: impl FnOnce() -> Result<(NodeConfig, DriverFigures), NodeError>,
     ) -> Result<Node, NodeError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()
@@ -209,7 +263,7 @@ impl Node {
 
     fn validate_or_initialise(
         &self,
-        config: impl FnOnce() -> Result<(NodeConfig, u64), NodeError>,
+        config: impl FnOnce() -> Result<(NodeConfig, DriverFigures), NodeError>,
     ) -> Result<(), NodeError> {
         let node = self;
         let path = &self.path;
@@ -217,8 +271,9 @@ impl Node {
         match header.magic.load(Ordering::Acquire) {
             // Never initialised, or its creator died half-way: we hold the lock, so finish.
             0 => {
-                let (config, context_memory) = config()?;
-                node.set_context_memory(context_memory);
+                let (config, figures) = config()?;
+                node.set_context_memory(figures.context_memory);
+                node.set_context_teardown(figures.context_teardown_ns);
                 node.initialise(&config);
             }
             MAGIC => {
@@ -397,12 +452,18 @@ impl Node {
         Err(NodeError::NoSlot)
     }
 
-    /// Gives this process's slot back (clean exit): its memory returns to the devices.
+    /// Gives this process's slot back (clean exit). What it still holds is the driver's to
+    /// tear down: with a teardown time set ([`Node::set_context_teardown`]) the slot stays
+    /// listed, with its memory, until the teardown is done; otherwise its memory returns
+    /// to the devices at once.
     pub fn detach(&self, slot: usize) {
         let Some(s) = self.state().procs.get(slot) else {
             return;
         };
         let me = SLOT_LIVE | u64::from(std::process::id());
+        if self.begin_teardown(s, me) {
+            return;
+        }
         if s.owner
             .compare_exchange(
                 me,
@@ -418,16 +479,77 @@ impl Node {
         }
     }
 
-    /// Frees the slots of processes that are gone (exited, killed, zombies), returning
-    /// their memory to the devices. Returns how many slots were freed.
+    /// The devices a slot holds something on (a context or memory).
+    fn held_devices(&self, s: &ProcSlot) -> u32 {
+        let contexts = s.contexts.load(Ordering::Acquire);
+        (0..self.device_count() as usize)
+            .filter(|&d| contexts & (1 << d) != 0 || s.memory[d].load(Ordering::SeqCst) > 0)
+            .count() as u32
+    }
+
+    /// Moves a slot whose process has exited (owner word `owner`) to
+    /// [`SLOT_EXITING`]: the driver tears exited processes down one at a time,
+    /// node-wide, each taking the teardown time per device it held something on, and
+    /// lists the process with its memory until its turn is done. Returns false (nothing
+    /// changed) when there is nothing to tear down or no teardown time is set: the
+    /// caller frees the slot at once.
+    fn begin_teardown(&self, s: &ProcSlot, owner: u64) -> bool {
+        let per_device = self.context_teardown();
+        let devices = self.held_devices(s);
+        if per_device == 0 || devices == 0 {
+            return false;
+        }
+        let cost = per_device.saturating_mul(u64::from(devices));
+        let queue = &self.state().header.teardown_until_ns;
+        let now = now_ns();
+        let mut cur = queue.load(Ordering::Acquire);
+        let done = loop {
+            let done = cur.max(now).saturating_add(cost);
+            match queue.compare_exchange_weak(cur, done, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break done,
+                Err(seen) => cur = seen,
+            }
+        };
+        s.exit_done_ns.store(done, Ordering::Release);
+        let pid = owner & 0xffff_ffff;
+        if s.owner
+            .compare_exchange(
+                owner,
+                SLOT_EXITING | pid,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            // Someone else (a reaper) took the slot meanwhile: theirs to settle. The
+            // queue keeps the turn it gave us, as a driver busy a moment longer would.
+            return true;
+        }
+        true
+    }
+
+    /// Frees the slots of processes that are gone (exited, killed, zombies): at once, or,
+    /// with a teardown time set, once the driver has torn them down (until then NVML
+    /// lists them with their memory, as the real driver does). Returns how many slots
+    /// were freed.
     pub fn reap_dead(&self) -> usize {
         let me = u64::from(std::process::id());
+        let now = now_ns();
         let mut reaped = 0;
         for (index, slot) in self.slots().iter().enumerate() {
             let owner = slot.owner.load(Ordering::Acquire);
             let pid = (owner & 0xffff_ffff) as u32;
             let dead = match owner & SLOT_STATE_MASK {
-                SLOT_LIVE => !is_alive(pid, slot.start_time.load(Ordering::Acquire)),
+                SLOT_LIVE => {
+                    if is_alive(pid, slot.start_time.load(Ordering::Acquire)) {
+                        false
+                    } else {
+                        // Killed, or exited without the library's exit handler: the
+                        // driver notices it now and queues its teardown.
+                        !self.begin_teardown(slot, owner)
+                    }
+                }
+                SLOT_EXITING => slot.exit_done_ns.load(Ordering::Acquire) <= now,
                 // A claimer or reaper that died half-way: its pid is all we know.
                 SLOT_CLAIMING | SLOT_REAPING => !is_alive(pid, 0),
                 _ => false,
@@ -755,7 +877,8 @@ impl Node {
         (start, end)
     }
 
-    /// Per-process usage, for every live (or not yet reaped) process.
+    /// Per-process usage, for every live (or not yet reaped) process, and for every
+    /// exited one the driver is still tearing down (`exiting`).
     pub fn processes(&self) -> Vec<ProcessUsage> {
         let n = self.device_count() as usize;
         let now = now_ns();
@@ -764,12 +887,15 @@ impl Node {
             .enumerate()
             .filter_map(|(i, s)| {
                 let owner = s.owner.load(Ordering::Acquire);
-                if owner & SLOT_STATE_MASK != SLOT_LIVE {
-                    return None;
-                }
+                let exiting = match owner & SLOT_STATE_MASK {
+                    SLOT_LIVE => false,
+                    SLOT_EXITING => true,
+                    _ => return None,
+                };
                 Some(ProcessUsage {
                     slot: i,
                     pid: (owner & 0xffff_ffff) as u32,
+                    exiting,
                     contexts: s.contexts.load(Ordering::Acquire),
                     memory: (0..n).map(|d| s.memory[d].load(Ordering::SeqCst)).collect(),
                     busy_ns: (0..n)
@@ -969,6 +1095,9 @@ pub struct DeviceUsage {
 pub struct ProcessUsage {
     pub slot: usize,
     pub pid: u32,
+    /// The process has exited and the driver is still tearing down what it held
+    /// ([`Node::set_context_teardown`]).
+    pub exiting: bool,
     /// Bit d: the process has a context on device d.
     pub contexts: u32,
     pub memory: Vec<u64>,
@@ -1082,6 +1211,78 @@ mod tests {
         assert_eq!(n.reap_dead(), 1);
         assert_eq!(n.memory_used(0), 0);
         assert_eq!(n.reap_dead(), 0);
+    }
+
+    #[test]
+    fn exited_processes_stay_listed_until_the_driver_has_torn_them_down() {
+        let (_d, n) = node(2, 1 << 30);
+        n.set_context_teardown(200_000_000);
+        // Two dead processes holding memory, noticed together: the driver takes them
+        // one after the other, 200 ms per device each held something on.
+        let mut dead = Vec::new();
+        for _ in 0..2 {
+            let mut child = std::process::Command::new("true").spawn().expect("spawn");
+            dead.push(child.id());
+            child.wait().expect("wait");
+        }
+        for (i, pid) in dead.iter().enumerate() {
+            let slot = &n.state().procs[5 + i];
+            slot.memory[0].store(300, Ordering::SeqCst);
+            slot.memory[1].store(100 * (i as u64), Ordering::SeqCst);
+            slot.owner
+                .store(SLOT_LIVE | u64::from(*pid), Ordering::SeqCst);
+        }
+        n.state().header.procs_high.fetch_max(7, Ordering::SeqCst);
+        let t0 = now_ns();
+        assert_eq!(n.reap_dead(), 0, "noticed, not yet torn down");
+        let listed: Vec<_> = n.processes().into_iter().filter(|p| p.exiting).collect();
+        assert_eq!(listed.len(), 2, "NVML still lists both");
+        assert_eq!(
+            n.memory_used(0),
+            600,
+            "and the device still holds their memory"
+        );
+        let done: Vec<u64> = (5..7)
+            .map(|i| n.state().procs[i].exit_done_ns.load(Ordering::SeqCst))
+            .collect();
+        assert!(done[0] >= t0 + 200_000_000, "one device: one teardown");
+        assert!(
+            done[1] >= done[0] + 400_000_000,
+            "two devices, after the first"
+        );
+        // Once its turn is done, the first is freed; the second only after.
+        while now_ns() < done[0] {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(n.reap_dead(), 1);
+        assert_eq!(n.memory_used(0), 300);
+        while now_ns() < done[1] {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(n.reap_dead(), 1);
+        assert_eq!((n.memory_used(0), n.memory_used(1)), (0, 0));
+        assert!(n.processes().is_empty());
+    }
+
+    #[test]
+    fn a_clean_exit_is_torn_down_too_and_nothing_held_is_freed_at_once() {
+        let (_d, n) = node(1, 1000);
+        n.set_context_teardown(60_000_000_000);
+        let slot = n.attach().expect("attach");
+        assert!(n.reserve_memory(slot, 0, 400));
+        n.detach(slot);
+        let me = n.processes();
+        assert_eq!(me.len(), 1);
+        assert!(me[0].exiting && me[0].memory[0] == 400, "{me:?}");
+        assert_eq!(n.memory_used(0), 400, "the driver still holds it");
+        // A process holding nothing leaves no trace.
+        n.state().procs[slot]
+            .owner
+            .store(SLOT_FREE, Ordering::SeqCst);
+        n.state().procs[slot].clear_usage();
+        let slot = n.attach().expect("attach again");
+        n.detach(slot);
+        assert!(n.processes().is_empty());
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub fn run_on_state(state: &Path, vars: &[(&str, &str)], script: &[&str]) -> Pro
         .env("LD_LIBRARY_PATH", &sim_lib_dir().dir)
         .env("TESSERA_SIM_STATE", state)
         .env_remove("TESSERA_SIM_CONTEXT_MEMORY")
+        .env_remove("TESSERA_SIM_CONTEXT_TEARDOWN")
         .envs(vars.iter().copied())
         .args(script)
         .output()

@@ -178,9 +178,10 @@ pub fn rt() -> CuResult<&'static Runtime> {
     }
 }
 
-/// Hands the process slot back when the library is unloaded or the process exits, so a
-/// cleanly exiting program's memory returns to the device at once (a killed one's is
-/// reaped by the next process that looks).
+/// Hands the process slot back when the library is unloaded or the process exits. What it
+/// still holds is the driver's to tear down: at once, or after the node's teardown time
+/// (`TESSERA_SIM_CONTEXT_TEARDOWN`), during which NVML still lists the process, as the
+/// real driver does (a killed one's teardown begins when the next process looks).
 extern "C" fn on_unload() {
     if FORKED.load(Ordering::Relaxed) {
         return;

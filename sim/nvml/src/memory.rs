@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// Total and used memory of a device, dead processes reaped first (the device would
-/// have freed their memory already).
+/// Total and used memory of a device, dead processes reaped first (those the driver has
+/// torn down are free; those it is still tearing down still count, as on a GPU).
 fn memory(node: &Node, i: u32) -> NvResult<(u64, u64)> {
     node.reap_dead();
     let u = node
