@@ -57,6 +57,10 @@ pub struct Core {
     /// Background passes completed, so that tests (and operators) can wait
     /// for the next one instead of guessing how long it takes.
     pub(crate) passes: Passes,
+    /// What a CUDA context holds on each GPU, by UUID, as measured at
+    /// start-up ([`GpuBackend::context_sizes`]); written into every control
+    /// file, where the shim charges it before the driver makes a context.
+    pub(crate) context_sizes: std::collections::HashMap<String, u64>,
 }
 
 /// Who made a request, as the kernel says (SO_PEERCRED of its connection);
@@ -133,7 +137,21 @@ impl Core {
             stop: AtomicBool::new(false),
             resolver: Resolver::host(),
             passes: Passes::default(),
+            context_sizes: std::collections::HashMap::new(),
         }
+    }
+
+    /// The control file's content for `rec`: its limits, the configured
+    /// estimate per context, and what a context holds on each of its GPUs
+    /// where this manager measured it.
+    pub(crate) fn control_spec(&self, rec: &AllocationRecord) -> tessera_shm::ControlSpec {
+        let mut spec = rec.control_spec(self.config.context_overhead_bytes);
+        spec.context_bytes = rec
+            .devices
+            .iter()
+            .map(|d| self.context_sizes.get(&d.gpu_uuid).copied())
+            .collect();
+        spec
     }
 
     pub fn config(&self) -> &Config {
@@ -313,7 +331,7 @@ impl Core {
         }
         let existing: Vec<AllocationRecord> = self.live_list().iter().map(|l| l.record()).collect();
         alloc::check_capacity(rec, &self.gpus, existing.iter())?;
-        let spec = rec.control_spec(self.config.context_overhead_bytes);
+        let spec = self.control_spec(rec);
         self.store.create_owned(rec, &spec, owner_uid)?;
         let dir = self.store.alloc_dir(&rec.id);
         let live = match LiveAllocation::open(rec.clone(), dir) {
@@ -639,7 +657,7 @@ impl Core {
                 // Damaged files (a tenant can write its state file): repaired
                 // in place from the record, so the allocation keeps its
                 // capacity and its place in arbitration.
-                let spec = rec.control_spec(self.config.context_overhead_bytes);
+                let spec = self.control_spec(&rec);
                 let repaired = self.store.repair(&rec, &spec)?;
                 tracing::error!(
                     allocation = %id,
@@ -664,6 +682,17 @@ impl Core {
             });
             match opened.map(Arc::new) {
                 Ok(live) => {
+                    // Files written by an earlier manager (or release) get this
+                    // start's measurements, in place: their processes charge
+                    // them from their next context on.
+                    let control = live.control();
+                    for i in 0..control.n_devices() {
+                        if let Some(&bytes) = self.context_sizes.get(control.uuid(i))
+                            && let Err(e) = control.set_context_bytes(i, Some(bytes))
+                        {
+                            tracing::warn!(allocation = %id, error = %e, "cannot record the context size");
+                        }
+                    }
                     let procs = live.state().processes(live.control().n_devices()).len();
                     tracing::info!(allocation = %id, processes = procs, "allocation reloaded");
                     self.arbitration.add(&id, live.clone());

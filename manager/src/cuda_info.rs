@@ -1,11 +1,18 @@
-//! What NVML does not say about a full (non-MIG) GPU but the CUDA driver
-//! does: its SM count. Read once at start-up through `libcuda.so.1`
-//! (`cuInit`, then `cuDeviceGetAttribute`; no context is created), keyed by
-//! the GPU's UUID so it matches NVML's inventory whatever the device order.
-//! Anything missing or failing leaves the count unknown (0).
+//! What NVML does not say about a GPU but the CUDA driver does, read once at
+//! start-up through `libcuda.so.1` and keyed by the GPU's UUID so it matches
+//! NVML's inventory whatever the device order:
+//!
+//! - the SM count of a full (non-MIG) GPU (`cuInit`, then
+//!   `cuDeviceGetAttribute`; no context is created); anything missing or
+//!   failing leaves it unknown (0);
+//! - what a CUDA context holds on each GPU ([`measure_contexts`]): the
+//!   manager makes one primary context per GPU, asks the driver what it holds
+//!   for the manager's own process there, and lets the context go, so the
+//!   shim can charge every context its real cost before the driver sees the
+//!   call.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 use std::path::Path;
 use tessera_contract::format_uuid;
 
@@ -17,19 +24,103 @@ type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
 type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type CuDevicePrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+type CuDevicePrimaryCtxRelease = unsafe extern "C" fn(c_int) -> c_int;
+
+/// Loads the CUDA driver at `lib` (or `libcuda.so.1` from the loader's path),
+/// `None` when there is none.
+fn load(lib: Option<&Path>) -> Option<libloading::Library> {
+    let name = lib.map_or_else(|| "libcuda.so.1".into(), |p| p.as_os_str().to_owned());
+    // SAFETY: loading the CUDA driver runs its initialisers, which are
+    // written to be loaded into any process (every CUDA program does).
+    match unsafe { libloading::Library::new(&name) } {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(lib = ?name, error = %e, "no CUDA driver");
+            None
+        }
+    }
+}
+
+/// What a CUDA context holds on each GPU, by UUID: for each GPU the
+/// driver shows, one primary context is retained, `held` is asked what the
+/// driver now holds for this process on that GPU (NVML's per-process figure:
+/// what the shim settles every context to), and the context is released.
+/// The GPUs are measured one after another, so the node never holds more
+/// than one of these contexts at a time. A GPU whose context cannot be
+/// made (full, exclusive to another process, lost) or whose figure the
+/// driver does not give is left out: its allocations are charged the
+/// configured estimate instead.
+pub fn measure_contexts(
+    lib: Option<&Path>,
+    held: impl Fn(&str) -> Option<u64>,
+) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    let Some(lib) = load(lib) else {
+        return out;
+    };
+    // SAFETY: each symbol is looked up with the C signature the CUDA driver
+    // API documents for it (CUresult and CUdevice are ints, CUcontext a
+    // pointer, CUuuid 16 bytes).
+    let syms = unsafe {
+        (
+            lib.get::<CuInit>(b"cuInit\0").map(|f| *f),
+            lib.get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
+                .map(|f| *f),
+            lib.get::<CuDeviceGet>(b"cuDeviceGet\0").map(|f| *f),
+            lib.get::<CuDeviceGetUuid>(b"cuDeviceGetUuid\0").map(|f| *f),
+            lib.get::<CuDevicePrimaryCtxRetain>(b"cuDevicePrimaryCtxRetain\0")
+                .map(|f| *f),
+            lib.get::<CuDevicePrimaryCtxRelease>(b"cuDevicePrimaryCtxRelease_v2\0")
+                .or_else(|_| lib.get::<CuDevicePrimaryCtxRelease>(b"cuDevicePrimaryCtxRelease\0"))
+                .map(|f| *f),
+        )
+    };
+    let (Ok(init), Ok(count), Ok(get), Ok(uuid), Ok(retain), Ok(release)) = syms else {
+        tracing::debug!("CUDA driver lacks the context calls; context sizes unknown");
+        return out;
+    };
+    // SAFETY: the calls follow the driver API's contract: cuInit(0) first,
+    // then queries with valid out-pointers to locals of the right size; every
+    // primary context retained is released once, after the figure is read.
+    unsafe {
+        if init(0) != 0 {
+            return out;
+        }
+        let mut n: c_int = 0;
+        if count(&mut n) != 0 {
+            return out;
+        }
+        for ordinal in 0..n {
+            let mut dev: c_int = 0;
+            let mut id = [0u8; 16];
+            if get(&mut dev, ordinal) != 0 || uuid(&mut id, dev) != 0 {
+                continue;
+            }
+            let name = format_uuid(&id);
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            let r = retain(&mut ctx, dev);
+            if r != 0 {
+                tracing::warn!(gpu = %name, error = r, "cannot make a context to measure its size");
+                continue;
+            }
+            let figure = held(&name);
+            release(dev);
+            if let Some(bytes) = figure {
+                out.insert(name, bytes);
+            }
+        }
+    }
+    // As for the SM counts: the driver stays loaded.
+    std::mem::forget(lib);
+    out
+}
 
 /// SM count per GPU UUID, from the CUDA driver at `lib` (or `libcuda.so.1`
 /// from the loader's path). Empty when the driver cannot be used.
 pub fn sm_counts(lib: Option<&Path>) -> HashMap<String, u32> {
-    let name = lib.map_or_else(|| "libcuda.so.1".into(), |p| p.as_os_str().to_owned());
-    // SAFETY: loading the CUDA driver runs its initialisers, which are
-    // written to be loaded into any process (every CUDA program does).
-    let lib = match unsafe { libloading::Library::new(&name) } {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::debug!(lib = ?name, error = %e, "no CUDA driver; SM counts unknown");
-            return HashMap::new();
-        }
+    let Some(lib) = load(lib) else {
+        return HashMap::new();
     };
     // SAFETY: each symbol is looked up with the C signature the CUDA driver
     // API documents for it (CUresult is an int, CUdevice an int, CUuuid 16
@@ -93,5 +184,11 @@ mod tests {
     #[test]
     fn a_missing_driver_means_unknown_not_an_error() {
         assert!(sm_counts(Some(Path::new("/nonexistent/libcuda.so.1"))).is_empty());
+        let asked = std::cell::Cell::new(false);
+        let measured = measure_contexts(Some(Path::new("/nonexistent/libcuda.so.1")), |_| {
+            asked.set(true);
+            Some(1)
+        });
+        assert!(measured.is_empty() && !asked.get());
     }
 }

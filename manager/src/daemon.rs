@@ -121,14 +121,30 @@ impl Manager {
         };
         let (grpc, socket_ino) =
             listeners::bind_socket(&config.socket, config.socket_group.as_deref())?;
-        let core = Arc::new(Core::new(
-            config,
-            gpus,
-            driver_version,
-            backend,
-            store,
-            arbitration,
-        ));
+        // Before anything is served or sampled: the manager's own contexts
+        // would otherwise show on the GPUs' process lists.
+        let context_sizes = backend.context_sizes();
+        for g in &gpus {
+            match context_sizes.get(&g.uuid) {
+                Some(bytes) => tracing::info!(
+                    gpu = g.index,
+                    uuid = %g.uuid,
+                    context_bytes = bytes,
+                    "a CUDA context holds this much here (measured: the driver's count for \
+                     the manager's own context); the shim charges it per context"
+                ),
+                None => tracing::warn!(
+                    gpu = g.index,
+                    uuid = %g.uuid,
+                    context_overhead_bytes = config.context_overhead_bytes,
+                    "could not measure what a CUDA context holds here; the shim charges \
+                     contextOverhead per context until the driver's figure settles it"
+                ),
+            }
+        }
+        let mut core = Core::new(config, gpus, driver_version, backend, store, arbitration);
+        core.context_sizes = context_sizes;
+        let core = Arc::new(core);
         let socket = core.config.socket.clone();
         let cleanup = |e: ManagerError| {
             let _ = std::fs::remove_file(&socket);

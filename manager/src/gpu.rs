@@ -74,6 +74,12 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// Waits up to `timeout` for the next health event. `Ok(None)` when
     /// none came. Called from one thread only.
     fn wait_event(&self, timeout: Duration) -> Result<Option<GpuEvent>, GpuError>;
+    /// What a CUDA context holds on each GPU, by UUID, measured once at
+    /// start-up (before anything else uses the GPUs for the manager); a GPU
+    /// left out is charged the configured estimate. None by default.
+    fn context_sizes(&self) -> std::collections::HashMap<String, u64> {
+        std::collections::HashMap::new()
+    }
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -94,6 +100,7 @@ pub mod fake {
         processes: HashMap<String, Vec<GpuProcess>>,
         lost: HashMap<String, bool>,
         events: VecDeque<GpuEvent>,
+        context_sizes: HashMap<String, u64>,
     }
 
     /// A driver whose every answer the test sets.
@@ -156,6 +163,14 @@ pub mod fake {
             self.inner.lock().lost.insert(uuid.to_owned(), lost);
         }
 
+        /// What [`GpuBackend::context_sizes`] reports for `uuid`.
+        pub fn set_context_size(&self, uuid: &str, bytes: u64) {
+            self.inner
+                .lock()
+                .context_sizes
+                .insert(uuid.to_owned(), bytes);
+        }
+
         pub fn push_event(&self, e: GpuEvent) {
             self.inner.lock().events.push_back(e);
             self.event_ready.notify_all();
@@ -195,6 +210,9 @@ pub mod fake {
                 self.event_ready.wait_for(&mut inner, timeout);
             }
             Ok(inner.events.pop_front())
+        }
+        fn context_sizes(&self) -> HashMap<String, u64> {
+            self.inner.lock().context_sizes.clone()
         }
     }
 }

@@ -215,6 +215,21 @@ impl GpuBackend for NvmlGpu {
             .collect())
     }
 
+    fn context_sizes(&self) -> std::collections::HashMap<String, u64> {
+        let me = std::process::id();
+        crate::cuda_info::measure_contexts(self.cuda_lib.as_deref(), |uuid| {
+            // The driver's own count for this process: what the shim settles
+            // each context to (NVML reports host pids; a manager outside the
+            // host's pid namespace finds itself under another pid, and
+            // measures nothing).
+            self.processes(uuid)
+                .ok()?
+                .into_iter()
+                .find(|p| p.pid == me)
+                .map(|p| p.used_bytes)
+        })
+    }
+
     fn wait_event(&self, timeout: Duration) -> Result<Option<GpuEvent>, GpuError> {
         let mut guard = self.events.lock();
         if guard.is_none() {

@@ -37,7 +37,11 @@ pub struct DeviceSpec {
 pub struct ControlSpec {
     pub alloc_id: String,
     pub devices: Vec<DeviceSpec>,
+    /// What every context is charged where no measured figure is given.
     pub context_overhead_bytes: u64,
+    /// What a context holds on each device (by index, as `devices`), as the
+    /// manager measured it; `None` (or a shorter list) where not measured.
+    pub context_bytes: Vec<Option<u64>>,
     pub gate_timeout_ns: u64,
 }
 
@@ -48,6 +52,7 @@ impl ControlSpec {
             alloc_id: alloc_id.into(),
             devices,
             context_overhead_bytes: DEFAULT_CONTEXT_OVERHEAD,
+            context_bytes: Vec::new(),
             gate_timeout_ns: DEFAULT_GATE_TIMEOUT_NS,
         }
     }
@@ -80,6 +85,11 @@ impl ControlSpec {
                     "device {i}: memory limit {} exceeds {MAX_BYTES}",
                     d.memory_limit_bytes
                 ));
+            }
+            if let Some(Some(b)) = self.context_bytes.get(i)
+                && *b >= CONTEXT_MEASURED
+            {
+                return bad(format!("device {i}: context size {b} is not a size"));
             }
             if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
                 return bad(format!(
@@ -182,6 +192,13 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
             base + std::mem::offset_of!(DeviceControl, compute_share_ppm),
             d.compute_share_ppm,
         );
+        if let Some(Some(b)) = spec.context_bytes.get(i) {
+            w64(
+                &mut bytes,
+                base + std::mem::offset_of!(DeviceControl, context_bytes),
+                CONTEXT_MEASURED | b,
+            );
+        }
         w32(
             &mut bytes,
             base + std::mem::offset_of!(DeviceControl, policy),
@@ -365,11 +382,47 @@ impl Control {
             .unwrap_or(Policy::Guaranteed)
     }
 
+    /// What every context is charged where no measured figure is given
+    /// (the manager's `contextOverhead`).
     pub fn context_overhead(&self) -> u64 {
         self.map
             .header
             .context_overhead_bytes
             .load(Ordering::Acquire)
+    }
+
+    /// What a context holds on device `i`, as the manager measured it;
+    /// `None` when it did not.
+    pub fn context_bytes(&self, i: usize) -> Option<u64> {
+        let w = self.map.devices[i].context_bytes.load(Ordering::Acquire);
+        (w & CONTEXT_MEASURED != 0).then_some(w & !CONTEXT_MEASURED)
+    }
+
+    /// What a new context on device `i` is charged before the driver sees
+    /// the call: the measured figure, else the allocation's
+    /// [`Control::context_overhead`].
+    pub fn context_charge(&self, i: usize) -> u64 {
+        self.context_bytes(i)
+            .unwrap_or_else(|| self.context_overhead())
+    }
+
+    /// Records (or, with `None`, forgets) what a context holds on device
+    /// `i`, in place: processes charge it from their next context on.
+    pub fn set_context_bytes(&self, i: usize, bytes: Option<u64>) -> Result<(), ShmError> {
+        self.require_writable()?;
+        let w = match bytes {
+            Some(b) if b >= CONTEXT_MEASURED => {
+                return Err(ShmError::BadSpec(format!(
+                    "device {i}: context size {b} is not a size"
+                )));
+            }
+            Some(b) => CONTEXT_MEASURED | b,
+            None => 0,
+        };
+        self.map.devices[i]
+            .context_bytes
+            .store(w, Ordering::Release);
+        Ok(())
     }
 
     /// The allocation's priority for burst time (higher first).
@@ -461,6 +514,9 @@ impl Control {
                 })
                 .collect(),
             context_overhead_bytes: self.context_overhead(),
+            context_bytes: (0..self.n_devices())
+                .map(|i| self.context_bytes(i))
+                .collect(),
             gate_timeout_ns: self.map.header.gate_timeout_ns.load(Ordering::Acquire),
         }
     }

@@ -100,8 +100,20 @@ pub struct DeviceControl {
     /// transition that takes the grant away (revoked, or opened), so that
     /// granting does not wake them.
     pub revocations: AtomicU32,
-    pub reserved: [u64; 5],
+    /// What a CUDA context holds on this GPU, as the manager measured it
+    /// (its own context, by the driver's per-process count), with
+    /// [`CONTEXT_MEASURED`] set; 0 when not measured, and then the header's
+    /// `context_overhead_bytes` is charged. Taken from what was reserved
+    /// space (zero in older files: not measured), so the layout, its size and
+    /// `ABI_VERSION` stay: an older shim charges the header's figure, as
+    /// before.
+    pub context_bytes: AtomicU64,
+    pub reserved: [u64; 4],
 }
+
+/// Set in [`DeviceControl::context_bytes`] when the figure below it was
+/// measured (a measured 0 is a figure too).
+pub const CONTEXT_MEASURED: u64 = 1 << 63;
 
 /// The whole control file.
 #[repr(C)]

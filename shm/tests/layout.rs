@@ -46,6 +46,8 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(DeviceControl, policy), 76);
     assert_eq!(offset_of!(DeviceControl, grant), 80);
     assert_eq!(offset_of!(DeviceControl, revocations), 84);
+    // Taken from reserved space (zero in older files): size and ABI unchanged.
+    assert_eq!(offset_of!(DeviceControl, context_bytes), 88);
     assert_eq!(offset_of!(StateHeader, gate_slots), 84);
     assert_eq!(offset_of!(StateFile, devices), 128);
     assert_eq!(offset_of!(StateFile, slots), 128 + 16 * 64);
@@ -284,4 +286,33 @@ fn every_bad_state_file_is_refused() {
         std::fs::metadata(&s2).unwrap().permissions().mode() & 0o777,
         0o666
     );
+}
+
+#[test]
+fn a_measured_context_size_is_charged_and_an_unmeasured_one_falls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control");
+    let mut s = spec();
+    s.context_overhead_bytes = 300 << 20;
+    // Device 0 measured at 523 MiB, device 1 not measured.
+    s.context_bytes = vec![Some(523 << 20)];
+    tessera_shm::create_control_file(&path, &s).unwrap();
+    let c = Control::open_rw(&path).unwrap();
+    assert_eq!(c.context_bytes(0), Some(523 << 20));
+    assert_eq!(c.context_bytes(1), None);
+    assert_eq!(c.context_charge(0), 523 << 20);
+    assert_eq!(c.context_charge(1), 300 << 20, "the allocation's estimate");
+    assert_eq!(c.spec().context_bytes, vec![Some(523 << 20), None]);
+    // A measured zero is a figure, not "unmeasured".
+    c.set_context_bytes(1, Some(0)).unwrap();
+    assert_eq!(c.context_charge(1), 0);
+    c.set_context_bytes(1, None).unwrap();
+    assert_eq!(c.context_charge(1), 300 << 20);
+    assert!(c.set_context_bytes(0, Some(CONTEXT_MEASURED)).is_err());
+    // A file of the previous layout (the word zero) reads as not measured.
+    let ro = Control::open(&path).unwrap();
+    assert!(ro.set_context_bytes(0, None).is_err(), "read-only mapping");
+    let mut bad = spec();
+    bad.context_bytes = vec![Some(u64::MAX)];
+    assert!(bad.validate().is_err());
 }

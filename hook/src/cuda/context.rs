@@ -1,8 +1,11 @@
-//! Contexts. Each is charged what the driver holds for it: the control
-//! file's `context_overhead_bytes` before the driver sees the call, then,
-//! where NVML can say what the process holds on the device, settled to
-//! that less everything else the shim charges this process there (a
-//! context that does not fit then is destroyed again and refused).
+//! Contexts. Each is charged what the driver holds for it: before the
+//! driver sees the call, what the manager measured a context to hold on
+//! that GPU (the control file's `context_bytes`, else its estimate
+//! `context_overhead_bytes`), so that contexts created at once can never
+//! take the device past the limit; then, where NVML can say what the
+//! process holds on the device, settled to that less everything else the
+//! shim charges this process there (a context that does not fit then is
+//! destroyed again and refused).
 
 use std::ffi::CString;
 
@@ -88,6 +91,16 @@ fn settle_context(
     g.settle(index, charged, real).map(|()| real)
 }
 
+/// What a new context on the allocation's device `index` is charged before
+/// the driver sees the call: the manager's measurement for that GPU, else
+/// the allocation's estimate.
+fn context_charge(g: &Governed, index: Option<usize>) -> u64 {
+    match index {
+        Some(i) => g.files.control.context_charge(i),
+        None => g.files.control.context_overhead(),
+    }
+}
+
 /// The allocation's index of `dev`, or `CUDA_ERROR_INVALID_DEVICE` for a
 /// GPU outside the allocation: no context, primary or created, is made
 /// there (it would hold memory outside every limit). The driver sees only
@@ -110,7 +123,7 @@ fn ctx_create(
         Ok(i) => i,
         Err(e) => return e,
     };
-    let overhead = g.files.control.context_overhead();
+    let overhead = context_charge(g, index);
     if let Err(e) = g.reserve(index, overhead) {
         return e;
     }
@@ -207,7 +220,7 @@ pub unsafe fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> C
     let mut contexts = g.contexts.lock();
     let p = contexts.primary.entry(dev).or_default();
     let charge = if p.refs == 0 {
-        g.files.control.context_overhead()
+        context_charge(g, index)
     } else {
         0
     };
