@@ -27,12 +27,33 @@
 //! pinned with a pidfd and, so pinned, still on the GPU's process list and
 //! still judged the same (a pid reused since the sample is another process).
 //!
+//! A process that has exited is never stopped (there is nothing left to
+//! stop; a signal frees nothing): the kernel takes its address space before
+//! it closes its device files, and the driver frees its memory only then, one
+//! process at a time, so NVML lists it with its memory for a while after it
+//! can run no code. For [`EXIT_GRACE`] it is not judged at all; a process the
+//! driver still lists after that (its memory kept by descriptors another
+//! process holds, or a driver that is stuck) counts again against the
+//! allocation it was placed in, so an allocation cannot keep memory through
+//! processes that have exited beyond the grace: its live members are stopped
+//! as for any excess (docs/security.md, "Processes that exit").
+//!
 //! [`judge`] is pure; [`Backstop`] remembers what was reported, so each
-//! finding is logged once.
+//! finding is logged once, and where each process was placed and since when
+//! it has been seen exited.
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use crate::gpu::GpuProcess;
+
+/// How long a process that has exited may be listed by the driver with its
+/// memory before that memory counts again. On the H200 the driver was still
+/// tearing 29 processes of a 32-process burst down in one pass after they had
+/// all exited; ten seconds leaves a burst of hundreds its teardown (the
+/// driver frees one process at a time) while bounding what a tenant can keep
+/// through processes that have exited.
+pub const EXIT_GRACE: Duration = Duration::from_secs(10);
 
 /// Which allocation a host process belongs to, from the manager's view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +115,9 @@ pub struct Finding {
     pub used_bytes: u64,
     pub reason: Reason,
     pub alloc_id: Option<String>,
+    /// The process has exited and the driver still lists it past
+    /// [`EXIT_GRACE`]: reported, never signalled.
+    pub exited: bool,
 }
 
 /// What one allocation's proven processes hold on one GPU at one pass, by
@@ -111,6 +135,9 @@ pub struct Standing {
     /// Its processes on the GPU, and how many of them do not run the shim.
     pub processes: u32,
     pub ungoverned: u32,
+    /// Of `held`, what processes that have exited (past the grace) hold:
+    /// counted, never stopped.
+    pub exited_bytes: u64,
     /// The processes this pass reports for it on this GPU.
     pub stopping: Vec<u32>,
 }
@@ -138,6 +165,9 @@ pub struct GpuView<'a> {
     pub uuid: &'a str,
     pub procs: &'a [GpuProcess],
     pub owners: &'a HashMap<u32, Owner>,
+    /// Processes among `procs` that have exited (past the grace): counted
+    /// where they are placed, never stopped.
+    pub exited: &'a HashSet<u32>,
 }
 
 /// Judges every GPU in turn. `tolerance` is what an allocation may hold
@@ -148,7 +178,7 @@ pub fn judge(gpus: &[GpuView<'_>], tolerance: u64) -> Judgement {
     // they hold on every GPU.
     let mut gone: HashSet<u32> = HashSet::new();
     for g in gpus {
-        let j = check(g.uuid, g.procs, g.owners, tolerance, &gone);
+        let j = check(g.uuid, g.procs, g.owners, g.exited, tolerance, &gone);
         gone.extend(j.findings.iter().map(|f| f.pid));
         out.findings.extend(j.findings);
         out.standings.extend(j.standings);
@@ -157,11 +187,13 @@ pub fn judge(gpus: &[GpuView<'_>], tolerance: u64) -> Judgement {
 }
 
 /// Checks one GPU's processes; those in `gone` (reported on another GPU)
-/// count as stopped.
+/// count as stopped; those in `exited` count where they are placed and are
+/// never chosen to stop.
 pub fn check(
     gpu_uuid: &str,
     procs: &[GpuProcess],
     owners: &HashMap<u32, Owner>,
+    exited: &HashSet<u32>,
     tolerance: u64,
     gone: &HashSet<u32>,
 ) -> Judgement {
@@ -172,6 +204,7 @@ pub fn check(
         used_bytes: p.used_bytes,
         reason,
         alloc_id: alloc_id.map(str::to_owned),
+        exited: exited.contains(&p.pid),
     };
     // Per allocation: its limit here, and its processes with whether each
     // is governed.
@@ -218,7 +251,9 @@ pub fn check(
                     .then(a.pid.cmp(&b.pid))
             });
             for (p, governed) in &ps {
-                if gone.contains(&p.pid) {
+                // Gone already, or exited: stopping it frees nothing (an
+                // exited process's memory is the driver's to free).
+                if gone.contains(&p.pid) || exited.contains(&p.pid) {
                     continue;
                 }
                 if *governed && left <= allowed {
@@ -242,6 +277,11 @@ pub fn check(
             after: left,
             processes: ps.len() as u32,
             ungoverned: ps.iter().filter(|(_, g)| !g).count() as u32,
+            exited_bytes: ps
+                .iter()
+                .filter(|(p, _)| exited.contains(&p.pid))
+                .map(|(p, _)| p.used_bytes)
+                .sum(),
             stopping,
         });
     }
@@ -280,13 +320,52 @@ pub struct Tally {
     pub standings: Vec<Standing>,
 }
 
-/// What was reported in the last round, so each finding is logged once.
+/// Where a process was placed in an earlier pass, while it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// Its start time, so a reused pid is not mistaken for it.
+    pub start_time: u64,
+    pub alloc_id: String,
+    pub governed: bool,
+}
+
+/// What the backstop keeps between passes: what was reported in the last
+/// round (so each finding is logged once), where each listed process was
+/// placed while it ran, and since when each has been seen exited.
 #[derive(Debug, Default)]
 pub struct Backstop {
     reported: HashSet<(String, u32, Reason)>,
+    placed: HashMap<u32, Placed>,
+    exited_since: HashMap<u32, Instant>,
 }
 
 impl Backstop {
+    /// Records where a running process was placed.
+    pub fn remember(&mut self, pid: u32, placed: Placed) {
+        self.exited_since.remove(&pid);
+        self.placed.insert(pid, placed);
+    }
+
+    /// Where process `pid` was placed while it ran: the one with
+    /// `start_time` when that is known, else the last process with that pid
+    /// seen in an earlier pass (for one already gone from `/proc`).
+    pub fn placement(&self, pid: u32, start_time: Option<u64>) -> Option<&Placed> {
+        self.placed
+            .get(&pid)
+            .filter(|p| start_time.is_none_or(|s| s == p.start_time))
+    }
+
+    /// Notes that `pid` is seen exited at `now`; how long it has been.
+    pub fn exited_for(&mut self, pid: u32, now: Instant) -> Duration {
+        now.saturating_duration_since(*self.exited_since.entry(pid).or_insert(now))
+    }
+
+    /// Forgets every process not in `listed` (no GPU lists it any more).
+    pub fn keep_only(&mut self, listed: &HashSet<u32>) {
+        self.placed.retain(|pid, _| listed.contains(pid));
+        self.exited_since.retain(|pid, _| listed.contains(pid));
+    }
+
     /// Feeds one round's findings (all GPUs); returns them and, among them,
     /// those not reported in the previous round. Identity is proven, not
     /// guessed, so there is no second sighting to wait for.
@@ -388,7 +467,14 @@ mod tests {
     }
 
     fn one(procs: &[GpuProcess], owners: &HashMap<u32, Owner>, tolerance: u64) -> Judgement {
-        check("g", procs, owners, tolerance, &HashSet::new())
+        check(
+            "g",
+            procs,
+            owners,
+            &HashSet::new(),
+            tolerance,
+            &HashSet::new(),
+        )
     }
 
     fn pids(j: &Judgement) -> Vec<(u32, Reason)> {
@@ -510,17 +596,20 @@ mod tests {
         o.insert(11, member("a", Some(100), true));
         let g0 = [p(10, 150)];
         let g1 = [p(10, 70), p(11, 60)];
+        let none = HashSet::new();
         let j = judge(
             &[
                 GpuView {
                     uuid: "g0",
                     procs: &g0,
                     owners: &o,
+                    exited: &none,
                 },
                 GpuView {
                     uuid: "g1",
                     procs: &g1,
                     owners: &o,
+                    exited: &none,
                 },
             ],
             0,
@@ -539,6 +628,66 @@ mod tests {
         assert_eq!(pids(&j), [(12, Reason::OverLimitNoShim)]);
         let c = j.standings.iter().find(|s| s.alloc_id == "c").unwrap();
         assert_eq!((c.held, c.after, c.over_by()), (100, 100, 0));
+    }
+
+    #[test]
+    fn exited_processes_count_where_they_are_placed_and_are_never_chosen_to_stop() {
+        // Allocation `a` (limit 100): governed 10 (50) and ungoverned 12 (30) run;
+        // 11 (governed) and 13 (ungoverned) have exited and are still listed past the
+        // grace, 40 each. 99 has exited in no allocation.
+        let exited: HashSet<u32> = [11, 13, 99].into();
+        let procs = [p(10, 50), p(11, 40), p(12, 30), p(13, 40), p(99, 7)];
+        let j = check("g", &procs, &owners(), &exited, 0, &HashSet::new());
+        // 160 held: the running ungoverned one goes first, then the governed one; the
+        // exited ones cannot be stopped and stay counted (80 left over 100 is fine).
+        assert_eq!(
+            pids(&j),
+            [
+                (99, Reason::NoShim),
+                (12, Reason::OverLimitNoShim),
+                (10, Reason::OverLimit)
+            ]
+        );
+        assert!(j.findings[0].exited && !j.findings[1].exited && !j.findings[2].exited);
+        let s = &j.standings[0];
+        assert_eq!((s.held, s.after, s.exited_bytes), (160, 80, 80));
+        // Within the limit with them, nothing is found.
+        let j = check(
+            "g",
+            &[p(10, 50), p(11, 40)],
+            &owners(),
+            &exited,
+            0,
+            &HashSet::new(),
+        );
+        assert!(j.findings.is_empty());
+    }
+
+    #[test]
+    fn placements_and_exits_are_remembered_by_pid_and_start_time() {
+        let mut b = Backstop::default();
+        let placed = Placed {
+            start_time: 77,
+            alloc_id: "a".into(),
+            governed: true,
+        };
+        b.remember(10, placed.clone());
+        assert_eq!(b.placement(10, Some(77)), Some(&placed));
+        assert_eq!(b.placement(10, None), Some(&placed), "gone from /proc");
+        assert_eq!(b.placement(10, Some(78)), None, "a reused pid");
+        let t0 = Instant::now();
+        assert_eq!(b.exited_for(10, t0), Duration::ZERO);
+        assert_eq!(
+            b.exited_for(10, t0 + Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
+        b.keep_only(&HashSet::new());
+        assert_eq!(b.placement(10, None), None);
+        assert_eq!(
+            b.exited_for(10, t0 + Duration::from_secs(5)),
+            Duration::ZERO,
+            "forgotten once no GPU lists it"
+        );
     }
 
     #[test]

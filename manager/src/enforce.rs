@@ -1,24 +1,32 @@
 //! One backstop pass over the node (called by the sampler): the allocations
-//! served, each GPU process proven in one of them or in none
+//! served, each GPU process placed in one of them or in none
 //! ([`crate::identity`]), judged by [`crate::backstop::judge`], logged once
 //! and, with `backstopKill`, stopped (`backstop::stop`); the pass's
 //! standings and stops go to the metrics ([`crate::backstop::Tally`]). Kept apart from
 //! [`crate::backstop`] so that module stays pure and the module graph
 //! acyclic (this one depends on [`crate::core`]).
+//!
+//! A process the driver lists that has no address space has begun to exit
+//! (or is a zombie): it is placed where it was while it ran (remembered from
+//! earlier passes, by pid and start time), or by its descent from a run, and
+//! left alone for [`EXIT_GRACE`] (docs/security.md, "Processes that exit").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use crate::backstop::{self, Backstop, Finding, GpuView, Owner, Reason, Standing, StopKey};
+use crate::backstop::{
+    self, Backstop, EXIT_GRACE, Finding, GpuView, Owner, Placed, Reason, Standing, StopKey,
+};
 use crate::core::Core;
 use crate::gpu::GpuProcess;
-use crate::identity::{self, Claim, FileId, ProcView, Proof};
+use crate::identity::{self, Claim, FileId, ProcView, Proof, Runner};
 
 /// The claims of the allocations served, with their owners for log lines:
 /// (claim, "namespace/pod/container", limits by GPU UUID).
 type Served = Vec<(Claim, String, Vec<(String, u64)>)>;
 
 fn served(core: &Core) -> Served {
+    let own_ns = core.resolver.own_pidns();
     let mut out = Vec::new();
     for l in core.live_list() {
         let (Some(control), Some(state)) = (
@@ -37,17 +45,101 @@ fn served(core: &Core) -> Served {
         } else {
             format!("{}/{}/{}", rec.namespace, rec.pod, rec.container)
         };
+        // A run the manager bound to its process (in our own pid namespace,
+        // where its pid means the same): its descendants are its members.
+        let runner = tessera_contract::labels::RunOwner::from_labels(&rec.labels)
+            .filter(|r| {
+                own_ns != 0
+                    && r.pidns == own_ns
+                    && rec
+                        .labels
+                        .get(tessera_contract::labels::CLI_TRACKED)
+                        .is_some_and(|v| v == "true")
+            })
+            .map(|r| Runner {
+                pid: r.pid,
+                start_time: r.start_time,
+            });
         out.push((
             Claim {
                 alloc_id: rec.id,
                 control,
                 state,
+                runner,
             },
             who,
             limits,
         ));
     }
     out
+}
+
+/// What one pass makes of a process the driver lists.
+#[derive(Debug, Clone)]
+enum Seen {
+    /// Not in `/proc` and never seen there: another pid namespace, or gone
+    /// before any pass saw it. Judged by no one.
+    Invisible,
+    /// Running: placed (claim index, governed) or in no allocation.
+    Running(Option<(usize, bool)>),
+    /// Exited (no address space, or gone from `/proc` after an earlier pass
+    /// saw it): where it was placed, and whether the grace is over.
+    Exited {
+        placed: Option<(usize, bool)>,
+        past_grace: bool,
+    },
+}
+
+/// Looks `pid` up once a pass (its maps, and for one without an address
+/// space its placement from earlier passes or its ancestry).
+fn look(
+    view: &dyn ProcView,
+    pid: u32,
+    claims: &[Claim],
+    memory: &mut Backstop,
+    now: Instant,
+) -> Seen {
+    let index = |alloc_id: &str| claims.iter().position(|c| c.alloc_id == alloc_id);
+    let Some(maps) = view.maps(pid) else {
+        // Gone from /proc. Listed still, it is a process an earlier pass saw
+        // that has exited while the driver frees what it held.
+        return match memory.placement(pid, None).cloned() {
+            Some(p) => Seen::Exited {
+                placed: index(&p.alloc_id).map(|i| (i, p.governed)),
+                past_grace: memory.exited_for(pid, now) >= EXIT_GRACE,
+            },
+            None => Seen::Invisible,
+        };
+    };
+    let mut files: Vec<FileId> = Vec::new();
+    for m in &maps {
+        if !files.contains(&m.id) {
+            files.push(m.id);
+        }
+    }
+    let start = view.stat(pid).map(|s| s.start_time);
+    if files.is_empty() && view.exiting(pid) == Some(true) {
+        let placed = match memory.placement(pid, start) {
+            Some(p) => index(&p.alloc_id).map(|i| (i, p.governed)),
+            None => identity::prove_with(view, pid, &[], claims).map(|(i, _)| (i, false)),
+        };
+        return Seen::Exited {
+            placed,
+            past_grace: memory.exited_for(pid, now) >= EXIT_GRACE,
+        };
+    }
+    let proof = identity::prove_with(view, pid, &files, claims);
+    if let (Some((i, how)), Some(start_time)) = (proof, start) {
+        memory.remember(
+            pid,
+            Placed {
+                start_time,
+                alloc_id: claims[i].alloc_id.clone(),
+                governed: how == Proof::Mapped,
+            },
+        );
+    }
+    Seen::Running(proof.map(|(i, how)| (i, how == Proof::Mapped)))
 }
 
 /// Counts a stop in `tessera_backstop_stops_total`, under the owner the
@@ -84,29 +176,45 @@ pub(crate) fn run(
 ) -> Vec<Finding> {
     let served = served(core);
     let claims: Vec<Claim> = served.iter().map(|(c, _, _)| c.clone()).collect();
-    let mut proofs: HashMap<u32, Option<(usize, Proof)>> = HashMap::new();
-    let mut lists: Vec<(&str, Vec<GpuProcess>, HashMap<u32, Owner>)> = Vec::new();
+    let mut seen: HashMap<u32, Seen> = HashMap::new();
+    let mut lists: Vec<(&str, Vec<GpuProcess>, HashMap<u32, Owner>, HashSet<u32>)> = Vec::new();
+    let mut listed: HashSet<u32> = HashSet::new();
+    // Processes that have exited within the grace: (GPU, pid, bytes,
+    // allocation), reported at debug level only.
+    let mut leaving: Vec<(&str, u32, u64, Option<&str>)> = Vec::new();
     for (g, procs) in core.gpus.iter().zip(driver_procs) {
         let Some(procs) = procs else { continue };
         let mut owners = HashMap::new();
+        let mut exited = HashSet::new();
         let mut judged = Vec::new();
         for p in procs {
-            // A process /proc cannot show (gone since the sample, or not
-            // visible from here) is judged by no one. Each process's maps
-            // are read once a pass, whatever GPUs it is on.
-            let proof = match proofs.get(&p.pid) {
-                Some(known) => *known,
-                None => {
-                    let Some(files) = view.mapped(p.pid) else {
-                        continue;
-                    };
-                    let proof = identity::prove_with(view, p.pid, &files, &claims);
-                    proofs.insert(p.pid, proof);
-                    proof
+            listed.insert(p.pid);
+            // Each process is looked up once a pass, whatever GPUs it is on.
+            let s = seen
+                .entry(p.pid)
+                .or_insert_with(|| look(view, p.pid, &claims, state, sampled))
+                .clone();
+            let placed = match s {
+                Seen::Invisible => continue,
+                Seen::Running(placed) => placed,
+                Seen::Exited {
+                    placed,
+                    past_grace: false,
+                } => {
+                    let alloc = placed.map(|(i, _)| claims[i].alloc_id.as_str());
+                    leaving.push((g.uuid.as_str(), p.pid, p.used_bytes, alloc));
+                    continue;
+                }
+                Seen::Exited {
+                    placed,
+                    past_grace: true,
+                } => {
+                    exited.insert(p.pid);
+                    placed
                 }
             };
             judged.push(*p);
-            if let Some((i, how)) = proof {
+            if let Some((i, governed)) = placed {
                 let limit = served[i]
                     .2
                     .iter()
@@ -117,19 +225,31 @@ pub(crate) fn run(
                     Owner {
                         alloc_id: served[i].0.alloc_id.clone(),
                         limit_on_gpu: limit,
-                        governed: how == Proof::Mapped,
+                        governed,
                     },
                 );
             }
         }
-        lists.push((g.uuid.as_str(), judged, owners));
+        lists.push((g.uuid.as_str(), judged, owners, exited));
+    }
+    state.keep_only(&listed);
+    for (gpu, pid, bytes, alloc) in &leaving {
+        tracing::debug!(
+            gpu = %gpu,
+            pid,
+            used_bytes = bytes,
+            allocation = alloc.unwrap_or(""),
+            "process has exited; the driver still holds its memory (not judged for {} s)",
+            EXIT_GRACE.as_secs()
+        );
     }
     let views: Vec<GpuView<'_>> = lists
         .iter()
-        .map(|(uuid, procs, owners)| GpuView {
+        .map(|(uuid, procs, owners, exited)| GpuView {
             uuid,
             procs: procs.as_slice(),
             owners,
+            exited,
         })
         .collect();
     let tolerance = core.config.backstop_tolerance_bytes;
@@ -167,6 +287,7 @@ pub(crate) fn run(
                 tolerance_bytes = tolerance,
                 processes = s.processes,
                 without_shim = s.ungoverned,
+                exited_bytes = s.exited_bytes,
                 stopping = ?s.stopping,
                 left_bytes = s.after,
                 kill = core.config.backstop_kill,
@@ -175,16 +296,45 @@ pub(crate) fn run(
         }
     }
     for f in &new {
-        tracing::warn!(
-            gpu = %f.gpu_uuid,
-            pid = f.pid,
-            used_bytes = f.used_bytes,
-            reason = f.reason.label(),
-            allocation = f.alloc_id.as_deref().unwrap_or(""),
-            pod = %who(f.alloc_id.as_deref()),
-            kill = core.config.backstop_kill,
-            "process escapes its GPU allocation"
-        );
+        if f.exited {
+            tracing::warn!(
+                gpu = %f.gpu_uuid,
+                pid = f.pid,
+                used_bytes = f.used_bytes,
+                reason = f.reason.label(),
+                allocation = f.alloc_id.as_deref().unwrap_or(""),
+                pod = %who(f.alloc_id.as_deref()),
+                grace_s = EXIT_GRACE.as_secs(),
+                "a process that has exited still holds GPU memory past the grace (its device \
+                 files held open elsewhere, or the driver stuck); counted against its \
+                 allocation, nothing to stop"
+            );
+        } else if f.reason == Reason::NoShim {
+            // Why it could not be placed, so a surprise on a real node is
+            // diagnosable from this line alone.
+            tracing::warn!(
+                gpu = %f.gpu_uuid,
+                pid = f.pid,
+                used_bytes = f.used_bytes,
+                reason = f.reason.label(),
+                allocation = "",
+                pod = "",
+                kill = core.config.backstop_kill,
+                why = %identity::diagnose(view, f.pid, &claims),
+                "process escapes its GPU allocation"
+            );
+        } else {
+            tracing::warn!(
+                gpu = %f.gpu_uuid,
+                pid = f.pid,
+                used_bytes = f.used_bytes,
+                reason = f.reason.label(),
+                allocation = f.alloc_id.as_deref().unwrap_or(""),
+                pod = %who(f.alloc_id.as_deref()),
+                kill = core.config.backstop_kill,
+                "process escapes its GPU allocation"
+            );
+        }
     }
     if core.config.backstop_kill {
         let own = std::process::id();
@@ -196,7 +346,8 @@ pub(crate) fn run(
             .flat_map(|(_, _, limits)| limits.iter().map(|(u, _)| u.as_str()))
             .collect();
         for f in &confirmed {
-            if f.pid <= 1 || f.pid == own {
+            // An exited process runs nothing a signal could stop.
+            if f.pid <= 1 || f.pid == own || f.exited {
                 continue;
             }
             if f.reason == Reason::NoShim && !shared.contains(f.gpu_uuid.as_str()) {
@@ -210,9 +361,13 @@ pub(crate) fn run(
                     .and_then(|g| core.backend.processes(&g.uuid).ok())
                     .is_some_and(|ps| ps.iter().any(|p| p.pid == f.pid))
             };
+            // Still running (one that has begun to exit since the sample is
+            // the driver's now) and placed the same.
             let same = || {
-                identity::prove(view, f.pid, &claims).map(|(i, _)| claims[i].alloc_id.clone())
-                    == expect
+                view.exiting(f.pid) == Some(false)
+                    && identity::prove(view, f.pid, &claims)
+                        .map(|(i, _)| claims[i].alloc_id.clone())
+                        == expect
             };
             match backstop::stop(f.pid, || still_there() && same()) {
                 Ok(true) => {

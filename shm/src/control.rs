@@ -514,9 +514,17 @@ impl Control {
                 })
                 .collect(),
             context_overhead_bytes: self.context_overhead(),
-            context_bytes: (0..self.n_devices())
-                .map(|i| self.context_bytes(i))
-                .collect(),
+            context_bytes: {
+                // Trailing unmeasured devices left out, as a spec that
+                // measured none says it (an empty list).
+                let mut v: Vec<Option<u64>> = (0..self.n_devices())
+                    .map(|i| self.context_bytes(i))
+                    .collect();
+                while v.last() == Some(&None) {
+                    v.pop();
+                }
+                v
+            },
             gate_timeout_ns: self.map.header.gate_timeout_ns.load(Ordering::Acquire),
         }
     }

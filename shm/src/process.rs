@@ -46,14 +46,56 @@ pub fn stat_of(who: &str) -> Option<(char, u64)> {
 /// State and start time (field 22) of a `/proc/<pid>/stat` text: the one
 /// parser of it (the manager's `/proc` scan uses it too).
 pub fn parse_stat(text: &str) -> Option<(char, u64)> {
+    parse_stat_fields(text).map(|s| (s.state, s.start_time))
+}
+
+/// `PF_EXITING` in a task's flags (field 9 of its `stat`): the task is in
+/// the kernel's exit path and runs no more code of its own.
+pub const PF_EXITING: u64 = 0x4;
+
+/// What the node reads of a `/proc/<pid>/stat` (or `task/<tid>/stat`) text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Field 2, without its parentheses (what the process calls itself:
+    /// the tenant's to choose, for logs only).
+    pub comm: String,
+    /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: char,
+    /// Field 4: the parent's pid (in the reader's namespace).
+    pub ppid: u32,
+    /// Field 9: the kernel's `PF_*` flags of the task.
+    pub flags: u64,
+    /// Field 22: start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+impl Stat {
+    /// The task has begun to exit (or is a zombie): it runs no more code of
+    /// its own and can map, open or allocate nothing more.
+    pub fn exiting(&self) -> bool {
+        matches!(self.state, 'Z' | 'X') || self.flags & PF_EXITING != 0
+    }
+}
+
+/// The fields of a `/proc/<pid>/stat` text the node reads.
+pub fn parse_stat_fields(text: &str) -> Option<Stat> {
     // The command name (field 2) may hold spaces and parentheses: fields are
     // counted from the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_ascii_whitespace();
+    let close = text.rfind(')')?;
+    let comm = text[..close].split_once('(')?.1.to_owned();
+    let mut fields = text[close + 1..].split_ascii_whitespace();
     let state = fields.next()?.chars().next()?;
-    // After the state come fields 4..; starttime is field 22.
-    let start = fields.nth(22 - 4)?.parse().ok()?;
-    Some((state, start))
+    // After the state come fields 4..
+    let ppid = fields.next()?.parse().ok()?;
+    let flags = fields.nth(9 - 5)?.parse().ok()?;
+    let start_time = fields.nth(22 - 10)?.parse().ok()?;
+    Some(Stat {
+        comm,
+        state,
+        ppid,
+        flags,
+        start_time,
+    })
 }
 
 fn start_time_of(who: &str) -> Option<u64> {
@@ -126,6 +168,16 @@ mod tests {
     fn stat_names_with_spaces_and_parens() {
         let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
         assert_eq!(parse_stat(line), Some(('S', 98765)));
+        let s = parse_stat_fields(line).expect("parsed");
+        assert_eq!(
+            (s.comm.as_str(), s.state, s.ppid, s.flags, s.start_time),
+            ("my (odd) name", 'S', 1, 4194560, 98765)
+        );
+        assert!(!s.exiting());
+        let exiting = line.replace(" 4194560 ", " 4194564 ");
+        assert!(parse_stat_fields(&exiting).expect("parsed").exiting());
+        let zombie = line.replace(") S ", ") Z ");
+        assert!(parse_stat_fields(&zombie).expect("parsed").exiting());
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x) S 1 2"), None);
     }
