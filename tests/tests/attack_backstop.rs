@@ -56,6 +56,10 @@ fn alive(p: &mut ProbeChild) -> bool {
     p.child.try_wait().expect("poll").is_none()
 }
 
+/// What a context holds on the simulated node: the simulator's default, what an H200's
+/// held (the manager measures it at start-up and the shim charges it).
+const CONTEXT: u64 = tessera_sim::node::DEFAULT_CONTEXT_MEMORY;
+
 /// The tolerance the tests' manager runs with (the default).
 const TOLERANCE: u64 = tessera_manager::config::DEFAULT_BACKSTOP_TOLERANCE;
 
@@ -330,7 +334,7 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
     let _serial = serial();
     let n = node(1);
     // The driver's own memory per context, as a GPU has it.
-    n.node().set_context_memory(300 * MI);
+    n.node().set_context_memory(CONTEXT);
     let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let limit = GI;
@@ -369,7 +373,7 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
             l.raw
         );
         admitted += chunk;
-        if over_at.is_none() && admitted + 300 * MI > limit + slack {
+        if over_at.is_none() && admitted + CONTEXT > limit + slack {
             over_at = Some(Instant::now());
             break;
         }
@@ -427,11 +431,12 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
     );
     eprintln!(
         "FIGURE backstop over limit: {:.2} GiB admitted past zeroed counters under a 1 GiB \
-         limit (tolerance {:.0} MiB, context 300 MiB); stopped {after_sample:.1} ms after the \
+         limit (tolerance {:.0} MiB, context {} MiB); stopped {after_sample:.1} ms after the \
          sample that showed it, {:.0} ms after the allocation that went over (sample \
          interval {} ms)",
         admitted as f64 / GI as f64,
         slack as f64 / MI as f64,
+        CONTEXT / MI,
         after_over.as_secs_f64() * 1e3,
         SAMPLE.as_millis()
     );
@@ -445,7 +450,7 @@ fn a_tenant_that_zeroes_its_counters_is_stopped_within_a_second() {
 fn an_honest_tenant_at_its_limit_is_left_alone() {
     let _serial = serial();
     let n = node(1);
-    n.node().set_context_memory(300 * MI);
+    n.node().set_context_memory(CONTEXT);
     let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let a = create(&m.socket, "honest", &uuid0, GI, 1_000_000);
@@ -477,9 +482,10 @@ fn an_honest_tenant_at_its_limit_is_left_alone() {
     assert!(!l.ok, "the shim still holds the limit: {}", l.raw);
     eprintln!(
         "FIGURE backstop tolerance: an honest tenant at its 1 GiB limit holds {:.0} MiB by \
-         the driver's accounting (context 300 MiB charged by the shim + {:.0} MiB allocated); \
+         the driver's accounting (context {} MiB charged by the shim + {:.0} MiB allocated); \
          default tolerance {:.0} MiB per allocation and GPU",
         truth as f64 / MI as f64,
+        CONTEXT / MI,
         free as f64 / MI as f64,
         TOLERANCE as f64 / MI as f64,
     );
@@ -699,7 +705,7 @@ fn six_processes_without_the_shim_at_1_5_gib_keep_at_most_the_limit() {
 }
 
 /// A training process as PyTorch runs one, under the shim: a context (the driver holds
-/// 300 MiB for it; the shim charges it inside the limit), then a caching allocator that
+/// [`CONTEXT`] for it; the shim charges it inside the limit), then a caching allocator that
 /// takes 2 MiB blocks and 20 MiB segments until the limit refuses one, a cuBLAS-style
 /// workspace from the stream-ordered pool, and frees and refills its segments all the
 /// while. A minute of passes, never a stop.
@@ -707,7 +713,7 @@ fn six_processes_without_the_shim_at_1_5_gib_keep_at_most_the_limit() {
 fn a_pytorch_style_process_at_its_limit_runs_a_minute_without_a_stop() {
     let _serial = serial();
     let n = node(1);
-    n.node().set_context_memory(300 * MI);
+    n.node().set_context_memory(CONTEXT);
     let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
     let a = create(&m.socket, "trainer", &uuid0, 2 * GI, 1_000_000);
@@ -765,8 +771,9 @@ fn a_pytorch_style_process_at_its_limit_runs_a_minute_without_a_stop() {
     assert_eq!(stops_now(&m, &[]), 0.0);
     eprintln!(
         "FIGURE backstop honest PyTorch-style process: {:.0} MiB by the driver's count at a \
-         2 GiB limit (context 300 MiB), {cycles} free/refill cycles over {MINUTE} passes, no stop",
-        at_limit as f64 / MI as f64
+         2 GiB limit (context {} MiB), {cycles} free/refill cycles over {MINUTE} passes, no stop",
+        at_limit as f64 / MI as f64,
+        CONTEXT / MI
     );
     p.kill();
     m.stop();
@@ -858,10 +865,11 @@ fn running(pid: u32) -> bool {
 fn a_process_that_forks_workers_runs_a_minute_at_its_limit_without_a_stop() {
     let _serial = serial();
     let n = node(1);
-    n.node().set_context_memory(300 * MI);
+    n.node().set_context_memory(CONTEXT);
     let m = ManagerProc::on(&n);
     let uuid0 = n.node().device_info(0).unwrap().uuid;
-    let limit = 2 * GI;
+    // Four contexts and room for each worker to allocate.
+    let limit = 4 * CONTEXT + 2 * GI;
     let a = create(&m.socket, "workers", &uuid0, limit, 1_000_000);
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("forking");
@@ -913,10 +921,12 @@ fn a_process_that_forks_workers_runs_a_minute_at_its_limit_without_a_stop() {
     assert_eq!(stops_now(&m, &[]), 0.0);
     eprintln!(
         "FIGURE backstop forking workers: 4 GPU workers ({:.0} MiB allocated + 4 contexts \
-         of 300 MiB = {:.0} MiB by the driver's count, limit 2048 MiB) and 8 forked loaders, \
+         of {} MiB = {:.0} MiB by the driver's count, limit {} MiB) and 8 forked loaders, \
          {MINUTE} passes, no stop",
         held as f64 / MI as f64,
-        truth as f64 / MI as f64
+        CONTEXT / MI,
+        truth as f64 / MI as f64,
+        limit / MI
     );
     drop(launcher.stdin.take());
     let status = launcher.wait().expect("the launcher ends");

@@ -22,7 +22,9 @@ const T: Duration = Duration::from_secs(20);
 #[test]
 fn the_calls_of_nvidia_smi_like_tools_answer() {
     let node = SimNode::builder().devices(2).memory("16Gi").build();
-    node.node().set_context_memory(300 * MI);
+    // What a context holds: the simulator's default, an H200's.
+    let context = tessera_sim::node::DEFAULT_CONTEXT_MEMORY;
+    node.node().set_context_memory(context);
     // SAFETY: this is the only test of this binary, so no other thread reads or writes the
     // environment while it is changed (the harness's main thread only waits).
     unsafe { std::env::set_var("TESSERA_SIM_STATE", &node.state) };
@@ -77,10 +79,10 @@ fn the_calls_of_nvidia_smi_like_tools_answer() {
         .iter()
         .find(|q| q.pid == p.pid())
         .expect("the probe is listed");
-    assert_eq!(me.used_gpu_memory, UsedGpuMemory::Used(1324 * MI));
+    assert_eq!(me.used_gpu_memory, UsedGpuMemory::Used(context + 1024 * MI));
     assert_eq!(
         dev.memory_info().expect("memory").used,
-        1324 * MI,
+        context + 1024 * MI,
         "ground truth counts the context"
     );
     p.kill();
