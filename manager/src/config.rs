@@ -83,9 +83,10 @@ pub struct ManagerArgs {
     /// old settings still start, with a warning. Use --backstop-tolerance.
     #[arg(long, env = "TESSERA_BACKSTOP_SLACK", value_name = "SIZE", hide = true)]
     pub backstop_slack: Option<String>,
-    /// Device memory charged per CUDA context before the shim measures what
-    /// the driver really holds for it (it settles to the measurement where
-    /// NVML attributes the process) [default: 300Mi].
+    /// Device memory charged per CUDA context on a GPU where the manager
+    /// could not measure what a context holds at start-up (the shim settles
+    /// each context to the driver's figure where NVML attributes the
+    /// process) [default: 518Mi].
     #[arg(long, env = "TESSERA_CONTEXT_OVERHEAD", value_name = "SIZE")]
     pub context_overhead: Option<String>,
     /// Length of one compute grant of the arbiter [default: 10ms].
@@ -157,12 +158,15 @@ pub enum ConfigError {
 /// the simulator). See docs/security.md.
 pub const DEFAULT_BACKSTOP_TOLERANCE: u64 = 64 << 20;
 
-/// The default per-context charge: 300 MiB, what NVIDIA's engineers quote
-/// for a CUDA 12 context with lazy module loading (pytorch/pytorch#107667;
-/// a bare context measured 256 MiB on an RTX 3090 with a 12.8 runtime,
-/// invoke-ai/InvokeAI#9413), the simulator's default too. The shim settles
-/// each context to what the driver really holds where NVML can say.
-pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 300 << 20;
+/// The default per-context charge where the manager could not measure one
+/// at start-up ([`crate::cuda_info::measure_contexts`]): 518 MiB, what a
+/// primary context held on an H200 with CUDA 13 (the largest measured; the
+/// simulator's default too). Charged up rather than down: a smaller GPU's
+/// context is settled to the driver's figure right after it is made, while
+/// too small a charge lets contexts made at once take the device past the
+/// limit before they settle (300 MiB, the figure before, let 32 of them
+/// take a 10 GiB allocation's device to 16.4 GiB).
+pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 518 << 20;
 
 /// The configuration in force.
 #[derive(Debug, Clone)]

@@ -19,8 +19,13 @@
 //! the run's process, does not reap them) while the driver tears them down. The manager
 //! sees the same in both: a listed pid with memory and no address space.
 //!
+//! The run's processes are placed in its allocation by their descent from the run's
+//! process too (docs/security.md): a child that drops the shim counts in full there and
+//! is stopped first once the allocation is over its limit plus the tolerance, and a
+//! process that has exited and is still listed past the grace counts again.
+//!
 //! Waiting is on events (each probe's report, the probes seen as zombies, the manager's
-//! completed passes), never on time; deadlines are for hangs.
+//! completed passes, a process seen stopped), never on time; deadlines are for hangs.
 
 mod manager_support;
 
@@ -405,4 +410,224 @@ fn thirty_two_at_once_in_10_gib_never_take_the_device_past_the_limit() {
         b.device_max / MI,
         b.samples
     );
+}
+
+/// A few named probes under one `tessera run`, each reading commands from its own FIFO,
+/// started by the run's shell (with the shim, or with `LD_PRELOAD` dropped), which then
+/// becomes `cat` and reaps none of them.
+struct RunProbes {
+    dir: std::path::PathBuf,
+    fifos: Vec<(String, File)>,
+    run: Child,
+}
+
+impl RunProbes {
+    fn start(n: &SimNode, m: &ManagerProc, limit: &str, probes: &[(&str, bool)]) -> RunProbes {
+        let dir = n.dir.path().join("probes");
+        std::fs::create_dir_all(&dir).expect("probe dir");
+        let mut script = String::new();
+        let mut fifos = Vec::new();
+        for (name, shim) in probes {
+            let path = dir.join(format!("cmd-{name}"));
+            nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .expect("mkfifo");
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .expect("open the FIFO");
+            fifos.push((name.to_string(), f));
+            let env = if *shim { "" } else { "env -u LD_PRELOAD " };
+            script.push_str(&format!(
+                "{env}\"$0\" < \"$1/cmd-{name}\" > \"$1/out-{name}\" 2>&1 & "
+            ));
+        }
+        script.push_str("exec cat");
+        let sock = m.socket.display().to_string();
+        let probe = probe_path().display().to_string();
+        let dir_s = dir.display().to_string();
+        let run = role_command(
+            "cli",
+            &owned(&[
+                "run", "--socket", &sock, "--gpu", "0", "--memory", limit, "--", "sh", "-c",
+                &script, &probe, &dir_s,
+            ]),
+        )
+        .envs(n.env())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("tessera run");
+        RunProbes { dir, fifos, run }
+    }
+
+    /// Sends `cmds` to probe `name` and waits for its reply to the last one; returns it.
+    fn cmd(&mut self, name: &str, cmds: &[&str], m: &ManagerProc) -> String {
+        let (_, f) = self
+            .fifos
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .expect("a probe of that name");
+        let out = self.dir.join(format!("out-{name}"));
+        let before = std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        for c in cmds {
+            writeln!(f, "{c}").expect("send");
+        }
+        let want = before + cmds.len();
+        let mut text = String::new();
+        let done = eventually(HANG, || {
+            text = std::fs::read_to_string(&out).unwrap_or_default();
+            text.lines().count() >= want
+        });
+        assert!(
+            done.is_some(),
+            "{name} did not answer {cmds:?}: {text}\n{}",
+            m.log()
+        );
+        text.lines().nth(want - 1).unwrap_or_default().to_owned()
+    }
+
+    fn pid(&mut self, name: &str, m: &ManagerProc) -> u32 {
+        let l = self.cmd(name, &["pid"], m);
+        field(&l, "pid")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{l}"))
+    }
+
+    /// Ends probe `name` (end of its script).
+    fn close(&mut self, name: &str) {
+        self.fifos.retain(|(n, _)| n != name);
+    }
+
+    /// Ends every probe and the run.
+    fn finish(mut self) {
+        self.fifos.clear();
+        drop(self.run.stdin.take());
+        let _ = wait_exit(&mut self.run);
+    }
+}
+
+/// Stops counted for `reason` (any owner).
+fn stops_for(m: &ManagerProc, reason: &str) -> f64 {
+    let e = parse_exposition(&scrape(m.metrics)).expect("a valid exposition");
+    e.samples
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == "tessera_backstop_stops_total"
+                && labels.get("reason").map(String::as_str) == Some(reason)
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+/// A child of the run that drops the shim is in the run's allocation by its descent:
+/// within the limit it is left alone (it is not `no_shim`); once the allocation holds
+/// more than its limit plus the tolerance it is stopped first, and a governed neighbour
+/// in the same allocation is not.
+#[test]
+fn a_run_child_without_the_shim_counts_in_the_run_and_is_stopped_first_when_over() {
+    let _serial = serial();
+    let n = SimNode::builder().devices(1).memory("16Gi").build();
+    let m = ManagerProc::on(&n);
+    let mut run = RunProbes::start(&n, &m, "1Gi", &[("gov", true), ("bare", false)]);
+    for (name, bytes) in [("gov", 256 * MI), ("bare", 512 * MI)] {
+        let l = run.cmd(
+            name,
+            &["init", "device 0", "ctx", &format!("alloc {bytes}")],
+            &m,
+        );
+        assert!(l.starts_with("ok alloc"), "{name}: {l}");
+    }
+    let (gov, bare) = (run.pid("gov", &m), run.pid("bare", &m));
+    wait_fresh_pass(&m);
+    wait_fresh_pass(&m);
+    assert_eq!(stops(&m), 0.0, "{}", m.log());
+    assert!(
+        lines_about(&m.log(), &[gov, bare]).is_empty(),
+        "{}",
+        m.log()
+    );
+    // 768 MiB + 1 GiB without the shim: over 1 GiB + 64 MiB. The one without the shim
+    // goes; what is left (256 MiB) fits.
+    let l = run.cmd("bare", &[&format!("alloc {}", GI)], &m);
+    assert!(l.starts_with("ok alloc"), "{l}");
+    let stopped = eventually(HANG, || {
+        state_of(bare) != Some('S') && state_of(bare) != Some('R')
+    });
+    assert!(stopped.is_some(), "not stopped:\n{}", m.log());
+    assert_eq!(stops_for(&m, "over_limit_no_shim"), 1.0, "{}", m.log());
+    assert_eq!(stops(&m), 1.0, "{}", m.log());
+    assert!(matches!(state_of(gov), Some('S' | 'R')), "{}", m.log());
+    let l = run.cmd("gov", &["alloc 1048576"], &m);
+    assert!(l.starts_with("ok alloc"), "the governed one works on: {l}");
+    run.finish();
+    m.stop();
+}
+
+/// A process of the run that has exited while the driver still lists it is not judged
+/// for the grace; listed past it, what it holds counts against the run's allocation
+/// again, so the allocation cannot keep more than its limit through it: its running
+/// member without the shim is stopped, the exited one is never signalled.
+#[test]
+fn an_exited_process_still_listed_past_the_grace_counts_against_its_allocation() {
+    let _serial = serial();
+    let n = SimNode::builder().devices(1).memory("16Gi").build();
+    // The driver keeps what the exited process held for ten minutes (as it would for a
+    // process whose device files another process holds open).
+    n.node().set_context_teardown(600_000_000_000);
+    let m = ManagerProc::on(&n);
+    let mut run = RunProbes::start(&n, &m, "1Gi", &[("gone", true), ("bare", false)]);
+    let l = run.cmd(
+        "gone",
+        &["init", "device 0", "ctx", &format!("alloc {}", 700 * MI)],
+        &m,
+    );
+    assert!(l.starts_with("ok alloc"), "{l}");
+    let gone = run.pid("gone", &m);
+    // It cannot exit before this: the grace starts no sooner.
+    let t_exit = std::time::Instant::now();
+    run.close("gone");
+    let exited = eventually(HANG, || state_of(gone) == Some('Z'));
+    assert!(exited.is_some(), "the probe did not exit");
+    // 400 MiB without the shim beside it: within the limit while the exited one is not
+    // judged, 1100 MiB over 1 GiB + 64 MiB once it counts again.
+    let l = run.cmd(
+        "bare",
+        &["init", "device 0", "ctx", &format!("alloc {}", 400 * MI)],
+        &m,
+    );
+    assert!(l.starts_with("ok alloc"), "{l}");
+    let bare = run.pid("bare", &m);
+    let listed = || {
+        n.node().reap_dead();
+        n.node().process(gone).is_some_and(|p| p.exiting)
+    };
+    assert!(listed(), "the driver lists the exited process");
+    let stopped = eventually(HANG, || !matches!(state_of(bare), Some('S' | 'R')));
+    assert!(stopped.is_some(), "not stopped:\n{}", m.log());
+    let after = t_exit.elapsed();
+    assert!(
+        after >= tessera_manager::backstop::EXIT_GRACE,
+        "stopped {after:?} after the other exited, within the grace:\n{}",
+        m.log()
+    );
+    assert!(listed(), "still listed: its memory is the driver's");
+    assert_eq!(stops_for(&m, "over_limit_no_shim"), 1.0, "{}", m.log());
+    assert_eq!(
+        stops(&m),
+        1.0,
+        "the exited one is never signalled:\n{}",
+        m.log()
+    );
+    let log = strip_ansi(&m.log());
+    assert!(
+        log.lines().any(|l| l.contains("over its memory limit")
+            && l.contains(&format!("exited_bytes={}", 700 * MI))),
+        "{log}"
+    );
+    run.finish();
+    m.stop();
 }
