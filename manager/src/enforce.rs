@@ -74,6 +74,15 @@ fn served(core: &Core) -> Served {
     out
 }
 
+/// One GPU's processes to judge this pass, with their owners, and those of
+/// them that have exited (past the grace).
+struct GpuList<'a> {
+    uuid: &'a str,
+    judged: Vec<GpuProcess>,
+    owners: HashMap<u32, Owner>,
+    exited: HashSet<u32>,
+}
+
 /// What one pass makes of a process the driver lists.
 #[derive(Debug, Clone)]
 enum Seen {
@@ -177,7 +186,7 @@ pub(crate) fn run(
     let served = served(core);
     let claims: Vec<Claim> = served.iter().map(|(c, _, _)| c.clone()).collect();
     let mut seen: HashMap<u32, Seen> = HashMap::new();
-    let mut lists: Vec<(&str, Vec<GpuProcess>, HashMap<u32, Owner>, HashSet<u32>)> = Vec::new();
+    let mut lists: Vec<GpuList<'_>> = Vec::new();
     let mut listed: HashSet<u32> = HashSet::new();
     // Processes that have exited within the grace: (GPU, pid, bytes,
     // allocation), reported at debug level only.
@@ -230,7 +239,12 @@ pub(crate) fn run(
                 );
             }
         }
-        lists.push((g.uuid.as_str(), judged, owners, exited));
+        lists.push(GpuList {
+            uuid: g.uuid.as_str(),
+            judged,
+            owners,
+            exited,
+        });
     }
     state.keep_only(&listed);
     for (gpu, pid, bytes, alloc) in &leaving {
@@ -245,11 +259,11 @@ pub(crate) fn run(
     }
     let views: Vec<GpuView<'_>> = lists
         .iter()
-        .map(|(uuid, procs, owners, exited)| GpuView {
-            uuid,
-            procs: procs.as_slice(),
-            owners,
-            exited,
+        .map(|l| GpuView {
+            uuid: l.uuid,
+            procs: l.judged.as_slice(),
+            owners: &l.owners,
+            exited: &l.exited,
         })
         .collect();
     let tolerance = core.config.backstop_tolerance_bytes;
