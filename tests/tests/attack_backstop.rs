@@ -533,6 +533,22 @@ fn a_process_outside_every_allocation_is_stopped_only_on_a_shared_gpu() {
         log.contains("no_shim"),
         "the unshared GPU's process is still reported:\n{log}"
     );
+    // Each line says why the process could not be placed: what it maps, what its root
+    // has at the fixed control path, its ancestry, the allocation it was compared with.
+    let why = log
+        .lines()
+        .find(|l| l.contains("escapes its GPU allocation") && l.contains("no_shim"))
+        .unwrap_or_else(|| panic!("no finding line:\n{log}"));
+    for want in [
+        "why=",
+        "maps ",
+        "no /run/tessera/alloc/control in its root",
+        "ancestry ",
+        "compared with 1 allocation(s): shared control ",
+    ] {
+        assert!(why.contains(want), "{want:?} not in {why}");
+    }
+    eprintln!("FIGURE backstop no_shim line: {why}");
     // The stop is counted on the shared GPU, with no owner; nothing on the other.
     let stray = [("gpu", "0"), ("reason", "no_shim"), ("allocation", "")];
     assert_eq!(stops(&m, &stray, 1.0), Some(1.0), "{log}");
