@@ -289,7 +289,9 @@ pub fn node_state(
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     let mut device_gpu: BTreeMap<&str, usize> = BTreeMap::new();
     for d in newest.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
-        let uuid = attribute(d, driver, ATTR_UUID).unwrap_or(&d.name).to_owned();
+        let uuid = attribute(d, driver, ATTR_UUID)
+            .unwrap_or(&d.name)
+            .to_owned();
         let (memory, memory_rounding) = capacity(d, CAPACITY_MEMORY).unwrap_or((0, None));
         let (compute, compute_rounding) =
             capacity(d, CAPACITY_COMPUTE).unwrap_or((FULL_PERCENT, None));
@@ -468,9 +470,10 @@ fn ask_spec(
         });
     }
     let count = f.count.unwrap_or(1);
-    let Ok(count) = u32::try_from(count).map_err(|_| ()).and_then(|c| {
-        if c == 0 { Err(()) } else { Ok(c) }
-    }) else {
+    let Ok(count) = u32::try_from(count)
+        .map_err(|_| ())
+        .and_then(|c| if c == 0 { Err(()) } else { Ok(c) })
+    else {
         return Err(DraError::Count {
             claim: claim.to_owned(),
             request: request.to_owned(),
@@ -521,7 +524,11 @@ fn claim_asks(claim: &ResourceClaim, driver: &str) -> Result<Vec<Ask>, DraError>
         })
     };
     let mut asks = Vec::new();
-    for r in devices.and_then(|d| d.requests.as_ref()).into_iter().flatten() {
+    for r in devices
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+    {
         let one_gpu = on_one_gpu(&r.name);
         let mut alternatives = Vec::new();
         let mut foreign = false;
@@ -825,16 +832,26 @@ fn group_engine(
 }
 
 fn groups(nodes: &[&DraNode]) -> Vec<Group> {
-    let mut g: Vec<Group> = nodes.iter().flat_map(|n| n.gpus.iter().map(group_of)).collect();
+    let mut g: Vec<Group> = nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(group_of))
+        .collect();
     g.sort();
     g.dedup();
     g
 }
 
 fn describe(s: &AskSpec) -> String {
-    let mut parts = vec![format!("{} device{}", s.count, if s.count == 1 { "" } else { "s" })];
+    let mut parts = vec![format!(
+        "{} device{}",
+        s.count,
+        if s.count == 1 { "" } else { "s" }
+    )];
     if let Some(m) = s.memory {
-        parts.push(format!("memory {}", tessera_contract::units::format_bytes(m)));
+        parts.push(format!(
+            "memory {}",
+            tessera_contract::units::format_bytes(m)
+        ));
     }
     if let Some(c) = s.compute {
         parts.push(format!("compute {c}%"));
@@ -1068,7 +1085,13 @@ mod tests {
             .collect()
     }
 
-    fn slice(node: &str, i: usize, of: i64, generation: i64, devices: Vec<Device>) -> ResourceSlice {
+    fn slice(
+        node: &str,
+        i: usize,
+        of: i64,
+        generation: i64,
+        devices: Vec<Device>,
+    ) -> ResourceSlice {
         ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(format!("{node}-{D}-{i}")),
@@ -1138,11 +1161,22 @@ mod tests {
         };
         assert_eq!((memory_free, compute_free), (2 * GI, 20));
         assert_eq!(n.gpus[0].uses.len(), 2);
-        // 2Gi and 20% fit GPU a; 2.1Gi rounds up to 2.25Gi (1Gi + n·256Mi): not on a.
-        assert!(fits(&n, &ask(1, Some(2 * GI), Some(20), false), Policy::Binpack).is_ok());
-        let e = fits(&n, &ask(1, Some(2 * GI + 100 * MIB), Some(95), false), Policy::Binpack)
-            .unwrap_err();
-        assert!(e.contains("memory") && e.contains("95%"), "{e}");
+        // GPU a alone: 2Gi and 20% fit; 2.1Gi rounds up to 2.25Gi (1Gi +
+        // n·256Mi), which does not.
+        let only_a = slice("n", 0, 1, 3, vec![shared_device("a")]);
+        let a = node_state("n", &[&only_a], &refs, D).unwrap();
+        assert!(fits(&a, &ask(1, Some(2 * GI), Some(20), false), Policy::Binpack).is_ok());
+        let e = fits(
+            &a,
+            &ask(1, Some(2 * GI + 100 * MIB), Some(20), false),
+            Policy::Binpack,
+        )
+        .unwrap_err();
+        assert!(e.contains("memory") && e.contains("20%"), "{e}");
+        assert!(fits(&a, &ask(1, Some(GI), Some(21), false), Policy::Binpack).is_err());
+        // Not asked: the policy's defaults (1Gi, 25%): more compute than a has.
+        assert!(fits(&a, &ask(1, None, None, false), Policy::Binpack).is_err());
+        assert!(fits(&n, &ask(1, None, None, false), Policy::Binpack).is_ok());
         // Two 8Gi shares on one GPU fit b only; anywhere, a and b could not
         // hold three.
         let mut two = ask(2, Some(8 * GI), Some(40), true);
@@ -1152,12 +1186,12 @@ mod tests {
         assert!(fits(&n, &two, Policy::Binpack).is_err());
         // Rounding: the default when not asked; the maximum refused.
         let r = Rounding {
-            default: Some(25),
+            default: Some(26),
             min: Some(1),
             step: Some(5),
             max: Some(100),
         };
-        assert_eq!(Rounding::consumed(Some(r), None, 100), Some(25));
+        assert_eq!(Rounding::consumed(Some(r), None, 100), Some(26));
         assert_eq!(Rounding::consumed(Some(r), Some(7), 100), Some(11));
         assert_eq!(Rounding::consumed(Some(r), Some(101), 100), None);
         assert_eq!(Rounding::consumed(None, None, 100), Some(100));

@@ -221,7 +221,9 @@ impl Extender {
             let cached = self.cache.node(&name);
             let annotations = match sent.get(name.as_str()) {
                 Some(n) => n.metadata.annotations.as_ref(),
-                None => cached.as_ref().and_then(|n| n.metadata.annotations.as_ref()),
+                None => cached
+                    .as_ref()
+                    .and_then(|n| n.metadata.annotations.as_ref()),
             };
             if annotations.is_none() && cached.is_none() {
                 out.insert(
@@ -271,7 +273,8 @@ impl Extender {
                 }
             }
             Need::Dra(d) => {
-                self.cache.ready(&[Kind::ResourceSlices, Kind::ResourceClaims])?;
+                self.cache
+                    .ready(&[Kind::ResourceSlices, Kind::ResourceClaims])?;
                 dra::filter(&names, &self.dra_states(&names), &d)
             }
         };
@@ -318,7 +321,8 @@ impl Extender {
                 )
             }
             Need::Dra(d) => {
-                self.cache.ready(&[Kind::ResourceSlices, Kind::ResourceClaims])?;
+                self.cache
+                    .ready(&[Kind::ResourceSlices, Kind::ResourceClaims])?;
                 dra::prioritize(&names, &self.dra_states(&names), &d, self.settings.policy)
             }
         })
