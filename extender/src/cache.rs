@@ -13,7 +13,11 @@
 //! - `applied`: every event of the kind up to it is in the store and its
 //!   index: the greatest version of an object its watch delivered, and, when
 //!   a (re)list completes, at least what `seen` was when that list started
-//!   (the list is a quorum read, so it reflects every write made before);
+//!   (the list is a quorum read, so it reflects every write made before) and
+//!   the greatest version of an object listed (kube-rs does not hand on the
+//!   list's own version, so a deletion nobody reported is not counted: the
+//!   view holds it, `applied` does not say so, which can only make a bind
+//!   wait for the next event, never decide early);
 //! - `seen`: the greatest version of the kind the extender knows exists: from
 //!   its watch, from its own writes (the pod a bind patched), and from the
 //!   objects the scheduler sends it (the pod and nodes of a filter call, the
@@ -89,6 +93,9 @@ pub struct Progress {
     pub applied: u64,
     /// The greatest resourceVersion of the kind the extender has seen.
     pub seen: u64,
+    /// Lists applied: 1 after start-up, one more each time a watch could
+    /// not be resumed (410 Expired) and the kind was listed again.
+    pub lists: u64,
 }
 
 impl Progress {
@@ -357,6 +364,7 @@ async fn follow<K>(
                 let (seen, listed) = listing.take().unwrap_or_default();
                 track.send_modify(|p| {
                     p.synced = true;
+                    p.lists += 1;
                     p.applied = p.applied.max(seen).max(listed);
                     p.seen = p.seen.max(p.applied);
                 });
@@ -522,6 +530,12 @@ impl Cache {
         *self.tracks[kind.index()].borrow()
     }
 
+    /// How many waits for the view of `kind` are in progress (binds
+    /// waiting for it to catch up).
+    pub fn waiting(&self, kind: Kind) -> usize {
+        self.tracks[kind.index()].receiver_count()
+    }
+
     /// Records that resourceVersion `rv` of `kind` exists (from a write of
     /// the extender's or an object the scheduler sent).
     pub fn saw(&self, kind: Kind, rv: Option<&str>) {
@@ -558,16 +572,10 @@ impl Cache {
     /// event up to `target`.
     pub async fn reach(&self, kind: Kind, target: u64, within: Duration) -> Result<(), ViewError> {
         self.watched(kind)?;
-        let mut rx = self.tracks[kind.index()].subscribe();
-        let waited = tokio::time::timeout(within, rx.wait_for(|p| p.reaches(target)))
+        self.until(kind, within, |p| p.reaches(target))
             .await
-            .map(|r| r.is_ok());
-        match waited {
-            Ok(true) => Ok(()),
-            // Timed out, or the sender is gone (never: the cache holds it).
-            _ => {
-                let p = *rx.borrow();
-                Err(if p.synced {
+            .map_err(|p| {
+                if p.synced {
                     ViewError::Behind {
                         kind,
                         applied: p.applied,
@@ -576,8 +584,35 @@ impl Cache {
                     }
                 } else {
                     ViewError::NotSynced(kind)
-                })
-            }
+                }
+            })
+    }
+
+    /// Waits, up to `within`, until the view of `kind` has applied its
+    /// `n`th list.
+    pub async fn lists(&self, kind: Kind, n: u64, within: Duration) -> Result<(), ViewError> {
+        self.watched(kind)?;
+        self.until(kind, within, |p| p.lists >= n)
+            .await
+            .map_err(|_| ViewError::NotSynced(kind))
+    }
+
+    /// Waits, up to `within`, for the progress of `kind` to satisfy `done`;
+    /// the progress when it did not.
+    async fn until(
+        &self,
+        kind: Kind,
+        within: Duration,
+        done: impl FnMut(&Progress) -> bool,
+    ) -> Result<(), Progress> {
+        let mut rx = self.tracks[kind.index()].subscribe();
+        let ok = tokio::time::timeout(within, rx.wait_for(done))
+            .await
+            .map(|r| r.is_ok());
+        match ok {
+            Ok(true) => Ok(()),
+            // Timed out, or the sender is gone (never: the cache holds it).
+            _ => Err(*rx.borrow()),
         }
     }
 
