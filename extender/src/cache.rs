@@ -66,7 +66,7 @@ impl Kind {
         Kind::ResourceClaims,
     ];
     /// What decisions for slice pods read.
-    pub const SLICES: [Kind; 2] = [Kind::Nodes, Kind::Pods];
+    pub const SLICE_PODS: [Kind; 2] = [Kind::Nodes, Kind::Pods];
 
     fn index(self) -> usize {
         self as usize

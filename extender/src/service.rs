@@ -259,7 +259,7 @@ impl Extender {
         let (pass, failed) = match self.need(&args.pod)? {
             Need::Other => (names.clone(), BTreeMap::new()),
             Need::Slices(need, dra) => {
-                self.cache.ready(&Kind::SLICES)?;
+                self.cache.ready(&Kind::SLICE_PODS)?;
                 let states = self.slice_states(&args, &pod);
                 let (pass, mut failed) = view::filter(&names, &states, &need);
                 match dra {
@@ -310,7 +310,7 @@ impl Extender {
                 .map(|host| HostPriority { host, score: 0 })
                 .collect(),
             Need::Slices(need, _) => {
-                self.cache.ready(&Kind::SLICES)?;
+                self.cache.ready(&Kind::SLICE_PODS)?;
                 let states = self.slice_states(&args, &pod);
                 view::prioritize(
                     &names,
@@ -384,7 +384,7 @@ impl Extender {
                 }
             }
             Need::Slices(need, _) => {
-                self.cache.caught_up(&Kind::SLICES, wait).await?;
+                self.cache.caught_up(&Kind::SLICE_PODS, wait).await?;
                 let node = self
                     .cache
                     .node(&args.node)
