@@ -262,8 +262,11 @@ async fn a_node_report_changing_or_aging_changes_the_next_decision() {
     assert_eq!(nodenames(&filter().await), ["two-by-two", "empty"]);
 
     // Neither reports again within the deadline (120 s on the extender's
-    // clock, which is tokio's): both are unknown, not empty.
-    tokio::time::advance(Duration::from_secs(121)).await;
+    // clock, which is tokio's): both are unknown, not empty. The reports
+    // carry the wall clock, which runs on (a few seconds under load) while
+    // tokio's is paused: the clock is advanced well past the deadline, and
+    // short of the watches' 290 s.
+    tokio::time::advance(Duration::from_secs(200)).await;
     let r = filter().await;
     assert_eq!(nodenames(&r), Vec::<String>::new(), "{r}");
     assert!(
