@@ -75,6 +75,9 @@ pub struct Passes {
     pub(crate) reaper: AtomicU64,
     /// GPU events (XIDs, lost GPUs) handled.
     pub(crate) gpu_events: AtomicU64,
+    /// Completed waits of the GPU event watcher, with an event or without:
+    /// above 0 once it is registered (see `sampler::spawn_events`).
+    pub(crate) gpu_event_waits: AtomicU64,
 }
 
 impl Passes {
@@ -86,6 +89,12 @@ impl Passes {
     /// GPU events handled since start.
     pub fn gpu_events(&self) -> u64 {
         self.gpu_events.load(Ordering::Acquire)
+    }
+
+    /// Waits for GPU events completed since start; above 0 once the event
+    /// watcher is registered, so an event from then on is not lost.
+    pub fn gpu_event_waits(&self) -> u64 {
+        self.gpu_event_waits.load(Ordering::Acquire)
     }
 
     pub(crate) fn count(counter: &AtomicU64) {

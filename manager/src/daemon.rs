@@ -256,6 +256,9 @@ pub async fn run_with(config: Config, ready: impl FnOnce(&Manager)) -> Result<()
     let arbiter = crate::arbiter::Arbiter::new(config.arbiter)
         .map_err(|e| ManagerError::Arbiter(e.to_string()))?;
     let arbitration: Arc<dyn Arbitration> = Arc::new(arbiter);
+    // Installed before anyone can learn the manager is up: a SIGTERM sent
+    // the moment it serves must stop it cleanly, not by the default action.
+    let shutdown = shutdown_signal();
     let manager = Manager::start(config, backend, arbitration).await?;
     tracing::info!(
         socket = %manager.socket().display(),
@@ -263,22 +266,28 @@ pub async fn run_with(config: Config, ready: impl FnOnce(&Manager)) -> Result<()
         "manager serving"
     );
     ready(&manager);
-    manager.serve(shutdown_signal()).await
+    manager.serve(shutdown).await
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now (must run inside a tokio
+/// runtime) and returns what completes on either: a signal that arrives
+/// between this call and the first poll is kept, not lost to the default
+/// action.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the default action (exit) still applies.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            // Without signal handlers the default action (exit) still applies.
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }

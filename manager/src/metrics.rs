@@ -123,6 +123,9 @@ pub struct MetricsSnapshot {
     pub reaper_passes: u64,
     /// GPU events (XIDs, lost GPUs) handled since start.
     pub gpu_events: u64,
+    /// Completed waits of the GPU event watcher since start (above 0 once
+    /// it is registered).
+    pub gpu_event_waits: u64,
 }
 
 /// Every metric: name as exposed, type, help. The order is the exposition's.
@@ -247,7 +250,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     (
         "tessera_manager_passes_total",
         "counter",
-        "Background passes the manager completed since it started, by pass (reaper, gpu_event).",
+        "Background passes the manager completed since it started, by pass (reaper, gpu_event: GPU events handled, gpu_event_wait: waits of the GPU event watcher, above 0 once it is registered).",
     ),
 ];
 
@@ -446,7 +449,11 @@ pub fn render(s: &MetricsSnapshot) -> String {
         labels(&[("Hostname", &s.hostname)]),
         s.backstop_passes as f64,
     );
-    for (pass, n) in [("reaper", s.reaper_passes), ("gpu_event", s.gpu_events)] {
+    for (pass, n) in [
+        ("reaper", s.reaper_passes),
+        ("gpu_event", s.gpu_events),
+        ("gpu_event_wait", s.gpu_event_waits),
+    ] {
         let l = labels(&[("Hostname", &s.hostname), ("pass", pass)]);
         add("tessera_manager_passes_total", l, n as f64);
     }
@@ -730,6 +737,7 @@ mod tests {
             }],
             reaper_passes: 5,
             gpu_events: 2,
+            gpu_event_waits: 9,
         }
     }
 
@@ -793,6 +801,11 @@ mod tests {
                 "tessera_manager_passes_total",
                 r#"{Hostname="node-1",pass="gpu_event"}"#,
                 2.0,
+            ),
+            (
+                "tessera_manager_passes_total",
+                r#"{Hostname="node-1",pass="gpu_event_wait"}"#,
+                9.0,
             ),
         ] {
             assert_eq!(sample(&text, name, labels), Some(want), "{name}{labels}");

@@ -309,6 +309,7 @@ impl Core {
             backstop_standings,
             reaper_passes: self.passes.reaper(),
             gpu_events: self.passes.gpu_events(),
+            gpu_event_waits: self.passes.gpu_event_waits(),
         })
     }
 }

@@ -112,27 +112,68 @@ pub(crate) fn spawn_sampler(core: Arc<Core>) -> std::io::Result<JoinHandle<()>> 
         })
 }
 
-/// Starts the thread that waits for GPU events (XIDs, lost GPUs).
+/// How long one wait for a GPU event lasts, so that shutdown is prompt.
+const EVENT_WAIT: Duration = Duration::from_millis(200);
+
+/// How long the manager's start waits for the event watcher's first wait:
+/// a bound for a driver that hangs, never reached by one that answers.
+const EVENT_REGISTER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Starts the thread that waits for GPU events (XIDs, lost GPUs) and
+/// returns once its first wait has come back, so a manager serves with its
+/// watcher registered: the driver delivers an event only to a watcher that
+/// exists when it happens, and one missed is lost for good.
+///
+/// The first wait does not block (it registers and takes what is already
+/// there). Every completed wait, with an event or without, counts a
+/// `gpu_event_wait` pass: above 0 means registered ("GPU event watcher
+/// registered" in the log), and a pass that began after some action and
+/// came back empty means nothing from that action was pending.
 pub(crate) fn spawn_events(core: Arc<Core>) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
         .name("tessera-events".into())
         .spawn(move || {
+            let mut ready = Some(ready_tx);
             let mut complained = false;
+            let mut registered = false;
+            let mut timeout = Duration::ZERO;
             while !core.stop.load(Ordering::Acquire) {
-                match core.backend.wait_event(Duration::from_millis(200)) {
-                    Ok(Some(ev)) => {
-                        on_event(&core, ev);
-                        crate::core::Passes::count(&core.passes.gpu_events);
+                let result = core.backend.wait_event(timeout);
+                timeout = EVENT_WAIT;
+                let failed = match result {
+                    Ok(ev) => {
+                        if !registered {
+                            registered = true;
+                            tracing::info!("GPU event watcher registered");
+                        }
+                        if let Some(ev) = ev {
+                            on_event(&core, ev);
+                            crate::core::Passes::count(&core.passes.gpu_events);
+                        }
+                        crate::core::Passes::count(&core.passes.gpu_event_waits);
+                        false
                     }
-                    Ok(None) => {}
                     Err(e) => {
                         if !complained {
                             tracing::warn!(error = %e, "GPU health events unavailable; relying on sampling");
                             complained = true;
                         }
-                        std::thread::sleep(Duration::from_millis(200));
+                        true
                     }
+                };
+                // The start goes on after the first answer, registered or not.
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(());
+                }
+                if failed {
+                    std::thread::sleep(EVENT_WAIT);
                 }
             }
-        })
+        })?;
+    // Err: the deadline passed, or the thread died; the manager serves
+    // anyway (sampling still finds lost GPUs) and the pass count says when
+    // the watcher is registered.
+    let _ = ready_rx.recv_timeout(EVENT_REGISTER_DEADLINE);
+    Ok(handle)
 }

@@ -451,6 +451,9 @@ async fn owners_are_recorded_and_policies_only_tighten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
     let (_dir, gpu, m, mut c) = start_fake(2).await;
+    // The event watcher's first wait came back before the manager served:
+    // an event happening from now on is not lost.
+    assert!(m.core.passes().gpu_event_waits() > 0);
     let u1 = gpu.uuid(1);
     let mut watch = c
         // An interval no test outlives: every message after the first is

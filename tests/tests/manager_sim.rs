@@ -250,6 +250,14 @@ fn an_injected_xid_makes_a_gpu_unhealthy_until_it_recovers() {
     let m = ManagerProc::on(&n);
     let healthy = |i: usize| node_status(&m.socket).gpus[i].healthy;
 
+    // An event reaches only a watcher registered when it happens.
+    m.events_registered();
+    assert!(
+        m.log().contains("GPU event watcher registered"),
+        "{}",
+        m.log()
+    );
+
     // An application's fault: the GPU stays healthy once the manager has
     // handled the event.
     let events = m.passes("gpu_event");

@@ -20,7 +20,9 @@ use tessera_sim_cuda::context::{
 use tessera_sim_cuda::copy::{cuMemcpyDtoH_v2, cuMemcpyHtoD_v2};
 use tessera_sim_cuda::device::cuInit;
 use tessera_sim_cuda::launch::cuLaunchKernel;
+use tessera_sim_cuda::memop::*;
 use tessera_sim_cuda::module::*;
+use tessera_sim_cuda::occupancy::*;
 
 const CUBIN: &[u8] = include_bytes!("../../sim/src/image/fixtures/kernels.sm_90.cubin");
 const PTX: &[u8] = include_bytes!("../../sim/src/image/fixtures/kernels.ptx");

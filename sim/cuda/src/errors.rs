@@ -1,11 +1,12 @@
 //! `cuGetErrorName` and `cuGetErrorString`: every `CUresult` of CUDA 12.9 with its name
 //! and a short description, as NUL-terminated statics (the driver returns pointers to
 //! constant strings); and the optional log of failing calls (`TESSERA_SIM_TRACE_ERRORS`),
-//! which is how a library that gives up on a driver error is debugged here.
+//! which is how a library that gives up on a driver error is debugged here; and the error
+//! log callbacks (`cuLogsRegisterCallback`), accepted and never called.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
-use tessera_ffi::cuda::CUresult;
+use tessera_ffi::cuda::{CUlogsCallback, CUlogsCallbackHandle, CUresult};
 
 use crate::{guard, put};
 
@@ -190,6 +191,40 @@ pub fn trace_failure(at: &std::panic::Location<'_>, rc: CUresult) {
 pub fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "tessera-sim libcuda: {line}");
+}
+
+// ---- error log callbacks ----
+
+/// `cuLogsRegisterCallback`: accepted; the simulated driver logs nothing through it.
+///
+/// # Safety
+/// `callback_out` must be null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsRegisterCallback(
+    callbackFunc: CUlogsCallback,
+    _userData: *mut c_void,
+    callback_out: *mut CUlogsCallbackHandle,
+) -> CUresult {
+    guard(|| {
+        if callbackFunc.is_none() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // A non-null handle that names nothing: unregistering it is accepted.
+        if !callback_out.is_null() {
+            // SAFETY: non-null and writable by the caller's contract.
+            unsafe { callback_out.write(std::ptr::dangling_mut()) };
+        }
+        Ok(())
+    })
+}
+
+/// `cuLogsUnregisterCallback`: accepted.
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsUnregisterCallback(_callback: CUlogsCallbackHandle) -> CUresult {
+    CUresult::CUDA_SUCCESS
 }
 
 #[cfg(test)]

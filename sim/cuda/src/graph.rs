@@ -872,3 +872,46 @@ pub unsafe extern "C" fn cuGraphExecDestroy(hGraphExec: CUgraphExec) -> CUresult
         Ok(())
     })
 }
+
+// ---- node queries cuBLASLt resolves by name (not implemented yet) ----
+//
+// cuBLASLt (behind torch.matmul) resolves these with dlsym when it creates a handle and
+// refuses to start without them. Until this family implements them they exist and answer
+// `CUDA_ERROR_NOT_SUPPORTED` (no cuGetProcAddress entries: the graph family owns those).
+
+/// `cuGraphNodeGetType`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetType(
+    _hNode: CUgraphNode,
+    _type_: *mut CUgraphNodeType,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuGraphKernelNodeGetParams`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams(
+    _hNode: CUgraphNode,
+    _nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuGraphExecKernelNodeSetParams`: not supported yet (see above).
+///
+/// # Safety
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    _hGraphExec: CUgraphExec,
+    _hNode: CUgraphNode,
+    _nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1,
+) -> CUresult {
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}

@@ -307,12 +307,41 @@ impl ManagerProc {
         Self::start(node, &node.dir.path().join("m"), &[])
     }
 
-    /// Background passes of kind `pass` (`reaper`, `gpu_event`) the
+    /// Background passes of kind `pass` (`reaper`, `gpu_event`,
+    /// `gpu_event_wait`) the
     /// manager has completed, from its metrics.
     pub fn passes(&self, pass: &str) -> u64 {
         let e = parse_exposition(&scrape(self.metrics)).expect("exposition");
         e.get("tessera_manager_passes_total", &[("pass", pass)])
             .unwrap_or(0.0) as u64
+    }
+
+    /// Waits until the manager's GPU event watcher is registered (its
+    /// first wait came back, `gpu_event_wait` above 0): the driver delivers
+    /// an event only to a watcher that exists when it happens, so a test
+    /// injects one only after this.
+    pub fn events_registered(&self) {
+        let ok = eventually(DEADLINE, || self.passes("gpu_event_wait") > 0);
+        assert!(
+            ok.is_some(),
+            "GPU event watcher never registered:\n{}",
+            self.log()
+        );
+    }
+
+    /// Waits until a wait of the GPU event watcher that began after this
+    /// call has come back, so every event injected before the call has been
+    /// handled (or, if none was pending, nothing was).
+    pub fn event_pass(&self) {
+        // The wait running now may have come back before the call's event
+        // was queued: the next one began after the call.
+        let seen = self.passes("gpu_event_wait") + 1;
+        let done = eventually(DEADLINE, || self.passes("gpu_event_wait") > seen);
+        assert!(
+            done.is_some(),
+            "no GPU event wait completed:\n{}",
+            self.log()
+        );
     }
 
     /// Waits until a reaper pass that began after this call has completed,
