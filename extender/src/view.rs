@@ -569,6 +569,27 @@ mod tests {
     }
 
     #[test]
+    fn an_assignment_holds_until_the_pod_ends_or_is_bound_elsewhere() {
+        let mut p = Pod::default();
+        p.metadata.name = Some("p".into());
+        p.metadata.annotations =
+            Some([(ANNOTATION_GPU_ASSIGNMENT.to_owned(), on_a(2).to_json())].into());
+        p.spec = Some(Default::default());
+        // Written by bind, the Binding not back yet: held on its node.
+        assert_eq!(live_assignment(&p).map(|(n, _)| n).as_deref(), Some("n"));
+        p.spec.as_mut().unwrap().node_name = Some("n".into());
+        assert!(live_assignment(&p).is_some());
+        p.spec.as_mut().unwrap().node_name = Some("other".into());
+        assert!(live_assignment(&p).is_none(), "bound elsewhere");
+        p.spec.as_mut().unwrap().node_name = Some("n".into());
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert!(live_assignment(&p).is_none(), "finished");
+    }
+
+    #[test]
     fn slices_become_shares_or_whole_gpus() {
         let none = None;
         let share = slice_request(3, 8, &none).unwrap();
