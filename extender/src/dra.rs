@@ -633,6 +633,32 @@ pub fn need_of(
     }))
 }
 
+/// What a pod asking `tessera.dev/vgpu` asks of a node that only DRA serves
+/// (Kubernetes' `DRAExtendedResource`: the DeviceClass of the driver names
+/// the resource, and the scheduler allocates each container's count as that
+/// many devices of the class, anywhere on the node).
+pub fn from_slices(need: &crate::view::PodNeed) -> DraNeed {
+    DraNeed {
+        pod: need.pod.clone(),
+        asks: need
+            .containers
+            .iter()
+            .map(|c| Ask {
+                claim: format!("{}'s {}", need.pod, tessera_contract::labels::RESOURCE),
+                request: c.name.clone(),
+                alternatives: vec![AskSpec {
+                    class: need.class.clone(),
+                    count: c.slices,
+                    memory: None,
+                    compute: None,
+                    one_gpu: c.slices == 1,
+                }],
+            })
+            .collect(),
+        pinned: None,
+    }
+}
+
 /// GPUs the same engine can rank together: one cut of slices (with its
 /// slice's capacities), or shares under the same request policies.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

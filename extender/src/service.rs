@@ -242,6 +242,32 @@ impl Extender {
         out
     }
 
+    /// The candidates only DRA serves (no device plugin's report, the
+    /// driver's ResourceSlices), with their GPUs: where a pod's
+    /// `tessera.dev/vgpu` is DRA's to allocate (`DRAExtendedResource`).
+    fn served_by_dra(&self, names: &[String]) -> BTreeMap<String, Result<DraNode, String>> {
+        if self.cache.driver().is_none()
+            || self
+                .cache
+                .ready(&[Kind::ResourceSlices, Kind::ResourceClaims])
+                .is_err()
+        {
+            return BTreeMap::new();
+        }
+        names
+            .iter()
+            .filter(|n| {
+                self.cache.node(n).is_some_and(|node| {
+                    node.metadata
+                        .annotations
+                        .as_ref()
+                        .is_none_or(|a| !a.contains_key(tessera_contract::labels::NODE_GPU_REPORT))
+                })
+            })
+            .filter_map(|n| Some((n.clone(), Ok(self.cache.dra_node(n).ok()?))))
+            .collect()
+    }
+
     /// Every candidate's GPUs as its ResourceSlices publish them.
     fn dra_states(&self, names: &[String]) -> BTreeMap<String, Result<DraNode, String>> {
         names
@@ -261,7 +287,22 @@ impl Extender {
             Need::Slices(need, dra) => {
                 self.cache.ready(&Kind::SLICE_PODS)?;
                 let states = self.slice_states(&args, &pod);
-                let (pass, mut failed) = view::filter(&names, &states, &need);
+                let (mut pass, mut failed) = view::filter(&names, &states, &need);
+                let by_dra = self.served_by_dra(&names);
+                if !by_dra.is_empty() {
+                    let as_dra = dra::from_slices(&need);
+                    let only: Vec<String> = by_dra.keys().cloned().collect();
+                    let (more, why) = dra::filter(&only, &by_dra, &as_dra);
+                    for name in more.iter().chain(why.keys()) {
+                        failed.remove(name);
+                    }
+                    failed.extend(why);
+                    pass = names
+                        .iter()
+                        .filter(|n| pass.contains(n) || more.contains(n))
+                        .cloned()
+                        .collect();
+                }
                 match dra {
                     None => (pass, failed),
                     Some(d) => {
@@ -312,13 +353,24 @@ impl Extender {
             Need::Slices(need, _) => {
                 self.cache.ready(&Kind::SLICE_PODS)?;
                 let states = self.slice_states(&args, &pod);
-                view::prioritize(
+                let mut scores = view::prioritize(
                     &names,
                     &states,
                     &need,
                     self.settings.policy,
                     &self.cache.live_slices(),
-                )
+                );
+                let by_dra = self.served_by_dra(&names);
+                if !by_dra.is_empty() {
+                    // Each family ranked on its own scale (10 for its best).
+                    let as_dra = dra::from_slices(&need);
+                    let dra_scores =
+                        dra::prioritize(&names, &by_dra, &as_dra, self.settings.policy);
+                    for (s, d) in scores.iter_mut().zip(dra_scores) {
+                        s.score = s.score.max(d.score);
+                    }
+                }
+                scores
             }
             Need::Dra(d) => {
                 self.cache
@@ -383,6 +435,12 @@ impl Extender {
                     )));
                 }
             }
+            // Served by DRA (the scheduler's allocator chose its devices
+            // for the extended resource): nothing to assign.
+            Need::Slices(..)
+                if !self
+                    .served_by_dra(std::slice::from_ref(&args.node))
+                    .is_empty() => {}
             Need::Slices(need, _) => {
                 self.cache.caught_up(&Kind::SLICE_PODS, wait).await?;
                 let node = self

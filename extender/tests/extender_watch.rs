@@ -450,3 +450,48 @@ async fn with_dra_off_only_nodes_and_pods_are_watched() {
         "{watched:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_vgpu_pod_on_nodes_only_dra_serves_is_judged_by_their_slices() {
+    // kubeletPlugin=dra: the driver's DeviceClass names tessera.dev/vgpu
+    // (DRAExtendedResource) and the scheduler allocates a container's count
+    // as that many devices of it, on nodes without a device plugin's report.
+    let api = dra_cluster();
+    api.put(
+        Res::Nodes,
+        node("dp", report(now(), vec![gpu("GPU-dp", 4, 4)])),
+    );
+    let h = start(api, Options::default()).await;
+    h.api.put(Res::Claims, held_on_a());
+    h.add_pod(pod("v", Some("2")));
+    h.settled().await;
+    let names = ["a", "b", "c", "dp"];
+    // Two devices: two default shares (1Gi, 25% each) on a shared GPU, or
+    // two slices of c. a has 20% left; dp's device plugin reports it full.
+    let (_, r) = h.post("filter", &args_by_name(&h.pod("v"), &names)).await;
+    assert_eq!(nodenames(&r), ["b", "c"], "{r}");
+    assert!(
+        r["failedNodes"]["a"]
+            .as_str()
+            .unwrap()
+            .contains("2 devices"),
+        "{r}"
+    );
+    assert!(
+        r["failedNodes"]["dp"]
+            .as_str()
+            .unwrap()
+            .contains("2 more slices"),
+        "{r}"
+    );
+    let (_, r) = h
+        .post("prioritize", &args_by_name(&h.pod("v"), &names))
+        .await;
+    let s = scores(&r);
+    assert!(s["b"] > 0 && s["c"] > 0, "{r}");
+    assert_eq!((s["a"], s["dp"]), (0, 0), "{r}");
+    // The allocator's claim is the pod's assignment: bind only binds.
+    let (_, r) = h.post("bind", &bind_args("v", "uid-v", "c")).await;
+    assert!(r.get("error").is_none(), "{r}");
+    assert_eq!(h.api.writes(), ["bind team-a/v c"]);
+}
