@@ -39,10 +39,25 @@ pub struct SchedulerExtenderArgs {
     /// many seconds is unknown (filtered out), not empty.
     #[arg(long, env = "TESSERA_EXTENDER_NODE_DEADLINE", default_value_t = 120)]
     pub node_deadline_secs: u64,
-    /// How stale (milliseconds) filter's and prioritize's view of the
-    /// cluster may be; bind always reads afresh.
-    #[arg(long, env = "TESSERA_EXTENDER_REFRESH_MS", default_value_t = 1000)]
-    pub refresh_ms: u64,
+    /// How long (seconds) a bind waits for the watched view to catch up
+    /// with what the extender has seen before it is refused.
+    #[arg(
+        long,
+        env = "TESSERA_EXTENDER_VIEW_WAIT",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub view_wait_secs: u64,
+    /// The DRA driver whose claims the extender scores (it then watches the
+    /// driver's ResourceSlices and every ResourceClaim, resource.k8s.io/v1,
+    /// Kubernetes 1.34+). Empty: DRA off, nodes and pods only.
+    #[arg(long, env = "TESSERA_EXTENDER_DRA_DRIVER", default_value = "")]
+    pub dra_driver: String,
+    /// No longer used: the extender watches the cluster instead of listing
+    /// it every this many milliseconds. Accepted so that an older chart's
+    /// flag does not stop the extender.
+    #[arg(long, env = "TESSERA_EXTENDER_REFRESH_MS", hide = true)]
+    pub refresh_ms: Option<u64>,
     /// Serving certificate chain (PEM), e.g. cert-manager's tls.crt: serve
     /// HTTPS. Re-read when it changes. Without it the extender serves plain
     /// HTTP, and only on a loopback `--listen`.
@@ -82,7 +97,8 @@ impl SchedulerExtenderArgs {
         Settings {
             policy: self.policy,
             node_deadline: Duration::from_secs(self.node_deadline_secs),
-            refresh: Duration::from_millis(self.refresh_ms),
+            view_wait: Duration::from_secs(self.view_wait_secs),
+            dra_driver: Some(self.dra_driver.clone()).filter(|d| !d.is_empty()),
         }
     }
 
@@ -161,8 +177,13 @@ pub async fn run(
             source,
         })?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    tracing::info!(listen = %args.listen, scheme, policy = %args.policy, "scheduler extender serving");
-    let ext = Arc::new(Extender::new(client, args.settings()));
+    if args.refresh_ms.is_some() {
+        tracing::warn!("--refresh-ms is no longer used: the extender watches the cluster");
+    }
+    let settings = args.settings();
+    let dra = settings.dra_driver.clone().unwrap_or_else(|| "off".into());
+    tracing::info!(listen = %args.listen, scheme, policy = %args.policy, %dra, "scheduler extender serving");
+    let ext = Arc::new(Extender::start(client, settings));
     serve(listener, tls, ext, shutdown).await?;
     Ok(())
 }

@@ -42,12 +42,28 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// `httpTimeout` is 30 s; the pod's grace period is 30 s too).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(25);
 
-/// Serves until `shutdown` completes, then drains: accepts nothing more,
-/// answers the requests in flight and closes. `tls`: HTTPS with this
-/// configuration; `None`: plain HTTP (the caller decides when that is allowed,
-/// see `run`).
-pub async fn serve(
-    listener: TcpListener,
+/// Where connections come from: a TCP listener, or (in tests) any stream
+/// of connections, such as in-memory pipes on a paused clock.
+pub trait Listener: Send {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and who it is from (for logs).
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<(Self::Io, String)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+    async fn accept(&mut self) -> std::io::Result<(TcpStream, String)> {
+        let (tcp, peer) = TcpListener::accept(self).await?;
+        Ok((tcp, peer.to_string()))
+    }
+}
+
+/// Serves until `shutdown` completes, then drains: accepts nothing more
+/// (the listener is closed), answers the requests in flight and closes.
+/// `tls`: HTTPS with this configuration; `None`: plain HTTP (the caller
+/// decides when that is allowed, see `run`).
+pub async fn serve<L: Listener>(
+    mut listener: L,
     tls: Option<Arc<rustls::ServerConfig>>,
     extender: Arc<Extender>,
     shutdown: impl Future<Output = ()>,
@@ -86,11 +102,14 @@ pub async fn serve(
     Ok(())
 }
 
-async fn handshake(
+async fn handshake<I>(
     acceptor: &TlsAcceptor,
-    tcp: TcpStream,
-) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    io: I,
+) -> std::io::Result<tokio_rustls::server::TlsStream<I>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))?
 }

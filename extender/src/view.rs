@@ -210,7 +210,7 @@ struct CutEngine {
 
 /// The engine request for `k` slices of a GPU cut into `cut`, if any GPU
 /// of that cut can hold it.
-fn slice_request(k: u32, cut: u32, class: &Option<String>) -> Option<Request> {
+pub(crate) fn slice_request(k: u32, cut: u32, class: &Option<String>) -> Option<Request> {
     use tessera_placement::cluster::MILLI;
     let gpu = if k < cut {
         GpuNeed::Share {
@@ -233,7 +233,7 @@ fn slice_request(k: u32, cut: u32, class: &Option<String>) -> Option<Request> {
 
 /// Host CPU and memory are the scheduler's to check: the engine gets
 /// plenty of both.
-const UNCOUNTED: u64 = 1 << 40;
+pub(crate) const UNCOUNTED: u64 = 1 << 40;
 
 fn engine_gpu(g: &GpuState) -> Gpu {
     use tessera_placement::cluster::MILLI;
@@ -431,6 +431,16 @@ pub fn prioritize(
             ranked.push((r, known[ce.back[i].0].name.as_str()));
         }
     }
+    scores(names, ranked)
+}
+
+/// The scores of `names` from the engine's ranks of those that can hold
+/// the pod (over any number of engines): linear in the position, 10 for
+/// the best, 1 for the worst; 0 for a name not ranked.
+pub(crate) fn scores(
+    names: &[String],
+    mut ranked: Vec<(tessera_placement::Rank, &str)>,
+) -> Vec<HostPriority> {
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
     let mut scores: BTreeMap<&str, i64> = BTreeMap::new();
     let n = ranked.len() as i64;
@@ -470,11 +480,14 @@ pub fn assignment(node: &str, containers: Vec<ContainerAssignment>) -> Assignmen
     }
 }
 
-/// A pod's assignment if it holds: the pod is bound to the node the
-/// assignment names and is not finished. Unreadable ones are ignored (and
-/// logged): only the extender writes them, through the webhook's guard.
+/// A pod's assignment if it holds: the pod is not finished and is bound to
+/// the node the assignment names, or not bound yet (the extender's bind
+/// wrote the assignment and its Binding is on the way, or failed and the
+/// scheduler will bind the pod again, writing a new one). Unreadable ones
+/// are ignored (and logged): only the extender writes them, through the
+/// webhook's guard.
 pub fn live_assignment(pod: &Pod) -> Option<(String, Assignment)> {
-    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let bound = pod.spec.as_ref()?.node_name.clone();
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
@@ -485,7 +498,7 @@ pub fn live_assignment(pod: &Pod) -> Option<(String, Assignment)> {
         .as_ref()?
         .get(ANNOTATION_GPU_ASSIGNMENT)?;
     match Assignment::parse(raw) {
-        Ok(a) if a.node == node => Some((node, a)),
+        Ok(a) if bound.as_ref().is_none_or(|n| *n == a.node) => Some((a.node.clone(), a)),
         Ok(_) => None,
         Err(e) => {
             tracing::warn!(pod = ?pod.metadata.name, error = %e, "unreadable GPU assignment ignored");
@@ -553,6 +566,27 @@ mod tests {
             assigned: vec![],
         };
         assert_eq!(node_state("n", &facts, 1010, 60).unwrap().gpus[0].free, 5);
+    }
+
+    #[test]
+    fn an_assignment_holds_until_the_pod_ends_or_is_bound_elsewhere() {
+        let mut p = Pod::default();
+        p.metadata.name = Some("p".into());
+        p.metadata.annotations =
+            Some([(ANNOTATION_GPU_ASSIGNMENT.to_owned(), on_a(2).to_json())].into());
+        p.spec = Some(Default::default());
+        // Written by bind, the Binding not back yet: held on its node.
+        assert_eq!(live_assignment(&p).map(|(n, _)| n).as_deref(), Some("n"));
+        p.spec.as_mut().unwrap().node_name = Some("n".into());
+        assert!(live_assignment(&p).is_some());
+        p.spec.as_mut().unwrap().node_name = Some("other".into());
+        assert!(live_assignment(&p).is_none(), "bound elsewhere");
+        p.spec.as_mut().unwrap().node_name = Some("n".into());
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert!(live_assignment(&p).is_none(), "finished");
     }
 
     #[test]
