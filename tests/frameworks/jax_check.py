@@ -14,7 +14,7 @@ Checks:
   (0.75) of the memory the device reports when the backend starts; under the shim that is the
   allocation's limit (`--expect-total`), never the card. The device's own count (total - free
   from cuMemGetInfo in XLA's primary context) must show the arena taken (with the context
-  and the libraries' own allocations, at most SLACK more) and never more than the total; a
+  (measured, `--context`) and the libraries' own allocations, at most SLACK more) and never more than the total; a
   shim that stopped charging reports the card and fails;
 - an oversized array: past what is left, XLA raises its RESOURCE_EXHAUSTED error (a Python
   exception, not a crash), and a small array still allocates after it. With
@@ -22,7 +22,9 @@ Checks:
   the limit it is the shim (or the card) that refuses: the check then asks for the limit
   plus 256 MiB, which a card of 16 GiB would grant if the shim did not enforce it.
 
-Usage: jax_check.py [--expect-devices N] [--expect-total BYTES] [--simulated]
+Usage: jax_check.py [--expect-devices N] [--expect-total BYTES] [--context BYTES] [--simulated]
+  --context BYTES  what one context holds on this node (default: measured by a bare child
+               process, tests/frameworks/context_size.py)
   --simulated  the node is the simulated one: JAX starts its CUDA backend only when a GPU's
                device file exists (/dev/nvidia0, /dev/nvidiactl), which a real node (and a
                pod given a GPU) has and the simulated node has not, so the check replaces
@@ -37,12 +39,12 @@ import sys
 import time
 
 # The row/step/arg/finish helpers of the framework checks (nothing there imports torch).
-from torch_common import MI, arg, finish, step
+from torch_common import MI, arg, context_arg, finish, step
 
 # XLA's default share of the device for its arena (XLA_PYTHON_CLIENT_MEM_FRACTION).
 DEFAULT_FRACTION = 0.75
-# What the device may charge on top of the arena: the context and the libraries' own small
-# allocations (cuBLAS's workspace, module globals).
+# What the device may charge on top of the arena besides the context (measured, see
+# context_size.py): the libraries' own small allocations (cuBLAS's workspace, module globals).
 SLACK = 512 * MI
 
 
@@ -75,6 +77,8 @@ def driver_mem_info(device_ordinal):
 def main():
     expect_devices = arg("--expect-devices")
     expect_total = arg("--expect-total")
+    # Before JAX starts: measured bare, by a child, when the harness did not pass it.
+    context = context_arg()
     allocator = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default")
     preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in ("false", "0")
     arena = allocator == "default" and preallocate
@@ -141,12 +145,13 @@ def main():
         # XLA sizes the arena from the free memory when it is less than the fraction of the total.
         ok = (
             limit is not None
-            and want - SLACK <= limit <= want
-            and limit <= charged <= min(limit + SLACK, total)
+            and want - context - SLACK <= limit <= want
+            and limit <= charged <= min(limit + context + SLACK, total)
         )
         return ok, (
             f"arena {limit / MI:.0f} MiB = {DEFAULT_FRACTION} x {total // MI} MiB reported "
-            f"({want / MI:.0f}); charged {charged / MI:.0f} MiB"
+            f"({want / MI:.0f}); charged {charged / MI:.0f} MiB (bound: the arena + context "
+            f"{context // MI} MiB + {SLACK // MI} MiB)"
         )
 
     step("preallocation", preallocation)

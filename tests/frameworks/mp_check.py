@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 
-from torch_common import MI, arg, finish, row
+from torch_common import MI, arg, context_arg, finish, row
 
 SHARED = 256 * MI
 RANK_TENSOR = 64 * MI
@@ -101,7 +101,7 @@ def worker(role, inbox, outbox, peer_out, peer_in):
 
 def main():
     expect_total = arg("--expect-total")
-    context = arg("--context", 300 * MI)
+    context = context_arg()
 
     import torch
     import torch.multiprocessing as mp

@@ -78,6 +78,11 @@ export TESSERA_SIM_STATE=$work/node
 export TESSERA_SIM_DEVICES=2 TESSERA_SIM_MEMORY=16Gi
 export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
+# What one CUDA context holds on this node, measured once by a bare process (the checks add
+# it to what a job is charged; under `tessera run` they could not measure it bare).
+context=$("$venv/bin/python" "$root/tests/frameworks/context_size.py")
+echo "context: $((context >> 20)) MiB per process (measured bare)"
+
 failed=0
 check() {
     local title=$1
@@ -119,7 +124,7 @@ for alloc in default platform; do
     check "jax_check: under tessera run --gpu 0 --memory 1Gi, allocator $alloc" \
         "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 1Gi -- \
         "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/jax_check.py" \
-        --simulated --expect-devices 1 --expect-total $((1 << 30))
+        --simulated --expect-devices 1 --expect-total $((1 << 30)) --context "$context"
 done
 
 exit $failed

@@ -74,6 +74,11 @@ export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # about export tables it does not know, which are not failures.
 filter() { grep -v -e 'UserWarning' -e '_conversion_method_template' || true; }
 
+# What one CUDA context holds on this node, measured once by a bare process (the checks add
+# it to what a job is charged; under `tessera run` they could not measure it bare).
+context=$("$venv/bin/python" "$root/tests/frameworks/context_size.py")
+echo "context: $((context >> 20)) MiB per process (measured bare)"
+
 failed=0
 check() {
     local title=$1
@@ -123,12 +128,13 @@ for alloc in native backend:cudaMallocAsync; do
         check "$script: under tessera run --gpu 0 --memory ${gib}Gi, allocator $alloc" \
             "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory ${gib}Gi -- \
             "${conf[@]}" "$venv/bin/python" "$root/tests/frameworks/$script.py" \
-            --expect-total $((gib << 30))
+            --expect-total $((gib << 30)) --context "$context"
     done
 done
 
 check "mp_check: under tessera run --gpu 0 --memory 4Gi, allocator native" \
     "$bin/tessera" run --socket "$work/manager.sock" --gpu 0 --memory 4Gi -- \
-    "$venv/bin/python" "$root/tests/frameworks/mp_check.py" --expect-total $((4 << 30))
+    "$venv/bin/python" "$root/tests/frameworks/mp_check.py" --expect-total $((4 << 30)) \
+    --context "$context"
 
 exit $failed

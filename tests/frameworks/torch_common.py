@@ -38,6 +38,18 @@ def arg(name, default=None):
     return default
 
 
+def context_arg():
+    """`--context BYTES` when given (the harness measured it bare, before starting the
+    manager), else measured now by a bare child process (context_size.py): what one CUDA
+    context holds on this node, taken from the driver, never assumed."""
+    given = arg("--context")
+    if given is not None:
+        return given
+    import context_size
+
+    return context_size.measure()
+
+
 def finish(name):
     """Prints the summary line and returns the process's exit status."""
     failed = sum(1 for r in rows if r[1] != "ok")

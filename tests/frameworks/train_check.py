@@ -23,8 +23,8 @@ Checks:
 
 Usage: train_check.py [--expect-total BYTES] [--context BYTES]
   --expect-total  the total the device should report (the limit under the shim)
-  --context       device memory a context holds on this node (default 300 MiB, the
-                  simulated node's default)
+  --context       device memory a context holds on this node (default: measured by a bare
+                  child process, tests/frameworks/context_size.py)
 The allocator backend comes from PYTORCH_CUDA_ALLOC_CONF, as PyTorch reads it.
 """
 
@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from torch_common import MI, arg, finish, step
+from torch_common import MI, arg, context_arg, finish, step
 
 # cuBLAS 13.4's own allocation per handle (cuMemAlloc_v2 of 64 MiB from libcublas, seen
 # under gdb), and the handles a training step makes: PyTorch keeps one per thread, and the
@@ -46,7 +46,7 @@ SLACK = 8 * MI
 
 def main():
     expect_total = arg("--expect-total")
-    context = arg("--context", 300 * MI)
+    context = context_arg()
 
     import torch
     from torch import nn
