@@ -5,7 +5,6 @@
 //! leaves the old file or the new one, never half of one.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -112,9 +111,11 @@ impl Store {
             path: self.path.display().to_string(),
             source: std::io::Error::other(e),
         })?;
-        write_atomic(&self.path, &text).map_err(|source| CheckpointError::Write {
-            path: self.path.display().to_string(),
-            source,
+        tessera_contract::file::write_durably(&self.path, &text, 0o644).map_err(|source| {
+            CheckpointError::Write {
+                path: self.path.display().to_string(),
+                source,
+            }
         })
     }
 
@@ -138,29 +139,6 @@ impl Store {
         self.data = next;
         Ok(())
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory,
-/// synced before the rename and the directory synced after, so the file is
-/// whole after a crash or power loss.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

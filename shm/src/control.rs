@@ -3,9 +3,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+
+use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use crate::layout::*;
 use crate::map::Mapping;
@@ -91,7 +92,7 @@ impl ControlSpec {
             {
                 return bad(format!("device {i}: context size {b} is not a size"));
             }
-            if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
+            if d.compute_share_ppm == 0 || d.compute_share_ppm > FULL_COMPUTE_PPM {
                 return bad(format!(
                     "device {i}: compute share {} ppm is not in 1..=1000000",
                     d.compute_share_ppm
@@ -206,7 +207,7 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
         );
         // A whole GPU needs no arbitration; anything less waits for the
         // arbiter's first grant (or the gate timeout when there is none).
-        let grant = if d.compute_share_ppm >= 1_000_000 {
+        let grant = if d.compute_share_ppm >= FULL_COMPUTE_PPM {
             grant::OPEN
         } else {
             0
@@ -221,13 +222,7 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
 }
 
 /// Writes `bytes` to `path` so that readers see either the old file or the
-/// whole new one: write a sibling temp file, rename over.
-///
-/// Not fsynced: control and state files are runtime files. What must
-/// survive a power loss is the manager's record, from which its start-up
-/// repairs a control or state file that came back empty or torn (in place,
-/// docs/manager.md); an fsync here would only add milliseconds to every
-/// create (`tessera run` start-up, issue 26).
+/// whole new one, durably ([`tessera_contract::file`]).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ShmError> {
     write_atomically_with(path, mode, |f| f.write_all(bytes))
 }
@@ -238,27 +233,7 @@ pub(crate) fn write_atomically_with(
     mode: u32,
     fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<(), ShmError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        fill(&mut f)?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ShmError::io(path, e));
-    }
-    Ok(())
+    tessera_contract::file::replace_durably(path, mode, fill).map_err(|e| ShmError::io(path, e))
 }
 
 /// Creates (or replaces) a control file for `spec`.
@@ -553,7 +528,7 @@ impl Control {
     /// Changes a device's compute share in place (the arbiter picks it up).
     pub fn set_compute_share(&self, i: usize, ppm: u32) -> Result<(), ShmError> {
         self.require_writable()?;
-        if ppm == 0 || ppm > 1_000_000 {
+        if ppm == 0 || ppm > FULL_COMPUTE_PPM {
             return Err(ShmError::BadSpec(format!("compute share {ppm} ppm")));
         }
         self.map.devices[i]
