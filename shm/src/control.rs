@@ -248,6 +248,14 @@ pub fn create_control_file(path: &Path, spec: &ControlSpec) -> Result<(), ShmErr
 pub struct Control {
     map: Mapping<ControlFile>,
     path: PathBuf,
+    /// Makes a pause's two words (`paused_since_ns`, `paused_total_ns`) one
+    /// value to this process: `pause`, `resume` and `paused_ns` hold it. Only
+    /// the manager (one per node, under its state directory's lock) writes or
+    /// sums them, through one `Control` per allocation; without it a sum read
+    /// while a resume moves the running pause into the total counts that pause
+    /// twice, or not at all, and the exported counter would step back
+    /// (`shm/tests/loom_gate.rs`).
+    pause_lock: std::sync::Mutex<()>,
 }
 
 impl Control {
@@ -272,6 +280,7 @@ impl Control {
         let c = Control {
             map,
             path: path.to_owned(),
+            pause_lock: std::sync::Mutex::new(()),
         };
         c.validate()?;
         Ok(c)
@@ -436,6 +445,7 @@ impl Control {
     /// already was.
     pub fn pause(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         if h.paused.load(Ordering::Acquire) != 0 {
             return Ok(false);
@@ -449,6 +459,7 @@ impl Control {
     /// on the pause; false if it was not paused.
     pub fn resume(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         if h.paused.load(Ordering::Acquire) == 0 {
             return Ok(false);
@@ -463,9 +474,19 @@ impl Control {
         Ok(true)
     }
 
+    /// The pause words' lock (see [`Control`]); a panic while it was held
+    /// left the words as consistent as the atomics make them, so a poisoned
+    /// lock is taken as it is.
+    fn pause_accounting(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.pause_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Nanoseconds the allocation has spent paused up to `now_ns`,
     /// the current pause included.
     pub fn paused_ns(&self, now_ns: u64) -> u64 {
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         let since = h.paused_since_ns.load(Ordering::Acquire);
         let total = h.paused_total_ns.load(Ordering::Acquire);
