@@ -356,9 +356,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::state::PluginState;
     use std::sync::Mutex;
-    use std::time::Instant;
     use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
+    use tokio::time::Instant;
 
     const GI: u64 = 1 << 30;
 
@@ -679,7 +679,7 @@ pub(crate) mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn retry_reuses_and_stale_allocation_is_replaced() {
         let m = StrictManager::default();
         let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use tessera_proto::deviceplugin::v1beta1 as dp;
@@ -518,5 +520,92 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
             }
         }
         sync.passes.count(Pass::PodResources);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tessera_node::testing::{FakeManager, Method};
+    use tessera_proto::manager::v1 as mgr;
+    use tessera_proto::podresources::v1 as pr;
+    use tonic::Status;
+
+    /// The kubelet's PodResources: unreachable (None) or listing no pods.
+    #[derive(Clone, Default)]
+    struct Lister(Arc<Mutex<Option<pr::ListPodResourcesResponse>>>);
+
+    impl PodResourcesApi for Lister {
+        async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
+            let answer = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            answer.ok_or_else(|| Status::unavailable("no kubelet"))
+        }
+    }
+
+    fn ours(id: &str, source: &str) -> mgr::Allocation {
+        mgr::Allocation {
+            id: id.into(),
+            device_ids: vec![format!("GPU-a::{id}")],
+            labels: [(
+                tessera_contract::labels::SOURCE.to_owned(),
+                source.to_owned(),
+            )]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    /// On the plugin's own (paused) clock: a kubelet that cannot be listed
+    /// deletes nothing however long it lasts, and an allocation whose pod is
+    /// gone is deleted on the first pass at or past the grace period, never
+    /// before.
+    #[tokio::test(start_paused = true)]
+    async fn orphans_are_deleted_after_the_grace_and_never_on_a_failed_listing() {
+        let grace = Duration::from_secs(60);
+        let interval = Duration::from_secs(10);
+        let manager = Arc::new(FakeManager::default());
+        manager.insert(ours("0", "device-plugin"));
+        manager.insert(ours("1", "cli"));
+        let kubelet = Lister::default();
+        let passes = Passes::default();
+        let task = tokio::spawn(pod_resources_loop(
+            manager.clone(),
+            kubelet.clone(),
+            None::<crate::testing::FakePods>,
+            SyncSettings {
+                resource: RESOURCE_NAME.to_owned(),
+                interval,
+                grace,
+                passes: passes.clone(),
+            },
+        ));
+        let hang = Duration::from_secs(24 * 3600);
+        // Ten grace periods of failed listings.
+        passes
+            .wait_beyond(Pass::PodResources, 0, 60, hang)
+            .await
+            .expect("passes");
+        assert_eq!(manager.count(Method::Delete), 0);
+        assert_eq!(manager.allocations().len(), 2);
+
+        *kubelet.0.lock().expect("lock") = Some(pr::ListPodResourcesResponse::default());
+        let listed_from = Instant::now();
+        while manager.count(Method::Delete) == 0 {
+            let seen = passes.get(Pass::PodResources);
+            passes
+                .wait_beyond(Pass::PodResources, seen, 1, hang)
+                .await
+                .expect("pass");
+        }
+        let waited = listed_from.elapsed();
+        assert!(
+            waited >= grace,
+            "deleted {waited:?} after the pod was seen gone"
+        );
+        assert!(waited <= grace + 2 * interval, "deleted late: {waited:?}");
+        let left: Vec<String> = manager.allocations().into_iter().map(|a| a.id).collect();
+        assert_eq!(left, ["1"], "the CLI's allocation is not the plugin's");
+        task.abort();
     }
 }

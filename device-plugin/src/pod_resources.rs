@@ -24,7 +24,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tessera_proto::manager::v1 as mgr;
 use tessera_proto::podresources::v1 as pr;
@@ -819,7 +821,7 @@ mod tests {
             .expect("pass")
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_priority_annotation_is_applied_once_and_again_when_it_changes() {
         let m = RecordingManager::default();
         m.allocs.lock().expect("lock").extend([
@@ -870,7 +872,7 @@ mod tests {
         assert_eq!(m.resizes().len(), 3);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_bad_or_already_applied_priority_makes_no_call() {
         let m = RecordingManager::default();
         m.allocs.lock().expect("lock").extend([
