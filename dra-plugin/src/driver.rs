@@ -324,13 +324,16 @@ impl<C: ClaimSource> Driver<C> {
             ))
             .await);
         }
-        let spec = cdi::spec(
+        let spec = match cdi::spec(
             &want.uid,
             &alloc,
             &self.opts.host,
             node.ld_so_preload,
             !cdi_strategy,
-        );
+        ) {
+            Ok(spec) => spec,
+            Err(e) => return Err(undo(format!("resource claim {want}: {e}")).await),
+        };
         if let Err(e) = cdi::write(&self.opts.cdi_dir, &want.uid, &spec) {
             return Err(undo(format!(
                 "resource claim {want}: cannot write its CDI spec in {}: {e}",
