@@ -640,6 +640,9 @@ pub(crate) mod tests {
         ) -> Result<mgr::Allocation, Status> {
             Err(Status::unimplemented("not here"))
         }
+        async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+            Err(Status::unimplemented("not here"))
+        }
         async fn watch_node_status(
             &self,
             _interval_ms: u32,

@@ -794,6 +794,9 @@ mod tests {
             a.priority = p;
             Ok(a.clone())
         }
+        async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+            Err(Status::unimplemented("not here"))
+        }
         async fn watch_node_status(
             &self,
             _interval_ms: u32,

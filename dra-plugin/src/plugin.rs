@@ -9,8 +9,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tessera_node::manager::GrpcManager;
 use tessera_proto::dra::{v1, v1beta1};
-use tessera_proto::manager::v1::manager_client::ManagerClient;
 use tessera_proto::pluginregistration::v1::registration_server::RegistrationServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -104,17 +104,17 @@ fn bind(path: &Path) -> Result<tokio::net::UnixListener, Error> {
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let store = Store::open(&opts.plugin_dir)?;
     let claims = KubeClaims(kube_client(opts.kubeconfig.as_deref()).await?);
-    let channel = tessera_proto::unix::channel_lazy(&opts.manager_socket).map_err(|source| {
-        Error::Manager {
-            path: opts.manager_socket.display().to_string(),
-            source,
-        }
-    })?;
+    let manager =
+        Arc::new(
+            GrpcManager::new(&opts.manager_socket).map_err(|source| Error::Manager {
+                path: opts.manager_socket.display().to_string(),
+                source,
+            })?,
+        );
     let config = Arc::new(ConfigFile::new(
         opts.config_path.clone(),
         &opts.driver.node_name,
     ));
-    let manager = ManagerClient::new(channel);
     let publisher = tokio::spawn(crate::publish::run(
         claims.0.clone(),
         manager.clone(),

@@ -27,6 +27,7 @@ pub enum Method {
     Delete,
     SetOwner,
     Resize,
+    Status,
     Watch,
 }
 
@@ -70,7 +71,7 @@ impl FakeManager {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The node status answered by `watch_node_status`.
+    /// The node status answered by `node_status` and `watch_node_status`.
     pub fn set_status(&self, status: mgr::NodeStatus) {
         self.lock().status = status;
     }
@@ -214,6 +215,11 @@ impl ManagerApi for FakeManager {
             a.priority = p;
         }
         Ok(a.clone())
+    }
+
+    async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+        let i = self.enter(Method::Status, "")?;
+        Ok(i.status.clone())
     }
 
     /// The status set with [`FakeManager::set_status`], once; then the
