@@ -27,6 +27,7 @@ use crate::state::PluginState;
 use tessera_node::cdi::HostPaths;
 use tessera_node::config::{Config, ConfigError};
 use tessera_node::manager::{GrpcManager, ManagerApi};
+use tessera_node::reload::ConfigReloader;
 
 /// The extended resource the plugin advertises.
 pub use tessera_contract::labels::RESOURCE as RESOURCE_NAME;
@@ -124,18 +125,16 @@ impl Options {
     }
 }
 
-/// Reads the config file at start: a bad file here is fatal (there is no
-/// older config to keep).
-fn initial_config(path: Option<&Path>) -> Result<(Config, Option<Vec<u8>>), Error> {
-    let Some(path) = path else {
-        return Ok((Config::default(), None));
-    };
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let config = Config::parse(&String::from_utf8_lossy(&bytes))?;
-    Ok((config, Some(bytes)))
+/// Reads the config file at start ([`ConfigReloader::open`]: a bad file
+/// here is fatal, there is no older config to keep).
+fn initial_config(path: Option<&Path>) -> Result<(Config, Option<ConfigReloader>), Error> {
+    match path {
+        None => Ok((Config::default(), None)),
+        Some(path) => {
+            let (reloader, config) = ConfigReloader::open(path)?;
+            Ok((config, Some(reloader)))
+        }
+    }
 }
 
 /// Runs the plugin until `shutdown` completes.
@@ -151,7 +150,7 @@ pub async fn run_with_pods<A: PodApi>(
     pods: Option<A>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let (config, config_bytes) = initial_config(opts.config_path.as_deref())?;
+    let (config, reloader) = initial_config(opts.config_path.as_deref())?;
     let manager = Arc::new(GrpcManager::new(&opts.manager_socket)?);
     let mut tasks = JoinSet::new();
     let state = Arc::new(PluginState::new(
@@ -186,10 +185,9 @@ pub async fn run_with_pods<A: PodApi>(
         opts.status_interval,
         opts.manager_grace,
     ));
-    if let Some(path) = opts.config_path.clone() {
+    if let Some(reloader) = reloader {
         tasks.spawn(config_loop(
-            path,
-            config_bytes,
+            reloader,
             state.clone(),
             opts.config_poll,
             opts.passes.clone(),
@@ -423,55 +421,21 @@ async fn inventory_loop<M: ManagerApi>(
     }
 }
 
-/// Polls the config file; a valid new file is put in force at once, an
-/// invalid one is logged and the config in force stays.
+/// Polls the config file ([`tessera_node::reload`]: a valid new file is
+/// put in force at once, an invalid or unreadable one is logged and the
+/// config in force stays).
 async fn config_loop(
-    path: PathBuf,
-    mut last: Option<Vec<u8>>,
+    mut reloader: ConfigReloader,
     state: Arc<PluginState>,
     poll: Duration,
     passes: Passes,
 ) {
-    let mut read_failed = false;
     loop {
         tokio::time::sleep(poll).await;
-        reload_once(&path, &mut last, &state, &mut read_failed);
+        if let Some(config) = reloader.poll() {
+            state.set_config(config);
+        }
         passes.count(Pass::Config);
-    }
-}
-
-/// One look at the config file (see [`config_loop`]).
-fn reload_once(
-    path: &Path,
-    last: &mut Option<Vec<u8>>,
-    state: &PluginState,
-    read_failed: &mut bool,
-) {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            *read_failed = false;
-            if last.as_ref() == Some(&bytes) {
-                return;
-            }
-            match Config::parse(&String::from_utf8_lossy(&bytes)) {
-                Ok(cfg) => {
-                    tracing::info!(path = %path.display(), "config reloaded");
-                    state.set_config(cfg);
-                }
-                Err(e) => tracing::error!(
-                    path = %path.display(),
-                    error = %e,
-                    "new config is invalid; the previous config stays in force"
-                ),
-            }
-            *last = Some(bytes);
-        }
-        Err(e) => {
-            if !*read_failed {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read config file; the previous config stays in force");
-                *read_failed = true;
-            }
-        }
     }
 }
 

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::labels::SOURCE;
 use tessera_node::cdi::{HostPaths, ensure_preload_file};
-use tessera_node::config::{Config, NodeConfig};
+use tessera_node::config::{Config, ConfigError, NodeConfig};
 use tessera_node::manager::ManagerApi;
+use tessera_node::reload::ConfigReloader;
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
 use tokio::sync::Mutex;
@@ -62,26 +63,34 @@ impl ClaimSource for KubeClaims {
     }
 }
 
-/// The node config file, read again when it changes; a bad file keeps the
-/// config in force (and is logged once). Overrides are resolved with the
-/// node's labels as last read ([`ConfigFile::set_labels`]), as the device
-/// plugin resolves them.
+/// The node config in force, read again from its file when it changes
+/// (each time the driver needs it: [`tessera_node::reload`], the device
+/// plugin's rules); none given is the built-in defaults. Overrides are
+/// resolved with the node's labels as last read ([`ConfigFile::set_labels`]),
+/// as the device plugin resolves them.
 #[derive(Debug)]
 pub struct ConfigFile {
-    path: Option<PathBuf>,
     node: String,
-    last: std::sync::Mutex<(Option<Vec<u8>>, Config)>,
+    file: std::sync::Mutex<(Option<ConfigReloader>, Config)>,
     labels: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl ConfigFile {
-    pub fn new(path: Option<PathBuf>, node: &str) -> Self {
-        Self {
-            path,
+    /// Reads `path` at start: a file that cannot be read or is not valid
+    /// is an error (see [`tessera_node::reload`]).
+    pub fn open(path: Option<&Path>, node: &str) -> Result<Self, ConfigError> {
+        let file = match path {
+            Some(p) => {
+                let (r, c) = ConfigReloader::open(p)?;
+                (Some(r), c)
+            }
+            None => (None, Config::default()),
+        };
+        Ok(Self {
             node: node.to_owned(),
-            last: std::sync::Mutex::new((None, Config::default())),
+            file: std::sync::Mutex::new(file),
             labels: std::sync::Mutex::default(),
-        }
+        })
     }
 
     /// The node's labels, for label-selector overrides.
@@ -104,35 +113,13 @@ impl ConfigFile {
     }
 
     fn load(&self) -> Config {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(path) = &self.path {
-            match std::fs::read(path) {
-                Ok(bytes) if last.0.as_ref() != Some(&bytes) => {
-                    match std::str::from_utf8(&bytes)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| Config::parse(t).map_err(|e| e.to_string()))
-                    {
-                        Ok(c) => {
-                            last.1 = c;
-                            tracing::info!(path = %path.display(), "node config loaded");
-                        }
-                        Err(e) => tracing::error!(
-                            path = %path.display(), error = %e,
-                            "node config is not valid; the config in force stays"
-                        ),
-                    }
-                    last.0 = Some(bytes);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if last.0.is_some() {
-                        tracing::error!(path = %path.display(), error = %e, "cannot read the node config");
-                    }
-                    last.0 = None;
-                }
-            }
+        // A panic while holding the lock leaves a whole config either way.
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let (reloader, config) = &mut *file;
+        if let Some(new) = reloader.as_mut().and_then(ConfigReloader::poll) {
+            *config = new;
         }
-        last.1.clone()
+        config.clone()
     }
 }
 
@@ -599,7 +586,7 @@ mod tests {
                 preload_file: dir.path().join("ld.so.preload"),
             },
         };
-        let config = Arc::new(ConfigFile::new(None, "node-1"));
+        let config = Arc::new(ConfigFile::open(None, "node-1").expect("defaults"));
         std::fs::create_dir(dir.path().join("plugin")).expect("plugin dir");
         let store = Store::open(&dir.path().join("plugin")).expect("store");
         let driver = Driver::new(opts, manager.clone(), Claims, config, store);
