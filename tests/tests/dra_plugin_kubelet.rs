@@ -526,6 +526,9 @@ async fn slices_when(
 ) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
+        // Read before looking: a write answered after the look wakes the
+        // wait below, so no change is missed and no timer is polled.
+        let seen = api.served();
         let mine: Vec<Value> = api
             .list(SLICES)
             .into_iter()
@@ -534,12 +537,12 @@ async fn slices_when(
         if ready(&mine) {
             return mine;
         }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         assert!(
-            tokio::time::Instant::now() < deadline,
+            api.wait_served_beyond(seen, left).await,
             "slices never became as expected: {mine:#?}\n{}",
             plugin.log()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
