@@ -269,8 +269,8 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
             p.ctx = ctx;
         }
         let done: Vec<bool> = p.markers.iter().map(|m| event_done(m.ev)).collect();
-        for i in 1..p.markers.len() {
-            if done[i] && p.markers[i].behind && !p.markers[i].learned {
+        for (i, &finished) in done.iter().enumerate().skip(1) {
+            if finished && p.markers[i].behind && !p.markers[i].learned {
                 let mut ms = 0f32;
                 let r = call_real!(cuEventElapsedTime(
                     &mut ms,
