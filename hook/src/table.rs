@@ -412,6 +412,12 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
+        // The queue bound (pace.rs): a marker event after each governed launch.
+        cuda fn cuEventCreate(ev: *mut CUevent, flags: c_uint) -> CUresult;
+        cuda fn cuEventRecord(ev: CUevent, stream: CUstream) -> CUresult;
+        cuda fn cuEventQuery(ev: CUevent) -> CUresult;
+        cuda fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+        cuda fn cuEventDestroy_v2(ev: CUevent) -> CUresult;
         // Pool and graph-memory accounting, the device of a stream.
         cuda fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
         cuda fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;

@@ -437,6 +437,8 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     run_memory_nodes(rt, &e, &t)?;
+    // One launch's host cost for the whole graph: what graphs are for.
+    rt.costs.pay_launch();
     for (_, d) in &e.kernels {
         t.submit(rt, *d)?;
     }
