@@ -111,7 +111,12 @@ pub fn run_all(
     policies: &[Policy],
     seeds: &[u64],
 ) -> Result<Vec<Vec<Outcome>>, SimulateError> {
-    let mix = TaskMix::from_requests(pods, MIX_COVERAGE);
+    // Each policy's own mix of the trace's task types (FGD's protocol gives
+    // a policy the trace's typical task types, as a cluster's history would).
+    let mixes: Vec<TaskMix> = policies
+        .iter()
+        .map(|p| p.task_mix(pods, MIX_COVERAGE))
+        .collect();
     let capacity = nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>() * 1000;
     let orders: Vec<Vec<usize>> = seeds
         .iter()
@@ -135,7 +140,7 @@ pub fn run_all(
                         let Some(&(p, s)) = jobs.get(j) else { break };
                         out.push((
                             j,
-                            replay(nodes, pods, &mix, &orders[s], policies[p], seeds[s]),
+                            replay(nodes, pods, &mixes[p], &orders[s], policies[p], seeds[s]),
                         ));
                     }
                     out
