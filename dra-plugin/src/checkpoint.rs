@@ -44,6 +44,11 @@ pub struct PreparedDevice {
     pub pool: String,
     pub device: String,
     pub cdi_device_ids: Vec<String>,
+    /// The allocation result's `shareID`, answered again after a restart;
+    /// absent in checkpoints written before it was kept (and for devices
+    /// not allocated per share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// A prepared claim.
@@ -154,16 +159,39 @@ mod tests {
             namespace: "ns".into(),
             name: "c".into(),
             allocation: "dra-u".into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "node".into(),
-                device: "gpu-a-s0".into(),
-                cdi_device_ids: vec!["vgpu.tessera.dev/claim=u".into()],
-            }],
+            devices: vec![
+                PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "node".into(),
+                    device: "gpu-a-s0".into(),
+                    cdi_device_ids: vec!["vgpu.tessera.dev/claim=u".into()],
+                    share_id: None,
+                },
+                PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "node".into(),
+                    device: "gpu-b".into(),
+                    cdi_device_ids: vec![],
+                    share_id: Some("0f0e0d0c-0000-4000-8000-000000000001".into()),
+                },
+            ],
         };
         s.insert("u", c.clone()).unwrap();
         let again = Store::open(dir.path()).unwrap();
+        // The share id survives a restart: the kubelet is answered the same.
         assert_eq!(again.data.claims.get("u"), Some(&c));
+        // A checkpoint written before share ids were kept still reads.
+        std::fs::write(
+            dir.path().join(FILE),
+            "{\"version\": 1, \"claims\": {\"u\": {\"namespace\": \"ns\", \"name\": \"c\", \
+             \"allocation\": \"dra-u\", \"devices\": [{\"requests\": [\"gpu\"], \"pool\": \"node\", \
+             \"device\": \"gpu-a-s0\", \"cdiDeviceIds\": []}]}}}",
+        )
+        .unwrap();
+        let old = Store::open(dir.path()).unwrap();
+        assert_eq!(old.data.claims["u"].devices[0].share_id, None);
+        let mut s = old;
+        s.insert("u", c.clone()).unwrap();
         s.remove("u").unwrap();
         assert!(Store::open(dir.path()).unwrap().data.claims.is_empty());
 
