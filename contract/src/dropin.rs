@@ -75,12 +75,19 @@ pub const KAI_GPU_FRACTION_NUM_DEVICES: &str = "gpu-fraction-num-devices";
 /// KAI-Scheduler pod annotation: which container the fraction is for (the
 /// first container when absent).
 pub const KAI_GPU_FRACTION_CONTAINER: &str = "gpu-fraction-container-name";
+/// KAI-Scheduler's own admission: the annotation naming the ConfigMap prefix its
+/// binder writes the chosen GPU into, and the variables it points at that ConfigMap
+/// (`NVIDIA_VISIBLE_DEVICES` from the key [`KAI_VISIBLE_DEVICES_KEY`]).
+pub const KAI_CONFIGMAP_ANNOTATION: &str = "runai/shared-gpu-configmap";
+pub const KAI_VISIBLE_DEVICES_KEY: &str = "RUNAI-VISIBLE-DEVICES";
+pub const KAI_ENV: [&str; 2] = ["RUNAI_NUM_OF_GPUS", "GPU_PORTION"];
 /// KAI-Scheduler's annotations, all taken off the pod once translated.
-pub const KAI_ANNOTATIONS: [&str; 4] = [
+pub const KAI_ANNOTATIONS: [&str; 5] = [
     KAI_GPU_FRACTION,
     KAI_GPU_MEMORY,
     KAI_GPU_FRACTION_NUM_DEVICES,
     KAI_GPU_FRACTION_CONTAINER,
+    KAI_CONFIGMAP_ANNOTATION,
 ];
 
 /// Volcano: vGPUs per container.

@@ -90,6 +90,10 @@ pub struct ContainerPlan {
     pub slices: u32,
     /// The resource names to take off its limits and requests.
     pub remove: Vec<String>,
+    /// Variables to take off its env: those KAI-Scheduler's admission pointed at the
+    /// ConfigMap its binder writes its GPU choice into. Tessera's device plugin names the
+    /// GPU; a pod's own plain value stays (and is refused as for any slice container).
+    pub remove_env: Vec<String>,
 }
 
 /// A pod's translation.
@@ -135,7 +139,14 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         && containers
             .iter()
             .any(|(_, _, c)| VOLCANO_RESOURCES.iter().any(|r| word(c, r).is_some()));
-    let kai = accepts(Dialect::Kai) && KAI_ANNOTATIONS.iter().any(|k| annotations.contains_key(*k));
+    let kai = accepts(Dialect::Kai)
+        && [
+            KAI_GPU_FRACTION,
+            KAI_GPU_MEMORY,
+            KAI_GPU_FRACTION_NUM_DEVICES,
+        ]
+        .iter()
+        .any(|k| annotations.contains_key(*k));
     let used: Vec<Dialect> = [
         (hami, Dialect::Hami),
         (kai, Dialect::Kai),
@@ -443,6 +454,7 @@ fn hami_pod(
                     .filter(|r| word(c, r).is_some())
                     .map(str::to_owned)
                     .collect(),
+                remove_env: Vec::new(),
             }),
             Err(e) => refusals.push(e),
         }
@@ -533,6 +545,7 @@ fn volcano_pod(
                     .filter(|r| word(c, r).is_some())
                     .map(str::to_owned)
                     .collect(),
+                remove_env: Vec::new(),
             }),
             Err(e) => refusals.push(e),
         }
@@ -652,9 +665,32 @@ fn kai_pod(
             name: c.name.clone(),
             slices,
             remove: Vec::new(),
+            remove_env: kai_env(c),
         }),
         Err(e) => refusals.push(e),
     }
+}
+
+/// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
+/// `NVIDIA_VISIBLE_DEVICES` from KAI's key, or one of KAI's own names.
+fn kai_env(c: &Container) -> Vec<String> {
+    c.env
+        .iter()
+        .flatten()
+        .filter(|e| {
+            let Some(r) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.config_map_key_ref.as_ref())
+            else {
+                return false;
+            };
+            (e.name == tessera_contract::env::NVIDIA_VISIBLE_DEVICES
+                && r.key == KAI_VISIBLE_DEVICES_KEY)
+                || KAI_ENV.contains(&e.name.as_str())
+        })
+        .map(|e| e.name.clone())
+        .collect()
 }
 
 /// Applies a translation to the raw pod JSON: each container's dialect resources become
@@ -671,6 +707,12 @@ pub fn apply(raw: &mut Value, t: &Translation) {
         let c = &mut raw["spec"][list][plan.index];
         if !c["resources"].is_object() {
             c["resources"] = json!({});
+        }
+        if let Some(env) = c["env"].as_array_mut() {
+            env.retain(|e| {
+                let name = e["name"].as_str().unwrap_or_default();
+                !(plan.remove_env.iter().any(|n| n == name) && e.get("valueFrom").is_some())
+            });
         }
         let res = &mut c["resources"];
         let had_requests = res["requests"]
@@ -1149,6 +1191,37 @@ mod tests {
             &Config::default(),
         );
         assert!(msg.contains("hami, kai"), "{msg}");
+    }
+
+    #[test]
+    fn kais_own_gpu_env_comes_off_the_translated_container() {
+        let from =
+            |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
+        let raw = json!({
+            "metadata": {"name": "p", "annotations": {
+                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+            "spec": {"containers": [{"name": "main", "image": "x", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(KAI_VISIBLE_DEVICES_KEY)},
+                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
+                {"name": "HOME", "value": "/root"}
+            ]}]}
+        });
+        let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
+        let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+        let mut out = raw.clone();
+        apply(&mut out, &t);
+        assert_eq!(
+            out["spec"]["containers"][0]["env"],
+            json!([{"name": "HOME", "value": "/root"}])
+        );
+        let ann = out["metadata"]["annotations"]
+            .as_object()
+            .expect("annotations");
+        assert!(!ann.contains_key(KAI_CONFIGMAP_ANNOTATION) && !ann.contains_key(KAI_GPU_FRACTION));
+        // KAI's admission alone (its ConfigMap annotation, no fraction) is not a request.
+        let only_cm = pod(&[], &[(KAI_CONFIGMAP_ANNOTATION, "x")]);
+        assert_eq!(translate(&only_cm, &Config::default()), Ok(None));
     }
 
     #[test]

@@ -481,3 +481,33 @@ async fn a_dialect_the_cluster_does_not_accept_is_left_as_it_came() {
         Outcome::Denied(m) => panic!("denied: {m}"),
     }
 }
+
+/// KAI's own admission may run before Tessera's: the pod then also carries its ConfigMap
+/// annotation and NVIDIA_VISIBLE_DEVICES from KAI's ConfigMap. Those come off (Tessera's
+/// device plugin names the GPU), and the pod is admitted with its slices.
+#[tokio::test(start_paused = true)]
+async fn a_kai_pod_after_kais_own_admission_is_translated_too() {
+    let mut c = container("c", json!({}));
+    c["env"] = json!([
+        {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef":
+            {"name": "gpu-pod-x1-runai-sh-gpu-0", "key": "RUNAI-VISIBLE-DEVICES"}}},
+        {"name": "GPU_PORTION", "valueFrom": {"configMapKeyRef":
+            {"name": "gpu-pod-x1-runai-sh-gpu-0", "key": "GPU_PORTION"}}}
+    ]);
+    let p = pod(
+        vec![c],
+        json!({"gpu-fraction": "0.5", "runai/shared-gpu-configmap": "gpu-pod-x1-runai-sh-gpu"}),
+        "kai-scheduler",
+    );
+    let (out, _) = admitted(&p).await;
+    assert_slices(&out, 0, "4");
+    assert_eq!(
+        out["spec"]["containers"][0]["env"],
+        json!([{"name": "LD_PRELOAD", "value": HOOK_PATH}])
+    );
+    assert!(
+        out["metadata"]["annotations"]
+            .get("runai/shared-gpu-configmap")
+            .is_none()
+    );
+}
