@@ -6,9 +6,10 @@
 //! typed `Pod` matters: fields newer than our k8s-openapi version would otherwise show up
 //! as removals in the patch.
 //!
-//! The webhook writes nothing under `tessera.dev/`: every decision is re-derived from the
-//! pod spec, so a second pass (reinvocation, or a pod that was already injected) finds
-//! nothing to change and produces an empty patch.
+//! The webhook writes nothing under `tessera.dev/` but a translated pod's original words
+//! (and HAMi's priority as Tessera's): every decision is re-derived from the pod spec, so
+//! a second pass (reinvocation, or a pod that was already injected) finds nothing to
+//! change and produces an empty patch.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -463,7 +463,17 @@ fn hami_pod(
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
     match priorities.len() {
         0 => {}
-        1 => t.priority = priorities.first().map(|&p| if p == 0 { 100 } else { 0 }),
+        1 => {
+            let mine = priorities.first().map(|&p| if p == 0 { 100 } else { 0 });
+            let theirs = annotations.get(tessera_contract::labels::ANNOTATION_PRIORITY);
+            match (mine, theirs) {
+                (Some(p), Some(v)) if v.trim() != p.to_string() => refusals.push(format!(
+                    "{HAMI_PRIORITY} asks for Tessera priority {p} but the annotation {}: {v:?} says otherwise; give one",
+                    tessera_contract::labels::ANNOTATION_PRIORITY
+                )),
+                _ => t.priority = mine,
+            }
+        }
         _ => refusals.push(format!(
             "containers give different {HAMI_PRIORITY}; Tessera's priority is the pod's, give one value"
         )),
@@ -1004,6 +1014,18 @@ mod tests {
             "spread"
         );
         assert_eq!(t.original["containers"][MAIN][HAMI_PRIORITY], "1");
+        // Tessera's own annotation saying otherwise is a contradiction, not an override.
+        let msg = refusal(
+            &pod(
+                &[(HAMI_GPUMEM, "4096"), (HAMI_PRIORITY, "0")],
+                &[("tessera.dev/priority", "-5")],
+            ),
+            &c,
+        );
+        assert!(
+            msg.contains("nvidia.com/priority") && msg.contains("\"-5\""),
+            "{msg}"
+        );
     }
 
     #[test]
