@@ -279,18 +279,21 @@ pub fn mutate_pod_with(raw: &Value, config: &Config) -> Result<(Value, Vec<Strin
     };
     let pod: Pod = serde_json::from_value(raw.clone()).map_err(not_a_pod)?;
     let mut warnings = Vec::new();
+    // A pod in Tessera's own words is not copied here: a review's cost in memory is
+    // bounded per body byte (server::PARSE_COST), and most pods are not translated.
+    let translated;
     let (raw, pod) = match dropin::translate(&pod, config) {
-        Ok(None) => (raw.clone(), pod),
+        Ok(None) => (raw, pod),
         Ok(Some(t)) => {
-            let mut translated = raw.clone();
-            dropin::apply(&mut translated, &t);
+            let mut v = raw.clone();
+            dropin::apply(&mut v, &t);
             warnings.extend(t.warnings);
-            let pod = serde_json::from_value(translated.clone()).map_err(not_a_pod)?;
-            (translated, pod)
+            let pod = serde_json::from_value(v.clone()).map_err(not_a_pod)?;
+            translated = v;
+            (&translated, pod)
         }
         Err(lines) => return Err(Refusals(lines.into_iter().map(Refusal::DropIn).collect())),
     };
-    let raw = &raw;
     let out = mutate_translated(raw, &pod)?;
     // Only pods that get slices run under the shim, which reads none of these.
     if has_slices(&pod) {
@@ -300,7 +303,9 @@ pub fn mutate_pod_with(raw: &Value, config: &Config) -> Result<(Value, Vec<Strin
 }
 
 fn has_slices(pod: &Pod) -> bool {
-    let spec = pod.spec.clone().unwrap_or_default();
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
     spec.init_containers
         .iter()
         .flatten()

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::{Map, Value, json};
 use tessera_contract::dropin::*;
 
@@ -114,8 +114,12 @@ pub struct Translation {
 /// Translates `pod`, or says why Tessera cannot honour it (each line names the field and
 /// quotes the pod's value). `Ok(None)`: the pod uses no accepted dialect.
 pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<String>> {
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let spec = pod.spec.clone().unwrap_or_default();
+    // Borrowed, not cloned: every pod the webhook sees passes here, and a review's memory
+    // is budgeted per body byte (server::PARSE_COST).
+    let no_annotations = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&no_annotations);
+    let no_spec = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&no_spec);
     let containers: Vec<(bool, usize, &Container)> = spec
         .init_containers
         .iter()
@@ -178,9 +182,9 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
     let mut original = Map::new();
     original.insert("dialect".into(), json!(dialect.as_str()));
     match dialect {
-        Dialect::Hami => hami_pod(&containers, &annotations, config, &mut t, &mut refusals),
+        Dialect::Hami => hami_pod(&containers, annotations, config, &mut t, &mut refusals),
         Dialect::Volcano => volcano_pod(&containers, config, &mut t, &mut refusals),
-        Dialect::Kai => kai_pod(&containers, &annotations, config, &mut t, &mut refusals),
+        Dialect::Kai => kai_pod(&containers, annotations, config, &mut t, &mut refusals),
     }
     let mut words = Map::new();
     for plan in &t.containers {
@@ -770,7 +774,9 @@ pub fn apply(raw: &mut Value, t: &Translation) {
 
 /// Warnings for containers that set HAMi-core's variables: Tessera reads none of them.
 pub fn hami_core_env_warnings(pod: &Pod) -> Vec<String> {
-    let spec = pod.spec.clone().unwrap_or_default();
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for c in spec
         .init_containers
