@@ -216,9 +216,11 @@ fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cm
                 .then(by_index)
         }
         // The others all end in best fit: the fullest GPU first.
-        Placement::Binpack | Placement::SharedThreshold(_) | Placement::Fgd | Placement::Defrag => {
-            a.free.len().cmp(&b.free.len()).then(by_index)
-        }
+        Placement::Binpack
+        | Placement::SharedThreshold(_)
+        | Placement::Fgd
+        | Placement::Defrag
+        | Placement::DefragWithout(_) => a.free.len().cmp(&b.free.len()).then(by_index),
     }
 }
 
