@@ -508,6 +508,7 @@ fn prepared_devices(
                 pool: d.pool.clone(),
                 device: d.device.clone(),
                 cdi_device_ids: ids,
+                share_id: d.share_id.clone(),
             }
         })
         .collect()
@@ -521,6 +522,7 @@ fn answer(devices: &[PreparedDevice]) -> Vec<dra::Device> {
             pool_name: d.pool.clone(),
             device_name: d.device.clone(),
             cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
         })
         .collect()
 }

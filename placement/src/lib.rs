@@ -21,4 +21,4 @@ pub mod slices;
 pub use cluster::{Choice, Gpu, GpuNeed, MemoryNeed, Node, Request};
 pub use engine::{Engine, PlaceError, Rank};
 pub use frag::{MixEntry, TaskMix, TaskType};
-pub use policy::{Policy, PolicyError};
+pub use policy::{DefragParts, Policy, PolicyError};

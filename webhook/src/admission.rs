@@ -6,9 +6,10 @@
 //! typed `Pod` matters: fields newer than our k8s-openapi version would otherwise show up
 //! as removals in the patch.
 //!
-//! The webhook writes nothing under `tessera.dev/`: every decision is re-derived from the
-//! pod spec, so a second pass (reinvocation, or a pod that was already injected) finds
-//! nothing to change and produces an empty patch.
+//! The webhook writes nothing under `tessera.dev/` but a translated pod's original words
+//! (and HAMi's priority as Tessera's): every decision is re-derived from the pod spec, so
+//! a second pass (reinvocation, or a pod that was already injected) finds nothing to
+//! change and produces an empty patch.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +34,8 @@ pub use tessera_contract::labels::{
 pub use tessera_contract::paths::CONTAINER_HOOK_LIBRARY as HOOK_PATH;
 use tessera_contract::{Policy, env};
 
+use crate::dropin::{self, Config};
+
 /// Variables the device plugin's `Allocate` sets. A pod that sets them itself would
 /// override the device plugin (pod env comes after device env, and the last one wins), and
 /// could point the shim at a control file of its own making or see every GPU.
@@ -50,10 +53,19 @@ const USER_ANNOTATIONS: [&str; 3] = [
     ANNOTATION_PRIORITY,
 ];
 
+/// Annotations under `tessera.dev/` the webhook itself writes: the original words of a
+/// translated pod. Informational only (nothing decides anything from it), so a copy a
+/// user wrote can mislead a reader at most, never the node.
+const WEBHOOK_ANNOTATIONS: [&str; 1] = [tessera_contract::dropin::ANNOTATION_ORIGINAL];
+
 /// Why a pod is refused. Each message names the container (or annotation) and says what
 /// to change, because it is what `kubectl apply` prints.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// A pod in another project's words that Tessera cannot honour; the message names the
+    /// field and quotes the pod's value (`dropin::translate`).
+    #[error("{0}")]
+    DropIn(String),
     #[error("the object is not a valid Pod: {reason}")]
     NotAPod { reason: String },
     #[error(
@@ -152,8 +164,13 @@ pub enum ReviewError {
     Serialise(#[source] serde_json::Error),
 }
 
-/// Answers one AdmissionReview body: parse, decide, serialise. Pure.
+/// Answers one AdmissionReview body with the default drop-in config (every dialect).
 pub fn review(body: &[u8]) -> Result<Vec<u8>, ReviewError> {
+    review_with(body, &Config::default())
+}
+
+/// Answers one AdmissionReview body: parse, decide, serialise. Pure.
+pub fn review_with(body: &[u8], config: &Config) -> Result<Vec<u8>, ReviewError> {
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
     if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
@@ -164,7 +181,7 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, ReviewError> {
     }
     let request: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let response = mutate(&request);
+    let response = mutate_with(&request, config);
     let mut out = serde_json::to_value(response.into_review()).map_err(ReviewError::Serialise)?;
     // The API defines `patch` as base64 text (Go's []byte); kube-core writes a number array.
     if let Some(patch) = out.pointer_mut("/response/patch")
@@ -176,8 +193,16 @@ pub fn review(body: &[u8]) -> Result<Vec<u8>, ReviewError> {
     serde_json::to_vec(&out).map_err(ReviewError::Serialise)
 }
 
-/// The webhook's decision for one request.
+/// The webhook's decision for one request, with the default drop-in config.
 pub fn mutate(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    mutate_with(request, &Config::default())
+}
+
+/// The webhook's decision for one request.
+pub fn mutate_with(
+    request: &AdmissionRequest<DynamicObject>,
+    config: &Config,
+) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
     let kind = &request.kind;
     if !kind.group.is_empty() || kind.version != "v1" || kind.kind != "Pod" {
@@ -202,8 +227,12 @@ pub fn mutate(request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
         Ok(v) => v,
         Err(e) => return response.deny(format!("cannot read the pod: {e}")),
     };
-    match mutate_pod(&raw) {
-        Ok(patched) => {
+    match mutate_pod_with(&raw, config) {
+        Ok((patched, warnings)) => {
+            let mut response = response;
+            if !warnings.is_empty() {
+                response.warnings = Some(warnings);
+            }
             let patch = json_patch::diff(&raw, &patched);
             if patch.0.is_empty() {
                 return response;
@@ -233,13 +262,59 @@ impl List {
     }
 }
 
-/// Returns the pod (raw JSON) as it should be admitted, or every reason to refuse it.
+/// Returns the pod (raw JSON) as it should be admitted (default drop-in config), or every
+/// reason to refuse it.
 pub fn mutate_pod(raw: &Value) -> Result<Value, Refusals> {
-    let pod: Pod = serde_json::from_value(raw.clone()).map_err(|e| {
+    mutate_pod_with(raw, &Config::default()).map(|(pod, _)| pod)
+}
+
+/// Returns the pod (raw JSON) as it should be admitted and the warnings for the user, or
+/// every reason to refuse it. A pod in an accepted dialect is first translated
+/// (`dropin::translate`), then judged and injected like any pod asking for slices.
+pub fn mutate_pod_with(raw: &Value, config: &Config) -> Result<(Value, Vec<String>), Refusals> {
+    let not_a_pod = |e: serde_json::Error| {
         Refusals(vec![Refusal::NotAPod {
             reason: e.to_string(),
         }])
-    })?;
+    };
+    let pod: Pod = serde_json::from_value(raw.clone()).map_err(not_a_pod)?;
+    let mut warnings = Vec::new();
+    // A pod in Tessera's own words is not copied here: a review's cost in memory is
+    // bounded per body byte (server::PARSE_COST), and most pods are not translated.
+    let translated;
+    let (raw, pod) = match dropin::translate(&pod, config) {
+        Ok(None) => (raw, pod),
+        Ok(Some(t)) => {
+            let mut v = raw.clone();
+            dropin::apply(&mut v, &t);
+            warnings.extend(t.warnings);
+            let pod = serde_json::from_value(v.clone()).map_err(not_a_pod)?;
+            translated = v;
+            (&translated, pod)
+        }
+        Err(lines) => return Err(Refusals(lines.into_iter().map(Refusal::DropIn).collect())),
+    };
+    let out = mutate_translated(raw, &pod)?;
+    // Only pods that get slices run under the shim, which reads none of these.
+    if has_slices(&pod) {
+        warnings.extend(dropin::hami_core_env_warnings(&pod));
+    }
+    Ok((out, warnings))
+}
+
+fn has_slices(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .any(|c| gpu_resources(c).iter().any(|r| r == RESOURCE))
+}
+
+/// The judgement and injection of a pod in Tessera's own words.
+fn mutate_translated(raw: &Value, pod: &Pod) -> Result<Value, Refusals> {
     let mut refusals = Vec::new();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let (class, policy) = check_annotations(&annotations, &mut refusals);
@@ -314,7 +389,10 @@ fn check_annotations(
     refusals: &mut Vec<Refusal>,
 ) -> (Option<String>, Option<String>) {
     for key in annotations.keys() {
-        if in_tessera_namespace(key) && !USER_ANNOTATIONS.contains(&key.as_str()) {
+        if in_tessera_namespace(key)
+            && !USER_ANNOTATIONS.contains(&key.as_str())
+            && !WEBHOOK_ANNOTATIONS.contains(&key.as_str())
+        {
             refusals.push(Refusal::ForgedAnnotation { key: key.clone() });
         }
     }

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod certs;
 pub mod cluster;
+pub mod dropin;
 pub mod rotate;
 pub mod run;
 pub mod server;

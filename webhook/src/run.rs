@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::certs::{self, CertError};
 use crate::cluster::KubeCaStore;
+use crate::dropin::{self, Rounding, SliceShape};
 use crate::rotate::{Lifetimes, MountedFiles, SelfManaged};
 use crate::server::{self, ServeError};
 
@@ -36,6 +37,8 @@ pub struct Options {
     pub certs: CertSource,
     /// How often certificates are checked (self-managed) or files re-read (mounted).
     pub check_interval: Duration,
+    /// Which other projects' words are translated, into slices of what size.
+    pub dropin: dropin::Config,
 }
 
 /// Why the webhook could not start or stopped.
@@ -101,6 +104,39 @@ pub struct WebhookArgs {
     /// Seconds between certificate checks (and certificate file re-reads).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_interval_secs: u64,
+    /// Other projects' pod specs translated into Tessera's request (docs/dropin.md):
+    /// any of hami, kai, volcano, comma-separated; "none" for none. A pod in a dialect
+    /// not listed is left as it came.
+    #[arg(
+        long,
+        env = "TESSERA_WEBHOOK_DROPIN_DIALECTS",
+        default_value = "hami,kai,volcano",
+        value_delimiter = ',',
+        value_parser = parse_dialect
+    )]
+    pub dropin_dialects: Vec<Option<Dialect>>,
+    /// Memory of one slice, as the node config's default slice gives it (e.g. 4Gi):
+    /// drop-in requests are counted in these.
+    #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_SLICE_MEMORY", default_value = "4Gi", value_parser = tessera_contract::units::size_arg)]
+    pub dropin_slice_memory: u64,
+    /// Slices per GPU, as the node config's default slice gives it; a slice's compute
+    /// is 100% divided by it.
+    #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_SLICES_PER_GPU", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub dropin_slices_per_gpu: u32,
+    /// A drop-in request that is not a whole number of slices: "up" (the next whole
+    /// number, with a warning) or "refuse".
+    #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_ROUNDING", default_value = "up", value_parser = Rounding::parse)]
+    pub dropin_rounding: Rounding,
+}
+
+use tessera_contract::dropin::Dialect;
+
+/// A dialect name, or `none` (no dialect at all).
+fn parse_dialect(s: &str) -> Result<Option<Dialect>, String> {
+    match s.trim() {
+        "none" | "" => Ok(None),
+        name => Dialect::parse(name).map(Some),
+    }
 }
 
 impl WebhookArgs {
@@ -127,6 +163,14 @@ impl WebhookArgs {
             listen: self.listen,
             certs,
             check_interval: Duration::from_secs(self.check_interval_secs),
+            dropin: dropin::Config {
+                dialects: self.dropin_dialects.iter().flatten().copied().collect(),
+                slice: SliceShape {
+                    memory_mib: (self.dropin_slice_memory >> 20).max(1),
+                    per_gpu: self.dropin_slices_per_gpu,
+                },
+                rounding: self.dropin_rounding,
+            },
         }
     }
 }
@@ -194,7 +238,22 @@ pub async fn run_with(
     ready(addr);
     let stats = Arc::new(server::Stats::default());
     tokio::spawn(report_refusals(stats.clone(), Duration::from_secs(60)));
-    server::serve_with(listener, tls, server::Limits::default(), stats, shutdown).await?;
+    tracing::info!(
+        dialects = ?opts.dropin.dialects,
+        slice_mib = opts.dropin.slice.memory_mib,
+        slices_per_gpu = opts.dropin.slice.per_gpu,
+        rounding = ?opts.dropin.rounding,
+        "drop-in translation"
+    );
+    server::serve_configured(
+        listener,
+        tls,
+        server::Limits::default(),
+        stats,
+        Arc::new(opts.dropin.clone()),
+        shutdown,
+    )
+    .await?;
     Ok(())
 }
 

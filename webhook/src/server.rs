@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission;
+use crate::dropin::Config;
 
 /// The largest request body accepted. etcd refuses objects over 1.5 MiB (its default
 /// `--max-request-bytes`), so a pod that could ever be stored arrives in a review well
@@ -157,6 +158,8 @@ pub async fn serve(
 /// What every connection shares.
 struct Shared {
     limits: Limits,
+    /// The drop-in dialects and slice shape admission translates with.
+    config: Arc<Config>,
     stats: Arc<Stats>,
     /// Memory budget in KiB permits.
     budget: Semaphore,
@@ -174,6 +177,26 @@ pub async fn serve_with(
     stats: Arc<Stats>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    serve_configured(
+        listener,
+        tls,
+        limits,
+        stats,
+        Arc::new(Config::default()),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_with`], admitting with `config` (the dialects a cluster accepts, its slice).
+pub async fn serve_configured(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    limits: Limits,
+    stats: Arc<Stats>,
+    config: Arc<Config>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let acceptor = TlsAcceptor::from(tls);
     let addr = listener
         .local_addr()
@@ -182,6 +205,7 @@ pub async fn serve_with(
     let shared = Arc::new(Shared {
         budget: Semaphore::new(kib(limits.memory_budget)),
         limits,
+        config,
         stats,
         per_peer: Mutex::new(HashMap::new()),
         drain: Drain::new(),
@@ -607,15 +631,18 @@ async fn mutate(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     let body = tokio::time::timeout_at(deadline, Limited::new(req.into_body(), reserve).collect());
     let response = match body.await {
         // Parsing a large review takes a while: off the threads that serve sockets.
-        Ok(Ok(body)) => tokio::task::spawn_blocking(move || answer(&body.to_bytes()))
-            .await
-            .unwrap_or_else(|_| {
-                reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    TEXT,
-                    "admission failed\n",
-                )
-            }),
+        Ok(Ok(body)) => {
+            let config = shared.config.clone();
+            tokio::task::spawn_blocking(move || answer_with(&body.to_bytes(), &config))
+                .await
+                .unwrap_or_else(|_| {
+                    reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        TEXT,
+                        "admission failed\n",
+                    )
+                })
+        }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             stats.too_large.fetch_add(1, Ordering::Relaxed);
             too_large(reserve)
@@ -650,9 +677,14 @@ fn too_large(limit: usize) -> Response<Body> {
     )
 }
 
-/// The HTTP answer to one AdmissionReview body.
+/// The HTTP answer to one AdmissionReview body (default drop-in config).
 pub fn answer(body: &[u8]) -> Response<Body> {
-    match admission::review(body) {
+    answer_with(body, &Config::default())
+}
+
+/// The HTTP answer to one AdmissionReview body.
+pub fn answer_with(body: &[u8], config: &Config) -> Response<Body> {
+    match admission::review_with(body, config) {
         Ok(json) => reply(StatusCode::OK, "application/json", json),
         Err(e) => {
             tracing::warn!(error = %e, "bad admission request");

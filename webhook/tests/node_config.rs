@@ -80,3 +80,31 @@ fn webhook_and_device_plugin_use_the_same_names() {
         tessera_device_plugin::allocate::CONTAINER_HOOK
     );
 }
+
+/// The drop-in translation counts in `webhook.dropin.slice`; the nodes cut GPUs by
+/// `nodeConfig.default.slice`. Shipped apart, they must say the same, or every
+/// translated pod would get a different amount than the webhook told it.
+#[test]
+fn the_dropin_slice_is_the_node_configs_default_slice() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/helm/tessera/values.yaml"
+    );
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).expect("values.yaml")).expect("yaml");
+    let dropin = &values["webhook"]["dropin"]["slice"];
+    let node = parse(&shipped_node_config()).expect("node config");
+    let plain = node.resolve("gpu-node-1", &BTreeMap::new());
+    let memory = tessera_contract::units::parse_size(dropin["memory"].as_str().expect("memory"))
+        .expect("a size");
+    assert_eq!(Some(memory), plain.slice.memory_bytes);
+    assert_eq!(
+        dropin["slicesPerGpu"].as_u64().map(|n| n as u32),
+        plain.slice.slices_per_gpu
+    );
+    assert_eq!(
+        values["webhook"]["dropin"]["dialects"],
+        serde_json::json!(["hami", "kai", "volcano"]),
+        "the default is all three"
+    );
+}

@@ -1,0 +1,1283 @@
+//! Other projects' words into Tessera's request: a pure function from a pod written for
+//! HAMi, KAI-Scheduler or Volcano's vGPU to the slices (`tessera.dev/vgpu`) each of its
+//! containers needs, or the reasons Tessera cannot honour it.
+//!
+//! Tessera's unit is the slice: a node's GPU is cut into `slices_per_gpu` slices of
+//! `memory` and `100% / slices_per_gpu` compute each, and a container's limits on a GPU
+//! are its slices there times the slice size. So every ask becomes "so many slices of one
+//! GPU"; an ask that is not a whole number of slices is rounded up (the pod gets at least
+//! what it asked, the admission response warns, the original words stay on the pod) or,
+//! with [`Rounding::Refuse`], refused. What Tessera cannot promise at all (more than a
+//! GPU, a share on each of several GPUs, model lists) is refused with the pod's words.
+//! The names are the contract's ([`tessera_contract::dropin`]); docs/dropin.md is the
+//! table of what each word becomes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use serde_json::{Map, Value, json};
+use tessera_contract::dropin::*;
+
+/// Which dialects a cluster accepts and how big its slices are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Dialects translated; a pod in another one is left exactly as it came (its own
+    /// scheduler and device plugin may still serve it on nodes Tessera does not run on).
+    pub dialects: BTreeSet<Dialect>,
+    pub slice: SliceShape,
+    pub rounding: Rounding,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dialects: Dialect::ALL.into_iter().collect(),
+            slice: SliceShape::default(),
+            rounding: Rounding::Up,
+        }
+    }
+}
+
+/// The slice the cluster's GPU nodes advertise (the node config's default slice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceShape {
+    /// Memory of one slice, MiB.
+    pub memory_mib: u64,
+    /// Slices per GPU; one slice's compute is `100% / per_gpu`.
+    pub per_gpu: u32,
+}
+
+impl Default for SliceShape {
+    /// The chart's default node config: 4 GiB slices, 8 per GPU.
+    fn default() -> Self {
+        SliceShape {
+            memory_mib: 4096,
+            per_gpu: 8,
+        }
+    }
+}
+
+/// What to do with an ask that is not a whole number of slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// Give the next whole number of slices, and say so in a warning.
+    Up,
+    /// Refuse the pod, naming the slice size.
+    Refuse,
+}
+
+impl Rounding {
+    pub fn parse(s: &str) -> Result<Rounding, String> {
+        match s {
+            "up" => Ok(Rounding::Up),
+            "refuse" => Ok(Rounding::Refuse),
+            other => Err(format!(
+                "unknown drop-in rounding {other:?}; expected \"up\" or \"refuse\""
+            )),
+        }
+    }
+}
+
+/// One container's translation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerPlan {
+    /// `true` for an init container.
+    pub init: bool,
+    /// Its index in its list.
+    pub index: usize,
+    pub name: String,
+    /// Slices of `tessera.dev/vgpu` it gets.
+    pub slices: u32,
+    /// The resource names to take off its limits and requests.
+    pub remove: Vec<String>,
+    /// Variables to take off its env: those KAI-Scheduler's admission pointed at the
+    /// ConfigMap its binder writes its GPU choice into. Tessera's device plugin names the
+    /// GPU; a pod's own plain value stays (and is refused as for any slice container).
+    pub remove_env: Vec<String>,
+}
+
+/// A pod's translation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Translation {
+    pub dialect: Dialect,
+    pub containers: Vec<ContainerPlan>,
+    /// `tessera.dev/priority` to set, from HAMi's `nvidia.com/priority`.
+    pub priority: Option<i32>,
+    /// Pod annotations to take off (KAI's: left on, KAI would reserve a GPU for them).
+    pub remove_annotations: Vec<String>,
+    /// The original words, for [`ANNOTATION_ORIGINAL`].
+    pub original: Value,
+    /// What the user should know: rounding, policies Tessera's placement decides.
+    pub warnings: Vec<String>,
+}
+
+/// Translates `pod`, or says why Tessera cannot honour it (each line names the field and
+/// quotes the pod's value). `Ok(None)`: the pod uses no accepted dialect.
+pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<String>> {
+    // Borrowed, not cloned: every pod the webhook sees passes here, and a review's memory
+    // is budgeted per body byte (server::PARSE_COST).
+    let no_annotations = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&no_annotations);
+    let no_spec = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&no_spec);
+    let containers: Vec<(bool, usize, &Container)> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| (true, i, c))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (false, i, c)),
+        )
+        .collect();
+    let accepts = |d| config.dialects.contains(&d);
+    let hami = accepts(Dialect::Hami)
+        && (containers.iter().any(|(_, _, c)| is_hami(c))
+            || HAMI_POD_ANNOTATIONS
+                .iter()
+                .any(|k| annotations.contains_key(*k)));
+    let volcano = accepts(Dialect::Volcano)
+        && containers
+            .iter()
+            .any(|(_, _, c)| VOLCANO_RESOURCES.iter().any(|r| word(c, r).is_some()));
+    let kai = accepts(Dialect::Kai)
+        && [
+            KAI_GPU_FRACTION,
+            KAI_GPU_MEMORY,
+            KAI_GPU_FRACTION_NUM_DEVICES,
+        ]
+        .iter()
+        .any(|k| annotations.contains_key(*k));
+    let used: Vec<Dialect> = [
+        (hami, Dialect::Hami),
+        (kai, Dialect::Kai),
+        (volcano, Dialect::Volcano),
+    ]
+    .into_iter()
+    .filter_map(|(on, d)| on.then_some(d))
+    .collect();
+    let dialect = match used.as_slice() {
+        [] => return Ok(None),
+        [d] => *d,
+        many => {
+            let names: Vec<&str> = many.iter().map(|d| d.as_str()).collect();
+            return Err(vec![format!(
+                "the pod uses the words of several GPU-sharing projects ({}); use one",
+                names.join(", ")
+            )]);
+        }
+    };
+    let mut t = Translation {
+        dialect,
+        containers: Vec::new(),
+        priority: None,
+        remove_annotations: Vec::new(),
+        original: Value::Null,
+        warnings: Vec::new(),
+    };
+    let mut refusals = Vec::new();
+    let mut original = Map::new();
+    original.insert("dialect".into(), json!(dialect.as_str()));
+    match dialect {
+        Dialect::Hami => hami_pod(&containers, annotations, config, &mut t, &mut refusals),
+        Dialect::Volcano => volcano_pod(&containers, config, &mut t, &mut refusals),
+        Dialect::Kai => kai_pod(&containers, annotations, config, &mut t, &mut refusals),
+    }
+    let mut words = Map::new();
+    for plan in &t.containers {
+        let c = containers
+            .iter()
+            .find(|(init, index, _)| *init == plan.init && *index == plan.index)
+            .map(|(_, _, c)| *c);
+        let mut mine = Map::new();
+        for name in &plan.remove {
+            if let Some(v) = c.and_then(|c| word(c, name)) {
+                mine.insert(name.clone(), json!(v));
+            }
+        }
+        if !mine.is_empty() {
+            words.insert(plan.name.clone(), Value::Object(mine));
+        }
+    }
+    if !words.is_empty() {
+        original.insert("containers".into(), Value::Object(words));
+    }
+    let pod_words: Map<String, Value> = annotations
+        .iter()
+        .filter(|(k, _)| {
+            KAI_ANNOTATIONS.contains(&k.as_str()) || HAMI_POD_ANNOTATIONS.contains(&k.as_str())
+        })
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    if !pod_words.is_empty() {
+        original.insert("annotations".into(), Value::Object(pod_words));
+    }
+    t.original = Value::Object(original);
+    if refusals.is_empty() {
+        Ok(Some(t))
+    } else {
+        Err(refusals)
+    }
+}
+
+/// HAMi's pod annotations.
+const HAMI_POD_ANNOTATIONS: [&str; 6] = [
+    HAMI_USE_GPUTYPE,
+    HAMI_NOUSE_GPUTYPE,
+    HAMI_USE_GPUUUID,
+    HAMI_NOUSE_GPUUUID,
+    HAMI_GPU_SCHEDULER_POLICY,
+    HAMI_NODE_SCHEDULER_POLICY,
+];
+
+fn is_hami(c: &Container) -> bool {
+    HAMI_SHARING_RESOURCES.iter().any(|r| word(c, r).is_some())
+}
+
+/// The container's value for a resource: limits first (extended resources must have
+/// requests equal to limits, so limits are what counts), else requests.
+fn word(c: &Container, name: &str) -> Option<String> {
+    let r = c.resources.as_ref()?;
+    r.limits
+        .as_ref()
+        .and_then(|l| l.get(name))
+        .or_else(|| r.requests.as_ref().and_then(|l| l.get(name)))
+        .map(|q| q.0.clone())
+}
+
+/// How much of one GPU a container asks for, in the dialect's terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Memory {
+    /// The whole card's memory (HAMi's and Volcano's default when none is given).
+    Whole,
+    Mib(u64),
+    Percent(u64),
+    /// KAI's fraction of a GPU.
+    Fraction(f64),
+}
+
+struct Ask<'a> {
+    container: &'a str,
+    /// The field and value that set the memory, for messages.
+    memory_field: Option<(&'a str, String)>,
+    memory: Memory,
+    cores: Option<(&'a str, u64)>,
+    gpus: u32,
+    gpus_field: Option<&'a str>,
+}
+
+/// Slices for an ask, or the refusal. Rounding warnings go to `warnings`.
+fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Result<u32, String> {
+    let shape = config.slice;
+    let per_gpu = f64::from(shape.per_gpu);
+    let who = format!("container {:?}", ask.container);
+    let memory_slices = match ask.memory {
+        Memory::Whole => per_gpu,
+        Memory::Mib(m) => m as f64 / shape.memory_mib as f64,
+        Memory::Percent(p) => p as f64 * per_gpu / 100.0,
+        Memory::Fraction(f) => f * per_gpu,
+    };
+    let core_slices = ask.cores.map_or(0.0, |(_, c)| c as f64 * per_gpu / 100.0);
+    let need = memory_slices.max(core_slices);
+    if need > per_gpu + 1e-9 {
+        let (field, value) = ask
+            .memory_field
+            .clone()
+            .unwrap_or(("memory", String::new()));
+        return Err(format!(
+            "{who}: {field}: {value:?} is more than one GPU holds here ({} slices of {} MiB); ask for at most {} MiB per GPU",
+            shape.per_gpu,
+            shape.memory_mib,
+            u64::from(shape.per_gpu) * shape.memory_mib
+        ));
+    }
+    let whole = need.ceil().max(1.0);
+    let rounded = whole - need > 1e-9;
+    let per_gpu_slices = whole as u32;
+    if rounded {
+        let what = match (&ask.memory_field, ask.cores) {
+            (Some((f, v)), Some((cf, c))) => format!("{f}: {v:?} and {cf}: {c:?}"),
+            (Some((f, v)), None) => format!("{f}: {v:?}"),
+            (None, Some((cf, c))) => format!("{cf}: {c:?}"),
+            (None, None) => "the request".to_string(),
+        };
+        let slice = format!(
+            "a slice is {} MiB and {}% of a GPU",
+            shape.memory_mib,
+            100.0 / per_gpu
+        );
+        match config.rounding {
+            Rounding::Refuse => {
+                return Err(format!(
+                    "{who}: {what} is not a whole number of Tessera slices ({slice}); ask for a multiple"
+                ));
+            }
+            Rounding::Up => warnings.push(format!(
+                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU); {slice}",
+                u64::from(per_gpu_slices) * shape.memory_mib,
+                f64::from(per_gpu_slices) * 100.0 / per_gpu
+            )),
+        }
+    }
+    if ask.gpus > 1 && per_gpu_slices != shape.per_gpu {
+        let field = ask.gpus_field.unwrap_or("gpus");
+        return Err(format!(
+            "{who}: {field}: \"{}\" with a share of each GPU: Tessera places a container's slices where they fit and cannot promise a share on each of {} GPUs; ask for 1 GPU, or for whole GPUs",
+            ask.gpus, ask.gpus
+        ));
+    }
+    Ok(per_gpu_slices * ask.gpus)
+}
+
+/// A whole number in a resource or annotation, with the refusal naming `field`.
+fn whole(
+    who: &str,
+    field: &str,
+    value: &str,
+    min: u64,
+    max: u64,
+    unit: &str,
+) -> Result<u64, String> {
+    let v = value.trim();
+    let n = (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| v.parse::<u64>().ok())
+        .flatten();
+    match n {
+        Some(n) if (min..=max).contains(&n) => Ok(n),
+        Some(n) if n > max => Err(format!("{who}: {field}: {value:?} is over {max} ({unit})")),
+        _ => Err(format!(
+            "{who}: {field}: {value:?} is not a whole number of {unit} of at least {min}"
+        )),
+    }
+}
+
+fn hami_pod(
+    containers: &[(bool, usize, &Container)],
+    annotations: &BTreeMap<String, String>,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    for key in [
+        HAMI_USE_GPUTYPE,
+        HAMI_NOUSE_GPUTYPE,
+        HAMI_USE_GPUUUID,
+        HAMI_NOUSE_GPUUUID,
+    ] {
+        if let Some(v) = annotations.get(key) {
+            refusals.push(format!(
+                "annotation {key}: {v:?}: Tessera's drop-in does not choose GPUs by model or UUID; use the annotation tessera.dev/gpu-class (a class of GPU models the node config defines) instead"
+            ));
+        }
+    }
+    for key in [HAMI_GPU_SCHEDULER_POLICY, HAMI_NODE_SCHEDULER_POLICY] {
+        match annotations.get(key).map(String::as_str) {
+            None => {}
+            Some(v @ ("binpack" | "spread")) => t.warnings.push(format!(
+                "annotation {key}: {v:?} is not applied per pod: Tessera places by the cluster's policy (node config `placement`, scheduler extender `--policy`)"
+            )),
+            Some(v) => refusals.push(format!(
+                "annotation {key}: {v:?} is not a policy; use \"binpack\" or \"spread\""
+            )),
+        }
+    }
+    let mut priorities = BTreeSet::new();
+    for &(init, index, c) in containers {
+        if !is_hami(c) {
+            continue;
+        }
+        let who = format!("container {:?}", c.name);
+        let before = refusals.len();
+        if word(c, tessera_contract::labels::RESOURCE).is_some() {
+            refusals.push(format!(
+                "{who} asks both for {} and for HAMi's resources; use one",
+                tessera_contract::labels::RESOURCE
+            ));
+            continue;
+        }
+        let mut get = |field: &'static str, min: u64, max: u64, unit: &str| {
+            word(c, field).map(|v| match whole(&who, field, &v, min, max, unit) {
+                Ok(n) => Some((n, v)),
+                Err(e) => {
+                    refusals.push(e);
+                    None
+                }
+            })
+        };
+        let gpus = get(HAMI_GPU, 1, 64, "GPUs");
+        let mem = get(HAMI_GPUMEM, 1, u64::from(u32::MAX), "MiB");
+        let pct = get(HAMI_GPUMEM_PERCENTAGE, 1, 100, "percent of a GPU's memory");
+        let cores = get(HAMI_GPUCORES, 0, 100, "percent of a GPU's compute");
+        let priority = get(HAMI_PRIORITY, 0, 1, "priority (0 high, 1 low)");
+        if refusals.len() > before {
+            continue;
+        }
+        let memory = match (&mem, &pct) {
+            (Some(Some(_)), Some(Some(_))) => {
+                refusals.push(format!(
+                    "{who}: both {HAMI_GPUMEM} and {HAMI_GPUMEM_PERCENTAGE} are set; give one"
+                ));
+                continue;
+            }
+            (Some(Some((m, v))), _) => (Memory::Mib(*m), Some((HAMI_GPUMEM, v.clone()))),
+            (_, Some(Some((p, v)))) => (
+                Memory::Percent(*p),
+                Some((HAMI_GPUMEM_PERCENTAGE, v.clone())),
+            ),
+            // HAMi's defaultMem 0: the whole card's memory.
+            _ => (Memory::Whole, None),
+        };
+        if let Some(Some((p, _))) = priority {
+            priorities.insert(p);
+        }
+        let ask = Ask {
+            container: &c.name,
+            memory_field: memory.1,
+            memory: memory.0,
+            // gpucores 0 is HAMi's "no core limit": the slices' own share applies.
+            cores: cores
+                .flatten()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, _)| (HAMI_GPUCORES, n)),
+            // HAMi's defaultGPUNum: 1.
+            gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
+            gpus_field: Some(HAMI_GPU),
+        };
+        match slices_for(&ask, config, &mut t.warnings) {
+            Ok(slices) => t.containers.push(ContainerPlan {
+                init,
+                index,
+                name: c.name.clone(),
+                slices,
+                remove: [HAMI_GPU]
+                    .into_iter()
+                    .chain(HAMI_SHARING_RESOURCES)
+                    .filter(|r| word(c, r).is_some())
+                    .map(str::to_owned)
+                    .collect(),
+                remove_env: Vec::new(),
+            }),
+            Err(e) => refusals.push(e),
+        }
+    }
+    // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
+    // the same priority). 0 is HAMi's high: above the default 0 of other pods.
+    match priorities.len() {
+        0 => {}
+        1 => {
+            let mine = priorities.first().map(|&p| if p == 0 { 100 } else { 0 });
+            let theirs = annotations.get(tessera_contract::labels::ANNOTATION_PRIORITY);
+            match (mine, theirs) {
+                (Some(p), Some(v)) if v.trim() != p.to_string() => refusals.push(format!(
+                    "{HAMI_PRIORITY} asks for Tessera priority {p} but the annotation {}: {v:?} says otherwise; give one",
+                    tessera_contract::labels::ANNOTATION_PRIORITY
+                )),
+                _ => t.priority = mine,
+            }
+        }
+        _ => refusals.push(format!(
+            "containers give different {HAMI_PRIORITY}; Tessera's priority is the pod's, give one value"
+        )),
+    }
+}
+
+fn volcano_pod(
+    containers: &[(bool, usize, &Container)],
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    for &(init, index, c) in containers {
+        if !VOLCANO_RESOURCES.iter().any(|r| word(c, r).is_some()) {
+            continue;
+        }
+        let who = format!("container {:?}", c.name);
+        if word(c, tessera_contract::labels::RESOURCE).is_some() {
+            refusals.push(format!(
+                "{who} asks both for {} and for Volcano's resources; use one",
+                tessera_contract::labels::RESOURCE
+            ));
+            continue;
+        }
+        let before = refusals.len();
+        let mut get = |field: &'static str, min: u64, max: u64, unit: &str| {
+            word(c, field).and_then(|v| match whole(&who, field, &v, min, max, unit) {
+                Ok(n) => Some((n, v)),
+                Err(e) => {
+                    refusals.push(e);
+                    None
+                }
+            })
+        };
+        let number = get(VOLCANO_VGPU_NUMBER, 1, 64, "vGPUs");
+        let mem = get(VOLCANO_VGPU_MEMORY, 1, u64::from(u32::MAX), "MiB");
+        let pct = get(
+            VOLCANO_VGPU_MEMORY_PERCENTAGE,
+            1,
+            100,
+            "percent of a GPU's memory",
+        );
+        let cores = get(VOLCANO_VGPU_CORES, 0, 100, "percent of a GPU's compute");
+        if refusals.len() > before {
+            continue;
+        }
+        let memory = match (&mem, &pct) {
+            (Some(_), Some(_)) => {
+                refusals.push(format!(
+                    "{who}: both {VOLCANO_VGPU_MEMORY} and {VOLCANO_VGPU_MEMORY_PERCENTAGE} are set; give one"
+                ));
+                continue;
+            }
+            (Some((m, v)), None) => (Memory::Mib(*m), Some((VOLCANO_VGPU_MEMORY, v.clone()))),
+            (None, Some((p, v))) => (
+                Memory::Percent(*p),
+                Some((VOLCANO_VGPU_MEMORY_PERCENTAGE, v.clone())),
+            ),
+            (None, None) => (Memory::Whole, None),
+        };
+        let ask = Ask {
+            container: &c.name,
+            memory_field: memory.1,
+            memory: memory.0,
+            cores: cores
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, _)| (VOLCANO_VGPU_CORES, n)),
+            gpus: number.map_or(1, |(n, _)| n as u32),
+            gpus_field: Some(VOLCANO_VGPU_NUMBER),
+        };
+        match slices_for(&ask, config, &mut t.warnings) {
+            Ok(slices) => t.containers.push(ContainerPlan {
+                init,
+                index,
+                name: c.name.clone(),
+                slices,
+                remove: VOLCANO_RESOURCES
+                    .into_iter()
+                    .filter(|r| word(c, r).is_some())
+                    .map(str::to_owned)
+                    .collect(),
+                remove_env: Vec::new(),
+            }),
+            Err(e) => refusals.push(e),
+        }
+    }
+}
+
+fn kai_pod(
+    containers: &[(bool, usize, &Container)],
+    annotations: &BTreeMap<String, String>,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    t.remove_annotations = KAI_ANNOTATIONS
+        .iter()
+        .filter(|k| annotations.contains_key(**k))
+        .map(|k| (*k).to_owned())
+        .collect();
+    // KAI's fraction is for the named container, else the first (app) container.
+    let target = match annotations.get(KAI_GPU_FRACTION_CONTAINER) {
+        Some(name) => match containers.iter().find(|(_, _, c)| &c.name == name) {
+            Some(c) => *c,
+            None => {
+                refusals.push(format!(
+                    "annotation {KAI_GPU_FRACTION_CONTAINER}: {name:?} names no container of the pod"
+                ));
+                return;
+            }
+        },
+        None => match containers.iter().find(|(init, _, _)| !init) {
+            Some(c) => *c,
+            None => return,
+        },
+    };
+    let (init, index, c) = target;
+    let who = format!("container {:?}", c.name);
+    if word(c, tessera_contract::labels::RESOURCE).is_some() {
+        refusals.push(format!(
+            "{who} asks both for {} and for a KAI-Scheduler GPU share; use one",
+            tessera_contract::labels::RESOURCE
+        ));
+        return;
+    }
+    let fraction = annotations.get(KAI_GPU_FRACTION);
+    let memory = annotations.get(KAI_GPU_MEMORY);
+    let devices = annotations.get(KAI_GPU_FRACTION_NUM_DEVICES);
+    let before = refusals.len();
+    let fraction_value = fraction.and_then(|v| match v.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Some(f),
+        _ => {
+            refusals.push(format!(
+                "annotation {KAI_GPU_FRACTION}: {v:?} is not a fraction of a GPU above 0 and at most 1, like \"0.5\""
+            ));
+            None
+        }
+    });
+    let memory_value = memory.and_then(|v| {
+        whole(
+            &format!("annotation {KAI_GPU_MEMORY}"),
+            "value",
+            v,
+            1,
+            u64::from(u32::MAX),
+            "MiB",
+        )
+        .map_err(|e| refusals.push(e))
+        .ok()
+    });
+    let gpus = match devices {
+        None => 1,
+        Some(v) => match whole(
+            &format!("annotation {KAI_GPU_FRACTION_NUM_DEVICES}"),
+            "value",
+            v,
+            1,
+            64,
+            "GPUs",
+        ) {
+            Ok(n) => n as u32,
+            Err(e) => {
+                refusals.push(e);
+                1
+            }
+        },
+    };
+    if refusals.len() > before {
+        return;
+    }
+    let (memory, field) = match (fraction_value, memory_value) {
+        (Some(_), Some(_)) => {
+            refusals.push(format!(
+                "annotations {KAI_GPU_FRACTION} and {KAI_GPU_MEMORY} are both set; give one"
+            ));
+            return;
+        }
+        (Some(f), None) => (Memory::Fraction(f), (KAI_GPU_FRACTION, fraction)),
+        (None, Some(m)) => (Memory::Mib(m), (KAI_GPU_MEMORY, memory)),
+        (None, None) => {
+            refusals.push(format!(
+                "annotation {KAI_GPU_FRACTION_NUM_DEVICES} needs {KAI_GPU_FRACTION} (or {KAI_GPU_MEMORY}) beside it"
+            ));
+            return;
+        }
+    };
+    let ask = Ask {
+        container: &c.name,
+        memory_field: Some((field.0, field.1.cloned().unwrap_or_default())),
+        memory,
+        cores: None,
+        gpus,
+        gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
+    };
+    match slices_for(&ask, config, &mut t.warnings) {
+        Ok(slices) => t.containers.push(ContainerPlan {
+            init,
+            index,
+            name: c.name.clone(),
+            slices,
+            remove: Vec::new(),
+            remove_env: kai_env(c),
+        }),
+        Err(e) => refusals.push(e),
+    }
+}
+
+/// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
+/// `NVIDIA_VISIBLE_DEVICES` from KAI's key, or one of KAI's own names.
+fn kai_env(c: &Container) -> Vec<String> {
+    c.env
+        .iter()
+        .flatten()
+        .filter(|e| {
+            let Some(r) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.config_map_key_ref.as_ref())
+            else {
+                return false;
+            };
+            (e.name == tessera_contract::env::NVIDIA_VISIBLE_DEVICES
+                && r.key == KAI_VISIBLE_DEVICES_KEY)
+                || KAI_ENV.contains(&e.name.as_str())
+        })
+        .map(|e| e.name.clone())
+        .collect()
+}
+
+/// Applies a translation to the raw pod JSON: each container's dialect resources become
+/// `tessera.dev/vgpu` in limits (and in requests where it had requests), KAI's
+/// annotations come off, the original words go on.
+pub fn apply(raw: &mut Value, t: &Translation) {
+    let resource = tessera_contract::labels::RESOURCE;
+    for plan in &t.containers {
+        let list = if plan.init {
+            "initContainers"
+        } else {
+            "containers"
+        };
+        let c = &mut raw["spec"][list][plan.index];
+        if !c["resources"].is_object() {
+            c["resources"] = json!({});
+        }
+        if let Some(env) = c["env"].as_array_mut() {
+            env.retain(|e| {
+                let name = e["name"].as_str().unwrap_or_default();
+                !(plan.remove_env.iter().any(|n| n == name) && e.get("valueFrom").is_some())
+            });
+        }
+        let res = &mut c["resources"];
+        let had_requests = res["requests"]
+            .as_object()
+            .is_some_and(|r| plan.remove.iter().any(|k| r.contains_key(k)));
+        for key in ["limits", "requests"] {
+            if let Some(map) = res[key].as_object_mut() {
+                for name in &plan.remove {
+                    map.remove(name);
+                }
+            }
+        }
+        if !res["limits"].is_object() {
+            res["limits"] = json!({});
+        }
+        res["limits"][resource] = json!(plan.slices.to_string());
+        if had_requests {
+            res["requests"][resource] = json!(plan.slices.to_string());
+        }
+        if let Some(r) = res.as_object_mut()
+            && r.get("requests")
+                .and_then(Value::as_object)
+                .is_some_and(Map::is_empty)
+        {
+            r.remove("requests");
+        }
+    }
+    if !raw["metadata"]["annotations"].is_object() {
+        raw["metadata"]["annotations"] = json!({});
+    }
+    let ann = &mut raw["metadata"]["annotations"];
+    if let Some(map) = ann.as_object_mut() {
+        for k in &t.remove_annotations {
+            map.remove(k);
+        }
+        map.insert(ANNOTATION_ORIGINAL.into(), json!(t.original.to_string()));
+        if let Some(p) = t.priority {
+            map.insert(
+                tessera_contract::labels::ANNOTATION_PRIORITY.into(),
+                json!(p.to_string()),
+            );
+        }
+    }
+}
+
+/// Warnings for containers that set HAMi-core's variables: Tessera reads none of them.
+pub fn hami_core_env_warnings(pod: &Pod) -> Vec<String> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
+        for e in c.env.iter().flatten() {
+            if is_hami_core_env(&e.name) {
+                out.push(format!(
+                    "container {:?} sets {}, which HAMi-core reads; Tessera ignores it: the container's limits are its slices",
+                    c.name, e.name
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod with one app container (`main`) and, if given, a second (`side`).
+    fn pod(limits: &[(&str, &str)], annotations: &[(&str, &str)]) -> Pod {
+        let limits: Map<String, Value> = limits
+            .iter()
+            .map(|(k, v)| ((*k).into(), json!(v)))
+            .collect();
+        let ann: Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).into(), json!(v)))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": ann},
+            "spec": {"containers": [
+                {"name": "main", "image": "x", "resources": {"limits": limits}},
+                {"name": "side", "image": "x"}
+            ]}
+        }))
+        .expect("pod")
+    }
+
+    fn slices(p: &Pod, config: &Config) -> (Vec<(String, u32)>, Vec<String>) {
+        let t = translate(p, config)
+            .unwrap_or_else(|e| panic!("refused: {e:?}"))
+            .expect("translated");
+        (
+            t.containers
+                .iter()
+                .map(|c| (c.name.clone(), c.slices))
+                .collect(),
+            t.warnings,
+        )
+    }
+
+    fn refusal(p: &Pod, config: &Config) -> String {
+        match translate(p, config) {
+            Err(lines) => lines.join("; "),
+            Ok(t) => panic!("admitted: {t:?}"),
+        }
+    }
+
+    const MAIN: &str = "main";
+
+    /// Resource or annotation words of a table row.
+    type Words = &'static [(&'static str, &'static str)];
+
+    #[test]
+    fn hami_requests_become_slices_of_one_gpu() {
+        let c = Config::default();
+        // (limits, slices, rounded?)
+        let table: &[(Words, u32, bool)] = &[
+            (&[(HAMI_GPU, "1"), (HAMI_GPUMEM, "4096")], 1, false),
+            (
+                &[
+                    (HAMI_GPU, "1"),
+                    (HAMI_GPUMEM, "8192"),
+                    (HAMI_GPUCORES, "25"),
+                ],
+                2,
+                false,
+            ),
+            // 3000 MiB is 0.73 slice, 30% is 2.4 slices: 3 slices.
+            (
+                &[
+                    (HAMI_GPU, "1"),
+                    (HAMI_GPUMEM, "3000"),
+                    (HAMI_GPUCORES, "30"),
+                ],
+                3,
+                true,
+            ),
+            // Only gpucores: HAMi's default memory is the whole card.
+            (&[(HAMI_GPU, "1"), (HAMI_GPUCORES, "30")], 8, false),
+            // No nvidia.com/gpu: HAMi's default of one.
+            (&[(HAMI_GPUMEM_PERCENTAGE, "50")], 4, false),
+            // gpucores 0 is "no core limit".
+            (
+                &[(HAMI_GPU, "1"), (HAMI_GPUMEM, "4096"), (HAMI_GPUCORES, "0")],
+                1,
+                false,
+            ),
+            // Two whole cards.
+            (
+                &[(HAMI_GPU, "2"), (HAMI_GPUMEM_PERCENTAGE, "100")],
+                16,
+                false,
+            ),
+        ];
+        for (limits, want, rounded) in table {
+            let (got, warnings) = slices(&pod(limits, &[]), &c);
+            assert_eq!(got, vec![(MAIN.to_string(), *want)], "{limits:?}");
+            assert_eq!(!warnings.is_empty(), *rounded, "{limits:?}: {warnings:?}");
+        }
+    }
+
+    #[test]
+    fn hami_requests_tessera_cannot_honour_are_refused_naming_the_field() {
+        let c = Config::default();
+        let table: &[(Words, Words, &[&str])] = &[
+            (
+                &[(HAMI_GPUCORES, "150")],
+                &[],
+                &["nvidia.com/gpucores", "\"150\"", "over 100"],
+            ),
+            (
+                &[(HAMI_GPUMEM, "100000")],
+                &[],
+                &["nvidia.com/gpumem", "\"100000\"", "more than one GPU"],
+            ),
+            (
+                &[(HAMI_GPU, "2"), (HAMI_GPUMEM, "3000")],
+                &[],
+                &["nvidia.com/gpu", "\"2\"", "each of 2 GPUs"],
+            ),
+            (
+                &[(HAMI_GPUMEM, "3000"), (HAMI_GPUMEM_PERCENTAGE, "50")],
+                &[],
+                &["both", "give one"],
+            ),
+            (
+                &[(HAMI_GPUMEM, "3Gi")],
+                &[],
+                &["nvidia.com/gpumem", "\"3Gi\"", "MiB"],
+            ),
+            (
+                &[(HAMI_GPUMEM_PERCENTAGE, "0")],
+                &[],
+                &["nvidia.com/gpumem-percentage", "\"0\""],
+            ),
+            (
+                &[(HAMI_PRIORITY, "2")],
+                &[],
+                &["nvidia.com/priority", "\"2\""],
+            ),
+            (
+                &[(HAMI_GPUMEM, "4096")],
+                &[(HAMI_USE_GPUTYPE, "A100,H100")],
+                &[
+                    "nvidia.com/use-gputype",
+                    "A100,H100",
+                    "tessera.dev/gpu-class",
+                ],
+            ),
+            (
+                &[(HAMI_GPUMEM, "4096")],
+                &[(HAMI_NOUSE_GPUUUID, "GPU-1")],
+                &["nvidia.com/nouse-gpuuuid"],
+            ),
+            (
+                &[(HAMI_GPUMEM, "4096")],
+                &[(HAMI_GPU_SCHEDULER_POLICY, "best")],
+                &["hami.io/gpu-scheduler-policy", "\"best\""],
+            ),
+            (
+                &[(HAMI_GPUMEM, "4096"), ("tessera.dev/vgpu", "1")],
+                &[],
+                &["both"],
+            ),
+        ];
+        for (limits, ann, words) in table {
+            let msg = refusal(&pod(limits, ann), &c);
+            for w in *words {
+                assert!(msg.contains(w), "{limits:?} {ann:?}: {msg:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_refuse_refuses_what_up_rounds() {
+        let strict = Config {
+            rounding: Rounding::Refuse,
+            ..Config::default()
+        };
+        let msg = refusal(&pod(&[(HAMI_GPUMEM, "3000")], &[]), &strict);
+        assert!(
+            msg.contains("nvidia.com/gpumem: \"3000\"") && msg.contains("4096 MiB"),
+            "{msg}"
+        );
+        let (got, warnings) = slices(&pod(&[(HAMI_GPUMEM, "3000")], &[]), &Config::default());
+        assert_eq!(got, vec![(MAIN.to_string(), 1)]);
+        assert!(
+            warnings[0].contains("rounded up to 1 whole slices (4096 MiB"),
+            "{warnings:?}"
+        );
+        // A multiple is admitted either way.
+        assert_eq!(
+            slices(&pod(&[(HAMI_GPUMEM, "8192")], &[]), &strict).0[0].1,
+            2
+        );
+    }
+
+    #[test]
+    fn hami_priority_and_policies() {
+        let c = Config::default();
+        let t = translate(
+            &pod(&[(HAMI_GPUMEM, "4096"), (HAMI_PRIORITY, "0")], &[]),
+            &c,
+        )
+        .expect("ok")
+        .expect("hami");
+        assert_eq!(t.priority, Some(100));
+        let t = translate(
+            &pod(
+                &[(HAMI_GPUMEM, "4096"), (HAMI_PRIORITY, "1")],
+                &[(HAMI_NODE_SCHEDULER_POLICY, "spread")],
+            ),
+            &c,
+        )
+        .expect("ok")
+        .expect("hami");
+        assert_eq!(t.priority, Some(0));
+        assert!(
+            t.warnings[0].contains("hami.io/node-scheduler-policy"),
+            "{:?}",
+            t.warnings
+        );
+        assert_eq!(
+            t.original["annotations"][HAMI_NODE_SCHEDULER_POLICY],
+            "spread"
+        );
+        assert_eq!(t.original["containers"][MAIN][HAMI_PRIORITY], "1");
+        // Tessera's own annotation saying otherwise is a contradiction, not an override.
+        let msg = refusal(
+            &pod(
+                &[(HAMI_GPUMEM, "4096"), (HAMI_PRIORITY, "0")],
+                &[("tessera.dev/priority", "-5")],
+            ),
+            &c,
+        );
+        assert!(
+            msg.contains("nvidia.com/priority") && msg.contains("\"-5\""),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn kai_annotations_become_slices_of_the_named_or_first_container() {
+        let c = Config::default();
+        let table: &[(Words, &str, u32, bool)] = &[
+            (&[(KAI_GPU_FRACTION, "0.5")], MAIN, 4, false),
+            (&[(KAI_GPU_FRACTION, "1")], MAIN, 8, false),
+            (&[(KAI_GPU_FRACTION, "0.3")], MAIN, 3, true),
+            (&[(KAI_GPU_MEMORY, "8192")], MAIN, 2, false),
+            (&[(KAI_GPU_MEMORY, "2000")], MAIN, 1, true),
+            (
+                &[(KAI_GPU_FRACTION, "1"), (KAI_GPU_FRACTION_NUM_DEVICES, "2")],
+                MAIN,
+                16,
+                false,
+            ),
+            (
+                &[
+                    (KAI_GPU_FRACTION, "0.25"),
+                    (KAI_GPU_FRACTION_CONTAINER, "side"),
+                ],
+                "side",
+                2,
+                false,
+            ),
+        ];
+        for (ann, who, want, rounded) in table {
+            let p = pod(&[], ann);
+            let t = translate(&p, &c).expect("ok").expect("kai");
+            assert_eq!(t.dialect, Dialect::Kai);
+            let got: Vec<(String, u32)> = t
+                .containers
+                .iter()
+                .map(|c| (c.name.clone(), c.slices))
+                .collect();
+            assert_eq!(got, vec![(who.to_string(), *want)], "{ann:?}");
+            assert_eq!(
+                !t.warnings.is_empty(),
+                *rounded,
+                "{ann:?}: {:?}",
+                t.warnings
+            );
+            // KAI's words come off the pod (KAI would reserve a GPU for them) and stay
+            // in the original-words annotation.
+            assert_eq!(t.remove_annotations.len(), ann.len());
+            for (k, v) in *ann {
+                assert_eq!(t.original["annotations"][*k], *v);
+            }
+        }
+    }
+
+    #[test]
+    fn kai_requests_tessera_cannot_honour_are_refused_naming_the_field() {
+        let c = Config::default();
+        let table: &[(Words, &[&str])] = &[
+            (&[(KAI_GPU_FRACTION, "0")], &["gpu-fraction", "\"0\""]),
+            (&[(KAI_GPU_FRACTION, "1.5")], &["gpu-fraction", "\"1.5\""]),
+            (&[(KAI_GPU_FRACTION, "-0.5")], &["gpu-fraction", "\"-0.5\""]),
+            (&[(KAI_GPU_FRACTION, "half")], &["gpu-fraction", "\"half\""]),
+            (&[(KAI_GPU_FRACTION, "NaN")], &["gpu-fraction", "\"NaN\""]),
+            (
+                &[(KAI_GPU_MEMORY, "100000")],
+                &["gpu-memory", "\"100000\"", "more than one GPU"],
+            ),
+            (&[(KAI_GPU_MEMORY, "2Gi")], &["gpu-memory", "\"2Gi\""]),
+            (
+                &[(KAI_GPU_FRACTION, "0.5"), (KAI_GPU_MEMORY, "2000")],
+                &["both set"],
+            ),
+            (
+                &[
+                    (KAI_GPU_FRACTION, "0.5"),
+                    (KAI_GPU_FRACTION_NUM_DEVICES, "2"),
+                ],
+                &["gpu-fraction-num-devices", "each of 2 GPUs"],
+            ),
+            (
+                &[
+                    (KAI_GPU_FRACTION, "0.5"),
+                    (KAI_GPU_FRACTION_NUM_DEVICES, "0"),
+                ],
+                &["gpu-fraction-num-devices", "\"0\""],
+            ),
+            (
+                &[
+                    (KAI_GPU_FRACTION, "0.5"),
+                    (KAI_GPU_FRACTION_CONTAINER, "nope"),
+                ],
+                &["gpu-fraction-container-name", "\"nope\""],
+            ),
+        ];
+        for (ann, words) in table {
+            let msg = refusal(&pod(&[], ann), &c);
+            for w in *words {
+                assert!(msg.contains(w), "{ann:?}: {msg:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn volcano_requests_become_slices_or_are_refused() {
+        let c = Config::default();
+        let table: &[(Words, u32, bool)] = &[
+            (
+                &[(VOLCANO_VGPU_NUMBER, "1"), (VOLCANO_VGPU_MEMORY, "1024")],
+                1,
+                true,
+            ),
+            (
+                &[
+                    (VOLCANO_VGPU_NUMBER, "1"),
+                    (VOLCANO_VGPU_MEMORY, "8192"),
+                    (VOLCANO_VGPU_CORES, "50"),
+                ],
+                4,
+                false,
+            ),
+            (
+                &[
+                    (VOLCANO_VGPU_NUMBER, "1"),
+                    (VOLCANO_VGPU_MEMORY_PERCENTAGE, "25"),
+                ],
+                2,
+                false,
+            ),
+            (&[(VOLCANO_VGPU_NUMBER, "2")], 16, false),
+            (&[(VOLCANO_VGPU_MEMORY, "4096")], 1, false),
+        ];
+        for (limits, want, rounded) in table {
+            let (got, warnings) = slices(&pod(limits, &[]), &c);
+            assert_eq!(got, vec![(MAIN.to_string(), *want)], "{limits:?}");
+            assert_eq!(!warnings.is_empty(), *rounded, "{limits:?}: {warnings:?}");
+        }
+        let bad: &[(Words, &[&str])] = &[
+            (
+                &[(VOLCANO_VGPU_CORES, "101")],
+                &["volcano.sh/vgpu-cores", "\"101\""],
+            ),
+            (
+                &[(VOLCANO_VGPU_NUMBER, "2"), (VOLCANO_VGPU_MEMORY, "1024")],
+                &["volcano.sh/vgpu-number", "each of 2 GPUs"],
+            ),
+            (
+                &[(VOLCANO_VGPU_MEMORY_PERCENTAGE, "101")],
+                &["volcano.sh/vgpu-memory-percentage", "\"101\""],
+            ),
+            (
+                &[
+                    (VOLCANO_VGPU_MEMORY, "1024"),
+                    (VOLCANO_VGPU_MEMORY_PERCENTAGE, "10"),
+                ],
+                &["both"],
+            ),
+        ];
+        for (limits, words) in bad {
+            let msg = refusal(&pod(limits, &[]), &c);
+            for w in *words {
+                assert!(msg.contains(w), "{limits:?}: {msg:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn dialects_not_accepted_are_left_alone_and_mixing_is_refused() {
+        let only_kai = Config {
+            dialects: [Dialect::Kai].into_iter().collect(),
+            ..Config::default()
+        };
+        assert_eq!(
+            translate(&pod(&[(HAMI_GPUMEM, "4096")], &[]), &only_kai),
+            Ok(None)
+        );
+        assert_eq!(
+            translate(&pod(&[(VOLCANO_VGPU_MEMORY, "4096")], &[]), &only_kai),
+            Ok(None)
+        );
+        // Bare nvidia.com/gpu is NVIDIA's device plugin's as much as HAMi's: left alone.
+        assert_eq!(
+            translate(&pod(&[(HAMI_GPU, "1")], &[]), &Config::default()),
+            Ok(None)
+        );
+        let msg = refusal(
+            &pod(&[(HAMI_GPUMEM, "4096")], &[(KAI_GPU_FRACTION, "0.5")]),
+            &Config::default(),
+        );
+        assert!(msg.contains("hami, kai"), "{msg}");
+    }
+
+    #[test]
+    fn kais_own_gpu_env_comes_off_the_translated_container() {
+        let from =
+            |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
+        let raw = json!({
+            "metadata": {"name": "p", "annotations": {
+                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+            "spec": {"containers": [{"name": "main", "image": "x", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(KAI_VISIBLE_DEVICES_KEY)},
+                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
+                {"name": "HOME", "value": "/root"}
+            ]}]}
+        });
+        let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
+        let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+        let mut out = raw.clone();
+        apply(&mut out, &t);
+        assert_eq!(
+            out["spec"]["containers"][0]["env"],
+            json!([{"name": "HOME", "value": "/root"}])
+        );
+        let ann = out["metadata"]["annotations"]
+            .as_object()
+            .expect("annotations");
+        assert!(!ann.contains_key(KAI_CONFIGMAP_ANNOTATION) && !ann.contains_key(KAI_GPU_FRACTION));
+        // KAI's admission alone (its ConfigMap annotation, no fraction) is not a request.
+        let only_cm = pod(&[], &[(KAI_CONFIGMAP_ANNOTATION, "x")]);
+        assert_eq!(translate(&only_cm, &Config::default()), Ok(None));
+    }
+
+    #[test]
+    fn apply_rewrites_resources_and_keeps_the_words() {
+        let p = pod(&[(HAMI_GPU, "1"), (HAMI_GPUMEM, "8192")], &[]);
+        let mut raw = serde_json::to_value(&p).expect("json");
+        raw["spec"]["containers"][0]["resources"]["requests"] =
+            json!({HAMI_GPU: "1", HAMI_GPUMEM: "8192", "cpu": "1"});
+        raw["spec"]["containers"][0]["resources"]["limits"]["cpu"] = json!("2");
+        let t = translate(&p, &Config::default())
+            .expect("ok")
+            .expect("hami");
+        apply(&mut raw, &t);
+        let res = &raw["spec"]["containers"][0]["resources"];
+        assert_eq!(res["limits"], json!({"cpu": "2", "tessera.dev/vgpu": "2"}));
+        assert_eq!(
+            res["requests"],
+            json!({"cpu": "1", "tessera.dev/vgpu": "2"})
+        );
+        let original: Value = serde_json::from_str(
+            raw["metadata"]["annotations"][ANNOTATION_ORIGINAL]
+                .as_str()
+                .expect("annotation"),
+        )
+        .expect("json");
+        assert_eq!(
+            original,
+            json!({"dialect": "hami", "containers": {"main": {HAMI_GPU: "1", HAMI_GPUMEM: "8192"}}})
+        );
+    }
+}
