@@ -491,6 +491,7 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
 mod tests {
     use super::*;
     use std::sync::Mutex;
+    use tessera_node::config::Config;
     use tessera_node::testing::{FakeManager, Method};
     use tessera_proto::manager::v1 as mgr;
     use tessera_proto::podresources::v1 as pr;
@@ -570,6 +571,68 @@ mod tests {
         assert!(waited <= grace + 2 * interval, "deleted late: {waited:?}");
         let left: Vec<String> = manager.allocations().into_iter().map(|a| a.id).collect();
         assert_eq!(left, ["1"], "the CLI's allocation is not the plugin's");
+        task.abort();
+    }
+
+    /// On the plugin's own (paused) clock: slices turn Unhealthy once the
+    /// manager has been unreachable for the grace period, not before, and
+    /// Healthy again when it answers.
+    #[tokio::test(start_paused = true)]
+    async fn slices_turn_unhealthy_after_the_manager_grace_and_back() {
+        let manager = Arc::new(FakeManager::default());
+        manager.set_status(mgr::NodeStatus {
+            gpus: vec![mgr::GpuStatus {
+                uuid: "GPU-a".into(),
+                memory_total_bytes: 8 << 30,
+                healthy: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let state = Arc::new(PluginState::new("n", Config::default(), BTreeMap::new()));
+        let mut rx = state.subscribe();
+        let interval = Duration::from_secs(1);
+        let grace = Duration::from_secs(30);
+        let task = tokio::spawn(inventory_loop(
+            "test".into(),
+            manager.clone(),
+            state.clone(),
+            interval,
+            grace,
+        ));
+        rx.wait_for(|s| s.manager_up).await.expect("up");
+        let up_at = Instant::now();
+        // The first watch answered; every one after fails for a while (the
+        // next comes after the stream's silence: no time passes here).
+        for _ in 0..100 {
+            manager.fail_next(Method::Watch, Status::unavailable("down"));
+        }
+        rx.wait_for(|s| !s.manager_up).await.expect("lost");
+        let lost_after = up_at.elapsed();
+        // Silence (3 intervals + 1 s) ends the stream; the grace runs from
+        // the first failed watch after it.
+        let silence = interval * 3 + Duration::from_secs(1);
+        assert!(lost_after >= silence + grace, "lost after {lost_after:?}");
+        assert!(
+            lost_after <= silence + grace + Duration::from_secs(2),
+            "lost late: {lost_after:?}"
+        );
+        assert!(
+            state
+                .snapshot()
+                .devices
+                .iter()
+                .all(|d| d.health == dp::UNHEALTHY)
+        );
+        // The failures run out: the manager answers, the slices come back.
+        rx.wait_for(|s| s.manager_up).await.expect("back");
+        assert!(
+            state
+                .snapshot()
+                .devices
+                .iter()
+                .all(|d| d.health == dp::HEALTHY)
+        );
         task.abort();
     }
 }
