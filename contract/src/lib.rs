@@ -7,7 +7,7 @@
 //! ([`node`]), compute policies
 //! ([`policy`]), the one syntax for sizes, percentages and durations
 //! ([`units`]), the spelling of GPU UUIDs ([`uuid`]) and the one way a file
-//! is replaced atomically and durably ([`file`]). The shim links this
+//! is replaced atomically and durably ([`file`](mod@file)). The shim links this
 //! crate, so it stays synchronous with no dependency beyond `thiserror`; the
 //! daemons' YAML config reading (module `yaml`, behind the feature `yaml`) is
 //! the one optional part.

@@ -12,9 +12,13 @@ use crate::layout::*;
 use crate::map::Mapping;
 use crate::{ShmError, crc32};
 
-/// Default device memory charged per CUDA context. A real driver keeps a few
-/// hundred MiB per context (more on large GPUs); 0 would let a process that
-/// creates many contexts exceed its limit through the driver's own use.
+/// Device memory a bare [`ControlSpec::new`] charges per CUDA context:
+/// none, so that a spec built by hand (tests, tools) counts only what is
+/// allocated. It is not the node's default: the manager writes every
+/// control file with what a context holds (measured at its start, else its
+/// own `DEFAULT_CONTEXT_OVERHEAD`, 518 MiB), since no charge would let a
+/// process that makes many contexts pass its limit through the driver's own
+/// use.
 pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 0;
 /// Default wait for a silent arbiter before a gate runs free.
 pub const DEFAULT_GATE_TIMEOUT_NS: u64 = 2_000_000_000;

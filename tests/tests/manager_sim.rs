@@ -358,8 +358,7 @@ fn a_process_killed_inside_tessera_run_has_its_memory_reclaimed_by_the_next_reap
     kill(p2);
     let status = run.wait().unwrap();
     assert_eq!(status.code(), Some(0));
-    m.reaper_pass();
-    assert!(node_status(&m.socket).allocations.is_empty());
+    m.all_reaped();
     m.stop();
 }
 
@@ -410,11 +409,7 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     );
     // The run exec'd the command: the reaper deletes the allocation once
     // it has gone.
-    m.reaper_pass();
-    assert!(
-        node_status(&m.socket).allocations.is_empty(),
-        "allocation left behind"
-    );
+    m.all_reaped();
 
     // Exit statuses are the command's own: its code, or the signal that
     // killed it (the command is the process `tessera run` was).
@@ -430,8 +425,7 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     let trap = "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait";
     let mut run = client_spawn(&n, &[&run_1gi[..], &["--", "sh", "-c", trap]].concat());
     assert_eq!(sigterm_once_ready(&mut run).code(), Some(42));
-    m.reaper_pass();
-    assert!(node_status(&m.socket).allocations.is_empty());
+    m.all_reaped();
     m.stop();
 }
 

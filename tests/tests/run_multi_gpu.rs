@@ -212,7 +212,6 @@ fn several_gpus_are_checked_like_one() {
         ],
     );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    m.reaper_pass();
-    assert!(node_status(&m.socket).allocations.is_empty());
+    m.all_reaped();
     m.stop();
 }

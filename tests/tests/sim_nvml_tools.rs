@@ -7,14 +7,16 @@
 //! This binary holds one test on purpose: it sets `TESSERA_SIM_STATE` in its own
 //! environment before NVML is loaded, which is only sound with no other test running.
 
+mod nvml_support;
+
 use std::time::Duration;
 
-use nvml_wrapper::Nvml;
+use nvml_support::nvml_on;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, PcieUtilCounter};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
-use tessera_e2e::{Mode, SimNode, sim_nvml_library};
+use tessera_e2e::{Mode, SimNode};
 
 const MI: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(20);
@@ -27,12 +29,7 @@ fn the_calls_of_nvidia_smi_like_tools_answer() {
     node.node().set_context_memory(context);
     // SAFETY: this is the only test of this binary, so no other thread reads or writes the
     // environment while it is changed (the harness's main thread only waits).
-    unsafe { std::env::set_var("TESSERA_SIM_STATE", &node.state) };
-    let lib = sim_nvml_library();
-    let nvml = Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .expect("nvml-wrapper initialises against the simulated NVML");
+    let nvml = unsafe { nvml_on(&node) };
     let dev = nvml.device_by_index(0).expect("device 0");
 
     for (e, c) in [

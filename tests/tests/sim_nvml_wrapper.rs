@@ -5,15 +5,17 @@
 //! This binary holds one test on purpose: it sets `TESSERA_SIM_STATE` in its own
 //! environment before NVML is loaded, which is only sound with no other test running.
 
+mod nvml_support;
+
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::Nvml;
+use nvml_support::nvml_on;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use tessera_e2e::{Mode, SimNode, sim_nvml_library};
+use tessera_e2e::{Mode, SimNode};
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(20);
@@ -23,12 +25,7 @@ fn nvml_wrapper_reads_the_simulated_node() {
     let node = SimNode::builder().devices(2).memory("4Gi").build();
     // SAFETY: this is the only test of this binary, so no other thread reads or writes the
     // environment while it is changed (the harness's main thread only waits).
-    unsafe { std::env::set_var("TESSERA_SIM_STATE", &node.state) };
-    let lib = sim_nvml_library();
-    let nvml = Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .expect("nvml-wrapper initialises against the simulated NVML");
+    let nvml = unsafe { nvml_on(&node) };
 
     assert_eq!(nvml.device_count().expect("count"), 2);
     assert_eq!(nvml.sys_cuda_driver_version().expect("cuda version"), 12090);

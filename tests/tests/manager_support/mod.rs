@@ -354,6 +354,19 @@ impl ManagerProc {
         assert!(done.is_some(), "no reaper pass completed:\n{}", self.log());
     }
 
+    /// Waits for a whole reaper pass, then no allocation may be left: what
+    /// the end of every `tessera run` must leave behind.
+    pub fn all_reaped(&self) {
+        self.reaper_pass();
+        let left = node_status(&self.socket).allocations;
+        assert!(
+            left.is_empty(),
+            "{} allocation(s) left after a reaper pass:\n{}",
+            left.len(),
+            self.log()
+        );
+    }
+
     /// What the manager logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
