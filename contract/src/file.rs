@@ -1,15 +1,24 @@
 //! The one way any part of Tessera replaces a file that something else reads:
-//! [`replace_durably`]. Its durability is the one stated here, for every caller:
+//! [`replace`] (and its shorthands [`replace_durably`], [`write_durably`]).
+//! What it promises, for every caller:
 //!
 //! - a reader sees the old file or the whole new one, never part of either
 //!   (the new content goes to a temporary file in the same directory, which
 //!   is renamed over the old name; a rename within one file system is atomic);
-//! - once it returns `Ok`, the new file survives a crash or a power loss: the
-//!   temporary file is fsynced before the rename (so the name never points at
-//!   data still in the page cache) and the directory after it (so the rename
-//!   itself is on disk);
+//! - once it returns `Ok`, the new file survives a crash of the writer, and,
+//!   at [`Durability::PowerLoss`] (the shorthands' and every caller's unless
+//!   it says why not), a power loss too: the temporary file is fsynced before
+//!   the rename (so the name never points at data still in the page cache)
+//!   and the directory after it (so the rename itself is on disk);
 //! - a process that already has the old file open or mapped keeps the old
 //!   inode: the old file is never opened for writing.
+//!
+//! [`Durability::ProcessCrash`] skips the two fsyncs, and only for what
+//! cannot matter after a power loss: files rebuilt from a durable record
+//! (an allocation's control and state files), and the allocation of a
+//! `tessera run`, which no process outlives a power loss to use. The fsyncs
+//! are milliseconds each on a node's disk, and a run pays them in its
+//! start-up (issue 26).
 //!
 //! It lives in the contract crate because that is the lowest crate every
 //! writer (shm, manager, node, the plugins, the client) already depends on.
@@ -26,6 +35,16 @@ pub fn write_durably(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()
     replace_durably(path, mode, |f| f.write_all(bytes))
 }
 
+/// How long a replaced file must last (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Through a power loss: the file and its directory are fsynced.
+    PowerLoss,
+    /// Through a crash of the writer only (the page cache keeps it): for
+    /// files nothing can need after a power loss.
+    ProcessCrash,
+}
+
 /// Replaces `path` with what `fill` writes into a new file, atomically and
 /// durably (see the module). `mode` is the new file's mode as `open(2)` takes
 /// it (the umask applies; `fill` may set it exactly). The directory must
@@ -35,6 +54,17 @@ pub fn write_durably(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()
 pub fn replace_durably(
     path: &Path,
     mode: u32,
+    fill: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    replace(path, mode, Durability::PowerLoss, fill)
+}
+
+/// [`replace_durably`] at the durability given: at
+/// [`Durability::ProcessCrash`] nothing is fsynced.
+pub fn replace(
+    path: &Path,
+    mode: u32,
+    durability: Durability,
     fill: impl FnOnce(&mut File) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let dir = match path.parent() {
@@ -52,12 +82,17 @@ pub fn replace_durably(
             .mode(mode)
             .open(&tmp)?;
         fill(&mut f)?;
-        f.sync_all()?;
+        if durability == Durability::PowerLoss {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if let Err(e) = published {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
+    }
+    if durability == Durability::ProcessCrash {
+        return Ok(());
     }
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
         std::io::Error::new(
@@ -130,6 +165,21 @@ mod tests {
         assert_eq!(names(&d), ["a.json"]);
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode & !0o600, 0, "mode {mode:o} wider than asked");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Without the fsyncs the replace is still whole and atomic: a new
+    /// inode with the new content, and no temporary file left.
+    #[test]
+    fn a_process_crash_replace_is_still_atomic() {
+        let d = scratch();
+        let p = d.join("control");
+        write_durably(&p, b"old", 0o644).unwrap();
+        let first = std::fs::metadata(&p).unwrap().ino();
+        replace(&p, 0o644, Durability::ProcessCrash, |f| f.write_all(b"new")).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        assert_ne!(std::fs::metadata(&p).unwrap().ino(), first);
+        assert_eq!(names(&d), ["control"]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

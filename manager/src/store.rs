@@ -6,11 +6,12 @@
 //! restarted manager picks every allocation up again from here.
 //!
 //! Nothing is forgotten: every record is written twice, each time through
-//! the one durable replace (`tessera_contract::file`: a temporary file,
+//! the one file replace (`tessera_contract::file`: a temporary file,
 //! fsynced, renamed over, the directory fsynced): `allocation.json`, and a
 //! checksummed copy in `allocations/.records/<id>.json`, which no container
-//! mounts. The control and state files are written the same way, and a
-//! published allocation directory's rename is synced too.
+//! mounts. The fsyncs are skipped for the allocation of a `tessera run`,
+//! which cannot outlive its process (`durability`); the control and state
+//! files are never fsynced, being rebuilt from the record.
 //!
 //! At start-up a record is read from the first that is whole; if both are
 //! lost it is rebuilt from the control file (limits, shares; policy
@@ -31,6 +32,8 @@
 //! is damage, repaired as any other (see docs/upgrade.md).
 
 use std::path::{Path, PathBuf};
+
+use tessera_contract::file::Durability;
 
 use parking_lot::RwLock;
 use tessera_shm::{Control, ControlSpec, State};
@@ -196,8 +199,24 @@ fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
     Ok(body)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), AllocError> {
-    tessera_contract::file::write_durably(path, bytes, 0o600).map_err(io(path))
+/// How long an allocation's record must last: through a power loss, except
+/// the allocation of a `tessera run` bound to its live process (owner pid,
+/// pid namespace and start time, taken from the socket's peer), which
+/// cannot outlive that process, and no process outlives a power loss. That
+/// saves a run the fsyncs (milliseconds of its start-up, issue 26); should
+/// one come back torn after a power loss, start-up moves it aside as any
+/// such directory, and nothing can still be using it.
+fn durability(rec: &AllocationRecord) -> Durability {
+    if tessera_contract::labels::RunOwner::from_labels(&rec.labels).is_some() {
+        Durability::ProcessCrash
+    } else {
+        Durability::PowerLoss
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8], d: Durability) -> Result<(), AllocError> {
+    use std::io::Write;
+    tessera_contract::file::replace(path, 0o600, d, |f| f.write_all(bytes)).map_err(io(path))
 }
 
 fn sync_dir(dir: &Path) {
@@ -222,7 +241,7 @@ impl Store {
         std::fs::set_permissions(&records, std::fs::Permissions::from_mode(0o700))
             .map_err(io(&records))?;
         let probe = dir.join(format!(".write-test-{}", std::process::id()));
-        write_atomically(&probe, b"ok").map_err(|e| match e {
+        write_atomically(&probe, b"ok", Durability::PowerLoss).map_err(|e| match e {
             AllocError::Io { error, .. } => AllocError::Io {
                 path: dir.to_owned(),
                 error: std::io::Error::new(error.kind(), format!("not writable: {error}")),
@@ -245,8 +264,9 @@ impl Store {
             path: dir.join(RECORD_FILE),
             error: std::io::Error::other(e),
         })?;
-        write_atomically(&self.copy_path(&rec.id), &sealed(&json))?;
-        write_atomically(&dir.join(RECORD_FILE), &json)
+        let d = durability(rec);
+        write_atomically(&self.copy_path(&rec.id), &sealed(&json), d)?;
+        write_atomically(&dir.join(RECORD_FILE), &json, d)
     }
 
     pub fn dir(&self) -> &Path {
@@ -298,7 +318,9 @@ impl Store {
             let _ = std::fs::remove_file(self.copy_path(&rec.id));
             return Err(e);
         }
-        sync_dir(&self.dir);
+        if durability(rec) == Durability::PowerLoss {
+            sync_dir(&self.dir);
+        }
         Ok((final_dir.join("control"), final_dir.join("state")))
     }
 
@@ -727,16 +749,23 @@ mod tests {
         Ok(rec)
     }
 
-    /// A run's allocation (owner labels) is written like a pod's and read
-    /// back the same.
+    /// Only an allocation bound to a live `tessera run` (its owner's pid,
+    /// pid namespace and start time, which the manager took from the
+    /// socket's peer) skips the fsyncs; a pod's, or a run's whose owner
+    /// labels are incomplete, must survive a power loss.
     #[test]
-    fn a_runs_record_is_written_and_read_back() {
+    fn only_a_run_bound_to_its_process_is_written_without_fsync() {
         use tessera_contract::labels as l;
         let mut rec = norm(&req(&gpus()[0].uuid, 4 * GI, 300_000)).unwrap();
+        rec.pod = "p".into();
+        assert_eq!(durability(&rec), Durability::PowerLoss);
         rec.labels.insert(l::SOURCE.into(), l::SOURCE_CLI.into());
         rec.labels.insert(l::CLI_PID.into(), "4242".into());
         rec.labels.insert(l::CLI_PIDNS.into(), "4026531836".into());
+        assert_eq!(durability(&rec), Durability::PowerLoss, "no start time");
         rec.labels.insert(l::CLI_START.into(), "123456".into());
+        assert_eq!(durability(&rec), Durability::ProcessCrash);
+        // Written either way, and read back the same.
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("allocations")).unwrap();
         store.create(&rec, &rec.control_spec(0)).unwrap();

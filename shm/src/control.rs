@@ -226,7 +226,9 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
 }
 
 /// Writes `bytes` to `path` so that readers see either the old file or the
-/// whole new one, durably ([`tessera_contract::file`]).
+/// whole new one ([`tessera_contract::file`]). Not fsynced: an allocation's
+/// control and state files are rebuilt from its durable record should a
+/// power loss take them (the manager's store repairs them at start-up).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ShmError> {
     write_atomically_with(path, mode, |f| f.write_all(bytes))
 }
@@ -237,7 +239,8 @@ pub(crate) fn write_atomically_with(
     mode: u32,
     fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<(), ShmError> {
-    tessera_contract::file::replace_durably(path, mode, fill).map_err(|e| ShmError::io(path, e))
+    use tessera_contract::file::{Durability, replace};
+    replace(path, mode, Durability::ProcessCrash, fill).map_err(|e| ShmError::io(path, e))
 }
 
 /// Creates (or replaces) a control file for `spec`.
