@@ -699,17 +699,10 @@ fn group_of(g: &DraGpu) -> Group {
 
 fn engine_gpu(g: &DraGpu) -> Gpu {
     match g.shape {
-        // As `view` counts a GPU of slices.
-        Shape::Slices { slices, free, .. } => Gpu {
-            model: g.model.clone(),
-            class: g.class.clone(),
-            memory_mib: u64::from(slices) * u64::from(MILLI),
-            memory_free_mib: u64::from(free) * u64::from(MILLI),
-            compute_free: free * MILLI / slices.max(1),
-            slices,
-            slices_free: free,
-            utilization: None,
-        },
+        // The one slice adapter, as `view` counts a GPU of slices.
+        Shape::Slices { slices, free, .. } => {
+            tessera_placement::slices::slice_gpu(&g.model, &g.class, slices, free, None)
+        }
         Shape::Shared {
             memory,
             memory_free,
