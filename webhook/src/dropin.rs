@@ -754,6 +754,12 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             r.remove("requests");
         }
     }
+    // Nothing rewritten (a pod in Tessera's words that also carries, say, HAMi's
+    // scheduler-policy annotation): nothing to record, and a second pass must find
+    // nothing to change.
+    if t.containers.is_empty() && t.remove_annotations.is_empty() {
+        return;
+    }
     if !raw["metadata"]["annotations"].is_object() {
         raw["metadata"]["annotations"] = json!({});
     }
