@@ -238,6 +238,20 @@ async fn hami_examples_become_slices() {
         );
         let (out, warnings) = admitted(&p).await;
         assert_slices(&out, 0, slices);
+        // HAMi's gpucores is a cap: Tessera's guaranteed policy, carried to the shim.
+        let capped = limits.get("nvidia.com/gpucores").is_some();
+        let env = &out["spec"]["containers"][0]["env"];
+        assert_eq!(
+            env.as_array()
+                .expect("env")
+                .contains(&json!({"name": "TESSERA_COMPUTE_POLICY", "value": "guaranteed"})),
+            capped,
+            "{env}"
+        );
+        assert_eq!(
+            out["metadata"]["annotations"]["tessera.dev/compute-policy"] == "guaranteed",
+            capped
+        );
         assert_eq!(original(&out)["dialect"], "hami");
         assert_eq!(original(&out)["containers"]["cuda"], limits);
         assert_eq!(
