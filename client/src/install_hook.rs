@@ -11,9 +11,9 @@
 //! afterwards (a new container, whose bind mount is made at its start) gets the
 //! new one. A destination already holding the same bytes is left alone.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Flags of `tessera install-hook`.
@@ -85,8 +85,8 @@ pub fn install(from: &Path, to: &Path) -> Result<Installed, InstallError> {
     if !bytes.starts_with(b"\x7fELF") {
         return Err(InstallError::NotElf(from.to_owned()));
     }
-    let name = to
-        .file_name()
+    // Checked here, so that a path naming no file gets its own error.
+    to.file_name()
         .ok_or_else(|| InstallError::NoFileName(to.to_owned()))?;
     let dir = match to.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
@@ -102,24 +102,16 @@ pub fn install(from: &Path, to: &Path) -> Result<Installed, InstallError> {
             return Ok(Installed::Unchanged);
         }
     }
-    // Hidden, named after this process: two installers at once (a restarted init
-    // container beside a hand install) never write the same temporary file.
-    let tmp = dir.join(format!(
-        ".{}.install-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = write_durably(&tmp, &bytes).and_then(|()| {
-        std::fs::rename(&tmp, to).map_err(io(to))?;
-        // The rename itself durable: the directory entry.
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&dir))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map(|()| Installed::Replaced)
+    // The one durable replace: a new hidden file beside `to` (unique to this
+    // process and call, so two installers at once never share one), fsynced,
+    // renamed over, the directory fsynced. `to` itself is never opened.
+    tessera_contract::file::replace_durably(to, 0o755, |f| {
+        f.write_all(&bytes)?;
+        // The umask may have narrowed the mode given at creation.
+        f.set_permissions(std::fs::Permissions::from_mode(0o755))
+    })
+    .map_err(io(to))?;
+    Ok(Installed::Replaced)
 }
 
 /// Whether the file at `path` holds exactly `bytes` (read, never opened for writing).
@@ -129,23 +121,6 @@ fn same_bytes(path: &Path, bytes: &[u8]) -> bool {
         .and_then(|mut f| f.read_to_end(&mut have))
         .is_ok()
         && have == bytes
-}
-
-/// A new file at `tmp` (never an existing one) with `bytes`, mode 0755, on disk.
-fn write_durably(tmp: &Path, bytes: &[u8]) -> Result<(), InstallError> {
-    // A leftover of a killed installer of the same pid (a restarted container).
-    let _ = std::fs::remove_file(tmp);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o755)
-        .open(tmp)
-        .map_err(io(tmp))?;
-    f.write_all(bytes).map_err(io(tmp))?;
-    // The umask may have narrowed the mode given at creation.
-    f.set_permissions(std::fs::Permissions::from_mode(0o755))
-        .map_err(io(tmp))?;
-    f.sync_all().map_err(io(tmp))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 use tessera_proto::manager::v1 as pb;
 
-use tessera_contract::units::{format_bytes, format_ppm};
+use tessera_contract::units::{FULL_COMPUTE_PPM, format_bytes, format_ppm};
 
 use crate::{CliError, SocketArg, connect as client, runtime};
 
@@ -202,7 +202,7 @@ pub fn render(st: &pb::NodeStatus) -> String {
                 format!(
                     "{} / {}",
                     // A whole GPU is not arbitrated: nothing is measured.
-                    if d.compute_share_ppm >= 1_000_000 && d.compute_achieved_ppm == 0 {
+                    if d.compute_share_ppm >= FULL_COMPUTE_PPM && d.compute_achieved_ppm == 0 {
                         "-".to_owned()
                     } else {
                         format_ppm(d.compute_achieved_ppm)

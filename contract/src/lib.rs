@@ -6,13 +6,15 @@
 //! Kubernetes objects and allocation labels ([`labels`]), the node's name
 //! ([`node`]), compute policies
 //! ([`policy`]), the one syntax for sizes, percentages and durations
-//! ([`units`]) and the spelling of GPU UUIDs ([`uuid`]). The shim links this
+//! ([`units`]), the spelling of GPU UUIDs ([`uuid`]) and the one way a file
+//! is replaced atomically and durably ([`file`]). The shim links this
 //! crate, so it stays synchronous with no dependency beyond `thiserror`; the
 //! daemons' YAML config reading (module `yaml`, behind the feature `yaml`) is
 //! the one optional part.
 
 pub mod dropin;
 pub mod env;
+pub mod file;
 pub mod labels;
 pub mod node;
 pub mod paths;

@@ -95,6 +95,10 @@ pub fn parse_size(text: &str) -> Result<u64, UnitError> {
     u64::try_from(bytes).map_err(|_| bad())
 }
 
+/// One GPU's whole compute time, in parts per million: the unit of every
+/// compute share (control files, the manager's API, the node config).
+pub const FULL_COMPUTE_PPM: u32 = 1_000_000;
+
 /// Parses a percentage into parts per million: `30%` → 300 000. From 0%
 /// to 100%, at most four decimals (the resolution of a ppm).
 pub fn parse_percent(text: &str) -> Result<u32, UnitError> {
@@ -108,7 +112,7 @@ pub fn parse_percent(text: &str) -> Result<u32, UnitError> {
         return Err(bad());
     }
     let ppm = scaled(int, frac, 10_000, 1).ok_or_else(bad)?;
-    if ppm > 1_000_000 {
+    if ppm > u128::from(FULL_COMPUTE_PPM) {
         return Err(bad());
     }
     Ok(ppm as u32)

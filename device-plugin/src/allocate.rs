@@ -10,10 +10,9 @@ use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 use tonic::{Code, Status};
 
-use tessera_contract::env;
-
 use tessera_node::cdi::{HostPaths, KIND_NVIDIA, KIND_TESSERA};
 use tessera_node::config::{ComputePolicy, DeviceListStrategy, FULL_COMPUTE_PPM};
+use tessera_node::edits::{EditOptions, EditsError, allocation_edits};
 
 use crate::device_id::{DeviceId, DeviceIdError};
 use crate::state::Snapshot;
@@ -21,11 +20,6 @@ use tessera_node::manager::ManagerApi;
 
 /// The env var the NVIDIA container toolkit reads the device list from.
 pub use tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
-/// Where the `volume-mounts` strategy puts one (empty) mount per GPU; also the
-/// value of `NVIDIA_VISIBLE_DEVICES` under that strategy, as NVIDIA's plugin has it.
-pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
-/// The host side of those mounts: only their container paths mean something.
-pub const VOLUME_MOUNTS_HOST: &str = "/dev/null";
 /// Annotation naming the allocation, for the container runtime and humans.
 pub use tessera_contract::labels::ANNOTATION_ALLOCATION as ALLOCATION_ANNOTATION;
 /// Label the plugin puts on its allocations, and its value there; only
@@ -38,6 +32,9 @@ pub use tessera_contract::paths::CONTAINER_PRELOAD;
 pub use tessera_contract::paths::{
     CONTAINER_CONTROL, CONTAINER_HOOK_LIBRARY as CONTAINER_HOOK, CONTAINER_STATE,
 };
+/// Where the `volume-mounts` strategy puts one (empty) mount per GPU, and the
+/// host side of those mounts.
+pub use tessera_node::edits::{VOLUME_MOUNTS_HOST, VOLUME_MOUNTS_ROOT};
 
 /// Why an Allocate request cannot be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -246,89 +243,60 @@ fn same_limits(a: &mgr::Allocation, plan: &Plan) -> bool {
 
 /// The container's env, mounts, CDI devices and annotations for an allocation.
 ///
-/// Env: `TESSERA_CONTROL`, `TESSERA_STATE` (container paths),
-/// `TESSERA_ALLOCATION`. Never `LD_PRELOAD`: the webhook sets that, prepending
-/// the hook to the user's own value. The GPUs (UUIDs in GPU index order), by
-/// `strategy`: `envvar` sets `NVIDIA_VISIBLE_DEVICES` to them; `volume-mounts`
-/// mounts `/dev/null` at `/var/run/nvidia-container-devices/<uuid>` for each
-/// and points `NVIDIA_VISIBLE_DEVICES` at that directory (NVIDIA's plugin does
-/// the same; the toolkit then ignores the env's value and reads the mounts);
-/// `cdi` names `nvidia.com/gpu=<uuid>` and `tessera.dev/gpu=<uuid>`, and the
-/// node-wide files (the hook, the preload list) come from the plugin's CDI spec
-/// ([`crate::cdi`]) instead of `mounts`.
+/// The env and mounts are the manager's answer as [`allocation_edits`] turns
+/// it into a container's edits (the DRA plugin's CDI specs are built by the
+/// same function): `TESSERA_CONTROL`, `TESSERA_STATE` (container paths),
+/// `TESSERA_ALLOCATION`, the allocation's two files, the hook. Never
+/// `LD_PRELOAD`: the webhook sets that, prepending the hook to the user's own
+/// value. The GPUs, by `strategy`: `envvar` sets `NVIDIA_VISIBLE_DEVICES` to
+/// their UUIDs; `volume-mounts` mounts `/dev/null` at
+/// `/var/run/nvidia-container-devices/<uuid>` for each and points
+/// `NVIDIA_VISIBLE_DEVICES` at that directory (NVIDIA's plugin does the same;
+/// the toolkit then ignores the env's value and reads the mounts); `cdi`
+/// names `nvidia.com/gpu=<uuid>` and `tessera.dev/gpu=<uuid>`, and the
+/// node-wide files (the hook, the preload list) come from the plugin's CDI
+/// spec ([`crate::cdi`]) instead of `mounts`.
 pub fn container_response(
     alloc: &mgr::Allocation,
-    plan: &Plan,
     host: &HostPaths,
     ld_so_preload: bool,
     strategy: DeviceListStrategy,
-) -> dp::ContainerAllocateResponse {
-    let uuids: Vec<&str> = plan.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-    let mut envs = dp::ContainerAllocateResponse::default().envs;
-    for (k, v) in [
-        (env::CONTROL, CONTAINER_CONTROL.to_owned()),
-        (env::STATE, CONTAINER_STATE.to_owned()),
-        (env::ALLOCATION, alloc.id.clone()),
-    ] {
-        envs.insert(k.to_owned(), v);
-    }
-    if strategy.envvar {
-        envs.insert(NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
-    } else if strategy.volume_mounts {
-        envs.insert(
-            NVIDIA_VISIBLE_DEVICES.to_owned(),
-            VOLUME_MOUNTS_ROOT.to_owned(),
-        );
-    }
-    let mount = |host: String, container: &str, read_only: bool| dp::Mount {
-        container_path: container.to_owned(),
-        host_path: host,
-        read_only,
-    };
-    let mut mounts = vec![
-        mount(alloc.control_path.clone(), CONTAINER_CONTROL, true),
-        mount(alloc.state_path.clone(), CONTAINER_STATE, false),
-    ];
-    if !strategy.cdi {
-        mounts.push(mount(
-            host.hook_library.display().to_string(),
-            CONTAINER_HOOK,
-            true,
-        ));
-    }
-    if ld_so_preload && !strategy.cdi {
-        mounts.push(mount(
-            host.preload_file.display().to_string(),
-            CONTAINER_PRELOAD,
-            true,
-        ));
-    }
-    if strategy.volume_mounts {
-        for u in &uuids {
-            mounts.push(mount(
-                VOLUME_MOUNTS_HOST.to_owned(),
-                &format!("{VOLUME_MOUNTS_ROOT}/{u}"),
-                true,
-            ));
-        }
-    }
+) -> Result<dp::ContainerAllocateResponse, EditsError> {
+    let edits = allocation_edits(
+        alloc,
+        EditOptions {
+            host,
+            gpus: strategy,
+            shim_files: !strategy.cdi,
+            ld_so_preload,
+            ld_preload: false,
+        },
+    )?;
     let mut cdi_devices = Vec::new();
     if strategy.cdi {
         for kind in [KIND_NVIDIA, KIND_TESSERA] {
-            for u in &uuids {
+            for d in &alloc.devices {
                 cdi_devices.push(dp::CdiDevice {
-                    name: tessera_node::cdi::qualified_name(kind, u),
+                    name: tessera_node::cdi::qualified_name(kind, &d.gpu_uuid),
                 });
             }
         }
     }
-    dp::ContainerAllocateResponse {
-        envs,
-        mounts,
+    Ok(dp::ContainerAllocateResponse {
+        envs: edits.env.into_iter().collect(),
+        mounts: edits
+            .mounts
+            .into_iter()
+            .map(|m| dp::Mount {
+                container_path: m.container_path,
+                host_path: m.host_path.display().to_string(),
+                read_only: m.read_only,
+            })
+            .collect(),
         devices: Vec::new(),
         annotations: [(ALLOCATION_ANNOTATION.to_owned(), alloc.id.clone())].into(),
         cdi_devices,
-    }
+    })
 }
 
 /// The env a process on the host would need to see what the container sees:
@@ -356,9 +324,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::state::PluginState;
     use std::sync::Mutex;
-    use std::time::Instant;
     use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
+    use tokio::time::Instant;
 
     const GI: u64 = 1 << 30;
 
@@ -492,23 +460,25 @@ pub(crate) mod tests {
         );
     }
 
+    /// The manager's answer to the plan's request (the fake answers with
+    /// the paths, mounts and env the manager gives).
+    fn answer(p: &Plan) -> mgr::Allocation {
+        let m = tessera_node::testing::FakeManager::default();
+        futures::executor::block_on(m.create_allocation(p.request())).expect("create")
+    }
+
     #[test]
     fn response_has_env_and_mounts_but_no_ld_preload() {
         let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
         let p = plan(&ids(&["GPU-b::0", "GPU-a::0"]), &snap).expect("plan");
-        let alloc = mgr::Allocation {
-            id: p.id.clone(),
-            control_path: "/var/lib/tessera/allocations/x/control".into(),
-            state_path: "/var/lib/tessera/allocations/x/state".into(),
-            ..Default::default()
-        };
+        let alloc = answer(&p);
         let host = HostPaths::default();
         let envvar = DeviceListStrategy {
             envvar: true,
             volume_mounts: false,
             cdi: false,
         };
-        let r = container_response(&alloc, &p, &host, false, envvar);
+        let r = container_response(&alloc, &host, false, envvar).expect("edits");
         assert_eq!(
             r.envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
             Some("GPU-a,GPU-b")
@@ -526,7 +496,7 @@ pub(crate) mod tests {
         assert_eq!(r.mounts.len(), 3);
         assert!(r.mounts[0].read_only && !r.mounts[1].read_only && r.mounts[2].read_only);
         assert_eq!(r.mounts[2].host_path, "/var/lib/tessera/lib/libtessera.so");
-        let with = container_response(&alloc, &p, &host, true, envvar);
+        let with = container_response(&alloc, &host, true, envvar).expect("edits");
         assert_eq!(with.mounts.len(), 4);
         assert_eq!(with.mounts[3].container_path, "/etc/ld.so.preload");
         assert!(with.mounts[3].read_only);
@@ -548,9 +518,12 @@ pub(crate) mod tests {
         let env = host_env(&r);
         assert_eq!(
             env["TESSERA_CONTROL"],
-            "/var/lib/tessera/allocations/x/control"
+            format!("/fake/allocations/{}/control", p.id)
         );
-        assert_eq!(env["TESSERA_STATE"], "/var/lib/tessera/allocations/x/state");
+        assert_eq!(
+            env["TESSERA_STATE"],
+            format!("/fake/allocations/{}/state", p.id)
+        );
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
     }
 
@@ -558,18 +531,14 @@ pub(crate) mod tests {
     fn each_device_list_strategy_answers_as_nvidias_plugin_does() {
         let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");
         let p = plan(&ids(&["GPU-b::0", "GPU-a::0"]), &snap).expect("plan");
-        let alloc = mgr::Allocation {
-            id: p.id.clone(),
-            control_path: "/c".into(),
-            state_path: "/s".into(),
-            ..Default::default()
-        };
+        let alloc = answer(&p);
         let host = HostPaths::default();
         let paths = |r: &dp::ContainerAllocateResponse| -> Vec<String> {
             r.mounts.iter().map(|m| m.container_path.clone()).collect()
         };
 
-        let vm = container_response(&alloc, &p, &host, false, DeviceListStrategy::DEFAULT);
+        let vm =
+            container_response(&alloc, &host, false, DeviceListStrategy::DEFAULT).expect("edits");
         assert_eq!(
             vm.envs[NVIDIA_VISIBLE_DEVICES],
             "/var/run/nvidia-container-devices"
@@ -600,7 +569,7 @@ pub(crate) mod tests {
             volume_mounts: false,
             cdi: true,
         };
-        let c = container_response(&alloc, &p, &host, true, cdi);
+        let c = container_response(&alloc, &host, true, cdi).expect("edits");
         assert!(!c.envs.contains_key(NVIDIA_VISIBLE_DEVICES));
         let names: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
@@ -620,7 +589,7 @@ pub(crate) mod tests {
             volume_mounts: true,
             cdi: false,
         };
-        let b = container_response(&alloc, &p, &host, false, both);
+        let b = container_response(&alloc, &host, false, both).expect("edits");
         assert_eq!(b.envs[NVIDIA_VISIBLE_DEVICES], "GPU-a,GPU-b");
         assert_eq!(paths(&b).len(), 5);
     }
@@ -671,6 +640,9 @@ pub(crate) mod tests {
         ) -> Result<mgr::Allocation, Status> {
             Err(Status::unimplemented("not here"))
         }
+        async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+            Err(Status::unimplemented("not here"))
+        }
         async fn watch_node_status(
             &self,
             _interval_ms: u32,
@@ -679,7 +651,7 @@ pub(crate) mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn retry_reuses_and_stale_allocation_is_replaced() {
         let m = StrictManager::default();
         let snap = snapshot("default:\n  slice: {slicesPerGpu: 4}\n");

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use tessera_node::kube::KubeSource;
 
 use tessera_proto::podresources::v1 as pr;
 use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
@@ -31,21 +32,13 @@ impl KubeNodeApi {
     }
 }
 
-/// A Kubernetes client from the in-cluster config or a kubeconfig, or for
-/// the API server at `url` (plain HTTP, no credentials: tests).
+/// The Kubernetes client: [`tessera_node::kube::client`] (the DRA plugin's
+/// construction), at `url` (plain HTTP, no credentials: tests) when given.
 pub(crate) async fn kube_client(url: Option<&str>) -> Result<kube::Client, NodeApiError> {
-    // kube's TLS client takes the process-wide rustls provider; name it,
-    // so that a second provider compiled into the binary is no ambiguity.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    match url {
-        None => Ok(kube::Client::try_default().await?),
-        Some(url) => {
-            let uri = url
-                .parse()
-                .map_err(|e| NodeApiError::Config(format!("API server URL {url:?}: {e}")))?;
-            Ok(kube::Client::try_from(kube::Config::new(uri))?)
-        }
-    }
+    let source = url.map_or(KubeSource::Infer, |u| KubeSource::Url(u.to_owned()));
+    tessera_node::kube::client(&source)
+        .await
+        .map_err(|e| NodeApiError::Config(e.to_string()))
 }
 
 impl KubeNodeApi {

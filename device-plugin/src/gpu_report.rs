@@ -178,9 +178,9 @@ pub(crate) async fn publish_loop<N: ReportApi, M: ManagerApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
     use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
+    use tokio::time::Instant;
 
     fn snapshot() -> Arc<Snapshot> {
         let cfg = Config::parse("default: {slice: {slicesPerGpu: 4}}").expect("cfg");

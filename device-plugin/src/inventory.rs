@@ -2,7 +2,9 @@
 //! utilization over a sliding window (for `spread` and `sharedThreshold`).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
 

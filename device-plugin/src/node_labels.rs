@@ -130,9 +130,9 @@ pub(crate) async fn sync_loop<N: NodeApi>(
 mod tests {
     use super::*;
     use std::sync::Mutex;
-    use std::time::Instant;
     use tessera_node::config::Config;
     use tessera_proto::manager::v1::{GpuStatus, NodeStatus};
+    use tokio::time::Instant;
 
     #[test]
     fn product_names_become_label_values() {
@@ -171,7 +171,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn labels_follow_gpus_config_and_overrides() {
         let cfg = Config::parse(
             r#"

@@ -113,7 +113,7 @@ impl Passes {
 mod tests {
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn waits_for_passes_begun_after_the_call() {
         let p = Passes::default();
         p.count(Pass::Config);
@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(p.get(Pass::PodResources), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_pass_that_never_comes_is_a_timeout_naming_it() {
         let p = Passes::default();
         let e = p

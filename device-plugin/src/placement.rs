@@ -1,24 +1,22 @@
 //! GetPreferredAllocation as a pure function: which of the kubelet's
-//! available slices a request should get.
+//! available slices a request should get. Which GPU is the placement
+//! engine's choice (`tessera-placement`, the one that places across the
+//! cluster); this module only turns the kubelet's lists into the engine's
+//! view and back, and applies nothing of its own to rank GPUs.
 //!
-//! Rules, in order:
 //! 1. `must_include` IDs are always in the answer, and the rest of the
 //!    request goes to their GPUs first, to keep it together.
-//! 2. All slices of a request go to one GPU whenever one GPU can hold them.
-//! 3. Among GPUs that fit, a GPU whose idle fraction over the last minute is
-//!    below `sharedThreshold` is not chosen while a less busy one fits.
-//! 4. Then the placement engine (`tessera-placement`, the one that places
-//!    across the cluster) ranks the GPUs that remain, as one node's: `binpack`
-//!    takes the GPU left with the least free share (the fewest free slices
-//!    among GPUs cut alike: whole GPUs stay free for big requests), `spread`
-//!    the one with the lowest measured utilization (ties: most free slices),
-//!    `defrag` (the default) and `fgd` the one whose placing leaves the least
-//!    free share stranded on GPUs too small for another request like this
-//!    one (`defrag` then best fit), `shared-threshold` binpack after rule 3
-//!    with the node's `sharedThreshold`. Remaining ties: the less utilized
-//!    GPU, then the lowest GPU index.
-//! 5. A request no single GPU can hold is spread over the fewest GPUs: the
-//!    ones with the most free slices, the last chosen by rules 3 and 4.
+//! 2. All slices of a request go to one GPU whenever one GPU can hold them:
+//!    the engine ranks the GPUs that can, as one node's, under the node's
+//!    policy (`binpack`, `spread`, `defrag`, `fgd`, `shared-threshold` with
+//!    the node's `sharedThreshold`: see docs/placement.md). GPUs are given
+//!    to it as the scheduler extender gives them
+//!    ([`tessera_placement::slices`]), per cut (GPUs cut into the same
+//!    number of slices), the smallest cut first, as the extender tries
+//!    them. Remaining ties: the engine's order, GPU index order.
+//! 3. A request no single GPU can hold is spread over the fewest GPUs: the
+//!    ones with the most free slices (GPU index order among equals), the
+//!    last chosen as in rule 2.
 //!
 //! Within a GPU the lowest free slice indexes are taken.
 
@@ -26,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device_id::DeviceId;
 use tessera_node::config::Placement;
-use tessera_placement::cluster::MILLI;
-use tessera_placement::{Engine, Gpu, GpuNeed, MemoryNeed, Node, TaskMix};
+use tessera_placement::slices::{cuts, slice_gpu, slice_request};
+use tessera_placement::{Engine, Node, TaskMix};
 
 /// What placement needs to know about one GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,12 +36,6 @@ pub struct GpuLoad {
     pub slices: u32,
     /// Mean utilization (0..=1) over the last minute; None if unmeasured.
     pub utilization: Option<f64>,
-}
-
-impl GpuLoad {
-    fn idle(&self) -> f64 {
-        1.0 - self.utilization.unwrap_or(0.0)
-    }
 }
 
 /// The node-level policy.
@@ -143,9 +135,9 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
         if let Some(i) = select(&candidates, &fitting, policy, remaining) {
             remaining -= take(&mut candidates[i], remaining, &mut picked);
         } else {
-            // Rule 5: fewest GPUs. Order by free slices (desc), least busy and
-            // then policy order among equals; take whole GPUs until the rest
-            // fits on one, which is then chosen like a single-GPU request.
+            // Rule 3: fewest GPUs. The most free slices first (GPU index
+            // order among equals); whole GPUs are taken until the rest
+            // fits on one, which is then chosen as in rule 2.
             let mut order: Vec<usize> = (0..candidates.len())
                 .filter(|&i| !candidates[i].free.is_empty())
                 .collect();
@@ -154,8 +146,7 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
                 cb.free
                     .len()
                     .cmp(&ca.free.len())
-                    .then_with(|| busy(ca, policy).cmp(&busy(cb, policy)))
-                    .then_with(|| policy_order(ca, cb, policy))
+                    .then(ca.load.index.cmp(&cb.load.index))
             });
             let mut k = 0;
             while remaining > 0 && k < order.len() {
@@ -199,29 +190,6 @@ fn take(c: &mut Candidate<'_>, n: usize, picked: &mut Vec<DeviceId>) -> usize {
     n
 }
 
-fn busy(c: &Candidate<'_>, policy: Policy) -> bool {
-    c.load.idle() < policy.shared_threshold
-}
-
-/// `Less` when `a` is preferred by the placement policy alone (the order of
-/// rule 5's spill-over).
-fn policy_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: Policy) -> std::cmp::Ordering {
-    let by_index = a.load.index.cmp(&b.load.index);
-    match policy.placement {
-        Placement::Spread => {
-            let ua = a.load.utilization.unwrap_or(0.0);
-            let ub = b.load.utilization.unwrap_or(0.0);
-            ua.total_cmp(&ub)
-                .then_with(|| b.free.len().cmp(&a.free.len()))
-                .then(by_index)
-        }
-        // The others all end in best fit: the fullest GPU first.
-        Placement::Binpack | Placement::SharedThreshold(_) | Placement::Fgd | Placement::Defrag => {
-            a.free.len().cmp(&b.free.len()).then(by_index)
-        }
-    }
-}
-
 /// The engine's policy for a node's: `shared-threshold` with the node's
 /// `sharedThreshold`, the others as named.
 fn engine_policy(policy: Policy) -> tessera_placement::Policy {
@@ -233,84 +201,58 @@ fn engine_policy(policy: Policy) -> tessera_placement::Policy {
     }
 }
 
-/// A candidate as the engine sees a GPU: cut into `S` slices with `f` free,
-/// `⌊1000·f/F⌋` of compute and `f` slices of memory (counted in thousandths
-/// of a slice, so that `f ≥ n` is exactly "n slices fit") are free, where
-/// `F` is the finest cut among the candidates: a slice weighs the same on
-/// every GPU, so that what a placement leaves free compares across GPUs cut
-/// differently. GPUs cut alike (the usual node) get `⌊1000·f/S⌋`, as the
-/// scheduler extender models them.
-fn engine_gpu(c: &Candidate<'_>, finest: u32) -> Gpu {
-    let free = u32::try_from(c.free.len()).unwrap_or(u32::MAX);
-    let cut = c.load.slices.max(free).max(1);
-    Gpu {
-        model: String::new(),
-        class: String::new(),
-        memory_mib: u64::from(cut) * u64::from(MILLI),
-        memory_free_mib: u64::from(free) * u64::from(MILLI),
-        compute_free: free.saturating_mul(MILLI) / finest.max(cut),
-        slices: cut,
-        slices_free: free,
-        utilization: c.load.utilization.map(|u| u.clamp(0.0, 1.0) as f32),
-    }
+/// A candidate's cut: the slices it is cut into under the config in force
+/// (or more, when the kubelet lists more free ones: an older config's).
+fn cut_of(c: &Candidate<'_>) -> u32 {
+    c.load
+        .slices
+        .max(u32::try_from(c.free.len()).unwrap_or(u32::MAX))
+        .max(1)
 }
 
-/// Rules 3 and 4 among `fitting` candidates for `n` slices: the busy ones
-/// are set aside while a quiet one fits, then the engine ranks the rest.
+/// Rule 2 among `fitting` candidates for `n` slices: the engine's choice,
+/// per cut, the smallest cut first (see the module docs).
 fn select(cands: &[Candidate<'_>], fitting: &[usize], policy: Policy, n: usize) -> Option<usize> {
-    let any_quiet = fitting.iter().any(|&i| !busy(&cands[i], policy));
-    let mut pool: Vec<usize> = fitting
-        .iter()
-        .copied()
-        .filter(|&i| !any_quiet || !busy(&cands[i], policy))
-        .collect();
+    let n = u32::try_from(n).ok()?;
+    let mut pool: Vec<usize> = fitting.to_vec();
     // The engine breaks its remaining ties by GPU order: GPU index order.
     pool.sort_by_key(|&i| cands[i].load.index);
-    let first = *pool.first()?;
-    let n = u32::try_from(n).ok()?;
-    let finest = pool
-        .iter()
-        .map(|&i| {
-            cands[i]
-                .load
-                .slices
-                .max(u32::try_from(cands[i].free.len()).unwrap_or(u32::MAX))
-        })
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let gpus: Vec<Gpu> = pool
-        .iter()
-        .map(|&i| engine_gpu(&cands[i], finest))
-        .collect();
-    // Slices are what must fit (memory, counted as above). The compute
-    // asked is n slices of the finest cut: it fits on every GPU with n free
-    // slices, and placing it takes share off the GPU, which fragmentation
-    // (fgd, defrag) and best fit are measured on.
-    let node = Node::new("this-node", 0, 0, gpus);
-    let req = tessera_placement::Request {
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpu: GpuNeed::Share {
-            compute: n.saturating_mul(MILLI) / finest,
-            memory: MemoryNeed::Mib(u64::from(n) * u64::from(MILLI)),
-            slices: n,
-        },
-        models: Vec::new(),
-    };
-    // The task mix a node knows of is the request in hand: fragmentation
-    // is then the free share left on GPUs too small for another like it.
-    let mix = TaskMix::from_requests([&req], 1.0);
-    let choice =
-        Engine::new(vec![node], engine_policy(policy), &mix).and_then(|mut e| e.decide(&req));
-    match choice {
-        Ok(c) => c.gpus.first().map(|&g| pool[g]),
-        Err(e) => {
-            // Every candidate fits by construction; fall back to the first.
-            tracing::warn!(error = %e, "placement engine refused a fitting GPU");
-            Some(first)
+    for cut in cuts(pool.iter().map(|&i| cut_of(&cands[i]))) {
+        let same: Vec<usize> = pool
+            .iter()
+            .copied()
+            .filter(|&i| cut_of(&cands[i]) == cut)
+            .collect();
+        let Some(req) = slice_request(n, cut, Vec::new()) else {
+            continue;
+        };
+        let gpus = same
+            .iter()
+            .map(|&i| {
+                let c = &cands[i];
+                let free = u32::try_from(c.free.len()).unwrap_or(u32::MAX);
+                slice_gpu("", "", cut, free, c.load.utilization)
+            })
+            .collect();
+        let node = Node::new("this-node", 0, 0, gpus);
+        // The task mix a node knows of is the request in hand: fragmentation
+        // is then the free share left on GPUs too small for another like it.
+        let mix = TaskMix::from_requests([&req], 1.0);
+        match Engine::new(vec![node], engine_policy(policy), &mix).and_then(|mut e| e.decide(&req))
+        {
+            Ok(c) => {
+                if let Some(&g) = c.gpus.first() {
+                    return Some(same[g]);
+                }
+            }
+            // Under shared-threshold a cut may hold only busy GPUs while
+            // another holds a quiet one; any refusal moves to the next cut.
+            Err(e) => tracing::debug!(error = %e, cut, "no GPU of this cut chosen"),
         }
     }
+    // Every candidate fits by construction: an engine that takes none of
+    // them still leaves the request one GPU (the lowest index).
+    pool.first().copied()
 }
 
 #[cfg(test)]
@@ -453,28 +395,51 @@ mod tests {
         // B is the binpack choice but is 90% busy (idle 0.1 < 0.2).
         let gpus = [gpu("A", 0, 0.1), gpu("B", 1, 0.9)];
         let avail = ids(&[("A", &[0, 1, 2, 3]), ("B", &[0, 1])]);
-        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["A::0", "A::1"]);
+        let shared = with(Placement::SharedThreshold(0.2));
+        assert_eq!(run(&avail, &[], 2, &gpus, shared), ["A::0", "A::1"]);
+        // Only shared-threshold looks at the threshold: binpack takes B.
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["B::0", "B::1"]);
         // Raising nothing: with threshold 0 the busy GPU is fine.
         let loose = Policy {
             shared_threshold: 0.0,
-            ..BINPACK
+            ..shared
         };
         assert_eq!(run(&avail, &[], 2, &gpus, loose), ["B::0", "B::1"]);
         // When only the busy GPU fits, it is chosen.
-        assert_eq!(run(&avail, &[], 4, &gpus, BINPACK).len(), 4);
+        assert_eq!(run(&avail, &[], 4, &gpus, shared).len(), 4);
         let avail = ids(&[("A", &[0]), ("B", &[0, 1])]);
-        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["B::0", "B::1"]);
+        assert_eq!(run(&avail, &[], 2, &gpus, shared), ["B::0", "B::1"]);
         // With a threshold above both idle fractions, both count as busy
         // and plain binpack decides.
         let strict = Policy {
             shared_threshold: 0.95,
-            ..BINPACK
+            ..shared
         };
         let avail = ids(&[("A", &[0, 1, 2]), ("B", &[0, 1])]);
         assert_eq!(
             run(&avail, &[], 2, &gpus, strict),
             ["B::0", "B::1"],
             "both busy: plain binpack"
+        );
+    }
+
+    #[test]
+    fn gpus_cut_differently_are_ranked_per_cut_on_their_own_share() {
+        // A is cut into 4 with 2 free (half of it), B into 8 with 4 free
+        // (half of it). Scaled by the finest cut, A would have looked a
+        // quarter free, B half; each is placed on its own share, the
+        // smaller cut first, as the scheduler extender does.
+        let a = GpuLoad {
+            slices: 4,
+            ..gpu("A", 0, 0.0)
+        };
+        let gpus = [a, gpu("B", 1, 0.0)];
+        let avail = ids(&[("A", &[0, 1]), ("B", &[0, 1, 2, 3])]);
+        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["A::0", "A::1"]);
+        // A cannot hold 3: the next cut's GPU.
+        assert_eq!(
+            run(&avail, &[], 3, &gpus, BINPACK),
+            ["B::0", "B::1", "B::2"]
         );
     }
 
@@ -504,7 +469,10 @@ mod tests {
             gpu("B", 1, 0.95),
         ];
         let avail = ids(&[("A", &[0, 1, 2]), ("B", &[0, 1])]);
-        assert_eq!(run(&avail, &[], 2, &gpus, BINPACK), ["A::0", "A::1"]);
+        assert_eq!(
+            run(&avail, &[], 2, &gpus, with(Placement::SharedThreshold(0.2))),
+            ["A::0", "A::1"]
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use tessera_proto::deviceplugin::v1beta1 as dp;
@@ -25,6 +27,7 @@ use crate::state::PluginState;
 use tessera_node::cdi::HostPaths;
 use tessera_node::config::{Config, ConfigError};
 use tessera_node::manager::{GrpcManager, ManagerApi};
+use tessera_node::reload::ConfigReloader;
 
 /// The extended resource the plugin advertises.
 pub use tessera_contract::labels::RESOURCE as RESOURCE_NAME;
@@ -122,18 +125,16 @@ impl Options {
     }
 }
 
-/// Reads the config file at start: a bad file here is fatal (there is no
-/// older config to keep).
-fn initial_config(path: Option<&Path>) -> Result<(Config, Option<Vec<u8>>), Error> {
-    let Some(path) = path else {
-        return Ok((Config::default(), None));
-    };
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let config = Config::parse(&String::from_utf8_lossy(&bytes))?;
-    Ok((config, Some(bytes)))
+/// Reads the config file at start ([`ConfigReloader::open`]: a bad file
+/// here is fatal, there is no older config to keep).
+fn initial_config(path: Option<&Path>) -> Result<(Config, Option<ConfigReloader>), Error> {
+    match path {
+        None => Ok((Config::default(), None)),
+        Some(path) => {
+            let (reloader, config) = ConfigReloader::open(path)?;
+            Ok((config, Some(reloader)))
+        }
+    }
 }
 
 /// Runs the plugin until `shutdown` completes.
@@ -149,7 +150,7 @@ pub async fn run_with_pods<A: PodApi>(
     pods: Option<A>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let (config, config_bytes) = initial_config(opts.config_path.as_deref())?;
+    let (config, reloader) = initial_config(opts.config_path.as_deref())?;
     let manager = Arc::new(GrpcManager::new(&opts.manager_socket)?);
     let mut tasks = JoinSet::new();
     let state = Arc::new(PluginState::new(
@@ -184,10 +185,9 @@ pub async fn run_with_pods<A: PodApi>(
         opts.status_interval,
         opts.manager_grace,
     ));
-    if let Some(path) = opts.config_path.clone() {
+    if let Some(reloader) = reloader {
         tasks.spawn(config_loop(
-            path,
-            config_bytes,
+            reloader,
             state.clone(),
             opts.config_poll,
             opts.passes.clone(),
@@ -421,55 +421,21 @@ async fn inventory_loop<M: ManagerApi>(
     }
 }
 
-/// Polls the config file; a valid new file is put in force at once, an
-/// invalid one is logged and the config in force stays.
+/// Polls the config file ([`tessera_node::reload`]: a valid new file is
+/// put in force at once, an invalid or unreadable one is logged and the
+/// config in force stays).
 async fn config_loop(
-    path: PathBuf,
-    mut last: Option<Vec<u8>>,
+    mut reloader: ConfigReloader,
     state: Arc<PluginState>,
     poll: Duration,
     passes: Passes,
 ) {
-    let mut read_failed = false;
     loop {
         tokio::time::sleep(poll).await;
-        reload_once(&path, &mut last, &state, &mut read_failed);
+        if let Some(config) = reloader.poll() {
+            state.set_config(config);
+        }
         passes.count(Pass::Config);
-    }
-}
-
-/// One look at the config file (see [`config_loop`]).
-fn reload_once(
-    path: &Path,
-    last: &mut Option<Vec<u8>>,
-    state: &PluginState,
-    read_failed: &mut bool,
-) {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            *read_failed = false;
-            if last.as_ref() == Some(&bytes) {
-                return;
-            }
-            match Config::parse(&String::from_utf8_lossy(&bytes)) {
-                Ok(cfg) => {
-                    tracing::info!(path = %path.display(), "config reloaded");
-                    state.set_config(cfg);
-                }
-                Err(e) => tracing::error!(
-                    path = %path.display(),
-                    error = %e,
-                    "new config is invalid; the previous config stays in force"
-                ),
-            }
-            *last = Some(bytes);
-        }
-        Err(e) => {
-            if !*read_failed {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read config file; the previous config stays in force");
-                *read_failed = true;
-            }
-        }
     }
 }
 
@@ -518,5 +484,92 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
             }
         }
         sync.passes.count(Pass::PodResources);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tessera_node::testing::{FakeManager, Method};
+    use tessera_proto::manager::v1 as mgr;
+    use tessera_proto::podresources::v1 as pr;
+    use tonic::Status;
+
+    /// The kubelet's PodResources: unreachable (None) or listing no pods.
+    #[derive(Clone, Default)]
+    struct Lister(Arc<Mutex<Option<pr::ListPodResourcesResponse>>>);
+
+    impl PodResourcesApi for Lister {
+        async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
+            let answer = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            answer.ok_or_else(|| Status::unavailable("no kubelet"))
+        }
+    }
+
+    fn ours(id: &str, source: &str) -> mgr::Allocation {
+        mgr::Allocation {
+            id: id.into(),
+            device_ids: vec![format!("GPU-a::{id}")],
+            labels: [(
+                tessera_contract::labels::SOURCE.to_owned(),
+                source.to_owned(),
+            )]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    /// On the plugin's own (paused) clock: a kubelet that cannot be listed
+    /// deletes nothing however long it lasts, and an allocation whose pod is
+    /// gone is deleted on the first pass at or past the grace period, never
+    /// before.
+    #[tokio::test(start_paused = true)]
+    async fn orphans_are_deleted_after_the_grace_and_never_on_a_failed_listing() {
+        let grace = Duration::from_secs(60);
+        let interval = Duration::from_secs(10);
+        let manager = Arc::new(FakeManager::default());
+        manager.insert(ours("0", "device-plugin"));
+        manager.insert(ours("1", "cli"));
+        let kubelet = Lister::default();
+        let passes = Passes::default();
+        let task = tokio::spawn(pod_resources_loop(
+            manager.clone(),
+            kubelet.clone(),
+            None::<crate::testing::FakePods>,
+            SyncSettings {
+                resource: RESOURCE_NAME.to_owned(),
+                interval,
+                grace,
+                passes: passes.clone(),
+            },
+        ));
+        let hang = Duration::from_secs(24 * 3600);
+        // Ten grace periods of failed listings.
+        passes
+            .wait_beyond(Pass::PodResources, 0, 60, hang)
+            .await
+            .expect("passes");
+        assert_eq!(manager.count(Method::Delete), 0);
+        assert_eq!(manager.allocations().len(), 2);
+
+        *kubelet.0.lock().expect("lock") = Some(pr::ListPodResourcesResponse::default());
+        let listed_from = Instant::now();
+        while manager.count(Method::Delete) == 0 {
+            let seen = passes.get(Pass::PodResources);
+            passes
+                .wait_beyond(Pass::PodResources, seen, 1, hang)
+                .await
+                .expect("pass");
+        }
+        let waited = listed_from.elapsed();
+        assert!(
+            waited >= grace,
+            "deleted {waited:?} after the pod was seen gone"
+        );
+        assert!(waited <= grace + 2 * interval, "deleted late: {waited:?}");
+        let left: Vec<String> = manager.allocations().into_iter().map(|a| a.id).collect();
+        assert_eq!(left, ["1"], "the CLI's allocation is not the plugin's");
+        task.abort();
     }
 }

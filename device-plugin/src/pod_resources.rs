@@ -24,7 +24,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tessera_proto::manager::v1 as mgr;
 use tessera_proto::podresources::v1 as pr;
@@ -792,6 +794,9 @@ mod tests {
             a.priority = p;
             Ok(a.clone())
         }
+        async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+            Err(Status::unimplemented("not here"))
+        }
         async fn watch_node_status(
             &self,
             _interval_ms: u32,
@@ -819,7 +824,7 @@ mod tests {
             .expect("pass")
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_priority_annotation_is_applied_once_and_again_when_it_changes() {
         let m = RecordingManager::default();
         m.allocs.lock().expect("lock").extend([
@@ -870,7 +875,7 @@ mod tests {
         assert_eq!(m.resizes().len(), 3);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_bad_or_already_applied_priority_makes_no_call() {
         let m = RecordingManager::default();
         m.allocs.lock().expect("lock").extend([

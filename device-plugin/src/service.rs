@@ -256,13 +256,17 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                     )
                 })?;
             tracing::info!(id = %alloc.id, devices = ?plan.device_ids, "allocated");
-            container_responses.push(allocate::container_response(
+            let resp = allocate::container_response(
                 &alloc,
-                &plan,
                 &self.host,
                 snap.node.ld_so_preload,
                 snap.node.device_list_strategy,
-            ));
+            )
+            .map_err(|e| {
+                tracing::error!(id = %alloc.id, error = %e, "allocate refused");
+                Status::internal(e.to_string())
+            })?;
+            container_responses.push(resp);
         }
         Ok(Response::new(dp::AllocateResponse {
             container_responses,

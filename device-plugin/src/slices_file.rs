@@ -38,8 +38,7 @@ pub(crate) async fn publish_loop(state: Arc<PluginState>, path: PathBuf) {
         let snap = rx.borrow_and_update().clone();
         let text = contents(&snap).to_string();
         if !snap.gpus.is_empty() && last.as_ref() != Some(&text) {
-            let tmp = path.with_extension(format!("json.{}", std::process::id()));
-            match std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &path)) {
+            match tessera_contract::file::write_durably(&path, text.as_bytes(), 0o644) {
                 Ok(()) => {
                     failed = false;
                     last = Some(text);

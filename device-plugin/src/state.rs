@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1::NodeStatus;

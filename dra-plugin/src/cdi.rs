@@ -9,15 +9,13 @@
 //! The spec is built and written by `tessera_node::cdi`, the one CDI writer
 //! the device plugin uses too.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tessera_contract::env;
-use tessera_contract::paths::{CONTAINER_CONTROL, CONTAINER_HOOK_LIBRARY, CONTAINER_STATE};
 use tessera_node::cdi::{
-    CdiError, ContainerEdits, Device, HostPaths, KIND_NVIDIA, Mount, Spec, qualified_name,
-    remove_spec, shim_mounts, write_spec,
+    CdiError, Device, HostPaths, KIND_NVIDIA, Spec, qualified_name, remove_spec, write_spec,
 };
+use tessera_node::config::DeviceListStrategy;
+use tessera_node::edits::{EditOptions, EditsError, allocation_edits};
 use tessera_proto::manager::v1 as mgr;
 
 /// CDI kind (vendor/class) of the claims' devices.
@@ -43,50 +41,44 @@ pub fn nvidia_device_id(gpu_uuid: &str) -> String {
     qualified_name(KIND_NVIDIA, gpu_uuid)
 }
 
-/// The spec for claim `uid` under `alloc`. `visible_devices`: set
-/// `NVIDIA_VISIBLE_DEVICES` to the allocation's GPUs (the `envvar`
-/// strategy); otherwise the GPUs come as NVIDIA CDI devices. `host`: the
-/// hook library, and the preload file mounted at `/etc/ld.so.preload` when
-/// `ld_so_preload` (the node config's `ldSoPreload`), as the device plugin
-/// mounts it: a program that clears `LD_PRELOAD` still loads the shim.
+/// The spec for claim `uid` under `alloc`, the manager's answer: its edits
+/// are [`allocation_edits`]'s (the device plugin's Allocate answers are
+/// built by the same function), with `LD_PRELOAD` set to the hook (DRA pods
+/// never pass the webhook). `visible_devices`: set `NVIDIA_VISIBLE_DEVICES`
+/// to the allocation's GPUs (the `envvar` strategy); otherwise the GPUs come
+/// as NVIDIA CDI devices. `host`: the hook library, and the preload file
+/// mounted at `/etc/ld.so.preload` when `ld_so_preload` (the node config's
+/// `ldSoPreload`), as the device plugin mounts it: a program that clears
+/// `LD_PRELOAD` still loads the shim.
 pub fn spec(
     uid: &str,
     alloc: &mgr::Allocation,
     host: &HostPaths,
     ld_so_preload: bool,
     visible_devices: bool,
-) -> Spec {
-    let mut env = BTreeMap::from([
-        (
-            env::LD_PRELOAD.to_owned(),
-            CONTAINER_HOOK_LIBRARY.to_owned(),
-        ),
-        (env::CONTROL.to_owned(), CONTAINER_CONTROL.to_owned()),
-        (env::STATE.to_owned(), CONTAINER_STATE.to_owned()),
-        (env::ALLOCATION.to_owned(), alloc.id.clone()),
-    ]);
-    if visible_devices {
-        let uuids: Vec<&str> = alloc.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-        env.insert(env::NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
-    }
-    let mut mounts = shim_mounts(host, ld_so_preload);
-    mounts.push(Mount {
-        host_path: PathBuf::from(&alloc.control_path),
-        container_path: CONTAINER_CONTROL.to_owned(),
-        read_only: true,
-    });
-    mounts.push(Mount {
-        host_path: PathBuf::from(&alloc.state_path),
-        container_path: CONTAINER_STATE.to_owned(),
-        read_only: false,
-    });
-    Spec {
+) -> Result<Spec, EditsError> {
+    let edits = allocation_edits(
+        alloc,
+        EditOptions {
+            host,
+            gpus: DeviceListStrategy {
+                envvar: visible_devices,
+                volume_mounts: false,
+                cdi: !visible_devices,
+            },
+            // A claim's spec is all a container names besides NVIDIA's.
+            shim_files: true,
+            ld_so_preload,
+            ld_preload: true,
+        },
+    )?;
+    Ok(Spec {
         kind: KIND.to_owned(),
         devices: vec![Device {
             name: uid.to_owned(),
-            edits: ContainerEdits { env, mounts },
+            edits,
         }],
-    }
+    })
 }
 
 /// Writes the spec of claim `uid` (atomically and durably, so a runtime
@@ -131,38 +123,65 @@ pub fn host_env(spec: &serde_json::Value, device: &str) -> Option<Vec<(String, S
 mod tests {
     use super::*;
 
-    #[test]
-    fn spec_carries_the_shim_and_the_allocation() {
-        let alloc = mgr::Allocation {
-            id: "dra-u1".into(),
-            devices: vec![mgr::DeviceRequest {
-                gpu_uuid: "GPU-a".into(),
+    #[tokio::test(start_paused = true)]
+    async fn spec_carries_the_shim_and_the_allocation() {
+        use tessera_node::manager::ManagerApi;
+        let m = tessera_node::testing::FakeManager::default();
+        let alloc = m
+            .create_allocation(mgr::CreateAllocationRequest {
+                id: "dra-u1".into(),
+                devices: vec![mgr::DeviceRequest {
+                    gpu_uuid: "GPU-a".into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
-            }],
-            control_path: "/s/dra-u1/control".into(),
-            state_path: "/s/dra-u1/state".into(),
-            ..Default::default()
-        };
+            })
+            .await
+            .expect("create");
         let host = HostPaths {
             hook_library: "/lib/libtessera.so".into(),
             preload_file: "/host/ld.so.preload".into(),
         };
-        let typed = spec("u1", &alloc, &host, false, true);
+        let typed = spec("u1", &alloc, &host, false, true).expect("spec");
         let s = typed.to_json();
         assert_eq!(s["kind"], KIND);
         assert_eq!(s["devices"][0]["name"], "u1");
         let env = host_env(&s, "u1").expect("env");
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("LD_PRELOAD"), Some("/lib/libtessera.so"));
-        assert_eq!(get("TESSERA_CONTROL"), Some("/s/dra-u1/control"));
-        assert_eq!(get("TESSERA_STATE"), Some("/s/dra-u1/state"));
+        assert_eq!(
+            get("TESSERA_CONTROL"),
+            Some("/fake/allocations/dra-u1/control")
+        );
+        assert_eq!(get("TESSERA_STATE"), Some("/fake/allocations/dra-u1/state"));
         assert_eq!(get("TESSERA_ALLOCATION"), Some("dra-u1"));
         assert_eq!(get("NVIDIA_VISIBLE_DEVICES"), Some("GPU-a"));
         let m = &s["devices"][0]["containerEdits"]["mounts"];
-        assert_eq!(m[1]["options"][0], "ro", "control is read-only");
-        assert_eq!(m[2]["options"][0], "rw", "state is the process's to write");
+        let at = |path: &str| {
+            m.as_array()
+                .and_then(|all| all.iter().find(|x| x["containerPath"] == path))
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            at("/run/tessera/alloc/control")["options"][0],
+            "ro",
+            "control is read-only"
+        );
+        assert_eq!(
+            at("/run/tessera/alloc/state")["options"][0],
+            "rw",
+            "state is the process's to write"
+        );
+        assert_eq!(
+            at("/usr/local/lib/tessera/libtessera.so")["hostPath"],
+            "/lib/libtessera.so",
+            "the node's hook"
+        );
         assert_eq!(m.as_array().map(Vec::len), Some(3), "no preload file: {m}");
-        let cdi = spec("u1", &alloc, &host, false, false).to_json();
+        let cdi = spec("u1", &alloc, &host, false, false)
+            .expect("spec")
+            .to_json();
         assert!(
             host_env(&cdi, "u1")
                 .unwrap()
@@ -173,7 +192,9 @@ mod tests {
 
         // ldSoPreload: the host's preload file at /etc/ld.so.preload,
         // read-only, as the device plugin mounts it.
-        let pre = spec("u1", &alloc, &host, true, true).to_json();
+        let pre = spec("u1", &alloc, &host, true, true)
+            .expect("spec")
+            .to_json();
         let m = pre["devices"][0]["containerEdits"]["mounts"]
             .as_array()
             .cloned()

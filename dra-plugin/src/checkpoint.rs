@@ -5,7 +5,6 @@
 //! leaves the old file or the new one, never half of one.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +44,11 @@ pub struct PreparedDevice {
     pub pool: String,
     pub device: String,
     pub cdi_device_ids: Vec<String>,
+    /// The allocation result's `shareID`, answered again after a restart;
+    /// absent in checkpoints written before it was kept (and for devices
+    /// not allocated per share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// A prepared claim.
@@ -112,9 +116,11 @@ impl Store {
             path: self.path.display().to_string(),
             source: std::io::Error::other(e),
         })?;
-        write_atomic(&self.path, &text).map_err(|source| CheckpointError::Write {
-            path: self.path.display().to_string(),
-            source,
+        tessera_contract::file::write_durably(&self.path, &text, 0o644).map_err(|source| {
+            CheckpointError::Write {
+                path: self.path.display().to_string(),
+                source,
+            }
         })
     }
 
@@ -140,29 +146,6 @@ impl Store {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory,
-/// synced before the rename and the directory synced after, so the file is
-/// whole after a crash or power loss.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,16 +159,39 @@ mod tests {
             namespace: "ns".into(),
             name: "c".into(),
             allocation: "dra-u".into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "node".into(),
-                device: "gpu-a-s0".into(),
-                cdi_device_ids: vec!["vgpu.tessera.dev/claim=u".into()],
-            }],
+            devices: vec![
+                PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "node".into(),
+                    device: "gpu-a-s0".into(),
+                    cdi_device_ids: vec!["vgpu.tessera.dev/claim=u".into()],
+                    share_id: None,
+                },
+                PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "node".into(),
+                    device: "gpu-b".into(),
+                    cdi_device_ids: vec![],
+                    share_id: Some("0f0e0d0c-0000-4000-8000-000000000001".into()),
+                },
+            ],
         };
         s.insert("u", c.clone()).unwrap();
         let again = Store::open(dir.path()).unwrap();
+        // The share id survives a restart: the kubelet is answered the same.
         assert_eq!(again.data.claims.get("u"), Some(&c));
+        // A checkpoint written before share ids were kept still reads.
+        std::fs::write(
+            dir.path().join(FILE),
+            "{\"version\": 1, \"claims\": {\"u\": {\"namespace\": \"ns\", \"name\": \"c\", \
+             \"allocation\": \"dra-u\", \"devices\": [{\"requests\": [\"gpu\"], \"pool\": \"node\", \
+             \"device\": \"gpu-a-s0\", \"cdiDeviceIds\": []}]}}}",
+        )
+        .unwrap();
+        let old = Store::open(dir.path()).unwrap();
+        assert_eq!(old.data.claims["u"].devices[0].share_id, None);
+        let mut s = old;
+        s.insert("u", c.clone()).unwrap();
         s.remove("u").unwrap();
         assert!(Store::open(dir.path()).unwrap().data.claims.is_empty());
 

@@ -56,6 +56,9 @@ pub struct PlannedDevice {
     pub pool: String,
     pub device: String,
     pub gpu_uuid: String,
+    /// The allocation result's `shareID` (a share of a device allocated
+    /// once per share); None for slices and exclusive allocations.
+    pub share_id: Option<String>,
 }
 
 /// What preparing the claim makes: one manager allocation over its GPUs.
@@ -276,6 +279,7 @@ pub fn plan(
             pool: r.pool.clone(),
             device: r.device.clone(),
             gpu_uuid: g.uuid.clone(),
+            share_id: r.share_id.clone(),
         });
     }
 

@@ -12,19 +12,19 @@
 //! steps must not interleave with its own unprepare.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::labels::SOURCE;
 use tessera_node::cdi::{HostPaths, ensure_preload_file};
-use tessera_node::config::{Config, NodeConfig};
+use tessera_node::config::{Config, ConfigError, NodeConfig};
+use tessera_node::manager::ManagerApi;
+use tessera_node::reload::ConfigReloader;
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
-use tessera_proto::manager::v1::manager_client::ManagerClient;
 use tokio::sync::Mutex;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use crate::cdi;
 use crate::checkpoint::{PreparedClaim, PreparedDevice, Store};
@@ -63,26 +63,34 @@ impl ClaimSource for KubeClaims {
     }
 }
 
-/// The node config file, read again when it changes; a bad file keeps the
-/// config in force (and is logged once). Overrides are resolved with the
-/// node's labels as last read ([`ConfigFile::set_labels`]), as the device
-/// plugin resolves them.
+/// The node config in force, read again from its file when it changes
+/// (each time the driver needs it: [`tessera_node::reload`], the device
+/// plugin's rules); none given is the built-in defaults. Overrides are
+/// resolved with the node's labels as last read ([`ConfigFile::set_labels`]),
+/// as the device plugin resolves them.
 #[derive(Debug)]
 pub struct ConfigFile {
-    path: Option<PathBuf>,
     node: String,
-    last: std::sync::Mutex<(Option<Vec<u8>>, Config)>,
+    file: std::sync::Mutex<(Option<ConfigReloader>, Config)>,
     labels: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl ConfigFile {
-    pub fn new(path: Option<PathBuf>, node: &str) -> Self {
-        Self {
-            path,
+    /// Reads `path` at start: a file that cannot be read or is not valid
+    /// is an error (see [`tessera_node::reload`]).
+    pub fn open(path: Option<&Path>, node: &str) -> Result<Self, ConfigError> {
+        let file = match path {
+            Some(p) => {
+                let (r, c) = ConfigReloader::open(p)?;
+                (Some(r), c)
+            }
+            None => (None, Config::default()),
+        };
+        Ok(Self {
             node: node.to_owned(),
-            last: std::sync::Mutex::new((None, Config::default())),
+            file: std::sync::Mutex::new(file),
             labels: std::sync::Mutex::default(),
-        }
+        })
     }
 
     /// The node's labels, for label-selector overrides.
@@ -105,35 +113,13 @@ impl ConfigFile {
     }
 
     fn load(&self) -> Config {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(path) = &self.path {
-            match std::fs::read(path) {
-                Ok(bytes) if last.0.as_ref() != Some(&bytes) => {
-                    match std::str::from_utf8(&bytes)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| Config::parse(t).map_err(|e| e.to_string()))
-                    {
-                        Ok(c) => {
-                            last.1 = c;
-                            tracing::info!(path = %path.display(), "node config loaded");
-                        }
-                        Err(e) => tracing::error!(
-                            path = %path.display(), error = %e,
-                            "node config is not valid; the config in force stays"
-                        ),
-                    }
-                    last.0 = Some(bytes);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    if last.0.is_some() {
-                        tracing::error!(path = %path.display(), error = %e, "cannot read the node config");
-                    }
-                    last.0 = None;
-                }
-            }
+        // A panic while holding the lock leaves a whole config either way.
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let (reloader, config) = &mut *file;
+        if let Some(new) = reloader.as_mut().and_then(ConfigReloader::poll) {
+            *config = new;
         }
-        last.1.clone()
+        config.clone()
     }
 }
 
@@ -148,18 +134,127 @@ pub struct DriverOptions {
 }
 
 /// The prepare/unprepare logic, behind the gRPC services.
-pub struct Driver<C> {
+pub struct Driver<C, M> {
     opts: DriverOptions,
-    manager: ManagerClient<Channel>,
+    manager: Arc<M>,
     claims: C,
     config: Arc<ConfigFile>,
     store: Mutex<Store>,
 }
 
-impl<C: ClaimSource> Driver<C> {
+/// The node as one prepare call sees it: the config in force and the
+/// manager's GPUs, read once per call (not once per claim), and only when a
+/// claim of the call is not prepared already.
+#[derive(Debug, Clone)]
+struct NodeView {
+    node: NodeConfig,
+    gpus: Vec<NodeGpu>,
+}
+
+/// What one prepare made so far, each step's undo recorded when the step
+/// is taken; [`Made::undo`] reverses them, newest first, [`Made::keep`]
+/// drops them once the claim is prepared. A step that fails undoes nothing
+/// of its own: it made nothing, or what it made is removed by an earlier
+/// step's undo (a priority goes with its allocation).
+struct Made<'a, M> {
+    manager: &'a M,
+    cdi_dir: &'a Path,
+    uid: &'a str,
+    undo: Vec<Undo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Undo {
+    /// Delete this allocation.
+    Allocation(String),
+    /// Remove the claim's CDI spec.
+    Spec,
+}
+
+impl<'a, M: ManagerApi> Made<'a, M> {
+    fn new(manager: &'a M, cdi_dir: &'a Path, uid: &'a str) -> Self {
+        Self {
+            manager,
+            cdi_dir,
+            uid,
+            undo: Vec::new(),
+        }
+    }
+
+    /// Step: the claim's allocation (idempotent for the same id and request:
+    /// a retry after a crash finds the one it made).
+    async fn allocation(
+        &mut self,
+        req: mgr::CreateAllocationRequest,
+    ) -> Result<mgr::Allocation, String> {
+        let id = req.id.clone();
+        let alloc = self
+            .manager
+            .create_allocation(req)
+            .await
+            .map_err(|s| format!("the manager refused the allocation: {}", s.message()))?;
+        self.undo.push(Undo::Allocation(id));
+        Ok(alloc)
+    }
+
+    /// Step: the allocation's burst priority (goes with the allocation).
+    async fn priority(&mut self, id: &str, priority: i32) -> Result<(), String> {
+        self.manager
+            .resize_allocation(mgr::ResizeAllocationRequest {
+                id: id.to_owned(),
+                devices: Vec::new(),
+                priority: Some(priority),
+            })
+            .await
+            .map(drop)
+            .map_err(|s| format!("cannot set priority {priority}: {}", s.message()))
+    }
+
+    /// Step: the claim's CDI spec. Its undo is recorded before the write: a
+    /// write that fails may have left the file in place.
+    fn spec(&mut self, spec: &tessera_node::cdi::Spec) -> Result<(), String> {
+        self.undo.push(Undo::Spec);
+        cdi::write(self.cdi_dir, self.uid, spec)
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "cannot write its CDI spec in {}: {e}",
+                    self.cdi_dir.display()
+                )
+            })
+    }
+
+    /// Everything made is the prepared claim's now.
+    fn keep(mut self) {
+        self.undo.clear();
+    }
+
+    /// Reverses every step taken, newest first; what cannot be undone is
+    /// logged (unprepare removes it later: every name derives from the uid).
+    async fn undo(mut self) {
+        while let Some(step) = self.undo.pop() {
+            match step {
+                Undo::Allocation(id) => match self.manager.delete_allocation(id).await {
+                    Ok(()) => {}
+                    Err(s) if s.code() == Code::NotFound => {}
+                    Err(s) => {
+                        tracing::error!(claim = %self.uid, error = %s.message(), "cannot delete the allocation of a failed prepare");
+                    }
+                },
+                Undo::Spec => {
+                    if let Err(e) = cdi::remove(self.cdi_dir, self.uid) {
+                        tracing::error!(claim = %self.uid, error = %e, "cannot remove the CDI spec of a failed prepare");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
     pub fn new(
         opts: DriverOptions,
-        manager: ManagerClient<Channel>,
+        manager: Arc<M>,
         claims: C,
         config: Arc<ConfigFile>,
         store: Store,
@@ -176,10 +271,11 @@ impl<C: ClaimSource> Driver<C> {
     /// NodePrepareResources: one entry per claim, its devices or its error.
     pub async fn prepare(&self, claims: Vec<dra::Claim>) -> dra::NodePrepareResourcesResponse {
         let mut store = self.store.lock().await;
+        let mut view = None;
         let mut out = HashMap::new();
         for c in claims {
             let uid = c.uid.clone();
-            let entry = match self.prepare_one(&mut store, c).await {
+            let entry = match self.prepare_one(&mut store, &mut view, c).await {
                 Ok(devices) => dra::NodePrepareResourceResponse {
                     devices,
                     error: String::new(),
@@ -214,9 +310,22 @@ impl<C: ClaimSource> Driver<C> {
         dra::NodeUnprepareResourcesResponse { claims: out }
     }
 
+    /// The node's config and GPUs (see [`NodeView`]).
+    async fn look_at_node(&self) -> Result<NodeView, String> {
+        let node = self.config.current();
+        let status = self
+            .manager
+            .node_status()
+            .await
+            .map_err(|s| format!("cannot reach the manager: {}", s.message()))?;
+        let gpus = node_gpus(&status, &node);
+        Ok(NodeView { node, gpus })
+    }
+
     async fn prepare_one(
         &self,
         store: &mut Store,
+        view: &mut Option<Result<NodeView, String>>,
         c: dra::Claim,
     ) -> Result<Vec<dra::Device>, String> {
         claim::check_uid(&c.uid).map_err(|e| e.to_string())?;
@@ -233,16 +342,12 @@ impl<C: ClaimSource> Driver<C> {
             .get(&want.namespace, &want.name)
             .await?
             .ok_or_else(|| ClaimError::NotFound(want.to_string()).to_string())?;
-        let node = self.config.current();
-        let status = self
-            .manager
-            .clone()
-            .get_node_status(mgr::NodeStatusRequest {})
-            .await
-            .map_err(|s| format!("cannot reach the manager: {}", s.message()))?
-            .into_inner();
-        let gpus = node_gpus(&status, &node);
-        let default_policy = match node.compute_policy {
+        let view = match view {
+            Some(v) => v,
+            None => view.insert(self.look_at_node().await),
+        }
+        .clone()?;
+        let default_policy = match view.node.compute_policy {
             tessera_node::config::ComputePolicy::Guaranteed => mgr::ComputePolicy::Guaranteed,
             tessera_node::config::ComputePolicy::Burst => mgr::ComputePolicy::Burst,
         };
@@ -251,93 +356,59 @@ impl<C: ClaimSource> Driver<C> {
             &want,
             &self.opts.driver_name,
             &self.opts.node_name,
-            &gpus,
+            &view.gpus,
             default_policy,
         )
         .map_err(|e| e.to_string())?;
 
+        let mut made = Made::new(self.manager.as_ref(), &self.opts.cdi_dir, &want.uid);
+        match self.make(&mut made, store, &want, &plan, &view.node).await {
+            Ok(devices) => {
+                made.keep();
+                tracing::info!(claim = %want, uid = %want.uid, devices = devices.len(), "claim prepared");
+                Ok(answer(&devices))
+            }
+            Err(e) => {
+                made.undo().await;
+                Err(format!("resource claim {want}: {e}"))
+            }
+        }
+    }
+
+    /// The steps of a prepare, in order; the checkpoint last, so that a
+    /// claim it records is whole.
+    async fn make(
+        &self,
+        made: &mut Made<'_, M>,
+        store: &mut Store,
+        want: &ClaimRef,
+        plan: &claim::ClaimPlan,
+        node: &NodeConfig,
+    ) -> Result<Vec<PreparedDevice>, String> {
         let id = allocation_id(&want.uid);
-        let req = mgr::CreateAllocationRequest {
-            id: id.clone(),
-            devices: plan.limits.clone(),
-            policy: plan.policy as i32,
-            // The manager's device ids are `<uuid>::<slice>`: slices only.
-            device_ids: plan
-                .devices
-                .iter()
-                .filter_map(|d| match crate::names::parse(&d.device) {
-                    Some(crate::names::DeviceName::Slice(_, n)) => {
-                        Some(format!("{}::{n}", d.gpu_uuid))
-                    }
-                    _ => None,
-                })
-                .collect(),
-            labels: [
-                (SOURCE.to_owned(), SOURCE_DRA_PLUGIN.to_owned()),
-                (CLAIM_LABEL.to_owned(), want.to_string()),
-            ]
-            .into(),
-        };
-        let mut manager = self.manager.clone();
-        let alloc = manager
-            .create_allocation(req)
-            .await
-            .map_err(|s| {
-                format!(
-                    "resource claim {want}: the manager refused the allocation: {}",
-                    s.message()
-                )
-            })?
-            .into_inner();
-        // From here on, a failure removes what was made.
-        let made_uid = want.uid.clone();
-        let undo = |e: String| {
-            let uid = made_uid.clone();
-            async move {
-                self.remove_made(&uid).await;
-                e
-            }
-        };
+        let alloc = made.allocation(allocation_request(&id, want, plan)).await?;
         if let Some(p) = plan.priority {
-            let r = manager
-                .resize_allocation(mgr::ResizeAllocationRequest {
-                    id: id.clone(),
-                    devices: Vec::new(),
-                    priority: Some(p),
-                })
-                .await;
-            if let Err(s) = r {
-                return Err(undo(format!(
-                    "resource claim {want}: cannot set priority {p}: {}",
-                    s.message()
-                ))
-                .await);
-            }
+            made.priority(&id, p).await?;
+        }
+        if node.ld_so_preload {
+            // A node-wide file every claim shares: kept whatever happens.
+            ensure_preload_file(&self.opts.host.preload_file).map_err(|e| {
+                format!(
+                    "cannot write the preload file {}: {e}",
+                    self.opts.host.preload_file.display()
+                )
+            })?;
         }
         let cdi_strategy = node.device_list_strategy.cdi;
-        if node.ld_so_preload
-            && let Err(e) = ensure_preload_file(&self.opts.host.preload_file)
-        {
-            return Err(undo(format!(
-                "resource claim {want}: cannot write the preload file {}: {e}",
-                self.opts.host.preload_file.display()
-            ))
-            .await);
-        }
         let spec = cdi::spec(
             &want.uid,
             &alloc,
             &self.opts.host,
             node.ld_so_preload,
             !cdi_strategy,
-        );
-        if let Err(e) = cdi::write(&self.opts.cdi_dir, &want.uid, &spec) {
-            return Err(undo(format!(
-                "resource claim {want}: cannot write its CDI spec in {}: {e}",
-                self.opts.cdi_dir.display()
-            ))
-            .await);
-        }
+        )
+        .map_err(|e| e.to_string())?;
+        made.spec(&spec)?;
         let devices = prepared_devices(&want.uid, &plan.devices, cdi_strategy);
         let record = PreparedClaim {
             namespace: want.namespace.clone(),
@@ -345,42 +416,14 @@ impl<C: ClaimSource> Driver<C> {
             allocation: id,
             devices: devices.clone(),
         };
-        if let Err(e) = store.insert(&want.uid, record) {
-            return Err(undo(format!("resource claim {want}: {e}")).await);
-        }
-        tracing::info!(claim = %want, uid = %want.uid, devices = devices.len(), "claim prepared");
-        Ok(answer(&devices))
-    }
-
-    /// Removes the allocation and the spec of claim `uid`, whatever is there.
-    async fn remove_made(&self, uid: &str) {
-        if let Err(s) = self
-            .manager
-            .clone()
-            .delete_allocation(mgr::DeleteAllocationRequest {
-                id: allocation_id(uid),
-            })
-            .await
-            && s.code() != Code::NotFound
-        {
-            tracing::error!(claim = %uid, error = %s.message(), "cannot delete the allocation of a failed prepare");
-        }
-        if let Err(e) = cdi::remove(&self.opts.cdi_dir, uid) {
-            tracing::error!(claim = %uid, error = %e, "cannot remove the CDI spec of a failed prepare");
-        }
+        store.insert(&want.uid, record).map_err(|e| e.to_string())?;
+        Ok(devices)
     }
 
     async fn unprepare_one(&self, store: &mut Store, uid: &str) -> Result<(), String> {
         claim::check_uid(uid).map_err(|e| e.to_string())?;
-        match self
-            .manager
-            .clone()
-            .delete_allocation(mgr::DeleteAllocationRequest {
-                id: allocation_id(uid),
-            })
-            .await
-        {
-            Ok(_) => {}
+        match self.manager.delete_allocation(allocation_id(uid)).await {
+            Ok(()) => {}
             Err(s) if s.code() == Code::NotFound => {}
             Err(s) => {
                 return Err(format!(
@@ -394,6 +437,33 @@ impl<C: ClaimSource> Driver<C> {
         store.remove(uid).map_err(|e| format!("claim {uid}: {e}"))?;
         tracing::info!(claim = %uid, "claim unprepared");
         Ok(())
+    }
+}
+
+/// The manager request of a claim's plan: its limits, policy, labels, and
+/// the manager's device ids (`<uuid>::<slice>`: slices only).
+fn allocation_request(
+    id: &str,
+    want: &ClaimRef,
+    plan: &claim::ClaimPlan,
+) -> mgr::CreateAllocationRequest {
+    mgr::CreateAllocationRequest {
+        id: id.to_owned(),
+        devices: plan.limits.clone(),
+        policy: plan.policy as i32,
+        device_ids: plan
+            .devices
+            .iter()
+            .filter_map(|d| match crate::names::parse(&d.device) {
+                Some(crate::names::DeviceName::Slice(_, n)) => Some(format!("{}::{n}", d.gpu_uuid)),
+                _ => None,
+            })
+            .collect(),
+        labels: [
+            (SOURCE.to_owned(), SOURCE_DRA_PLUGIN.to_owned()),
+            (CLAIM_LABEL.to_owned(), want.to_string()),
+        ]
+        .into(),
     }
 }
 
@@ -438,6 +508,7 @@ fn prepared_devices(
                 pool: d.pool.clone(),
                 device: d.device.clone(),
                 cdi_device_ids: ids,
+                share_id: d.share_id.clone(),
             }
         })
         .collect()
@@ -451,6 +522,200 @@ fn answer(devices: &[PreparedDevice]) -> Vec<dra::Device> {
             pool_name: d.pool.clone(),
             device_name: d.device.clone(),
             cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::slice_device;
+    use tessera_node::testing::{FakeManager, Method};
+    use tonic::Status;
+
+    const GI: u64 = 1 << 30;
+
+    /// The API server's claims: any name, one allocated slice of GPU-a,
+    /// with a priority (so that every step of a prepare is taken).
+    struct Claims;
+
+    impl ClaimSource for Claims {
+        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+            let claim = serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
+                "status": {"allocation": {"devices": {
+                    "results": [{"request": "gpu", "driver": "vgpu.tessera.dev", "pool": "node-1",
+                                 "device": slice_device("GPU-a", name.len() as u32 % 4)}],
+                    "config": [{"source": "FromClaim", "opaque": {"driver": "vgpu.tessera.dev", "parameters": {
+                        "apiVersion": crate::claim::CONFIG_API_VERSION, "kind": crate::claim::CONFIG_KIND,
+                        "priority": 5}}}]
+                }}}
+            });
+            serde_json::from_value(claim)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    struct Rig {
+        dir: tempfile::TempDir,
+        manager: Arc<FakeManager>,
+        driver: Driver<Claims, FakeManager>,
+    }
+
+    fn rig() -> Rig {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manager = Arc::new(FakeManager::default());
+        manager.set_status(mgr::NodeStatus {
+            gpus: vec![mgr::GpuStatus {
+                uuid: "GPU-a".into(),
+                memory_total_bytes: 16 * GI,
+                healthy: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let opts = DriverOptions {
+            driver_name: "vgpu.tessera.dev".into(),
+            node_name: "node-1".into(),
+            cdi_dir: dir.path().join("cdi"),
+            host: HostPaths {
+                hook_library: dir.path().join("libtessera.so"),
+                preload_file: dir.path().join("ld.so.preload"),
+            },
+        };
+        let config = Arc::new(ConfigFile::open(None, "node-1").expect("defaults"));
+        std::fs::create_dir(dir.path().join("plugin")).expect("plugin dir");
+        let store = Store::open(&dir.path().join("plugin")).expect("store");
+        let driver = Driver::new(opts, manager.clone(), Claims, config, store);
+        Rig {
+            dir,
+            manager,
+            driver,
+        }
+    }
+
+    fn claim(name: &str) -> dra::Claim {
+        dra::Claim {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        }
+    }
+
+    impl Rig {
+        async fn prepare(&self, names: &[&str]) -> dra::NodePrepareResourcesResponse {
+            self.driver
+                .prepare(names.iter().map(|n| claim(n)).collect())
+                .await
+        }
+
+        fn spec_exists(&self, name: &str) -> bool {
+            cdi::spec_path(&self.dir.path().join("cdi"), &format!("uid-{name}")).exists()
+        }
+    }
+
+    /// A failure at step k of a prepare undoes steps 1..k-1 and nothing
+    /// else: no allocation, no spec, no checkpoint entry is left, and the
+    /// undo deletes only what was made.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_step_undoes_the_steps_before_it() {
+        // Step 1, the allocation, refused: nothing was made, nothing deleted.
+        let r = rig();
+        r.manager
+            .fail_next(Method::Create, Status::resource_exhausted("full"));
+        let a = r.prepare(&["c1"]).await;
+        let e = &a.claims["uid-c1"].error;
+        assert!(e.contains("refused the allocation: full"), "{e}");
+        assert_eq!(r.manager.count(Method::Delete), 0);
+        assert!(r.manager.allocations().is_empty());
+        assert!(!r.spec_exists("c1"));
+
+        // Step 2, the priority, refused: the allocation goes.
+        let r = rig();
+        r.manager
+            .fail_next(Method::Resize, Status::invalid_argument("no"));
+        let a = r.prepare(&["c1"]).await;
+        assert!(a.claims["uid-c1"].error.contains("cannot set priority 5"));
+        assert_eq!(
+            r.manager.calls().last(),
+            Some(&(Method::Delete, "dra-uid-c1".to_owned()))
+        );
+        assert!(r.manager.allocations().is_empty());
+        assert!(!r.spec_exists("c1"));
+
+        // Step 3, the spec, cannot be written (its dir is a file): the
+        // allocation goes.
+        let r = rig();
+        std::fs::write(r.dir.path().join("cdi"), "not a dir").expect("file");
+        let a = r.prepare(&["c1"]).await;
+        assert!(a.claims["uid-c1"].error.contains("CDI spec"), "{a:?}");
+        assert_eq!(r.manager.count(Method::Delete), 1);
+        assert!(r.manager.allocations().is_empty());
+
+        // Step 4, the checkpoint, cannot be written: the spec and the
+        // allocation go.
+        let r = rig();
+        std::fs::remove_dir(r.dir.path().join("plugin")).expect("rmdir");
+        std::fs::write(r.dir.path().join("plugin"), "not a dir").expect("file");
+        let a = r.prepare(&["c1"]).await;
+        assert!(!a.claims["uid-c1"].error.is_empty());
+        assert!(
+            !r.spec_exists("c1"),
+            "the spec written at step 3 is removed"
+        );
+        assert_eq!(r.manager.count(Method::Delete), 1);
+        assert!(r.manager.allocations().is_empty());
+
+        // No failure: everything stays.
+        let r = rig();
+        let a = r.prepare(&["c1"]).await;
+        assert_eq!(a.claims["uid-c1"].error, "");
+        assert!(r.spec_exists("c1"));
+        assert_eq!(r.manager.allocations()[0].priority, 5);
+        assert_eq!(r.manager.count(Method::Delete), 0);
+    }
+
+    /// One failed claim does not undo another of the same call.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_claim_leaves_the_others_of_its_call() {
+        let r = rig();
+        r.manager
+            .fail_next(Method::Resize, Status::invalid_argument("no"));
+        let a = r.prepare(&["c1", "c22"]).await;
+        assert!(!a.claims["uid-c1"].error.is_empty());
+        assert_eq!(a.claims["uid-c22"].error, "");
+        let ids: Vec<String> = r.manager.allocations().into_iter().map(|a| a.id).collect();
+        assert_eq!(ids, ["dra-uid-c22"]);
+        assert!(r.spec_exists("c22") && !r.spec_exists("c1"));
+    }
+
+    /// The node's status is read once per call, whatever the number of
+    /// claims, and not at all when every claim is prepared already.
+    #[tokio::test(start_paused = true)]
+    async fn the_status_is_read_once_per_call() {
+        let r = rig();
+        let a = r.prepare(&["c1", "c22", "c333"]).await;
+        assert!(a.claims.values().all(|c| c.error.is_empty()), "{a:?}");
+        assert_eq!(r.manager.count(Method::Status), 1);
+        let again = r.prepare(&["c1", "c22", "c333"]).await;
+        assert_eq!(again, a, "the checkpoint answers");
+        assert_eq!(r.manager.count(Method::Status), 1);
+        assert_eq!(r.manager.count(Method::Create), 3);
+
+        // An unreachable manager fails each claim that needs it, one read.
+        let r = rig();
+        r.manager
+            .fail_next(Method::Status, Status::unavailable("down"));
+        let a = r.prepare(&["c1", "c22"]).await;
+        for c in a.claims.values() {
+            assert!(c.error.contains("cannot reach the manager: down"), "{c:?}");
+        }
+        assert_eq!(r.manager.count(Method::Status), 1);
+        assert_eq!(r.manager.count(Method::Create), 0);
+    }
 }

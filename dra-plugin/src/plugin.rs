@@ -9,8 +9,9 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tessera_node::kube::KubeSource;
+use tessera_node::manager::GrpcManager;
 use tessera_proto::dra::{v1, v1beta1};
-use tessera_proto::manager::v1::manager_client::ManagerClient;
 use tessera_proto::pluginregistration::v1::registration_server::RegistrationServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -28,6 +29,8 @@ pub const DRA_SOCKET: &str = "dra.sock";
 pub enum Error {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Config(#[from] tessera_node::config::ConfigError),
     #[error("cannot make a Kubernetes client: {0}")]
     Kube(String),
     #[error("cannot reach the manager at {path}: {source}")]
@@ -66,23 +69,14 @@ pub struct Options {
     pub kubeconfig: Option<PathBuf>,
 }
 
-/// A Kubernetes client from `kubeconfig`, else in-cluster.
+/// The Kubernetes client from `kubeconfig`, or the in-cluster config (or
+/// the default kubeconfig) without one: [`tessera_node::kube::client`], the
+/// device plugin's construction.
 pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
-    // kube's TLS client takes the process-wide rustls provider; name it.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| Error::Kube(format!("{}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| Error::Kube(format!("{}: {e}", p.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::Kube(e.to_string()))?,
-    };
-    kube::Client::try_from(config).map_err(|e| Error::Kube(e.to_string()))
+    let source = kubeconfig.map_or(KubeSource::Infer, |p| KubeSource::Kubeconfig(p.to_owned()));
+    tessera_node::kube::client(&source)
+        .await
+        .map_err(|e| Error::Kube(e.to_string()))
 }
 
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, Error> {
@@ -104,17 +98,17 @@ fn bind(path: &Path) -> Result<tokio::net::UnixListener, Error> {
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let store = Store::open(&opts.plugin_dir)?;
     let claims = KubeClaims(kube_client(opts.kubeconfig.as_deref()).await?);
-    let channel = tessera_proto::unix::channel_lazy(&opts.manager_socket).map_err(|source| {
-        Error::Manager {
-            path: opts.manager_socket.display().to_string(),
-            source,
-        }
-    })?;
-    let config = Arc::new(ConfigFile::new(
-        opts.config_path.clone(),
+    let manager =
+        Arc::new(
+            GrpcManager::new(&opts.manager_socket).map_err(|source| Error::Manager {
+                path: opts.manager_socket.display().to_string(),
+                source,
+            })?,
+        );
+    let config = Arc::new(ConfigFile::open(
+        opts.config_path.as_deref(),
         &opts.driver.node_name,
-    ));
-    let manager = ManagerClient::new(channel);
+    )?);
     let publisher = tokio::spawn(crate::publish::run(
         claims.0.clone(),
         manager.clone(),

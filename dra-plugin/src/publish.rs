@@ -17,10 +17,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use tessera_proto::manager::v1 as mgr;
-use tessera_proto::manager::v1::manager_client::ManagerClient;
+use tessera_node::manager::ManagerApi;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 use crate::driver::ConfigFile;
 use crate::slices;
@@ -201,9 +199,9 @@ async fn node_labels(
 /// Publishes the node's slices from the manager's status stream until
 /// dropped; reconnects to the manager and retries the API server on
 /// failure, logging each new failure once.
-pub async fn run(
+pub async fn run<M: ManagerApi>(
     client: kube::Client,
-    manager: ManagerClient<Channel>,
+    manager: Arc<M>,
     config: Arc<ConfigFile>,
     driver: String,
     node: String,
@@ -214,13 +212,10 @@ pub async fn run(
     let mut labels_read: Option<tokio::time::Instant> = None;
     loop {
         let stream = manager
-            .clone()
-            .watch_node_status(mgr::WatchNodeStatusRequest {
-                interval_ms: u32::try_from(STATUS_INTERVAL.as_millis()).unwrap_or(1000),
-            })
+            .watch_node_status(u32::try_from(STATUS_INTERVAL.as_millis()).unwrap_or(1000))
             .await;
         let mut stream = match stream {
-            Ok(s) => s.into_inner(),
+            Ok(s) => s,
             Err(s) => {
                 let e = format!("cannot watch the manager's node status: {}", s.message());
                 if last_error.as_ref() != Some(&e) {
@@ -274,6 +269,7 @@ mod tests {
     use crate::testing::FakeApiServer;
     use serde_json::json;
     use tessera_node::config::Config;
+    use tessera_proto::manager::v1 as mgr;
 
     const DRIVER: &str = "vgpu.tessera.dev";
     const NODE: &str = "node-1";

@@ -6,18 +6,19 @@
 use std::sync::Arc;
 
 use prost::Message;
+use tessera_node::manager::ManagerApi;
 use tessera_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
 use crate::driver::{ClaimSource, Driver};
 
 /// The `v1` service.
-pub struct V1<C>(pub Arc<Driver<C>>);
+pub struct V1<C, M>(pub Arc<Driver<C, M>>);
 /// The `v1beta1` service.
-pub struct V1beta1<C>(pub Arc<Driver<C>>);
+pub struct V1beta1<C, M>(pub Arc<Driver<C, M>>);
 
 #[tonic::async_trait]
-impl<C: ClaimSource> v1::dra_plugin_server::DraPlugin for V1<C> {
+impl<C: ClaimSource, M: ManagerApi> v1::dra_plugin_server::DraPlugin for V1<C, M> {
     async fn node_prepare_resources(
         &self,
         req: Request<v1::NodePrepareResourcesRequest>,
@@ -42,7 +43,7 @@ fn convert<A: Message, B: Message + Default>(msg: &A) -> Result<B, Status> {
 }
 
 #[tonic::async_trait]
-impl<C: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for V1beta1<C> {
+impl<C: ClaimSource, M: ManagerApi> v1beta1::dra_plugin_server::DraPlugin for V1beta1<C, M> {
     async fn node_prepare_resources(
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,

@@ -24,8 +24,13 @@ pub struct FakeApiServer {
     pub addr: SocketAddr,
     objects: Objects,
     requests: Arc<Mutex<Vec<String>>>,
+    /// Requests answered so far: what a test waits on to see the next
+    /// change the plugin makes, instead of polling on a timer.
+    served: Served,
     task: tokio::task::JoinHandle<()>,
 }
+
+type Served = Arc<tokio::sync::watch::Sender<usize>>;
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
@@ -49,20 +54,22 @@ impl FakeApiServer {
         let addr = listener.local_addr()?;
         let objects: Objects = Arc::default();
         let requests: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (o, r) = (objects.clone(), requests.clone());
+        let served: Served = Arc::new(tokio::sync::watch::channel(0).0);
+        let (o, r, n) = (objects.clone(), requests.clone(), served.clone());
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 // As the real API server (Go's net/http sets TCP_NODELAY):
                 // without it an answer written in two parts waits out the
                 // client's delayed ACK, 40 ms a request.
                 let _ = sock.set_nodelay(true);
-                tokio::spawn(serve_conn(sock, o.clone(), r.clone()));
+                tokio::spawn(serve_conn(sock, o.clone(), r.clone(), n.clone()));
             }
         });
         Ok(Self {
             addr,
             objects,
             requests,
+            served,
             task,
         })
     }
@@ -117,6 +124,22 @@ impl FakeApiServer {
     /// The requests served so far: `METHOD path`.
     pub fn requests(&self) -> Vec<String> {
         lock(&self.requests).clone()
+    }
+
+    /// How many requests have been answered (their effect on the objects
+    /// is in place by then).
+    pub fn served(&self) -> usize {
+        *self.served.borrow()
+    }
+
+    /// Waits until more than `seen` requests have been answered; false
+    /// when `wait` passed first.
+    pub async fn wait_served_beyond(&self, seen: usize, wait: Duration) -> bool {
+        let mut rx = self.served.subscribe();
+        matches!(
+            tokio::time::timeout(wait, rx.wait_for(|&n| n > seen)).await,
+            Ok(Ok(_))
+        )
     }
 }
 
@@ -314,7 +337,12 @@ fn route(method: &str, target: &str, body: &[u8], objects: &Objects) -> (u16, se
     }
 }
 
-async fn serve_conn(sock: TcpStream, objects: Objects, requests: Arc<Mutex<Vec<String>>>) {
+async fn serve_conn(
+    sock: TcpStream,
+    objects: Objects,
+    requests: Arc<Mutex<Vec<String>>>,
+    served: Served,
+) {
     let (rd, mut wr) = sock.into_split();
     let mut rd = BufReader::new(rd);
     loop {
@@ -350,6 +378,7 @@ async fn serve_conn(sock: TcpStream, objects: Objects, requests: Arc<Mutex<Vec<S
         }
         lock(&requests).push(format!("{method} {target}"));
         let (code, value) = route(&method, &target, &body, &objects);
+        served.send_modify(|n| *n += 1);
         let text = value.to_string();
         let head = format!(
             "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",

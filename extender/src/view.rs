@@ -21,7 +21,7 @@ use tessera_contract::labels::{
 use tessera_node::scheduling::{
     Assignment, ContainerAssignment, FORMAT_VERSION, GpuReport, GpuTake, NodeReport,
 };
-use tessera_placement::{Engine, Gpu, GpuNeed, MemoryNeed, Node, Policy, Request, TaskMix};
+use tessera_placement::{Engine, Gpu, Node, Policy, Request, TaskMix};
 
 use crate::wire::{HostPriority, MAX_SCORE};
 
@@ -209,45 +209,25 @@ struct CutEngine {
 }
 
 /// The engine request for `k` slices of a GPU cut into `cut`, if any GPU
-/// of that cut can hold it.
+/// of that cut can hold it ([`tessera_placement::slices::slice_request`]).
 pub(crate) fn slice_request(k: u32, cut: u32, class: &Option<String>) -> Option<Request> {
-    use tessera_placement::cluster::MILLI;
-    let gpu = if k < cut {
-        GpuNeed::Share {
-            compute: k * MILLI / cut,
-            memory: MemoryNeed::Mib(u64::from(k) * u64::from(MILLI)),
-            slices: k,
-        }
-    } else if k.is_multiple_of(cut) {
-        GpuNeed::Whole(k / cut)
-    } else {
-        return None;
-    };
-    Some(Request {
-        cpu_milli: 0,
-        memory_mib: 0,
-        gpu,
-        models: class.iter().cloned().collect(),
-    })
+    tessera_placement::slices::slice_request(k, cut, class.iter().cloned().collect())
 }
 
 /// Host CPU and memory are the scheduler's to check: the engine gets
 /// plenty of both.
 pub(crate) const UNCOUNTED: u64 = 1 << 40;
 
+/// A reported GPU as the engine sees it: the one slice adapter
+/// ([`tessera_placement::slices::slice_gpu`]).
 fn engine_gpu(g: &GpuState) -> Gpu {
-    use tessera_placement::cluster::MILLI;
-    let s = g.report.slices;
-    Gpu {
-        model: g.report.model.clone(),
-        class: g.report.class.clone(),
-        memory_mib: u64::from(s) * u64::from(MILLI),
-        memory_free_mib: u64::from(g.free) * u64::from(MILLI),
-        compute_free: g.free * MILLI / s,
-        slices: s,
-        slices_free: g.free,
-        utilization: g.report.utilization.map(|u| u as f32),
-    }
+    tessera_placement::slices::slice_gpu(
+        &g.report.model,
+        &g.report.class,
+        g.report.slices,
+        g.free,
+        g.report.utilization,
+    )
 }
 
 fn cut_engine(
@@ -510,6 +490,7 @@ pub fn live_assignment(pod: &Pod) -> Option<(String, Assignment)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_placement::GpuNeed;
 
     fn report_with(pods: &[(&str, u32)], used: u32) -> BTreeMap<String, String> {
         let g = GpuReport {

@@ -1,15 +1,13 @@
 //! Finding the real libraries without ever running into the shim itself:
 //! the real `dlsym` comes from `dlvsym(RTLD_NEXT, "dlsym", ...)` (never our
-//! own export), the real libraries from our own `dlopen`, and each entry
-//! point is resolved once into a table the hot path reads with one atomic
-//! load.
+//! own export), the real libraries from our own `dlopen`. It knows no
+//! symbol list: `crate::table` resolves each entry point once through it
+//! into the table the hot path reads with one atomic load.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr::null_mut;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
-
-use crate::table::{COUNT, Lib, Sym};
 
 /// C signature of `dlsym`.
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -67,53 +65,30 @@ pub fn clear_dlerror() {
     unsafe { libc::dlerror() };
 }
 
-/// Real entry points, indexed by [`Sym::index`]; null until resolved or
-/// when the real library lacks the symbol.
-static TABLE: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(null_mut()) }; COUNT];
-
-#[derive(Debug, Clone, Copy)]
-struct Handle(*mut c_void);
-// SAFETY: a dlopen handle is an opaque token the loader lets any thread use.
-unsafe impl Send for Handle {}
-// SAFETY: as for Send.
-unsafe impl Sync for Handle {}
-
-static CUDA: OnceLock<Option<Handle>> = OnceLock::new();
-static NVML: OnceLock<Option<Handle>> = OnceLock::new();
-
-/// The real entry point of `sym`, or null. The hot path: one atomic load
-/// once the library is loaded.
-#[inline(always)]
-pub fn entry(sym: Sym) -> *mut c_void {
-    let p = TABLE[sym.index()].load(Ordering::Acquire);
-    if !p.is_null() {
-        return p;
+/// Opens a real library by its soname, or None (logged) when it is not
+/// there.
+pub fn open(soname: &CStr) -> Option<*mut c_void> {
+    // RTLD_LOCAL: the real library's symbols must not join the global scope
+    // ahead of anything; the application's own dlopen of it, if any, gets
+    // the same object.
+    // SAFETY: dlopen of a NUL-terminated soname.
+    let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        clear_dlerror();
+        crate::log!(
+            crate::log::Level::Warn,
+            "{} not found",
+            soname.to_string_lossy()
+        );
+        return None;
     }
-    entry_slow(sym)
+    Some(h)
 }
 
-#[cold]
-fn entry_slow(sym: Sym) -> *mut c_void {
-    if library(sym.lib()).is_null() {
-        return null_mut();
-    }
-    TABLE[sym.index()].load(Ordering::Acquire)
-}
-
-/// The handle of a real library, loading it and resolving all its symbols
-/// on first use; null when it cannot be loaded.
-pub fn library(lib: Lib) -> *mut c_void {
-    let cell = match lib {
-        Lib::Cuda => &CUDA,
-        Lib::Nvml => &NVML,
-    };
-    cell.get_or_init(|| load(lib)).map_or(null_mut(), |h| h.0)
-}
-
-/// Whether a real library is already in the process, without loading it.
-pub fn is_loaded(lib: Lib) -> bool {
+/// Whether a library is already in the process, without loading it.
+pub fn is_loaded(soname: &CStr) -> bool {
     // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects.
-    let h = unsafe { libc::dlopen(lib.soname().as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
     if h.is_null() {
         clear_dlerror();
         return false;
@@ -121,48 +96,4 @@ pub fn is_loaded(lib: Lib) -> bool {
     // SAFETY: drops the reference the NOLOAD open just took.
     unsafe { libc::dlclose(h) };
     true
-}
-
-fn load(lib: Lib) -> Option<Handle> {
-    // RTLD_LOCAL: the real library's symbols must not join the global scope
-    // ahead of anything; the application's own dlopen of it, if any, gets
-    // the same object.
-    // SAFETY: dlopen of a NUL-terminated soname.
-    let h = unsafe { libc::dlopen(lib.soname().as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        clear_dlerror();
-        crate::log!(
-            crate::log::Level::Warn,
-            "{} not found",
-            lib.soname().to_string_lossy()
-        );
-        return None;
-    }
-    for &sym in Sym::ALL.iter().filter(|s| s.lib() == lib) {
-        // SAFETY: a handle dlopen just gave.
-        let p = unsafe { real_dlsym(h, sym.c_name()) };
-        if !p.is_null() {
-            TABLE[sym.index()].store(p, Ordering::Release);
-        }
-    }
-    clear_dlerror();
-    Some(Handle(h))
-}
-
-/// The governed symbols whose real entry point is exactly `p` (a pointer
-/// the real `cuGetProcAddress` handed out). Usually one; a driver may share
-/// one function between variants.
-pub fn governed_at(p: *mut c_void) -> Vec<Sym> {
-    Sym::ALL
-        .iter()
-        .copied()
-        .filter(|s| s.governed() && TABLE[s.index()].load(Ordering::Acquire) == p)
-        .collect()
-}
-
-/// Installs a fake entry point, for tests of wrapper bodies against a fake
-/// driver.
-#[cfg(test)]
-pub(crate) fn set_entry(sym: Sym, p: *mut c_void) {
-    TABLE[sym.index()].store(p, Ordering::Release);
 }

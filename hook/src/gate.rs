@@ -14,13 +14,19 @@
 
 use std::ptr::null_mut;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use tessera_ffi::cuda::{CUcontext, CUresult, CUstream};
+use parking_lot::Mutex;
+use tessera_ffi::cuda::{
+    CUcontext, CUevent, CUgraph, CUgraphNode, CUresult, CUstream, CUstreamCaptureStatus, cuuint64_t,
+};
 use tessera_shm::gate::{Drain, Gate, GateEvent};
+use tessera_shm::layout::MAX_DEVICES;
+use tessera_shm::sys::monotonic_ns;
 
 use crate::governor::Governed;
 use crate::log::Level;
+use crate::pace::{DEFAULT_BUDGET_NS, Pace, Step};
 use crate::table::call_real;
 
 /// The process's gate: a leaked `Box<Gate>`, replaced (and the old one
@@ -31,18 +37,19 @@ static GATE: AtomicPtr<Gate> = AtomicPtr::new(null_mut());
 /// allocation's grant if need be. The gate never refuses: it admits once
 /// the grant is held, or once the arbiter is found silent. `gov.member()`
 /// is `None` in a forked child that has not called `cuInit` (its driver
-/// refuses the work anyway), which passes ungated.
+/// refuses the work anyway), which passes ungated. `Ok(Some(dev))`: the
+/// launch is paced on allocation device `dev`; pass it to [`after_submit`].
 #[inline(always)]
-pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
+pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<Option<usize>, CUresult> {
     let p = GATE.load(Ordering::Acquire);
     if p.is_null() {
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: GATE only ever holds a pointer from Box::leak, never freed.
     let gate = unsafe { &*p };
     // A forked child still sees its parent's gate until it joins itself.
     if gov.member() != Some(gate.member()) {
-        return Ok(());
+        return Ok(None);
     }
     // A paused allocation (`tessera pause`): the launch waits, it does not
     // fail, until the manager resumes it. One more load of a word that
@@ -51,10 +58,23 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<(), CUresult> {
     if control.paused() {
         control.wait_while_paused();
     }
-    if let Some(dev) = gov.device_of_stream(stream) {
-        gate.before_submit(dev);
+    let Some(dev) = gov.device_of_stream(stream) else {
+        return Ok(None);
+    };
+    // Pace first, the gate after: a launch held by the pacer is still
+    // stopped at the gate if the grant was revoked meanwhile.
+    let paced = pace_before(gate, dev, stream);
+    gate.before_submit(dev);
+    Ok(paced.then_some(dev))
+}
+
+/// Called after the driver accepted work that [`before_submit`] let
+/// through with `Some(dev)`: records the launch's marker for the pacer.
+#[inline]
+pub fn after_submit(dev: Option<usize>, stream: CUstream) {
+    if let Some(dev) = dev {
+        pace_after(dev, stream);
     }
-    Ok(())
 }
 
 /// Runs `wait`, a synchronisation of this process's work on allocation
@@ -94,6 +114,15 @@ pub fn on_join(gov: &Governed) {
         log,
     ) {
         Ok(g) => {
+            // Read once per process, here, never on a launch.
+            let budget = std::env::var(ENV_QUEUE_BUDGET)
+                .ok()
+                .map(|v| parse_budget(&v));
+            match budget {
+                Some(Err(e)) => crate::log!(Level::Error, "{e}; the queue stays bounded"),
+                Some(Ok(ns)) => BUDGET_NS.store(ns, Ordering::Relaxed),
+                None => {}
+            }
             GATE.store(Box::into_raw(Box::new(g)), Ordering::Release);
         }
         Err(e) => crate::log!(Level::Error, "compute gate not set up: {e}"),
@@ -131,5 +160,185 @@ impl Drain for CudaDrain {
             let mut popped: CUcontext = null_mut();
             let _ = call_real!(cuCtxPopCurrent_v2(&mut popped));
         }
+    }
+}
+
+/// The pacer's budget, in the process's environment (`250us`, or `0` to
+/// turn the queue bound off): a tenant's setting, so it only changes how
+/// long the tenant's own drains take, which the arbiter charges to it.
+pub const ENV_QUEUE_BUDGET: &str = "TESSERA_QUEUE_BUDGET";
+
+/// The budget in force (ns); 0: launches are not paced.
+static BUDGET_NS: AtomicU64 = AtomicU64::new(DEFAULT_BUDGET_NS);
+
+fn parse_budget(v: &str) -> Result<u64, String> {
+    let t = v.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    tessera_contract::units::parse_duration(t)
+        .ok()
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .filter(|&ns| ns <= 1_000_000_000)
+        .ok_or_else(|| format!("{ENV_QUEUE_BUDGET}={v:?}: a duration up to 1s, or 0"))
+}
+
+/// A launch's marker: an event recorded after it on its stream.
+#[derive(Debug)]
+struct Marker {
+    ev: CUevent,
+    /// Queued while the launch before it was in flight (back to back).
+    behind: bool,
+    /// Its length was learned already.
+    learned: bool,
+}
+
+/// One device's pacing in this process: the decision, the markers of the
+/// latest launches (at most three), spare events, and the context they
+/// belong to (events are per context; a new current context starts over).
+#[derive(Debug)]
+struct Paced {
+    pace: Pace,
+    markers: Vec<Marker>,
+    spare: Vec<CUevent>,
+    ctx: CUcontext,
+    /// Whether the launch being submitted was queued behind the last one.
+    behind: bool,
+}
+
+// SAFETY: the raw handles are driver handles, valid from any thread of the
+// process; the struct is only used under its mutex.
+unsafe impl Send for Paced {}
+
+static PACED: [Mutex<Option<Paced>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
+
+fn event_done(ev: CUevent) -> bool {
+    // Any answer but "not ready" (an error included) counts as done: a
+    // marker the driver cannot answer for must not hold launches.
+    call_real!(cuEventQuery(ev)) != CUresult::CUDA_ERROR_NOT_READY
+}
+
+fn capturing(stream: CUstream) -> bool {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuuint64_t = 0;
+    let mut graph: CUgraph = null_mut();
+    let mut deps: *const CUgraphNode = std::ptr::null();
+    let mut n: usize = 0;
+    let r = call_real!(cuStreamGetCaptureInfo_v2(
+        stream,
+        &mut status,
+        &mut id,
+        &mut graph,
+        &mut deps,
+        &mut n
+    ));
+    r != CUresult::CUDA_SUCCESS || status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Before a launch on allocation device `dev`: holds it while the process
+/// has more queued than the budget allows (see `pace.rs`). Returns whether
+/// the launch is paced (its marker is to be recorded after it).
+fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
+    let budget = BUDGET_NS.load(Ordering::Relaxed);
+    if budget == 0 || dev >= MAX_DEVICES || capturing(stream) {
+        // Work captured into a graph runs when the graph is launched, and
+        // querying an event recorded in a capture would break the capture.
+        return false;
+    }
+    let mut ctx: CUcontext = null_mut();
+    if call_real!(cuCtxGetCurrent(&mut ctx)) != CUresult::CUDA_SUCCESS || ctx.is_null() {
+        return false;
+    }
+    loop {
+        let mut guard = PACED[dev].lock();
+        let p = guard.get_or_insert_with(|| Paced {
+            pace: Pace::new(budget),
+            markers: Vec::new(),
+            spare: Vec::new(),
+            ctx,
+            behind: false,
+        });
+        if p.ctx != ctx {
+            // Another context: its events cannot mark this one's streams.
+            for m in p.markers.drain(..) {
+                let _ = call_real!(cuEventDestroy_v2(m.ev));
+            }
+            for ev in p.spare.drain(..) {
+                let _ = call_real!(cuEventDestroy_v2(ev));
+            }
+            p.ctx = ctx;
+        }
+        let done: Vec<bool> = p.markers.iter().map(|m| event_done(m.ev)).collect();
+        for (i, &finished) in done.iter().enumerate().skip(1) {
+            if finished && p.markers[i].behind && !p.markers[i].learned {
+                let mut ms = 0f32;
+                let r = call_real!(cuEventElapsedTime(
+                    &mut ms,
+                    p.markers[i - 1].ev,
+                    p.markers[i].ev
+                ));
+                if r == CUresult::CUDA_SUCCESS && ms > 0.0 {
+                    p.pace.learned((f64::from(ms) * 1e6) as u64);
+                }
+                p.markers[i].learned = true;
+            }
+        }
+        let n = p.markers.len();
+        let last = n.checked_sub(1).map(|i| done[i]);
+        let older = n.checked_sub(2).map(|i| done[i]);
+        let now = monotonic_ns();
+        match p.pace.before(now, last, older) {
+            Step::Go => {
+                p.behind = last == Some(false);
+                p.pace.launched(now, p.behind);
+                return true;
+            }
+            Step::WaitOlder => {
+                let ev = p.markers[n - 2].ev;
+                drop(guard);
+                // Waiting on its own work: the holder keeps its grant.
+                gate.syncing(Some(dev), || call_real!(cuEventSynchronize(ev)));
+            }
+            Step::HoldUntil(t) => {
+                drop(guard);
+                gate.syncing(Some(dev), || {
+                    std::thread::sleep(std::time::Duration::from_nanos(t.saturating_sub(now)))
+                });
+            }
+        }
+    }
+}
+
+/// After a paced launch on `dev`: records its marker on `stream`.
+fn pace_after(dev: usize, stream: CUstream) {
+    let mut guard = PACED[dev].lock();
+    let Some(p) = guard.as_mut() else {
+        return;
+    };
+    let ev = match p.spare.pop() {
+        Some(ev) => ev,
+        None => {
+            let mut ev: CUevent = null_mut();
+            // Timing on (flags 0): the marker's elapsed time is how the
+            // launch length is learned.
+            if call_real!(cuEventCreate(&mut ev, 0)) != CUresult::CUDA_SUCCESS {
+                return;
+            }
+            ev
+        }
+    };
+    if call_real!(cuEventRecord(ev, stream)) != CUresult::CUDA_SUCCESS {
+        // A stream of another context, say: this launch goes unmarked.
+        p.spare.push(ev);
+        return;
+    }
+    p.markers.push(Marker {
+        ev,
+        behind: p.behind,
+        learned: false,
+    });
+    while p.markers.len() > 3 {
+        let m = p.markers.remove(0);
+        p.spare.push(m.ev);
     }
 }

@@ -16,7 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::null_mut;
 
 use crate::driver;
-use crate::table::Sym;
+use crate::table::{self, Sym};
 
 /// What `dlsym(*handle, name)` should return: a wrapper, or null to let the
 /// real `dlsym` answer, with `*handle` as this function leaves it.
@@ -53,10 +53,10 @@ unsafe fn decide(handle: *mut *mut c_void, name: *const c_char) -> *mut c_void {
     // SAFETY: points to the caller's handle per the contract.
     let h = unsafe { *handle };
     if h == libc::RTLD_DEFAULT || h == libc::RTLD_NEXT {
-        if driver::entry(sym).is_null() {
+        if table::entry(sym).is_null() {
             // The real library lacks it: answer as it would (not found),
             // not with our export, which the global scope would find.
-            let lib = driver::library(sym.lib());
+            let lib = table::library(sym.lib());
             if !lib.is_null() {
                 // SAFETY: as above.
                 unsafe { *handle = lib };
@@ -73,7 +73,7 @@ unsafe fn decide(handle: *mut *mut c_void, name: *const c_char) -> *mut c_void {
         driver::clear_dlerror();
         return null_mut();
     }
-    if p == sym.wrapper() || p == driver::entry(sym) {
+    if p == sym.wrapper() || p == table::entry(sym) {
         driver::clear_dlerror();
         return sym.wrapper();
     }

@@ -359,9 +359,14 @@ pub struct PoolBooks {
 }
 
 /// How much a pool must take from the device to hand out `bytes` more: what
-/// its unused reserve lacks.
-pub fn growth(reserved: u64, used: u64, bytes: u64) -> u64 {
-    used.saturating_add(bytes).saturating_sub(reserved)
+/// its unused reserve lacks, in whole `page`s (the device's page, see
+/// sizes.rs: charged up to it before the call; the charge settles to what
+/// the driver reports after it).
+pub fn growth(reserved: u64, used: u64, bytes: u64, page: u64) -> u64 {
+    used.saturating_add(bytes)
+        .checked_next_multiple_of(page.max(1))
+        .unwrap_or(u64::MAX)
+        .saturating_sub(reserved)
 }
 
 /// Adds `bytes` on `device` to a per-device list.
@@ -553,12 +558,17 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_grows_only_by_what_its_reserve_lacks() {
-        assert_eq!(growth(0, 0, 100), 100);
-        assert_eq!(growth(768, 0, 768), 0, "a freed reserve is reused");
-        assert_eq!(growth(768, 500, 768), 500);
-        assert_eq!(growth(100, 100, 0), 0);
-        assert_eq!(growth(u64::MAX, 0, u64::MAX), 0);
+    fn a_pool_grows_only_by_the_pages_its_reserve_lacks() {
+        const P: u64 = crate::sizes::DEVICE_PAGE;
+        assert_eq!(growth(0, 0, 100, P), P, "a whole page, not the bytes asked");
+        assert_eq!(growth(P, 0, 768, P), 0, "a freed reserve is reused");
+        assert_eq!(growth(P, 500, P, P), P, "one page more covers the rest");
+        assert_eq!(growth(2 * P, 500, P, P), 0);
+        assert_eq!(growth(P, P, 0, P), 0);
+        assert_eq!(growth(u64::MAX, 0, u64::MAX, P), 0);
+        // In bytes (a driver that holds exactly what it hands out).
+        assert_eq!(growth(768, 500, 768, 1), 500);
+        assert_eq!(growth(0, 0, 0, 0), 0);
     }
 
     #[test]

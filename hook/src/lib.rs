@@ -25,6 +25,7 @@ pub mod interpose;
 pub mod ledger;
 pub mod log;
 pub mod nvml;
+pub mod pace;
 pub mod procaddr;
 pub mod sizes;
 pub mod table;

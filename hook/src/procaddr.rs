@@ -14,9 +14,8 @@ use std::ffi::{CStr, c_void};
 
 use tessera_ffi::cuda::CUdriverProcAddress_flags_enum as Flags;
 
-use crate::driver;
 use crate::log::Level;
-use crate::table::Sym;
+use crate::table::{self, Sym};
 
 /// Whether `flags` ask for the per-thread-default-stream flavour.
 pub fn wants_per_thread(flags: u64) -> bool {
@@ -65,11 +64,11 @@ pub fn substitute(symbol: &CStr, p: *mut c_void, cuda_version: i32, flags: u64) 
     if Sym::ALL.iter().any(|s| s.governed() && s.wrapper() == p) {
         return p;
     }
-    if let Some(s) = choose(&driver::governed_at(p), base, per_thread) {
+    if let Some(s) = choose(&table::governed_at(p), base, per_thread) {
         return s.wrapper();
     }
     match variant_for(base, cuda_version, per_thread) {
-        Some(s) if !driver::entry(s).is_null() => {
+        Some(s) if !table::entry(s).is_null() => {
             crate::log!(
                 Level::Warn,
                 "cuGetProcAddress({base}, {cuda_version}, {flags}) gave a pointer that is no exported symbol; governing it as {}",

@@ -1,6 +1,17 @@
 //! How many bytes an allocation is charged when the driver does not say:
 //! arrays and mipmapped arrays from their descriptors, pitched memory
-//! before the driver has chosen its pitch.
+//! before the driver has chosen its pitch, and the device pages every
+//! allocation is held in.
+//!
+//! The driver holds device memory in whole pages: on an H200 (driver 580,
+//! CUDA 13.0) NVML per process showed every `cuMemAlloc` of n bytes at n
+//! rounded up to 2 MiB, the granularity `cuMemGetAllocationGranularity`
+//! reports. So an allocation is charged its bytes rounded up to
+//! [`DEVICE_PAGE`]: charging the bytes asked for would let a process hold
+//! up to a page per allocation past its limit (a million 1-byte
+//! allocations, 2 TiB). Where a family's real rounding is unknown (arrays,
+//! pools) the page is still the least it can take, so it is charged up,
+//! never down.
 //!
 //! An array is charged its payload: width × height × depth × bytes per
 //! element, where a plain format's element is its channel size times the
@@ -154,6 +165,17 @@ pub fn mipmapped_bytes(
     total
 }
 
+/// The unit the device holds memory in (see the module's notes).
+pub const DEVICE_PAGE: u64 = 2 << 20;
+
+/// `bytes` rounded up to whole device pages: what the driver holds for an
+/// allocation of `bytes`. Saturates at [`OVERFLOW`], which no limit admits.
+pub fn pages(bytes: u64) -> u64 {
+    bytes
+        .checked_next_multiple_of(DEVICE_PAGE)
+        .unwrap_or(OVERFLOW)
+}
+
 /// Pitch alignment assumed before the driver has chosen the pitch.
 pub const PITCH_ALIGN: u64 = 512;
 
@@ -170,6 +192,16 @@ pub fn pitch_estimate(width: u64, height: u64) -> u64 {
 mod tests {
     use super::*;
     type F = CUarray_format;
+
+    #[test]
+    fn pages_round_up_and_never_wrap() {
+        assert_eq!(pages(0), 0);
+        assert_eq!(pages(1), DEVICE_PAGE);
+        assert_eq!(pages(DEVICE_PAGE), DEVICE_PAGE);
+        assert_eq!(pages(DEVICE_PAGE + 1), 2 * DEVICE_PAGE);
+        assert_eq!(pages(u64::MAX - 1), OVERFLOW);
+        assert_eq!(pages(OVERFLOW), OVERFLOW);
+    }
 
     #[test]
     fn plain_arrays_are_width_height_element_channels() {

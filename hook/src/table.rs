@@ -9,10 +9,19 @@
 //! typedef, which a compile-time check holds the signature to. The wrapper
 //! body is the function of the same name in `crate::cuda` or `crate::nvml`.
 //!
+//! The table of real entry points lives here, beside the list that sizes
+//! it; `crate::driver` below it only finds the real `dlsym` and opens a
+//! library by name, knowing nothing of the list.
+//!
 //! The `used` entries are driver functions the hook calls for itself
 //! (device UUIDs, the current context) without governing them.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::ptr::null_mut;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::driver;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -176,7 +185,7 @@ macro_rules! symbols {
             $(
                 #[inline(always)]
                 pub fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
-                    let p = crate::driver::entry(Sym::$name);
+                    let p = entry(Sym::$name);
                     // SAFETY: `p` is null or what the real library's dlsym
                     // returned for exactly this name, whose C signature is
                     // the one declared here (held to NVIDIA's typedef by
@@ -187,7 +196,7 @@ macro_rules! symbols {
             $(
                 #[inline(always)]
                 pub fn $uname() -> Option<unsafe extern "C" fn($($uty),*) -> $uret> {
-                    let p = crate::driver::entry(Sym::$uname);
+                    let p = entry(Sym::$uname);
                     // SAFETY: as above.
                     unsafe { std::mem::transmute::<*mut c_void, Option<unsafe extern "C" fn($($uty),*) -> $uret>>(p) }
                 }
@@ -403,6 +412,12 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
+        // The queue bound (pace.rs): a marker event after each governed launch.
+        cuda fn cuEventCreate(ev: *mut CUevent, flags: c_uint) -> CUresult;
+        cuda fn cuEventRecord(ev: CUevent, stream: CUstream) -> CUresult;
+        cuda fn cuEventQuery(ev: CUevent) -> CUresult;
+        cuda fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+        cuda fn cuEventDestroy_v2(ev: CUevent) -> CUresult;
         // Pool and graph-memory accounting, the device of a stream.
         cuda fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult;
         cuda fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
@@ -433,6 +448,80 @@ macro_rules! call_real {
     };
 }
 pub(crate) use call_real;
+
+/// Real entry points, indexed by [`Sym::index`]; null until resolved or
+/// when the real library lacks the symbol.
+static TABLE: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(null_mut()) }; COUNT];
+
+#[derive(Debug, Clone, Copy)]
+struct Handle(*mut c_void);
+// SAFETY: a dlopen handle is an opaque token the loader lets any thread use.
+unsafe impl Send for Handle {}
+// SAFETY: as for Send.
+unsafe impl Sync for Handle {}
+
+static CUDA: OnceLock<Option<Handle>> = OnceLock::new();
+static NVML: OnceLock<Option<Handle>> = OnceLock::new();
+
+/// The real entry point of `sym`, or null. The hot path: one atomic load
+/// once the library is loaded.
+#[inline(always)]
+pub fn entry(sym: Sym) -> *mut c_void {
+    let p = TABLE[sym.index()].load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    entry_slow(sym)
+}
+
+#[cold]
+fn entry_slow(sym: Sym) -> *mut c_void {
+    if library(sym.lib()).is_null() {
+        return null_mut();
+    }
+    TABLE[sym.index()].load(Ordering::Acquire)
+}
+
+/// The handle of a real library, loading it and resolving all its symbols
+/// on first use; null when it cannot be loaded.
+pub fn library(lib: Lib) -> *mut c_void {
+    let cell = match lib {
+        Lib::Cuda => &CUDA,
+        Lib::Nvml => &NVML,
+    };
+    cell.get_or_init(|| load(lib)).map_or(null_mut(), |h| h.0)
+}
+
+fn load(lib: Lib) -> Option<Handle> {
+    let h = driver::open(lib.soname())?;
+    for &sym in Sym::ALL.iter().filter(|s| s.lib() == lib) {
+        // SAFETY: a handle dlopen just gave.
+        let p = unsafe { driver::real_dlsym(h, sym.c_name()) };
+        if !p.is_null() {
+            TABLE[sym.index()].store(p, Ordering::Release);
+        }
+    }
+    driver::clear_dlerror();
+    Some(Handle(h))
+}
+
+/// The governed symbols whose real entry point is exactly `p` (a pointer
+/// the real `cuGetProcAddress` handed out). Usually one; a driver may share
+/// one function between variants.
+pub fn governed_at(p: *mut c_void) -> Vec<Sym> {
+    Sym::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.governed() && TABLE[s.index()].load(Ordering::Acquire) == p)
+        .collect()
+}
+
+/// Installs a fake entry point, for tests of wrapper bodies against a fake
+/// driver.
+#[cfg(test)]
+pub(crate) fn set_entry(sym: Sym, p: *mut c_void) {
+    TABLE[sym.index()].store(p, Ordering::Release);
+}
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tessera_contract::units::FULL_COMPUTE_PPM;
 use tessera_shm::{ControlSpec, DeviceSpec, Policy};
 
 use crate::gpu::GpuInfo;
@@ -246,7 +247,7 @@ pub fn validate(rec: &AllocationRecord, gpus: &[GpuInfo]) -> Result<(), AllocErr
                 d.memory_limit_bytes, gpu.uuid, gpu.memory_total_bytes
             ));
         }
-        if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
+        if d.compute_share_ppm == 0 || d.compute_share_ppm > FULL_COMPUTE_PPM {
             return bad(format!(
                 "device {i}: compute_share_ppm {} is not in 1..=1000000 (300000 = 30%)",
                 d.compute_share_ppm
@@ -342,7 +343,7 @@ pub fn check_capacity<'a>(
                 gpu.uuid, gpu.index, free_mem, gpu.memory_total_bytes, d.memory_limit_bytes
             )));
         }
-        let free_ppm = 1_000_000u64.saturating_sub(ppm);
+        let free_ppm = u64::from(FULL_COMPUTE_PPM).saturating_sub(ppm);
         if u64::from(d.compute_share_ppm) > free_ppm {
             return Err(AllocError::Exhausted(format!(
                 "GPU {} (index {}) has {} of its compute time unallocated; {} requested",

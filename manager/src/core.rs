@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tessera_contract::labels::{self, PRIORITY_MAX, PRIORITY_MIN};
+use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use parking_lot::{Mutex, RwLock};
 use tessera_proto::manager::v1 as pb;
@@ -592,8 +593,8 @@ impl Core {
         for (k, d) in rec.devices.iter().enumerate() {
             control.set_memory_limit(k, d.memory_limit_bytes)?;
             control.set_compute_share(k, d.compute_share_ppm)?;
-            crossed |= (d.compute_share_ppm >= 1_000_000)
-                != (old.devices[k].compute_share_ppm >= 1_000_000);
+            crossed |= (d.compute_share_ppm >= FULL_COMPUTE_PPM)
+                != (old.devices[k].compute_share_ppm >= FULL_COMPUTE_PPM);
         }
         live.set_record(rec.clone());
         if let Some(p) = req.priority {

@@ -42,6 +42,57 @@ fn load(lib: Option<&Path>) -> Option<libloading::Library> {
     }
 }
 
+/// The calls every query here starts with: initialise the driver, count
+/// its devices, and name each by its handle and UUID.
+struct Devices {
+    init: CuInit,
+    count: CuDeviceGetCount,
+    get: CuDeviceGet,
+    uuid: CuDeviceGetUuid,
+}
+
+impl Devices {
+    /// The four calls from the loaded driver, `None` when one is missing.
+    fn of(lib: &libloading::Library) -> Option<Devices> {
+        // SAFETY: each symbol is looked up with the C signature the CUDA
+        // driver API documents for it (CUresult and CUdevice are ints,
+        // CUuuid 16 bytes).
+        unsafe {
+            Some(Devices {
+                init: *lib.get::<CuInit>(b"cuInit\0").ok()?,
+                count: *lib.get::<CuDeviceGetCount>(b"cuDeviceGetCount\0").ok()?,
+                get: *lib.get::<CuDeviceGet>(b"cuDeviceGet\0").ok()?,
+                uuid: *lib.get::<CuDeviceGetUuid>(b"cuDeviceGetUuid\0").ok()?,
+            })
+        }
+    }
+
+    /// Calls `f` with each device the driver shows (its handle, and its
+    /// UUID as NVML spells it); nothing when the driver will not initialise,
+    /// and a device it cannot name is skipped.
+    fn each(&self, mut f: impl FnMut(c_int, String)) {
+        // SAFETY: the calls follow the driver API's contract: cuInit(0)
+        // first, then queries with valid out-pointers to locals of the
+        // right size.
+        unsafe {
+            if (self.init)(0) != 0 {
+                return;
+            }
+            let mut n: c_int = 0;
+            if (self.count)(&mut n) != 0 {
+                return;
+            }
+            for ordinal in 0..n {
+                let mut dev: c_int = 0;
+                let mut id = [0u8; 16];
+                if (self.get)(&mut dev, ordinal) == 0 && (self.uuid)(&mut id, dev) == 0 {
+                    f(dev, format_uuid(&id));
+                }
+            }
+        }
+    }
+}
+
 /// What a CUDA context holds on each GPU, by UUID: for each GPU the
 /// driver shows, one primary context is retained, `held` is asked what the
 /// driver now holds for this process on that GPU (NVML's per-process figure:
@@ -61,14 +112,9 @@ pub fn measure_contexts(
     };
     // SAFETY: each symbol is looked up with the C signature the CUDA driver
     // API documents for it (CUresult and CUdevice are ints, CUcontext a
-    // pointer, CUuuid 16 bytes).
+    // pointer).
     let syms = unsafe {
         (
-            lib.get::<CuInit>(b"cuInit\0").map(|f| *f),
-            lib.get::<CuDeviceGetCount>(b"cuDeviceGetCount\0")
-                .map(|f| *f),
-            lib.get::<CuDeviceGet>(b"cuDeviceGet\0").map(|f| *f),
-            lib.get::<CuDeviceGetUuid>(b"cuDeviceGetUuid\0").map(|f| *f),
             lib.get::<CuDevicePrimaryCtxRetain>(b"cuDevicePrimaryCtxRetain\0")
                 .map(|f| *f),
             lib.get::<CuDevicePrimaryCtxRelease>(b"cuDevicePrimaryCtxRelease_v2\0")
@@ -76,41 +122,27 @@ pub fn measure_contexts(
                 .map(|f| *f),
         )
     };
-    let (Ok(init), Ok(count), Ok(get), Ok(uuid), Ok(retain), Ok(release)) = syms else {
+    let (Some(devices), Ok(retain), Ok(release)) = (Devices::of(&lib), syms.0, syms.1) else {
         tracing::debug!("CUDA driver lacks the context calls; context sizes unknown");
         return out;
     };
-    // SAFETY: the calls follow the driver API's contract: cuInit(0) first,
-    // then queries with valid out-pointers to locals of the right size; every
-    // primary context retained is released once, after the figure is read.
-    unsafe {
-        if init(0) != 0 {
-            return out;
+    devices.each(|dev, name| {
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a device handle the driver gave and a valid out-pointer;
+        // the primary context retained is released once, after the figure
+        // is read.
+        let r = unsafe { retain(&mut ctx, dev) };
+        if r != 0 {
+            tracing::warn!(gpu = %name, error = r, "cannot make a context to measure its size");
+            return;
         }
-        let mut n: c_int = 0;
-        if count(&mut n) != 0 {
-            return out;
+        let figure = held(&name);
+        // SAFETY: releases the one retain above.
+        unsafe { release(dev) };
+        if let Some(bytes) = figure {
+            out.insert(name, bytes);
         }
-        for ordinal in 0..n {
-            let mut dev: c_int = 0;
-            let mut id = [0u8; 16];
-            if get(&mut dev, ordinal) != 0 || uuid(&mut id, dev) != 0 {
-                continue;
-            }
-            let name = format_uuid(&id);
-            let mut ctx: *mut c_void = std::ptr::null_mut();
-            let r = retain(&mut ctx, dev);
-            if r != 0 {
-                tracing::warn!(gpu = %name, error = r, "cannot make a context to measure its size");
-                continue;
-            }
-            let figure = held(&name);
-            release(dev);
-            if let Some(bytes) = figure {
-                out.insert(name, bytes);
-            }
-        }
-    }
+    });
     // As for the SM counts: the driver stays loaded.
     std::mem::forget(lib);
     out
@@ -119,49 +151,26 @@ pub fn measure_contexts(
 /// SM count per GPU UUID, from the CUDA driver at `lib` (or `libcuda.so.1`
 /// from the loader's path). Empty when the driver cannot be used.
 pub fn sm_counts(lib: Option<&Path>) -> HashMap<String, u32> {
-    let Some(lib) = load(lib) else {
-        return HashMap::new();
-    };
-    // SAFETY: each symbol is looked up with the C signature the CUDA driver
-    // API documents for it (CUresult is an int, CUdevice an int, CUuuid 16
-    // bytes).
-    let syms = unsafe {
-        (
-            lib.get::<CuInit>(b"cuInit\0"),
-            lib.get::<CuDeviceGetCount>(b"cuDeviceGetCount\0"),
-            lib.get::<CuDeviceGet>(b"cuDeviceGet\0"),
-            lib.get::<CuDeviceGetUuid>(b"cuDeviceGetUuid\0"),
-            lib.get::<CuDeviceGetAttribute>(b"cuDeviceGetAttribute\0"),
-        )
-    };
-    let (Ok(init), Ok(count), Ok(get), Ok(uuid), Ok(attr)) = syms else {
-        tracing::debug!("CUDA driver lacks a device query; SM counts unknown");
-        return HashMap::new();
-    };
     let mut out = HashMap::new();
-    // SAFETY: the calls follow the driver API's contract: cuInit(0) first,
-    // then queries with valid out-pointers to locals of the right size.
-    unsafe {
-        if init(0) != 0 {
-            return out;
+    let Some(lib) = load(lib) else {
+        return out;
+    };
+    // SAFETY: looked up with the C signature the CUDA driver API documents
+    // (CUresult and CUdevice_attribute and CUdevice are ints).
+    let attr = unsafe { lib.get::<CuDeviceGetAttribute>(b"cuDeviceGetAttribute\0") }.map(|f| *f);
+    let (Some(devices), Ok(attr)) = (Devices::of(&lib), attr) else {
+        tracing::debug!("CUDA driver lacks a device query; SM counts unknown");
+        return out;
+    };
+    devices.each(|dev, name| {
+        let mut sms: c_int = 0;
+        // SAFETY: a device handle the driver gave, a valid out-pointer.
+        if unsafe { attr(&mut sms, MULTIPROCESSOR_COUNT, dev) } == 0
+            && let Ok(sms) = u32::try_from(sms)
+        {
+            out.insert(name, sms);
         }
-        let mut n: c_int = 0;
-        if count(&mut n) != 0 {
-            return out;
-        }
-        for ordinal in 0..n {
-            let mut dev: c_int = 0;
-            let mut id = [0u8; 16];
-            let mut sms: c_int = 0;
-            if get(&mut dev, ordinal) == 0
-                && uuid(&mut id, dev) == 0
-                && attr(&mut sms, MULTIPROCESSOR_COUNT, dev) == 0
-                && let Ok(sms) = u32::try_from(sms)
-            {
-                out.insert(format_uuid(&id), sms);
-            }
-        }
-    }
+    });
     // The library stays loaded: unloading a driver that was initialised is
     // not supported by it.
     std::mem::forget(lib);

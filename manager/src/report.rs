@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use tessera_contract::units::FULL_COMPUTE_PPM;
 use tessera_proto::manager::v1 as pb;
 
 use crate::alloc;
@@ -155,7 +156,7 @@ impl Core {
         }
         let s = u64::from(slices_per_gpu);
         let by_mem = (d.memory_limit_bytes * s).div_ceil(gpu.memory_total_bytes.max(1));
-        let by_compute = (u64::from(d.compute_share_ppm) * s).div_ceil(1_000_000);
+        let by_compute = (u64::from(d.compute_share_ppm) * s).div_ceil(u64::from(FULL_COMPUTE_PPM));
         by_mem.max(by_compute).min(s) as u32
     }
 

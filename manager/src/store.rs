@@ -5,12 +5,12 @@
 //! renamed into place, so one named after an id is always complete; a
 //! restarted manager picks every allocation up again from here.
 //!
-//! Nothing is forgotten: every record is written twice, each time to a
-//! temporary file, fsynced and renamed over (`allocation.json`, and a
+//! Nothing is forgotten: every record is written twice, each time through
+//! the one durable replace (`tessera_contract::file`: a temporary file,
+//! fsynced, renamed over, the directory fsynced): `allocation.json`, and a
 //! checksummed copy in `allocations/.records/<id>.json`, which no container
-//! mounts). The fsyncs are skipped for the allocation of a `tessera run`,
-//! which cannot outlive its process (see `Durability`); the control and
-//! state files are never fsynced, being rebuilt from the record.
+//! mounts. The control and state files are written the same way, and a
+//! published allocation directory's rename is synced too.
 //!
 //! At start-up a record is read from the first that is whole; if both are
 //! lost it is rebuilt from the control file (limits, shares; policy
@@ -30,7 +30,6 @@
 //! file's version is never taken as that of a release: a tenant can write it, so a bad one
 //! is damage, repaired as any other (see docs/upgrade.md).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use parking_lot::RwLock;
@@ -197,44 +196,8 @@ fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
     Ok(body)
 }
 
-/// How long what is written must last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Durability {
-    /// Through a power loss: fsynced before it is published.
-    PowerLoss,
-    /// Through a crash of the manager only (the page cache keeps it): the
-    /// allocation of a `tessera run`, which cannot outlive its process, and
-    /// no process outlives a power loss. Saves `tessera run` the fsyncs
-    /// (milliseconds of its start-up, issue 26); should one come back torn
-    /// after a power loss, start-up moves it aside as any such directory,
-    /// and nothing can still be using it.
-    ProcessCrash,
-}
-
-impl Durability {
-    fn of(rec: &AllocationRecord) -> Self {
-        if tessera_contract::labels::RunOwner::from_labels(&rec.labels).is_some() {
-            Durability::ProcessCrash
-        } else {
-            Durability::PowerLoss
-        }
-    }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8], d: Durability) -> Result<(), AllocError> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        if d == Durability::PowerLoss {
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io(path))
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), AllocError> {
+    tessera_contract::file::write_durably(path, bytes, 0o600).map_err(io(path))
 }
 
 fn sync_dir(dir: &Path) {
@@ -259,7 +222,7 @@ impl Store {
         std::fs::set_permissions(&records, std::fs::Permissions::from_mode(0o700))
             .map_err(io(&records))?;
         let probe = dir.join(format!(".write-test-{}", std::process::id()));
-        write_atomically(&probe, b"ok", Durability::PowerLoss).map_err(|e| match e {
+        write_atomically(&probe, b"ok").map_err(|e| match e {
             AllocError::Io { error, .. } => AllocError::Io {
                 path: dir.to_owned(),
                 error: std::io::Error::new(error.kind(), format!("not writable: {error}")),
@@ -282,9 +245,8 @@ impl Store {
             path: dir.join(RECORD_FILE),
             error: std::io::Error::other(e),
         })?;
-        let d = Durability::of(rec);
-        write_atomically(&self.copy_path(&rec.id), &sealed(&json), d)?;
-        write_atomically(&dir.join(RECORD_FILE), &json, d)
+        write_atomically(&self.copy_path(&rec.id), &sealed(&json))?;
+        write_atomically(&dir.join(RECORD_FILE), &json)
     }
 
     pub fn dir(&self) -> &Path {
@@ -336,9 +298,7 @@ impl Store {
             let _ = std::fs::remove_file(self.copy_path(&rec.id));
             return Err(e);
         }
-        if Durability::of(rec) == Durability::PowerLoss {
-            sync_dir(&self.dir);
-        }
+        sync_dir(&self.dir);
         Ok((final_dir.join("control"), final_dir.join("state")))
     }
 
@@ -767,23 +727,16 @@ mod tests {
         Ok(rec)
     }
 
-    /// Only an allocation bound to a live `tessera run` (its owner's pid,
-    /// pid namespace and start time, which the manager took from the
-    /// socket's peer) skips the fsyncs; a pod's, or a run's whose owner
-    /// labels are incomplete, must survive a power loss.
+    /// A run's allocation (owner labels) is written like a pod's and read
+    /// back the same.
     #[test]
-    fn only_a_run_bound_to_its_process_is_written_without_fsync() {
+    fn a_runs_record_is_written_and_read_back() {
         use tessera_contract::labels as l;
         let mut rec = norm(&req(&gpus()[0].uuid, 4 * GI, 300_000)).unwrap();
-        rec.pod = "p".into();
-        assert_eq!(Durability::of(&rec), Durability::PowerLoss);
         rec.labels.insert(l::SOURCE.into(), l::SOURCE_CLI.into());
         rec.labels.insert(l::CLI_PID.into(), "4242".into());
         rec.labels.insert(l::CLI_PIDNS.into(), "4026531836".into());
-        assert_eq!(Durability::of(&rec), Durability::PowerLoss, "no start time");
         rec.labels.insert(l::CLI_START.into(), "123456".into());
-        assert_eq!(Durability::of(&rec), Durability::ProcessCrash);
-        // Written either way, and read back the same.
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("allocations")).unwrap();
         store.create(&rec, &rec.control_spec(0)).unwrap();

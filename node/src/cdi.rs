@@ -127,7 +127,8 @@ pub fn preload_contents() -> String {
 
 /// Makes sure the host's preload file (what [`shim_mounts`] mounts when
 /// `ldSoPreload` is on) exists with the right text; written through a
-/// temporary file and a rename so no container sees half of it.
+/// temporary file and a rename so no container sees half of it
+/// ([`tessera_contract::file`]).
 pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
     let want = preload_contents();
     if std::fs::read_to_string(path).is_ok_and(|have| have == want) {
@@ -136,9 +137,7 @@ pub fn ensure_preload_file(path: &Path) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, want)?;
-    std::fs::rename(&tmp, path)
+    tessera_contract::file::write_durably(path, want.as_bytes(), 0o644)
 }
 
 /// The fully qualified name a container asks for: `kind=name`.
@@ -241,22 +240,10 @@ pub fn write_spec(dir: &Path, file_name: &str, spec: &Spec) -> Result<bool, CdiE
         return Ok(false);
     }
     std::fs::create_dir_all(dir).map_err(io)?;
-    // A dot file: runtimes read only `*.json` and `*.yaml`, never the
-    // temporary one.
-    let tmp = dir.join(format!(".{file_name}.{}", std::process::id()));
-    // Synced before the rename and the directory after it: a runtime never
-    // reads half a spec, and a written spec is still there after a crash.
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(e)
-    })?;
+    // The temporary file is a dot file: runtimes read only `*.json` and
+    // `*.yaml`, never it; a runtime never reads half a spec, and a written
+    // spec is still there after a crash.
+    tessera_contract::file::write_durably(&path, text.as_bytes(), 0o644).map_err(io)?;
     Ok(true)
 }
 

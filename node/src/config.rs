@@ -19,12 +19,12 @@ pub const MAX_SLICES_PER_GPU: u32 = 128;
 pub const MIN_SLICE_MEMORY: u64 = 64 << 20;
 /// A compute slice below 1% cannot be honoured by a time-slice arbiter.
 pub const MIN_COMPUTE_PPM: u32 = 10_000;
-/// One GPU's whole time, in parts per million.
-pub const FULL_COMPUTE_PPM: u32 = 1_000_000;
+/// One GPU's whole time, in parts per million (defined in the contract).
+pub use tessera_contract::units::FULL_COMPUTE_PPM;
 /// Slices per GPU when the file (or its default section) says nothing.
 pub const DEFAULT_SLICES_PER_GPU: u32 = 4;
-/// Default `sharedThreshold`.
-pub const DEFAULT_SHARED_THRESHOLD: f64 = 0.2;
+/// Default `sharedThreshold`: the placement engine's own.
+pub use tessera_placement::policy::DEFAULT_SHARED_THRESHOLD;
 
 /// A configuration error. `Invalid` names the field by its path in the file
 /// (`overrides[1].slice.memory`).

@@ -8,6 +8,11 @@
 //! - [`selector`]: the Kubernetes label selectors of the config's overrides.
 //! - [`cdi`]: Container Device Interface specs: any set of named devices with
 //!   their container edits, written atomically to a spec directory.
+//! - [`edits`]: a container's environment and mounts for one allocation,
+//!   from the manager's answer (both plugins' one way to build them).
+//! - [`reload`]: the node config file read again when it changes (both
+//!   plugins' one hot-reload, one set of rules).
+//! - [`kube`]: the Kubernetes client both plugins build, one way.
 //! - [`manager`]: the manager API as a plugin uses it ([`manager::ManagerApi`],
 //!   a trait so logic can be tested against a fake) and its gRPC client
 //!   ([`manager::GrpcManager`]).
@@ -19,6 +24,13 @@
 
 pub mod cdi;
 pub mod config;
+pub mod edits;
+pub mod kube;
 pub mod manager;
+pub mod reload;
 pub mod scheduling;
 pub mod selector;
+/// A fake manager for the plugins' tests (fault injection): built for
+/// tests only, never into the release binary.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -45,6 +45,8 @@ pub trait ManagerApi: Send + Sync + 'static {
         &self,
         req: mgr::ResizeAllocationRequest,
     ) -> impl Future<Output = Result<mgr::Allocation, Status>> + Send;
+    /// GetNodeStatus: the node's GPUs and allocations now, once.
+    fn node_status(&self) -> impl Future<Output = Result<mgr::NodeStatus, Status>> + Send;
     /// WatchNodeStatus: the node's GPUs and their health, every
     /// `interval_ms` and on every change.
     fn watch_node_status(
@@ -121,6 +123,15 @@ impl ManagerApi for GrpcManager {
             .client
             .clone()
             .resize_allocation(req)
+            .await?
+            .into_inner())
+    }
+
+    async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
+        Ok(self
+            .client
+            .clone()
+            .get_node_status(mgr::NodeStatusRequest {})
             .await?
             .into_inner())
     }

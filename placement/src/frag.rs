@@ -93,6 +93,59 @@ impl TaskMix {
             covered += n;
             kept.push((t, n));
         }
+        TaskMix::weighted(kept)
+    }
+
+    /// The task types among `requests` whose *shape* (CPU, GPUs, share per
+    /// GPU, the GPU models aside) is among the most frequent shapes that
+    /// together cover at least `coverage` of them, each with every model
+    /// list it comes with, weighted by frequency. Without model constraints
+    /// this is [`TaskMix::from_requests`]. With them it keeps what FGD's cut
+    /// drops: a shape asked for with many model lists splits into many
+    /// rare types, so a 95% cut by type keeps the unconstrained types and
+    /// loses most of the constrained ones, and the measure stops seeing
+    /// which GPU models the constrained tasks need.
+    pub fn by_shape<'a>(requests: impl IntoIterator<Item = &'a Request>, coverage: f64) -> TaskMix {
+        let types: Vec<TaskType> = requests.into_iter().map(TaskType::of).collect();
+        let shape = |t: &TaskType| (t.gpus, t.milli, t.cpu_milli);
+        let mut shapes: HashMap<(u32, u32, u64), u64> = HashMap::new();
+        for t in &types {
+            *shapes.entry(shape(t)).or_default() += 1;
+        }
+        let mut order: Vec<((u32, u32, u64), u64)> = shapes.into_iter().collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let need = (coverage.clamp(0.0, 1.0) * types.len() as f64).ceil() as u64;
+        let mut kept = std::collections::HashSet::new();
+        let mut covered = 0u64;
+        for (s, n) in order {
+            if covered >= need && !kept.is_empty() {
+                break;
+            }
+            covered += n;
+            kept.insert(s);
+        }
+        let mut counts: HashMap<TaskType, u64> = HashMap::new();
+        for t in types {
+            if kept.contains(&shape(&t)) {
+                *counts.entry(t).or_default() += 1;
+            }
+        }
+        let mut all: Vec<(TaskType, u64)> = counts.into_iter().collect();
+        all.sort_by(|a, b| {
+            b.1.cmp(&a.1).then_with(|| {
+                (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
+                    b.0.gpus,
+                    b.0.milli,
+                    b.0.cpu_milli,
+                    &b.0.models,
+                ))
+            })
+        });
+        TaskMix::weighted(all)
+    }
+
+    /// The types with weights proportional to their counts.
+    fn weighted(kept: Vec<(TaskType, u64)>) -> TaskMix {
         let sum: u64 = kept.iter().map(|k| k.1).sum();
         TaskMix {
             types: kept
@@ -424,5 +477,50 @@ mod tests {
             assert_eq!(sums.fragmentation(&types, cpu), frag, "{types:?} {gpus:?}");
             assert_eq!(sums.leftover(&types, cpu), left, "{types:?} {gpus:?}");
         }
+    }
+
+    /// A shape asked for with several model lists is kept whole when the
+    /// shape is frequent, though each (shape, models) alone is rare; with
+    /// no model lists, the mix is FGD's.
+    #[test]
+    fn the_mix_by_shape_keeps_every_model_list_of_a_kept_shape() {
+        let mut reqs = Vec::new();
+        for m in ["T4", "G2", "P100", "V100M16", "V100M32"] {
+            for _ in 0..3 {
+                let mut r = Request::trace(1000, 0, 1, 500);
+                r.models = vec![m.into()];
+                reqs.push(r);
+            }
+        }
+        for _ in 0..10 {
+            reqs.push(Request::trace(2000, 0, 1, 1000));
+        }
+        // By type: the 10 whole-GPU tasks first, then 3 of each model
+        // list; FGD's cut at 60% (15 of 25) keeps the whole-GPU type and
+        // two of the five lists. By shape, the half-GPU shape (15 tasks)
+        // covers 60% alone and keeps all five lists.
+        let fgd = TaskMix::from_requests(&reqs, 0.6);
+        assert_eq!(fgd.types.len(), 3);
+        let by_shape = TaskMix::by_shape(&reqs, 0.6);
+        assert_eq!(by_shape.types.len(), 5);
+        assert!(by_shape.types.iter().all(|t| t.task.milli == 500));
+        let mut lists: Vec<&str> = by_shape
+            .types
+            .iter()
+            .map(|t| t.task.models[0].as_str())
+            .collect();
+        lists.sort_unstable();
+        assert_eq!(lists, ["g2", "p100", "t4", "v100m16", "v100m32"]);
+        let plain: Vec<Request> = reqs
+            .iter()
+            .map(|r| Request {
+                models: Vec::new(),
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(
+            TaskMix::by_shape(&plain, 0.95),
+            TaskMix::from_requests(&plain, 0.95)
+        );
     }
 }

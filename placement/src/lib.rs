@@ -7,6 +7,8 @@
 //! - [`frag`]: the task mix a cluster expects and the fragmentation measure
 //!   over it (the FGD paper's definition).
 //! - [`policy`]: the policies and how each scores a candidate.
+//! - [`slices`]: GPUs cut into slices and requests for slices, as the engine
+//!   sees them (the extender's and the device plugin's one adapter).
 //! - [`engine`]: the index (per kind of request, the nodes in rank order) and
 //!   the decision over it.
 
@@ -14,8 +16,9 @@ pub mod cluster;
 pub mod engine;
 pub mod frag;
 pub mod policy;
+pub mod slices;
 
 pub use cluster::{Choice, Gpu, GpuNeed, MemoryNeed, Node, Request};
 pub use engine::{Engine, PlaceError, Rank};
 pub use frag::{MixEntry, TaskMix, TaskType};
-pub use policy::{Policy, PolicyError};
+pub use policy::{DefragParts, Policy, PolicyError};

@@ -4,6 +4,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::cluster::Request;
+use crate::frag::TaskMix;
+
 /// A placement policy. The default, [`Policy::Defrag`], is what a node gets
 /// when its config names none.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -28,6 +31,53 @@ pub enum Policy {
     /// end whole for large requests.
     #[default]
     Defrag,
+    /// Defrag with some of its parts taken out, to measure what each buys
+    /// (`defrag-without:shape+leftover`; docs/placement.md's ablation). Not
+    /// a policy to run a cluster with.
+    DefragWithout(DefragParts),
+}
+
+/// The parts of [`Policy::Defrag`], each of which an ablation may take out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DefragParts {
+    /// The task mix cut by shape (CPU, GPUs, share), every model list of a
+    /// kept shape in it (`TaskMix::by_shape`); without it, FGD's cut by type.
+    pub shape_mix: bool,
+    /// The leftover measure beside FGD's; without it, FGD's alone.
+    pub leftover: bool,
+    /// Growths compared in defrag's steps; without them, exactly.
+    pub steps: bool,
+    /// Within a step, the GPU the request fills best; without it, the
+    /// first node's first GPU.
+    pub best_fit: bool,
+    /// The cost of taking GPUs of a kind the task types that ask for
+    /// particular models are expected to claim; without it, none.
+    pub reserve: bool,
+}
+
+impl DefragParts {
+    /// Every part: the policy itself.
+    pub const ALL: DefragParts = DefragParts {
+        shape_mix: true,
+        leftover: true,
+        steps: true,
+        best_fit: true,
+        reserve: true,
+    };
+
+    /// The parts' names, as `defrag-without:` takes them.
+    pub const NAMES: [&'static str; 5] = ["shape", "leftover", "steps", "bestfit", "reserve"];
+
+    fn flag(&mut self, name: &str) -> Option<&mut bool> {
+        match name {
+            "shape" => Some(&mut self.shape_mix),
+            "leftover" => Some(&mut self.leftover),
+            "steps" => Some(&mut self.steps),
+            "bestfit" => Some(&mut self.best_fit),
+            "reserve" => Some(&mut self.reserve),
+            _ => None,
+        }
+    }
 }
 
 /// The threshold `shared-threshold` takes when none is given (the node
@@ -43,6 +93,10 @@ pub enum PolicyError {
     Unknown(String),
     #[error("shared-threshold {0:?}: the threshold is a number from 0 to 1")]
     Threshold(String),
+    #[error(
+        "defrag-without:{0}: name parts to take out, joined by +: shape, leftover, steps, bestfit"
+    )]
+    Parts(String),
 }
 
 impl Policy {
@@ -57,7 +111,31 @@ impl Policy {
 
     /// Whether ranking needs the fragmentation measure.
     pub(crate) fn uses_fragmentation(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::Defrag)
+        matches!(
+            self,
+            Policy::Fgd | Policy::Defrag | Policy::DefragWithout(_)
+        )
+    }
+
+    /// Defrag's parts in force: all of them for `defrag`, what an ablation
+    /// leaves, None for the other policies.
+    pub(crate) fn defrag_parts(self) -> Option<DefragParts> {
+        match self {
+            Policy::Defrag => Some(DefragParts::ALL),
+            Policy::DefragWithout(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The task mix the policy measures fragmentation over, from the task
+    /// types a cluster's history gives (a trace's pods): the types that
+    /// cover `coverage` of them (FGD's protocol), or, for defrag, the
+    /// shapes that do, each with all its model lists ([`TaskMix::by_shape`]).
+    pub fn task_mix(self, requests: &[Request], coverage: f64) -> TaskMix {
+        match self.defrag_parts() {
+            Some(p) if p.shape_mix => TaskMix::by_shape(requests, coverage),
+            _ => TaskMix::from_requests(requests, coverage),
+        }
     }
 }
 
@@ -72,6 +150,14 @@ impl fmt::Display for Policy {
             Policy::SharedThreshold(t) => write!(f, "shared-threshold:{t}"),
             Policy::Fgd => f.write_str("fgd"),
             Policy::Defrag => f.write_str("defrag"),
+            Policy::DefragWithout(p) => {
+                let mut parts = *p;
+                let out: Vec<&str> = DefragParts::NAMES
+                    .into_iter()
+                    .filter(|n| parts.flag(n).is_some_and(|on| !*on))
+                    .collect();
+                write!(f, "defrag-without:{}", out.join("+"))
+            }
         }
     }
 }
@@ -92,6 +178,16 @@ impl FromStr for Policy {
             ("defrag", None) => Policy::Defrag,
             ("shared-threshold" | "sharedthreshold", None) => {
                 Policy::SharedThreshold(DEFAULT_SHARED_THRESHOLD)
+            }
+            ("defrag-without", Some(a)) => {
+                let mut p = DefragParts::ALL;
+                for part in a.split('+') {
+                    match p.flag(part.trim()) {
+                        Some(on) => *on = false,
+                        None => return Err(PolicyError::Parts(a.to_owned())),
+                    }
+                }
+                Policy::DefragWithout(p)
             }
             ("shared-threshold" | "sharedthreshold", Some(a)) => match a.parse::<f64>() {
                 Ok(t) if (0.0..=1.0).contains(&t) => Policy::SharedThreshold(t),
@@ -132,12 +228,19 @@ pub(crate) fn rank(policy: Policy, c: &Candidate) -> [f64; 4] {
         Policy::Spread => [-node_free, f64::from(c.utilization), -gpu_free, -cpu],
         Policy::SharedThreshold(_) => [f64::from(u8::from(c.busy)), node_free, gpu_free, cpu],
         Policy::Fgd => [score_step(c.frag_delta, FGD_SCORE_SCALE), 0.0, 0.0, 0.0],
-        Policy::Defrag => [
-            score_step(c.frag_delta, DEFRAG_SCORE_SCALE),
-            gpu_free,
-            0.0,
-            0.0,
-        ],
+        Policy::Defrag | Policy::DefragWithout(_) => {
+            let p = policy.defrag_parts().unwrap_or(DefragParts::ALL);
+            [
+                if p.steps {
+                    score_step(c.frag_delta, DEFRAG_SCORE_SCALE)
+                } else {
+                    c.frag_delta
+                },
+                if p.best_fit { gpu_free } else { 0.0 },
+                0.0,
+                0.0,
+            ]
+        }
     }
 }
 
@@ -216,6 +319,21 @@ mod tests {
         assert!(matches!(
             "binpack:1".parse::<Policy>(),
             Err(PolicyError::Unknown(_))
+        ));
+        let a: Policy = "defrag-without:shape+steps".parse().unwrap();
+        assert_eq!(
+            a,
+            Policy::DefragWithout(DefragParts {
+                shape_mix: false,
+                steps: false,
+                ..DefragParts::ALL
+            })
+        );
+        assert_eq!(a.to_string(), "defrag-without:shape+steps");
+        assert_eq!(a.to_string().parse::<Policy>(), Ok(a));
+        assert!(matches!(
+            "defrag-without:magic".parse::<Policy>(),
+            Err(PolicyError::Parts(_))
         ));
     }
 }

@@ -200,8 +200,16 @@ macro_rules! dra_wire_test {
                 pool_name: "p".into(),
                 device_name: "d".into(),
                 cdi_device_ids: vec!["x".into()],
+                share_id: Some("s".into()),
             };
-            let device_bytes = cat(&[ld(1, b"r"), ld(2, b"p"), ld(3, b"d"), ld(4, b"x")]);
+            // share_id is field 5 upstream (cdi_device_ids kept 4).
+            let device_bytes = cat(&[
+                ld(1, b"r"),
+                ld(2, b"p"),
+                ld(3, b"d"),
+                ld(4, b"x"),
+                ld(5, b"s"),
+            ]);
             assert_eq!(device.encode_to_vec(), device_bytes);
             let one = d::NodePrepareResourceResponse {
                 devices: vec![device],

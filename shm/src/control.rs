@@ -3,9 +3,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+
+use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use crate::layout::*;
 use crate::map::Mapping;
@@ -91,7 +92,7 @@ impl ControlSpec {
             {
                 return bad(format!("device {i}: context size {b} is not a size"));
             }
-            if d.compute_share_ppm == 0 || d.compute_share_ppm > 1_000_000 {
+            if d.compute_share_ppm == 0 || d.compute_share_ppm > FULL_COMPUTE_PPM {
                 return bad(format!(
                     "device {i}: compute share {} ppm is not in 1..=1000000",
                     d.compute_share_ppm
@@ -206,7 +207,7 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
         );
         // A whole GPU needs no arbitration; anything less waits for the
         // arbiter's first grant (or the gate timeout when there is none).
-        let grant = if d.compute_share_ppm >= 1_000_000 {
+        let grant = if d.compute_share_ppm >= FULL_COMPUTE_PPM {
             grant::OPEN
         } else {
             0
@@ -221,13 +222,7 @@ fn control_bytes(spec: &ControlSpec) -> Vec<u8> {
 }
 
 /// Writes `bytes` to `path` so that readers see either the old file or the
-/// whole new one: write a sibling temp file, rename over.
-///
-/// Not fsynced: control and state files are runtime files. What must
-/// survive a power loss is the manager's record, from which its start-up
-/// repairs a control or state file that came back empty or torn (in place,
-/// docs/manager.md); an fsync here would only add milliseconds to every
-/// create (`tessera run` start-up, issue 26).
+/// whole new one, durably ([`tessera_contract::file`]).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ShmError> {
     write_atomically_with(path, mode, |f| f.write_all(bytes))
 }
@@ -238,27 +233,7 @@ pub(crate) fn write_atomically_with(
     mode: u32,
     fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> Result<(), ShmError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        fill(&mut f)?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ShmError::io(path, e));
-    }
-    Ok(())
+    tessera_contract::file::replace_durably(path, mode, fill).map_err(|e| ShmError::io(path, e))
 }
 
 /// Creates (or replaces) a control file for `spec`.
@@ -273,6 +248,14 @@ pub fn create_control_file(path: &Path, spec: &ControlSpec) -> Result<(), ShmErr
 pub struct Control {
     map: Mapping<ControlFile>,
     path: PathBuf,
+    /// Makes a pause's two words (`paused_since_ns`, `paused_total_ns`) one
+    /// value to this process: `pause`, `resume` and `paused_ns` hold it. Only
+    /// the manager (one per node, under its state directory's lock) writes or
+    /// sums them, through one `Control` per allocation; without it a sum read
+    /// while a resume moves the running pause into the total counts that pause
+    /// twice, or not at all, and the exported counter would step back
+    /// (`shm/tests/loom_gate.rs`).
+    pause_lock: std::sync::Mutex<()>,
 }
 
 impl Control {
@@ -297,6 +280,7 @@ impl Control {
         let c = Control {
             map,
             path: path.to_owned(),
+            pause_lock: std::sync::Mutex::new(()),
         };
         c.validate()?;
         Ok(c)
@@ -461,6 +445,7 @@ impl Control {
     /// already was.
     pub fn pause(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         if h.paused.load(Ordering::Acquire) != 0 {
             return Ok(false);
@@ -474,6 +459,7 @@ impl Control {
     /// on the pause; false if it was not paused.
     pub fn resume(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         if h.paused.load(Ordering::Acquire) == 0 {
             return Ok(false);
@@ -488,9 +474,19 @@ impl Control {
         Ok(true)
     }
 
+    /// The pause words' lock (see [`Control`]); a panic while it was held
+    /// left the words as consistent as the atomics make them, so a poisoned
+    /// lock is taken as it is.
+    fn pause_accounting(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.pause_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Nanoseconds the allocation has spent paused up to `now_ns`,
     /// the current pause included.
     pub fn paused_ns(&self, now_ns: u64) -> u64 {
+        let _one = self.pause_accounting();
         let h = &self.map.header;
         let since = h.paused_since_ns.load(Ordering::Acquire);
         let total = h.paused_total_ns.load(Ordering::Acquire);
@@ -553,7 +549,7 @@ impl Control {
     /// Changes a device's compute share in place (the arbiter picks it up).
     pub fn set_compute_share(&self, i: usize, ppm: u32) -> Result<(), ShmError> {
         self.require_writable()?;
-        if ppm == 0 || ppm > 1_000_000 {
+        if ppm == 0 || ppm > FULL_COMPUTE_PPM {
             return Err(ShmError::BadSpec(format!("compute share {ppm} ppm")));
         }
         self.map.devices[i]

@@ -28,7 +28,8 @@ use std::path::{Path, PathBuf};
 
 pub use control::{Control, ControlSpec, DeviceSpec, Policy, create_control_file};
 pub use process::{Liveness, LocalLiveness, ProcIdentity};
-pub use state::{Member, ProcessInfo, Reclaimed, Refused, State, create_state_file};
+pub use protocol::Refused;
+pub use state::{Member, ProcessInfo, Reclaimed, State, create_state_file};
 
 /// Everything that can be wrong with a control or state file.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,24 @@
 use std::sync::atomic::Ordering;
 
 use crate::layout::{Intent, MAX_BYTES, Owner, Reserved, Usage, next_gen, next_seq};
-use crate::state::Refused;
+
+/// Why a reservation was not made: the protocol's answer, which
+/// [`crate::state`] passes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{requested} bytes would exceed the limit: {reserved} of {limit} reserved")]
+    OverLimit {
+        requested: u64,
+        reserved: u64,
+        limit: u64,
+    },
+    #[error("release of {requested} bytes, but the process holds {held}")]
+    NotHeld { requested: u64, held: u64 },
+    #[error("device index {0} out of range")]
+    NoDevice(usize),
+    #[error("size {0} out of range")]
+    TooLarge(u64),
+}
 
 /// A word of the protocol: which one of the state file's atomics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -40,30 +40,13 @@ use crate::control::{check_exact_size, check_header, write_atomically_with};
 use crate::layout::*;
 use crate::map::Mapping;
 use crate::process::{Liveness, ProcIdentity};
-use crate::protocol::{self, Word, Words};
+use crate::protocol::{self, Refused, Word, Words};
 
 /// A process's membership: its slot and the slot generation it joined at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Member {
     pub slot: usize,
     pub generation: u32,
-}
-
-/// Why a reservation was not made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    #[error("{requested} bytes would exceed the limit: {reserved} of {limit} reserved")]
-    OverLimit {
-        requested: u64,
-        reserved: u64,
-        limit: u64,
-    },
-    #[error("release of {requested} bytes, but the process holds {held}")]
-    NotHeld { requested: u64, held: u64 },
-    #[error("device index {0} out of range")]
-    NoDevice(usize),
-    #[error("size {0} out of range")]
-    TooLarge(u64),
 }
 
 /// A process that holds (or held) part of the allocation.

@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod costs;
 pub mod image;
 pub mod layout;
 pub mod libs;
@@ -17,6 +18,7 @@ pub mod node;
 pub mod process;
 
 pub use config::{ConfigError, NodeConfig};
+pub use costs::DriverCosts;
 pub use libs::{LibDir, LibError, install_lib_dir};
 pub use node::{
     DeviceInfo, DeviceUsage, Node, NodeError, ProcessUsage, XidEvent, default_state_path,

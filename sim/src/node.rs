@@ -847,6 +847,22 @@ impl Node {
     /// stream never overlaps. Returns (start, end) on CLOCK_MONOTONIC.
     #[inline]
     pub fn schedule(&self, slot: usize, device: usize, now: u64, duration_ns: u64) -> (u64, u64) {
+        self.schedule_after_gap(slot, device, now, duration_ns, 0)
+    }
+
+    /// [`Node::schedule`] with the device's kernel-to-kernel gap: the work starts no
+    /// earlier than `gap_ns` after the engine's previous work ends (the time a real GPU
+    /// takes between one kernel's end and the next's start). The gap is idle time: it is
+    /// in nobody's busy time.
+    #[inline]
+    pub fn schedule_after_gap(
+        &self,
+        slot: usize,
+        device: usize,
+        now: u64,
+        duration_ns: u64,
+        gap_ns: u64,
+    ) -> (u64, u64) {
         let dev = &self.state().devices[device];
         let s = &self.state().procs[slot];
         s.launches[device].fetch_add(1, Ordering::Relaxed);
@@ -857,7 +873,13 @@ impl Node {
         }
         let mut cur = dev.busy_until.load(Ordering::Acquire);
         let (start, end) = loop {
-            let start = cur.max(now);
+            // An engine never used (0) has no previous kernel to leave a gap after.
+            let after = if cur == 0 {
+                0
+            } else {
+                cur.saturating_add(gap_ns)
+            };
+            let start = after.max(now);
             let end = start.saturating_add(duration_ns);
             match dev.busy_until.compare_exchange_weak(
                 cur,
@@ -1308,6 +1330,22 @@ mod tests {
         let p = n.process(std::process::id()).expect("me");
         assert_eq!(p.busy_ns[0], 3_000_000);
         assert_eq!(p.launches[0], 3);
+    }
+    #[test]
+    fn a_gap_separates_back_to_back_work_and_is_idle() {
+        let (_d, n) = node(1, 1000);
+        let slot = n.attach().expect("attach");
+        let now = now_ns();
+        let (s1, e1) = n.schedule_after_gap(slot, 0, now, 1_000_000, 1_000);
+        let (s2, e2) = n.schedule_after_gap(slot, 0, now, 1_000_000, 1_000);
+        assert_eq!(s1, now, "an idle engine starts at once");
+        assert_eq!(s2, e1 + 1_000, "the next kernel waits out the gap");
+        assert_eq!(e2, s2 + 1_000_000);
+        // Work queued long after the engine went idle is not delayed by the gap.
+        let later = e2 + 5_000_000;
+        let (s3, _) = n.schedule_after_gap(slot, 0, later, 1_000_000, 1_000);
+        assert_eq!(s3, later);
+        assert_eq!(n.device_usage(0).expect("usage").busy_ns, 3_000_000);
     }
 
     /// Forges a live slot owned by `pid` (with start time 0: any process with that pid).

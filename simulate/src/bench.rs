@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use tessera_placement::{Node, Policy, Request, TaskMix};
+use tessera_placement::{Node, Policy, Request};
 
 use crate::replay::{arrival_order, replay};
 use crate::report::percentile_us;
@@ -35,7 +35,6 @@ pub fn run(
     policies: &[Policy],
     seed: u64,
 ) -> Result<String, SimulateError> {
-    let mix = TaskMix::from_requests(pods, MIX_COVERAGE);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -47,6 +46,7 @@ pub fn run(
         "policy", "nodes", "decisions", "p50 µs", "p99 µs", "max µs", "buckets"
     );
     for &p in policies {
+        let mix = p.task_mix(pods, MIX_COVERAGE);
         for k in SCALES {
             let cluster = repeat(nodes, k);
             let cap = cluster.iter().map(|n| n.gpus.len() as u64).sum::<u64>() * 1000;

@@ -111,7 +111,12 @@ pub fn run_all(
     policies: &[Policy],
     seeds: &[u64],
 ) -> Result<Vec<Vec<Outcome>>, SimulateError> {
-    let mix = TaskMix::from_requests(pods, MIX_COVERAGE);
+    // Each policy's own mix of the trace's task types (FGD's protocol gives
+    // a policy the trace's typical task types, as a cluster's history would).
+    let mixes: Vec<TaskMix> = policies
+        .iter()
+        .map(|p| p.task_mix(pods, MIX_COVERAGE))
+        .collect();
     let capacity = nodes.iter().map(|n| n.gpus.len() as u64).sum::<u64>() * 1000;
     let orders: Vec<Vec<usize>> = seeds
         .iter()
@@ -135,7 +140,7 @@ pub fn run_all(
                         let Some(&(p, s)) = jobs.get(j) else { break };
                         out.push((
                             j,
-                            replay(nodes, pods, &mix, &orders[s], policies[p], seeds[s]),
+                            replay(nodes, pods, &mixes[p], &orders[s], policies[p], seeds[s]),
                         ));
                     }
                     out
@@ -179,11 +184,30 @@ pub fn output(args: &SimulateArgs) -> Result<String, SimulateError> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // The published figure, when the trace's folder has the README with
+    // the results table (the openb folder has).
+    let published = args
+        .pods
+        .parent()
+        .map(|d| d.join("README.md"))
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|r| report::published_fgd(&r, &name));
     let out = if args.json {
-        let v = serde_json::json!({ "trace": name, "policies": summaries });
+        let mut v = serde_json::json!({ "trace": name, "policies": summaries });
+        if let Some(p) = published {
+            v["published_fgd"] = p.into();
+            for (x, s) in v["policies"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(&summaries)
+            {
+                x["margin_to_published"] = (s.unallocated_pct_at_100 - p).into();
+            }
+        }
         format!("{v:#}\n")
     } else {
-        report::table(&name, &summaries)
+        report::table(&name, &summaries, published)
     };
     if let Some(path) = &args.plot {
         let title = format!(

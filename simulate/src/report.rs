@@ -103,7 +103,7 @@ pub fn percentile_us(sorted_ns: &[u64], q: f64) -> f64 {
 }
 
 /// The table `tessera simulate` prints.
-pub fn table(trace: &str, summaries: &[Summary]) -> String {
+pub fn table(trace: &str, summaries: &[Summary], published: Option<f64>) -> String {
     let mut s = String::new();
     let seeds = summaries.first().map(|x| x.seeds.len()).unwrap_or(0);
     let _ = writeln!(s, "trace {trace}, {seeds} seeds");
@@ -127,7 +127,49 @@ pub fn table(trace: &str, summaries: &[Summary]) -> String {
             x.decision_us_p99,
         );
     }
+    if let Some(p) = published {
+        let _ = writeln!(
+            s,
+            "published FGD (the trace folder's README): {p:.2}; mean − published, in standard deviations of the policy's seeds:"
+        );
+        for x in summaries {
+            let d = x.unallocated_pct_at_100 - p;
+            let sd = x.unallocated_pct_at_100_std;
+            let k = if sd > 0.0 {
+                format!("{:+.1} sd", d / sd)
+            } else {
+                "-".to_owned()
+            };
+            let _ = writeln!(s, "{:<18} {:>+9.2} ({k})", x.policy, d);
+        }
+    }
     s
+}
+
+/// The published FGD figure for the pod list `trace` (`openb_pod_list_X`),
+/// from the results table of the README beside it (the row `| X |`, the
+/// column `FGD`), when it has one.
+pub fn published_fgd(readme: &str, trace: &str) -> Option<f64> {
+    let name = trace.strip_prefix("openb_pod_list_").unwrap_or(trace);
+    let cells = |l: &str| -> Vec<String> {
+        l.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().trim_matches('*').trim().to_owned())
+            .collect()
+    };
+    let mut column = None;
+    for line in readme.lines().filter(|l| l.trim_start().starts_with('|')) {
+        let c = cells(line);
+        if c.first().is_some_and(|x| x == "trace") {
+            column = c.iter().position(|x| x == "FGD");
+        } else if let Some(i) = column
+            && c.first().is_some_and(|x| x == name)
+        {
+            return c.get(i).and_then(|v| v.parse().ok());
+        }
+    }
+    None
 }
 
 const COLORS: [&str; 8] = [

@@ -197,3 +197,26 @@ fn bad_input_is_a_clear_error() {
     );
     assert!(tessera_simulate::parse_policies(Some("best")).is_err());
 }
+
+/// The published figure is read from the README's results table by the
+/// trace's name and the FGD column, bold or not; a trace not in it has none.
+#[test]
+fn the_published_fgd_figure_comes_from_the_readme_table() {
+    let readme = "\
+| trace | Random | Best-fit | FGD |
+|---|---|---|---|
+| default | 13.70 | 7.14 | **4.77** |
+| gpuspec20 | 14.10 | 11.54 | 5.34 |
+";
+    use tessera_simulate::report::published_fgd;
+    assert_eq!(published_fgd(readme, "openb_pod_list_default"), Some(4.77));
+    assert_eq!(
+        published_fgd(readme, "openb_pod_list_gpuspec20"),
+        Some(5.34)
+    );
+    assert_eq!(published_fgd(readme, "openb_pod_list_gpuspec33"), None);
+    assert_eq!(
+        published_fgd("no table here", "openb_pod_list_default"),
+        None
+    );
+}

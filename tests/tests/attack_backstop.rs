@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use manager_support::*;
-use tessera_e2e::{ProbeChild, SimNode};
+use tessera_e2e::{ProbeChild, SimNode, strip_ansi};
 use tessera_proto::manager::v1 as pb;
 use tessera_shm::State;
 
@@ -295,24 +295,6 @@ fn a_forged_host_pid_does_not_get_a_neighbour_killed() {
     neighbour.kill();
     tenant.kill();
     m.stop();
-}
-
-/// The log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Zeroes the allocation's usage counters, as the tenant can.

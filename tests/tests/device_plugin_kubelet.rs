@@ -231,13 +231,16 @@ fn refs(v: &[String]) -> Vec<&str> {
 #[tokio::test]
 async fn preferred_allocation_packs_binpacks_spreads_and_avoids_busy_gpus() {
     // A is nearly idle, B 90% busy (idle 0.1, under the 0.2 threshold), C half.
+    // The node's policy is shared-threshold: binpack among the GPUs that
+    // are not busy while one fits (the engine's rule; the others ignore
+    // the threshold).
     let mut node = Node::start(
         fake_gpus(&[
             ("GPU-a", 80 * GI, 0, 10),
             ("GPU-b", 80 * GI, 0, 90),
             ("GPU-c", 80 * GI, 1, 50),
         ]),
-        "default:\n  slice: {slicesPerGpu: 4}\n  placement: binpack\n",
+        "default:\n  slice: {slicesPerGpu: 4}\n  placement: shared-threshold\n",
     )
     .await;
     node.wait_devices("12 slices", |d| d.len() == 12).await;
@@ -283,7 +286,7 @@ async fn preferred_allocation_packs_binpacks_spreads_and_avoids_busy_gpus() {
 
     // Threshold 0: the busy GPU is fair game, binpack takes B.
     node.write_config(
-        "default:\n  slice: {slicesPerGpu: 4}\n  placement: binpack\n  sharedThreshold: 0\n",
+        "default:\n  slice: {slicesPerGpu: 4}\n  placement: shared-threshold\n  sharedThreshold: 0\n",
     );
     node.pass(Pass::Config).await;
     let r = preferred(&node, &avail_ab, &[], 2).await;

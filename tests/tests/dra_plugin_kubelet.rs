@@ -506,6 +506,139 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
     drop(plugin);
 }
 
+/// The `shared` layout: two claims hold shares of one GPU (consumable
+/// capacity, one device allocated once per share). Each prepared device
+/// carries its own allocation result's `shareID` (v1 and v1beta1 alike), so
+/// the kubelet can tell the two shares apart; unpreparing one claim leaves
+/// the other prepared, its share and its allocation untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_shares_of_one_gpu_are_named_by_their_share_ids_and_unprepared_one_at_a_time() {
+    let n = SimNode::e2e(1, 0xd4c);
+    let m = ManagerProc::on(&n);
+    let st = off_runtime(|| node_status(&m.socket));
+    let u0 = st.gpus[0].uuid.clone();
+    let api = FakeApiServer::start().await.expect("API server");
+    let dir = n.dir.path();
+    api.write_kubeconfig(&dir.join("kubeconfig"))
+        .expect("kubeconfig");
+    std::fs::write(
+        dir.join("config.yaml"),
+        "default:\n  dra: {layout: shared, memoryMinimum: 1Gi}\n",
+    )
+    .expect("config");
+    let plugin_dir = dir.join("plugin");
+    let plugin = Plugin::start(&plugin_args(dir, &m.socket), &dir.join("plugin.log"));
+    let (_, mut kubelet) = match register(&dir.join("registry"), DRIVER_NAME, T).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", plugin.log()),
+    };
+
+    // What the scheduler's allocator writes for two claims on one shared
+    // device: the same device, each result with a share id of its own.
+    let shares = [
+        (
+            "share-a",
+            "3a000000-0000-4000-8000-00000000003a",
+            "5a000000-0000-4000-8000-00000000005a",
+            "2Gi",
+        ),
+        (
+            "share-b",
+            "3b000000-0000-4000-8000-00000000003b",
+            "5b000000-0000-4000-8000-00000000005b",
+            "3Gi",
+        ),
+    ];
+    for (name, uid, share, memory) in shares {
+        let mut r = result(
+            &gpu_device(&u0),
+            Some(json!({"memory": memory, "compute": "20"})),
+        );
+        r["shareID"] = share.into();
+        api.put_claim(claim(name, uid, vec![r], json!([])));
+    }
+    let request = dra::NodePrepareResourcesRequest {
+        claims: shares
+            .iter()
+            .map(|(name, uid, ..)| req(name, uid))
+            .collect(),
+    };
+    let prepared = kubelet
+        .node_prepare_resources(request.clone())
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    for (name, uid, share, _) in shares {
+        let r = &prepared.claims[uid];
+        assert_eq!(r.error, "", "{name}: {}", plugin.log());
+        assert_eq!(r.devices.len(), 1, "{name}");
+        assert_eq!(r.devices[0].device_name, gpu_device(&u0), "{name}");
+        assert_eq!(r.devices[0].share_id.as_deref(), Some(share), "{name}");
+    }
+    let ids = allocation_ids(&m.socket);
+    assert_eq!(ids.len(), 2, "one allocation per share: {ids:?}");
+
+    // v1beta1 answers the same share ids (the plugin answers a prepared
+    // claim again from its checkpoint).
+    let channel = tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
+        .await
+        .expect("dial");
+    let mut beta = dra_beta::dra_plugin_client::DraPluginClient::new(channel);
+    let beta_req =
+        dra_beta::NodePrepareResourcesRequest::decode(request.encode_to_vec().as_slice()).unwrap();
+    let again = beta
+        .node_prepare_resources(beta_req)
+        .await
+        .expect("v1beta1 prepare")
+        .into_inner();
+    for (name, uid, share, _) in shares {
+        assert_eq!(
+            again.claims[uid].devices[0].share_id.as_deref(),
+            Some(share),
+            "{name}"
+        );
+    }
+    let cp: Value =
+        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
+            .unwrap();
+    for (_, uid, share, _) in shares {
+        assert_eq!(cp["claims"][uid]["devices"][0]["shareId"], share, "{cp}");
+    }
+
+    // Unprepare the first share: the second stays, with its share id.
+    let gone = kubelet
+        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+            claims: vec![req(shares[0].0, shares[0].1)],
+        })
+        .await
+        .expect("unprepare")
+        .into_inner();
+    assert_eq!(gone.claims[shares[0].1].error, "", "{}", plugin.log());
+    let left = allocation_ids(&m.socket);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(ids.contains(&left[0]));
+    let cp: Value =
+        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        cp["claims"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        [shares[1].1]
+    );
+    let still = kubelet
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![req(shares[1].0, shares[1].1)],
+        })
+        .await
+        .expect("prepare again")
+        .into_inner();
+    assert_eq!(
+        still.claims[shares[1].1].devices[0].share_id.as_deref(),
+        Some(shares[1].2)
+    );
+    assert_eq!(allocation_ids(&m.socket), left, "no new allocation");
+    drop(plugin);
+}
+
 async fn kubelet_for(
     plugin_dir: &Path,
 ) -> dra::dra_plugin_client::DraPluginClient<tonic::transport::Channel> {
@@ -526,6 +659,9 @@ async fn slices_when(
 ) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
+        // Read before looking: a write answered after the look wakes the
+        // wait below, so no change is missed and no timer is polled.
+        let seen = api.served();
         let mine: Vec<Value> = api
             .list(SLICES)
             .into_iter()
@@ -534,12 +670,12 @@ async fn slices_when(
         if ready(&mine) {
             return mine;
         }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         assert!(
-            tokio::time::Instant::now() < deadline,
+            api.wait_served_beyond(seen, left).await,
             "slices never became as expected: {mine:#?}\n{}",
             plugin.log()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -1,6 +1,6 @@
 //! One test per allocation family: through each of the three client
 //! styles, an allocation is charged exactly what the simulated device holds
-//! for it, its free returns the quota, and beyond the limit the family is
+//! for it (its bytes in whole 2 MiB pages), its free returns the quota, and beyond the limit the family is
 //! refused with nothing reaching the device.
 
 mod hook_support;
@@ -29,7 +29,7 @@ fn family(kind: &str, bytes: u64) {
 
         let l = p.cmd(&format!("alloc {bytes} {kind}"), T);
         assert!(l.ok, "{}", ctx(&l));
-        let got = l.u64("bytes");
+        let got = pages(l.u64("bytes"));
         assert!(got >= bytes, "{}", ctx(&l));
         assert_eq!(sim.state().reserved(0), got, "charged: {}", ctx(&l));
         assert_eq!(sim.used(0) - base, got, "the device holds it: {}", ctx(&l));

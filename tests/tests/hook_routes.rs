@@ -26,7 +26,8 @@ fn every_client_style_sees_the_limit_and_is_refused_beyond_it() {
                 "totalmem",
                 &format!("alloc {}", LIMIT + 1),
                 "alloc 200000000",
-                &format!("alloc {}", LIMIT - 200_000_000 + 1),
+                // One byte past the limit once the first's pages are counted.
+                &format!("alloc {}", LIMIT - pages(200_000_000) + 1),
                 "meminfo",
                 "free 0",
                 &format!("alloc {LIMIT}"),
@@ -48,7 +49,10 @@ fn every_client_style_sees_the_limit_and_is_refused_beyond_it() {
         assert_eq!(l[6], "err alloc CUDA_ERROR_OUT_OF_MEMORY", "{ctx}");
         assert_eq!(
             l[7],
-            format!("ok meminfo free={} total={LIMIT}", LIMIT - 200_000_000),
+            format!(
+                "ok meminfo free={} total={LIMIT}",
+                LIMIT - pages(200_000_000)
+            ),
             "{ctx}"
         );
         assert!(l[9].starts_with("ok alloc h=1"), "the whole limit: {ctx}");
@@ -210,8 +214,8 @@ fn devices_map_by_uuid_whatever_the_order() {
     // The process still holds both allocations after exiting: the state
     // file charged each to its GPU's entry.
     let state = sim.state();
-    assert_eq!(state.reserved(0), 3000, "control index 0 is GPU 1");
-    assert_eq!(state.reserved(1), 1000, "control index 1 is GPU 0");
+    assert_eq!(state.reserved(0), pages(3000), "control index 0 is GPU 1");
+    assert_eq!(state.reserved(1), pages(1000), "control index 1 is GPU 0");
 }
 
 #[test]

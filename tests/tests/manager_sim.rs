@@ -429,14 +429,7 @@ fn tessera_run_enforces_the_memory_limit_and_passes_the_exit_code() {
     // SIGTERM to `tessera run` reaches the command, which decides how to end.
     let trap = "trap 'kill $!; exit 42' TERM; echo ready; sleep 60 & wait";
     let mut run = client_spawn(&n, &[&run_1gi[..], &["--", "sh", "-c", trap]].concat());
-    let mut out = lines(&mut run);
-    read_until(&mut out, |l| l.ends_with("ready"));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(run.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert_eq!(run.wait().unwrap().code(), Some(42));
+    assert_eq!(sigterm_once_ready(&mut run).code(), Some(42));
     m.reaper_pass();
     assert!(node_status(&m.socket).allocations.is_empty());
     m.stop();

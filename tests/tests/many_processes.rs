@@ -54,17 +54,18 @@ fn pids(state: &State) -> BTreeSet<u32> {
 fn five_hundred_processes_in_one_allocation_are_each_accounted_for() {
     let _one = one_at_a_time();
     // The limit is exactly what the 500 processes take: 1 MiB each.
-    let sim = Sim::one_gpu(4 << 30, N as u64 * MI);
-    let alloc = format!("alloc {MI}");
+    let sim = Sim::one_gpu(4 << 30, N as u64 * PAGE);
+    // One device page each (the device holds any smaller allocation as a page).
+    let alloc = format!("alloc {PAGE}");
     let script = ["init", "ctx", alloc.as_str()];
     let mut probes = herd(N, |_| sim.probe(Mode::Link, true), &script);
     let state = sim.state();
     let live: BTreeSet<u32> = probes.iter().map(ProbeChild::pid).collect();
     assert_eq!(pids(&state), live, "one slot per live process");
-    assert_eq!(state.reserved(0), N as u64 * MI);
+    assert_eq!(state.reserved(0), N as u64 * PAGE);
     assert_eq!(
         sim.used(0),
-        N as u64 * MI,
+        N as u64 * PAGE,
         "the driver holds what is reserved"
     );
     // Full: one more byte is refused.
@@ -82,10 +83,10 @@ fn five_hundred_processes_in_one_allocation_are_each_accounted_for() {
     let live: BTreeSet<u32> = probes.iter().map(ProbeChild::pid).collect();
     assert_eq!(live.len(), N);
     assert_eq!(pids(&state), live, "exactly the live processes hold slots");
-    assert_eq!(state.reserved(0), N as u64 * MI);
+    assert_eq!(state.reserved(0), N as u64 * PAGE);
     // The driver's count, once it has noticed the deaths (as a real one does at exit).
     sim.node.node().reap_dead();
-    assert_eq!(sim.used(0), N as u64 * MI);
+    assert_eq!(sim.used(0), N as u64 * PAGE);
     for p in probes {
         assert!(p.finish().success());
     }
@@ -108,7 +109,7 @@ fn five_hundred_allocations_on_one_node_are_each_accounted_for() {
             id.clone(),
             vec![DeviceSpec {
                 uuid: uuid.clone(),
-                memory_limit_bytes: 2 * MI,
+                memory_limit_bytes: 2 * PAGE,
                 compute_share_ppm: 1_000_000,
                 policy: Policy::Burst,
             }],
@@ -117,7 +118,8 @@ fn five_hundred_allocations_on_one_node_are_each_accounted_for() {
         spec.context_overhead_bytes = 0;
         create_allocation_files(&root.join(id), &spec).expect("allocation files");
     }
-    let alloc = format!("alloc {MI}");
+    // One device page each (the device holds any smaller allocation as a page).
+    let alloc = format!("alloc {PAGE}");
     let probes = herd(
         N,
         |i| {
@@ -133,9 +135,9 @@ fn five_hundred_allocations_on_one_node_are_each_accounted_for() {
     for (p, id) in probes.iter().zip(&ids) {
         let state = State::open(&root.join(id).join("state"), id).expect("state");
         assert_eq!(pids(&state), BTreeSet::from([p.pid()]), "{id}");
-        assert_eq!(state.reserved(0), MI, "{id}");
+        assert_eq!(state.reserved(0), PAGE, "{id}");
     }
-    assert_eq!(sim.used(0), N as u64 * MI);
+    assert_eq!(sim.used(0), N as u64 * PAGE);
     for p in probes {
         assert!(p.finish().success());
     }

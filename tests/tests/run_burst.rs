@@ -36,7 +36,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use manager_support::*;
-use tessera_e2e::{SimNode, sim_nvml_library};
+use tessera_e2e::{SimNode, sim_nvml_library, strip_ansi};
 
 const MI: u64 = 1 << 20;
 const GI: u64 = 1 << 30;
@@ -300,22 +300,15 @@ fn wait_exit(c: &mut Child) -> std::process::ExitStatus {
     status.expect("exited")
 }
 
-/// The log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// The backstop neither reported nor stopped any of the burst's processes.
+fn assert_none_reported(b: &Burst) {
+    let about = lines_about(&b.log, &b.pids);
+    assert!(
+        about.is_empty() && b.stops == 0.0,
+        "honest processes reported or stopped ({} stops):\n{}",
+        b.stops,
+        about.join("\n")
+    );
 }
 
 /// The backstop's lines (findings, stops) that name one of `pids`.
@@ -346,13 +339,7 @@ fn thirty_two_at_once_in_20_gib_all_run_and_none_is_stopped() {
         "the driver had torn every probe down before the manager looked: the test saw \
          nothing (raise TEARDOWN_NS)"
     );
-    let about = lines_about(&b.log, &b.pids);
-    assert!(
-        about.is_empty() && b.stops == 0.0,
-        "honest processes reported or stopped ({} stops):\n{}",
-        b.stops,
-        about.join("\n")
-    );
+    assert_none_reported(&b);
     assert!(
         b.device_max <= 20 * GI,
         "device held {} MiB",
@@ -397,13 +384,7 @@ fn thirty_two_at_once_in_10_gib_never_take_the_device_past_the_limit() {
         (b.device_max - 10 * GI) / MI,
         b.samples
     );
-    let about = lines_about(&b.log, &b.pids);
-    assert!(
-        about.is_empty() && b.stops == 0.0,
-        "honest processes reported or stopped ({} stops):\n{}",
-        b.stops,
-        about.join("\n")
-    );
+    assert_none_reported(&b);
     eprintln!(
         "10 GiB burst: {with_context} contexts, {refused} refused before the driver saw them; \
          device peak {} MiB of 10240 ({} samples at 5 ms)",

@@ -306,14 +306,7 @@ fn a_commands_exit_status_and_signals_are_its_own() {
         "trap 'exit 42' TERM; echo ready; while :; do sleep 1; done",
     ]);
     let mut run = s.run(&n, &args).stdout(Stdio::piped()).spawn().unwrap();
-    let mut out = lines(&mut run);
-    read_until(&mut out, |l| l.ends_with("ready"));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(run.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert_eq!(run.wait().unwrap().code(), Some(42));
+    assert_eq!(sigterm_once_ready(&mut run).code(), Some(42));
     s.wait_gone();
 }
 

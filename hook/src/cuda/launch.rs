@@ -3,13 +3,25 @@
 
 use super::*;
 
+/// `Ok(Some(dev))`: the launch is paced on `dev` (see `pace.rs`); its
+/// marker is recorded by [`gate::after_submit`] once the driver took it.
 #[inline(always)]
-fn submit(stream: CUstream) -> Result<(), CUresult> {
+fn submit(stream: CUstream) -> Result<Option<usize>, CUresult> {
     match governor::for_launch() {
-        Launch::Pass => Ok(()),
+        Launch::Pass => Ok(None),
         Launch::Gate(g) => gate::before_submit(g, stream),
         Launch::Refuse => Err(CUDA_REFUSED),
     }
+}
+
+/// The driver's answer, after recording the pacer's marker when it took
+/// the work.
+#[inline(always)]
+fn submitted(r: CUresult, paced: Option<usize>, stream: CUstream) -> CUresult {
+    if r == CUresult::CUDA_SUCCESS {
+        gate::after_submit(paced, stream);
+    }
+    r
 }
 
 /// Wrappers whose only step before the driver is the gate: each name listed
@@ -25,10 +37,12 @@ macro_rules! gated {
     (@one $name:ident ($($arg:ident: $ty:ty),* $(,)?) $stream:expr) => {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name($($arg: $ty),*) -> CUresult {
-            if let Err(e) = submit($stream) {
-                return e;
-            }
-            call_real!($name($($arg),*))
+            let stream = $stream;
+            let paced = match submit(stream) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            submitted(call_real!($name($($arg),*)), paced, stream)
         }
     };
 }
@@ -76,6 +90,8 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
         for i in 0..num_devices as usize {
             // SAFETY: the caller passes `num_devices` readable entries.
             let stream = unsafe { (*list.add(i)).hStream };
+            // Several devices: the gate for each, no pacing (the pacer's
+            // markers are per launch on one stream).
             if let Err(e) = submit(stream) {
                 return e;
             }
@@ -96,7 +112,7 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, call: impl FnOnce() -> CUre
     match governor::for_launch() {
         Launch::Pass => call(),
         Launch::Gate(g) => match gate::before_submit(g, stream) {
-            Ok(()) => g.graph_launch(exec as usize, call),
+            Ok(paced) => submitted(g.graph_launch(exec as usize, call), paced, stream),
             Err(e) => e,
         },
         Launch::Refuse => CUDA_REFUSED,

@@ -43,8 +43,9 @@ pub unsafe fn cuMemAllocManaged(
 
 /// Pitched allocation: rows are reserved rounded up to
 /// [`sizes::PITCH_ALIGN`] before the call, then settled to the real pitch
-/// × height. Should the driver pad more than that and the rest not fit,
-/// the allocation is undone and the caller gets out-of-memory.
+/// × height, each in whole device pages. Should the driver pad more than
+/// that and the rest not fit, the allocation is undone and the caller gets
+/// out-of-memory.
 fn alloc_pitch(
     g: &Governed,
     width: u64,
@@ -57,7 +58,7 @@ fn alloc_pitch(
         Ok(v) => v,
         Err(e) => return e,
     };
-    let estimate = sizes::pitch_estimate(width, height);
+    let estimate = sizes::pages(sizes::pitch_estimate(width, height));
     if let Err(e) = g.reserve(index, estimate) {
         return e;
     }
@@ -67,7 +68,7 @@ fn alloc_pitch(
         return r;
     }
     let (ptr, pitch) = result();
-    let bytes = pitch.saturating_mul(height);
+    let bytes = sizes::pages(pitch.saturating_mul(height));
     if let Err(e) = g.settle(index, estimate, bytes) {
         let _ = undo(ptr);
         g.release(index, estimate);

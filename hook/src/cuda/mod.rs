@@ -67,7 +67,8 @@ fn record(g: &Governed, key: Key, rec: Rec) {
     }
 }
 
-/// Admission of one allocation on device `index`: reserve, let the driver
+/// Admission of one allocation of `bytes` on device `index`: reserve the
+/// device pages the driver will hold for it (see sizes.rs), let the driver
 /// allocate, then record it under the key it got, or roll back.
 fn admit(
     g: &Governed,
@@ -77,6 +78,7 @@ fn admit(
     call: impl FnOnce() -> CUresult,
     key: impl FnOnce() -> Key,
 ) -> CUresult {
+    let bytes = sizes::pages(bytes);
     if let Err(e) = g.reserve(index, bytes) {
         return e;
     }

@@ -2,8 +2,7 @@
 //! driver untouched; the routes hand out the shim's wrappers.
 
 use super::*;
-use crate::driver;
-use crate::table::{Sym, exports};
+use crate::table::{self, Sym, exports};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 // This test process has no Tessera allocation: every governed function
@@ -38,14 +37,14 @@ unsafe extern "C" fn fake_launch(
 
 #[test]
 fn ungoverned_calls_pass_straight_through() {
-    driver::set_entry(Sym::cuMemAlloc_v2, fake_alloc as *mut c_void);
+    table::set_entry(Sym::cuMemAlloc_v2, fake_alloc as *mut c_void);
     let mut p = 0;
     // SAFETY: a valid out-pointer.
     let r = unsafe { exports::cuMemAlloc_v2(&mut p, 16) };
     assert_eq!(r, CUresult(77));
     assert_eq!(p, 0xdead_0010);
 
-    driver::set_entry(Sym::cuLaunchKernel_ptsz, fake_launch as *mut c_void);
+    table::set_entry(Sym::cuLaunchKernel_ptsz, fake_launch as *mut c_void);
     use std::ptr::null_mut as null;
     // SAFETY: the fake reads nothing through its pointers.
     let r = unsafe {
@@ -95,8 +94,8 @@ fn get_proc_address_hands_out_the_wrapper_of_the_variant_returned() {
         unsafe { *pfn = p };
         OK
     }
-    driver::set_entry(Sym::cuGetProcAddress, fake_gpa as *mut c_void);
-    driver::set_entry(Sym::cuLaunchKernel_ptsz, fake_launch as *mut c_void);
+    table::set_entry(Sym::cuGetProcAddress, fake_gpa as *mut c_void);
+    table::set_entry(Sym::cuLaunchKernel_ptsz, fake_launch as *mut c_void);
     let mut p = std::ptr::null_mut();
     // SAFETY: valid name and out-pointer.
     let r = unsafe { exports::cuGetProcAddress(c"cuLaunchKernel".as_ptr(), &mut p, 12000, 2) };

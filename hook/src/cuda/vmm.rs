@@ -21,7 +21,9 @@ pub unsafe fn cuMemCreate(
         return call_real!(cuMemCreate(handle, size, prop, flags));
     }
     let index = g.index_of(loc.id);
-    let bytes = size as u64;
+    // The driver refuses a size that is not a multiple of the granularity;
+    // should one ever take it, it holds whole pages.
+    let bytes = sizes::pages(size as u64);
     if let Err(e) = g.reserve(index, bytes) {
         return e;
     }

@@ -94,6 +94,11 @@ pub trait PoolDriver: Sync + std::fmt::Debug {
     fn graph_usage(&self, device: CUdevice) -> Option<(u64, u64)>;
     /// `cuDeviceGraphMemTrim(device)`.
     fn graph_trim(&self, device: CUdevice);
+    /// The unit pools and graph memory grow in: what an admission charges
+    /// up to before the call (the driver's answer settles it after).
+    fn page(&self) -> u64 {
+        crate::sizes::DEVICE_PAGE
+    }
 }
 
 /// Contexts and what each was charged.

@@ -132,7 +132,7 @@ impl Governed {
             let (reserved, used) = self
                 .reconcile_pool(drv, &mut books, id)
                 .unwrap_or((charged, charged));
-            grow = growth(reserved, used, bytes);
+            grow = growth(reserved, used, bytes, drv.page());
             if grow == 0 {
                 admitted = true;
                 break;
@@ -337,7 +337,7 @@ impl Governed {
                 let need = |books: &mut PoolBooks| {
                     self.reconcile_graph(drv, books, device);
                     let (reserved, used) = drv.graph_usage(device).unwrap_or((0, 0));
-                    growth(reserved, used, bytes)
+                    growth(reserved, used, bytes, drv.page())
                 };
                 let mut grow = need(&mut books);
                 let ok = match index {

@@ -156,7 +156,7 @@ impl FakePools {
     fn alloc(&self, pool: usize, bytes: u64) {
         let mut p = self.pools.lock();
         let e = p.entry(pool).or_default();
-        let lack = growth(e.0, e.1, bytes);
+        let lack = growth(e.0, e.1, bytes, 1);
         if lack > 0 {
             e.0 += lack.div_ceil(self.grain.max(1)) * self.grain.max(1);
         }
@@ -198,6 +198,11 @@ impl PoolDriver for FakePools {
     fn graph_trim(&self, _device: CUdevice) {
         let mut g = self.graph.lock();
         g.0 = g.1;
+    }
+    /// Admission charges bytes here (the grain, when larger, is what the
+    /// driver grows by past what was admitted).
+    fn page(&self) -> u64 {
+        1
     }
 }
 

@@ -1,6 +1,7 @@
 //! CUDA arrays and mipmapped arrays: charged to the device by their size (width × height ×
-//! depth × element size, every level of a mipmap), with no backing bytes — copies to and
-//! from arrays are not simulated.
+//! depth × element size, every level of a mipmap) in whole device pages
+//! (`memory::DEVICE_PAGE`), with no backing bytes — copies to and from arrays are not
+//! simulated.
 //!
 //! Sparse (`CUDA_ARRAY3D_SPARSE`) and deferred-mapping (`CUDA_ARRAY3D_DEFERRED_MAPPING`)
 //! arrays cost nothing when created, as on a GPU: their memory is whatever physical
@@ -113,7 +114,7 @@ fn create(rt: &Runtime, desc: CUDA_ARRAY3D_DESCRIPTOR) -> CuResult<usize> {
     let charge = if desc.Flags & UNBACKED_FLAGS != 0 {
         0
     } else {
-        bytes
+        crate::memory::device_pages(bytes)?
     };
     rt.charge(ctx.device, charge)?;
     Ok(ARRAYS.insert(Arc::new(Array {
@@ -272,9 +273,11 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
                 .checked_add(array_bytes(&level_desc(&d, l))?)
                 .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         }
-        if d.Flags & UNBACKED_FLAGS != 0 {
-            total = 0;
-        }
+        total = if d.Flags & UNBACKED_FLAGS != 0 {
+            0
+        } else {
+            crate::memory::device_pages(total)?
+        };
         rt.charge(ctx.device, total)?;
         let levels = (0..numMipmapLevels)
             .map(|l| {

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_ffi::cuda::*;
-use tessera_sim::clock::sleep_until;
 
 use crate::registry::{Registry, handle_of};
 use crate::runtime::{self, Runtime, current, rt};
@@ -57,7 +56,7 @@ impl Context {
     /// Waits for everything queued in the context so far, then lets memory pools
     /// release what they keep beyond their threshold (a synchronisation point).
     pub fn synchronize(&self, rt: &Runtime) {
-        sleep_until(self.last_end.load(Ordering::Acquire));
+        rt.costs.wait_for(self.last_end.load(Ordering::Acquire));
         crate::memory::trim_pools_after_sync(rt, self.device);
     }
 }

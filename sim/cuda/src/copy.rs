@@ -10,7 +10,6 @@
 use std::ffi::{c_uint, c_ushort, c_void};
 
 use tessera_ffi::cuda::*;
-use tessera_sim::clock::sleep_until;
 
 use crate::memory::{check_any_range, check_device_range, check_host_range};
 use crate::runtime::rt;
@@ -59,7 +58,8 @@ fn wait_before_sync_call(per_thread: bool) -> CuResult<()> {
         Target::Legacy(ctx) => ctx.last_end.load(std::sync::atomic::Ordering::Acquire),
         Target::Stream(_) => t.last_end(),
     };
-    sleep_until(until);
+    // A synchronous copy's completion is a round trip like a synchronisation's.
+    rt.costs.wait_for(until);
     Ok(())
 }
 

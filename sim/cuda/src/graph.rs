@@ -437,6 +437,8 @@ fn graph_launch(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CuResu
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     run_memory_nodes(rt, &e, &t)?;
+    // One launch's host cost for the whole graph: what graphs are for.
+    rt.costs.pay_launch();
     for (_, d) in &e.kernels {
         t.submit(rt, *d)?;
     }
@@ -489,7 +491,8 @@ crate::ptsz_exports! {
 fn reserve_graph_memory(rt: &Runtime, device: usize, extra: u64) -> CuResult<()> {
     let mut g = graph_mem();
     let m = g.entry(device).or_default();
-    let want = m.used.saturating_add(extra);
+    // The reserve grows in whole device pages, as every device allocation does.
+    let want = crate::memory::device_pages(m.used.saturating_add(extra))?;
     if want > m.reserved {
         rt.charge(device, want - m.reserved)?;
         m.reserved = want;
@@ -791,9 +794,12 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult {
         let d = rt.device(device)?.index;
         let mut g = graph_mem();
         let m = g.entry(d).or_default();
-        if m.reserved > m.used {
-            rt.uncharge(d, m.reserved - m.used);
-            m.reserved = m.used;
+        // Whole device pages go back; a page a live allocation touches stays.
+        let keep =
+            crate::memory::round_up(m.used, crate::memory::DEVICE_PAGE).unwrap_or(m.reserved);
+        if m.reserved > keep {
+            rt.uncharge(d, m.reserved - keep);
+            m.reserved = keep;
         }
         Ok(())
     })

@@ -131,6 +131,7 @@ fn launch(
         extra,
         cooperative,
     )?;
+    rt.costs.pay_launch();
     t.submit(rt, duration).map(|_| ())
 }
 
@@ -274,6 +275,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
             ready.push(prepared);
         }
         for (t, d) in ready {
+            rt.costs.pay_launch();
             t.submit(rt, d)?;
         }
         Ok(())

@@ -6,14 +6,18 @@
 //! are freed, and gives back what exceeds its release threshold at the next
 //! synchronisation (or `cuMemPoolTrimTo`), as CUDA pools do: between a free and the next
 //! synchronisation the device still counts the memory. Pools track bytes, not
-//! fragmentation.
+//! fragmentation; what a pool takes from the device and gives back is whole device pages
+//! (`memory::DEVICE_PAGE`), as the real driver maps a pool's memory in its allocation
+//! granularity.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
 
-use crate::memory::{Kind, alloc_device_on, find, free_device};
+use crate::memory::{
+    DEVICE_PAGE, Kind, alloc_device_on, device_pages, find, free_device, round_up,
+};
 use crate::registry::{Registry, handle_of};
 use crate::runtime::{Runtime, rt};
 use crate::stream::resolve;
@@ -69,7 +73,7 @@ impl Pool {
         }
         let spare = s.reserved - s.used;
         if spare < bytes {
-            let need = bytes - spare;
+            let need = device_pages(bytes - spare)?;
             if self.max_size != 0 && s.reserved + need > self.max_size {
                 return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -88,16 +92,18 @@ impl Pool {
         let mut s = self.lock();
         s.used = s.used.saturating_sub(bytes);
         if s.destroyed {
-            let excess = s.reserved - s.used;
+            let keep = round_up(s.used, DEVICE_PAGE).unwrap_or(s.reserved);
+            let excess = s.reserved.saturating_sub(keep);
             s.reserved -= excess;
             rt.uncharge(self.device, excess);
         }
     }
 
-    /// Releases unused memory down to `keep` bytes reserved (never below what is used).
+    /// Releases unused memory down to `keep` bytes reserved (never below what is used),
+    /// in whole device pages.
     pub fn trim(&self, rt: &Runtime, keep: u64) {
         let mut s = self.lock();
-        let target = keep.max(s.used);
+        let target = round_up(keep.max(s.used), DEVICE_PAGE).unwrap_or(u64::MAX);
         if s.reserved > target {
             rt.uncharge(self.device, s.reserved - target);
             s.reserved = target;

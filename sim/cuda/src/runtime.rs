@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_ffi::cuda::CUresult;
-use tessera_sim::{Node, NodeError};
+use tessera_sim::{DriverCosts, Node, NodeError};
 
 use crate::CuResult;
 use crate::context::Context;
@@ -24,6 +24,9 @@ pub struct Runtime {
     pub pid: u32,
     /// The devices this process sees (`CUDA_VISIBLE_DEVICES`), by `CUdevice` ordinal.
     pub devices: Vec<DeviceLocal>,
+    /// What launches and synchronisations cost (`TESSERA_SIM_LAUNCH_COST`, ...), read
+    /// once here so no call reads the environment.
+    pub costs: DriverCosts,
 }
 
 /// This process's view of one device.
@@ -52,6 +55,10 @@ pub struct Primary {
 
 impl Runtime {
     fn start() -> Result<Runtime, CUresult> {
+        let costs = DriverCosts::from_env().map_err(|e| {
+            eprintln!("tessera-sim libcuda: {e}");
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        })?;
         let node = Node::open_from_env().map_err(|e| {
             // The one place this library writes to stderr: without it a broken setup would
             // show up only as an error code.
@@ -92,6 +99,7 @@ impl Runtime {
             slot,
             pid: std::process::id(),
             devices,
+            costs,
         })
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_ffi::cuda::*;
-use tessera_sim::clock::{now_ns, sleep_until};
+use tessera_sim::clock::now_ns;
 
 use crate::context::Context;
 use crate::registry::{Registry, handle_of};
@@ -108,7 +108,13 @@ impl Target {
             return Ok(self.last_end());
         }
         rt.check_device(ctx.device)?;
-        let (_, end) = rt.node.schedule(rt.slot, ctx.device, now_ns(), duration_ns);
+        let (_, end) = rt.node.schedule_after_gap(
+            rt.slot,
+            ctx.device,
+            now_ns(),
+            duration_ns,
+            rt.costs.kernel_gap_ns,
+        );
         self.state().last_end.fetch_max(end, Ordering::AcqRel);
         ctx.note_end(end);
         Ok(end)
@@ -150,7 +156,7 @@ impl Target {
         if self.capturing().is_some() {
             return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        sleep_until(self.last_end());
+        rt.costs.wait_for(self.last_end());
         crate::memory::trim_pools_after_sync(rt, self.ctx().device);
         Ok(())
     }
@@ -678,7 +684,7 @@ pub unsafe extern "C" fn cuEventSynchronize(hEvent: CUevent) -> CUresult {
         let rt = rt()?;
         let e = EVENTS.lookup(hEvent as usize)?;
         rt.check_device(e.ctx.device)?;
-        sleep_until(e.time());
+        rt.costs.wait_for(e.time());
         // A synchronisation point for memory pools, as stream and context syncs are.
         crate::memory::trim_pools_after_sync(rt, e.ctx.device);
         Ok(())

@@ -187,6 +187,11 @@ fn soak_main(args: &[String]) -> Result<()> {
         match a.as_str() {
             "--minutes" => minutes = it.next().context(USAGE)?.parse().context("--minutes")?,
             "--seed" => seed = it.next().context(USAGE)?.parse().context("--seed")?,
+            // Asked for, the usage is the answer, not an error.
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
             other => bail!("unknown soak option {other}\n{USAGE}"),
         }
     }

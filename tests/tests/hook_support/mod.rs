@@ -14,6 +14,13 @@ use tessera_shm::{ControlSpec, DeviceSpec, Policy, State, create_allocation_file
 pub use tessera_e2e::Line;
 
 pub const MI: u64 = 1 << 20;
+/// The unit the simulated device holds memory in, as a real one does (2 MiB).
+pub const PAGE: u64 = 2 * MI;
+
+/// `bytes` in whole device pages: what the device holds, and the shim charges, for them.
+pub fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE) * PAGE
+}
 pub const ALLOC_ID: &str = "hook-test";
 
 /// The shim cargo built alongside this test.

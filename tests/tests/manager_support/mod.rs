@@ -519,6 +519,19 @@ pub fn wait_held_by_pause(pid: u32, control: &Path) {
     );
 }
 
+/// Waits for `child`'s stdout to say `ready` (its command has set up its
+/// signal handling), sends it SIGTERM and returns how it exited.
+pub fn sigterm_once_ready(child: &mut Child) -> std::process::ExitStatus {
+    let mut out = lines(child);
+    read_until(&mut out, |l| l.ends_with("ready"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    child.wait().expect("wait")
+}
+
 /// A line-buffered reader over a child's stdout.
 pub fn lines(child: &mut Child) -> BufReader<std::process::ChildStdout> {
     BufReader::new(child.stdout.take().expect("piped stdout"))
