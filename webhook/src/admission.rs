@@ -17,6 +17,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::Deserialize as _;
 use serde_json::{Map, Value, json};
 
 // The names this module shares with the device plugin, the manager and the
@@ -277,20 +278,23 @@ pub fn mutate_pod_with(raw: &Value, config: &Config) -> Result<(Value, Vec<Strin
             reason: e.to_string(),
         }])
     };
-    let pod: Pod = serde_json::from_value(raw.clone()).map_err(not_a_pod)?;
+    // Deserialised from the borrowed JSON (no copy of it): see below.
+    let pod = Pod::deserialize(raw).map_err(not_a_pod)?;
     let mut warnings = Vec::new();
-    // A pod in Tessera's own words is not copied here: a review's cost in memory is
-    // bounded per body byte (server::PARSE_COST), and most pods are not translated.
-    let translated;
+    // A review's memory is budgeted per body byte (server::PARSE_COST): the pod's JSON is
+    // copied once, into the answer, whether or not it is translated.
     let (raw, pod) = match dropin::translate(&pod, config) {
-        Ok(None) => (raw, pod),
+        Ok(None) => (raw.clone(), pod),
         Ok(Some(t)) => {
+            // The untranslated pod goes before the translated one is built, so a
+            // translated review holds no more at once than an untranslated one.
+            drop(pod);
             let mut v = raw.clone();
             dropin::apply(&mut v, &t);
             warnings.extend(t.warnings);
-            let pod = serde_json::from_value(v.clone()).map_err(not_a_pod)?;
-            translated = v;
-            (&translated, pod)
+            let pod = Pod::deserialize(&v).map_err(not_a_pod)?;
+            // Moved on, not copied again: it is the copy the pod is injected into.
+            (v, pod)
         }
         Err(lines) => return Err(Refusals(lines.into_iter().map(Refusal::DropIn).collect())),
     };
@@ -314,7 +318,8 @@ fn has_slices(pod: &Pod) -> bool {
 }
 
 /// The judgement and injection of a pod in Tessera's own words.
-fn mutate_translated(raw: &Value, pod: &Pod) -> Result<Value, Refusals> {
+/// `raw` is the JSON `pod` was read from; it is edited into the answer.
+fn mutate_translated(raw: Value, pod: &Pod) -> Result<Value, Refusals> {
     let mut refusals = Vec::new();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let (class, policy) = check_annotations(&annotations, &mut refusals);
@@ -349,7 +354,7 @@ fn mutate_translated(raw: &Value, pod: &Pod) -> Result<Value, Refusals> {
     if !refusals.is_empty() {
         return Err(Refusals(refusals));
     }
-    let mut out = raw.clone();
+    let mut out = raw;
     // A pod without slices is left exactly as it came: it only reached us for its
     // annotations, and those passed.
     if !any_slices {

@@ -103,6 +103,10 @@ pub struct Translation {
     pub containers: Vec<ContainerPlan>,
     /// `tessera.dev/priority` to set, from HAMi's `nvidia.com/priority`.
     pub priority: Option<i32>,
+    /// A container asked for a compute share (HAMi's `gpucores`, Volcano's `vgpu-cores`):
+    /// in those projects a cap, so the pod gets `tessera.dev/compute-policy: guaranteed`
+    /// (its share is a cap even on an idle GPU) rather than the node's `burst`.
+    pub cap_compute: bool,
     /// Pod annotations to take off (KAI's: left on, KAI would reserve a GPU for them).
     pub remove_annotations: Vec<String>,
     /// The original words, for [`ANNOTATION_ORIGINAL`].
@@ -174,6 +178,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         dialect,
         containers: Vec::new(),
         priority: None,
+        cap_compute: false,
         remove_annotations: Vec::new(),
         original: Value::Null,
         warnings: Vec::new(),
@@ -185,6 +190,15 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         Dialect::Hami => hami_pod(&containers, annotations, config, &mut t, &mut refusals),
         Dialect::Volcano => volcano_pod(&containers, config, &mut t, &mut refusals),
         Dialect::Kai => kai_pod(&containers, annotations, config, &mut t, &mut refusals),
+    }
+    let policy_key = tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
+    if t.cap_compute
+        && let Some(v) = annotations.get(policy_key)
+        && v != "guaranteed"
+    {
+        refusals.push(format!(
+            "a compute share ({HAMI_GPUCORES} or {VOLCANO_VGPU_CORES}) is a cap, which Tessera's compute policy \"guaranteed\" gives, but the annotation {policy_key}: {v:?} says otherwise; remove one"
+        ));
     }
     let mut words = Map::new();
     for plan in &t.containers {
@@ -446,6 +460,7 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(HAMI_GPU),
         };
+        t.cap_compute |= ask.cores.is_some();
         match slices_for(&ask, config, &mut t.warnings) {
             Ok(slices) => t.containers.push(ContainerPlan {
                 init,
@@ -548,6 +563,7 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
+        t.cap_compute |= ask.cores.is_some();
         match slices_for(&ask, config, &mut t.warnings) {
             Ok(slices) => t.containers.push(ContainerPlan {
                 init,
@@ -754,6 +770,12 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             r.remove("requests");
         }
     }
+    // Nothing rewritten (a pod in Tessera's words that also carries, say, HAMi's
+    // scheduler-policy annotation): nothing to record, and a second pass must find
+    // nothing to change.
+    if t.containers.is_empty() && t.remove_annotations.is_empty() {
+        return;
+    }
     if !raw["metadata"]["annotations"].is_object() {
         raw["metadata"]["annotations"] = json!({});
     }
@@ -763,6 +785,12 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             map.remove(k);
         }
         map.insert(ANNOTATION_ORIGINAL.into(), json!(t.original.to_string()));
+        if t.cap_compute {
+            map.insert(
+                tessera_contract::labels::ANNOTATION_COMPUTE_POLICY.into(),
+                json!(tessera_contract::Policy::Guaranteed.name()),
+            );
+        }
         if let Some(p) = t.priority {
             map.insert(
                 tessera_contract::labels::ANNOTATION_PRIORITY.into(),
@@ -1219,6 +1247,41 @@ mod tests {
             &Config::default(),
         );
         assert!(msg.contains("hami, kai"), "{msg}");
+    }
+
+    #[test]
+    fn a_compute_share_is_a_cap_guaranteed_policy() {
+        let c = Config::default();
+        let t = |limits, ann| {
+            translate(&pod(limits, ann), &c)
+                .expect("ok")
+                .expect("translated")
+        };
+        assert!(t(&[(HAMI_GPUMEM, "4096"), (HAMI_GPUCORES, "25")], &[]).cap_compute);
+        assert!(t(&[(VOLCANO_VGPU_CORES, "50")], &[]).cap_compute);
+        // gpucores 0 is no limit; memory alone is no compute ask; KAI sets none.
+        assert!(!t(&[(HAMI_GPUMEM, "4096"), (HAMI_GPUCORES, "0")], &[]).cap_compute);
+        assert!(!t(&[(HAMI_GPUMEM, "4096")], &[]).cap_compute);
+        assert!(!t(&[], &[(KAI_GPU_FRACTION, "0.5")]).cap_compute);
+        // The user's own guaranteed agrees; burst contradicts the cap.
+        assert!(
+            t(
+                &[(HAMI_GPUCORES, "25")],
+                &[("tessera.dev/compute-policy", "guaranteed")]
+            )
+            .cap_compute
+        );
+        let msg = refusal(
+            &pod(
+                &[(HAMI_GPUCORES, "25")],
+                &[("tessera.dev/compute-policy", "burst")],
+            ),
+            &c,
+        );
+        assert!(
+            msg.contains("tessera.dev/compute-policy: \"burst\""),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use serde_json::json;
+use serde_json::{Value, json};
 use tessera_webhook::certs::{self, Authority, SwappableCert};
 use tessera_webhook::server::{Limits, MAX_BODY, Stats, serve_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -344,6 +344,12 @@ async fn silent_http2_connections_are_closed_when_idle() {
 /// A review of a pod carrying `bytes` of annotations (valid JSON the admission code parses
 /// in full).
 fn big_review(bytes: usize) -> Vec<u8> {
+    big_review_asking(bytes, json!({"tessera.dev/vgpu": "1"}))
+}
+
+/// [`big_review`] whose container asks for `limits` (another project's words: the
+/// review is translated too).
+fn big_review_asking(bytes: usize, limits: Value) -> Vec<u8> {
     let mut annotations = serde_json::Map::new();
     // Many small entries: the shape that costs the parser the most per byte.
     let mut i = 0usize;
@@ -366,7 +372,7 @@ fn big_review(bytes: usize) -> Vec<u8> {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
                 "spec": {"containers": [{"name": "c", "image": "i",
-                    "resources": {"limits": {"tessera.dev/vgpu": "1"}}}]}
+                    "resources": {"limits": limits}}]}
             }
         }
     });
@@ -431,6 +437,38 @@ async fn oversized_bodies_are_refused_unread() {
          reserved",
         start.elapsed().as_secs_f64()
     );
+}
+
+/// A review in HAMi's words is translated (a copy of the pod is rewritten and parsed
+/// again): it must still cost no more per body byte than the server reserves for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_review_costs_within_what_is_reserved_for_it() {
+    let _serial = SERIAL.lock().await;
+    let s = server(Limits::default()).await;
+    for (what, limits) in [
+        ("slices", json!({"tessera.dev/vgpu": "1"})),
+        (
+            "HAMi",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}),
+        ),
+    ] {
+        let body = Arc::new(big_review_asking(MAX_BODY - (64 << 10), limits));
+        let base = IN_USE.load(Ordering::Relaxed);
+        PEAK.store(base, Ordering::Relaxed);
+        assert_eq!(post(&s, 100, body.clone(), false).await, Ok(200));
+        let one = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+        eprintln!(
+            "FIGURE webhook one {:.1} MB review in {what}'s words: {:.1} x its body",
+            body.len() as f64 / 1e6,
+            one as f64 / body.len() as f64
+        );
+        assert!(
+            one <= body.len() * tessera_webhook::server::PARSE_COST,
+            "{what}: one review cost {:.1} x its body, PARSE_COST is {}",
+            one as f64 / body.len() as f64,
+            tessera_webhook::server::PARSE_COST
+        );
+    }
 }
 
 /// 8 concurrent bodies just under the limit, half without Content-Length (chunked), each

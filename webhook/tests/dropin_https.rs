@@ -238,6 +238,20 @@ async fn hami_examples_become_slices() {
         );
         let (out, warnings) = admitted(&p).await;
         assert_slices(&out, 0, slices);
+        // HAMi's gpucores is a cap: Tessera's guaranteed policy, carried to the shim.
+        let capped = limits.get("nvidia.com/gpucores").is_some();
+        let env = &out["spec"]["containers"][0]["env"];
+        assert_eq!(
+            env.as_array()
+                .expect("env")
+                .contains(&json!({"name": "TESSERA_COMPUTE_POLICY", "value": "guaranteed"})),
+            capped,
+            "{env}"
+        );
+        assert_eq!(
+            out["metadata"]["annotations"]["tessera.dev/compute-policy"] == "guaranteed",
+            capped
+        );
         assert_eq!(original(&out)["dialect"], "hami");
         assert_eq!(original(&out)["containers"]["cuda"], limits);
         assert_eq!(
@@ -258,10 +272,27 @@ async fn hami_priority_becomes_the_pods_and_hami_core_variables_are_warned_about
         {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"},
         {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}
     ]);
-    let (out, warnings) = admitted(&pod(vec![c], json!({}), "hami-scheduler")).await;
+    let (out, warnings) = admitted(&pod(
+        vec![c],
+        json!({"hami.io/node-scheduler-policy": "binpack"}),
+        "hami-scheduler",
+    ))
+    .await;
     assert_eq!(
         out["metadata"]["annotations"]["tessera.dev/priority"],
         "100"
+    );
+    // Kept on the pod, and said to be the cluster's to decide (the second pass inside
+    // `admitted` finds nothing to change with it still there).
+    assert_eq!(
+        out["metadata"]["annotations"]["hami.io/node-scheduler-policy"],
+        "binpack"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("hami.io/node-scheduler-policy")),
+        "{warnings:?}"
     );
     // The variables stay (the shim reads neither) but the user is told.
     assert_eq!(
