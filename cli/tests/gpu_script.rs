@@ -1,7 +1,8 @@
 //! Runs the real-GPU check script (`tests/gpu/run.sh`) against the simulated
 //! GPU node, so the script is known to work before it meets a GPU: its
-//! driver and NVML checks must pass, and its PyTorch checks must say plainly
-//! that they did not run (there is no CUDA PyTorch here).
+//! driver, NVML, burst, race, accounting and start-up checks must pass, and
+//! its framework checks must say plainly that they did not run (there is no
+//! CUDA PyTorch, JAX or CuPy for the Python it is given here).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +26,12 @@ fn gpu_script_runs_against_the_simulated_node() {
         // The script must not reach for PyTorch here, even if one exists.
         .env("PYTHONNOUSERSITE", "1")
         .env("CHECK_SECONDS", "2")
+        .env("CHECK_HOLD", "1")
+        .env("CHECK_PAIRS", "3")
+        // The framework checks look for their framework in these Pythons only.
+        .env_remove("TORCH_PYTHON")
+        .env_remove("JAX_PYTHON")
+        .env_remove("CUPY_PYTHON")
         .output()
         .expect("bash runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -51,6 +58,18 @@ fn gpu_script_runs_against_the_simulated_node() {
     let nvml = row("nvml: memory info shows 4 GiB");
     assert!(nvml.contains(" ok "), "{nvml}");
     assert!(nvml.contains("total=4.00GiB"), "{nvml}");
+    // The checks of processes together run on the simulated node as on a GPU.
+    let burst = row("burst: 32 at once in 10 GiB, none stopped");
+    assert!(burst.contains(" ok "), "{burst}");
+    assert!(burst.contains("stopped=0 manager_stops=0"), "{burst}");
+    let race = row("race: 16 racers in 10 GiB, 0 bytes over");
+    assert!(race.contains(" ok "), "{race}");
+    assert!(race.contains("racers_ok=16/16"), "{race}");
+    assert!(race.contains("over=0 bytes"), "{race}");
+    let accounting = row("accounting: charged = NVML per process");
+    assert!(accounting.contains(" ok "), "{accounting}");
+    let startup = row("start-up: tessera run vs bare");
+    assert!(startup.contains(" ok "), "{startup}");
     let has_torch = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
         .status()
@@ -60,12 +79,24 @@ fn gpu_script_runs_against_the_simulated_node() {
             "torch: OOM at 4 GiB",
             "torch: 30%/70% guaranteed split",
             "torch: launch-bound loop overhead",
+            "torch: 30%/70% sync every step",
         ] {
             let r = row(name);
             assert!(r.contains("not run: no CUDA PyTorch"), "{r}");
         }
+        for name in [
+            "frameworks: torch_check",
+            "frameworks: train_check",
+            "frameworks: serve_check",
+            "frameworks: mp_check",
+        ] {
+            let r = row(name);
+            assert!(r.contains("not run: no CUDA framework"), "{r}");
+        }
+        // Without torch, 8 rows are missing; JAX and CuPy add theirs when absent too.
+        assert!(stdout.contains("MISSING FIGURES: "), "{stdout}");
         assert!(
-            stdout.contains("MISSING FIGURES: 3 check(s) did not run here"),
+            stdout.contains("these results are incomplete, not passed"),
             "{stdout}"
         );
     }

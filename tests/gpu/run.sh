@@ -7,8 +7,14 @@
 #
 # --bin DIR  where `tessera` and `libtessera.so` are (default: target/release)
 # --sim      run against Tessera's simulated GPU node instead of the driver:
-#            the driver and NVML checks run; the PyTorch ones report
-#            "not run: no CUDA PyTorch".
+#            the driver, NVML, burst, race, accounting and start-up checks run;
+#            the framework ones report "not run" unless their Python has them.
+#
+# Environment: PYTHON (the checks' Python, default python3), TORCH_PYTHON,
+# JAX_PYTHON, CUPY_PYTHON (a Python with that framework, default PYTHON),
+# CHECK_SECONDS (length of the split and race checks, default 20 and 10),
+# CHECK_HOLD (how long each burst process holds its memory, default 4),
+# CHECK_PAIRS (start-up pairs, default 9).
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -18,7 +24,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin) bin="$2"; shift 2 ;;
         --sim) sim=1; shift ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+        -h|--help) sed -n 2,19p "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +62,13 @@ if [ "$sim" = 1 ]; then
     manager_args+=(--nvml-library "$simlib/libnvidia-ml.so.1")
 fi
 export TESSERA_SOCKET="$work/manager.sock"
+
+# What one CUDA context holds on this GPU, measured by a bare process before the manager
+# starts (a bare process with a context is one the manager would stop): the framework
+# checks add it to what a job is charged instead of assuming a figure.
+frameworks="$here/../frameworks"
+context=$(env -u LD_PRELOAD "$py" "$frameworks/context_size.py" 2>>"$work/context.log")
+[ -n "$context" ] || { echo "could not measure a context:" >&2; cat "$work/context.log" >&2; exit 1; }
 
 "$tessera" manager "${manager_args[@]}" >"$work/manager.log" 2>&1 &
 manager_pid=$!
@@ -129,6 +142,118 @@ else
     record "torch: launch-bound loop overhead" "$(verdict "$r_with")" "$(json "d.get('reason','')" <<<"$r_with")"
 fi
 
+# The unshimmed NVML reader: device 0's memory in use every 5 ms, outside any allocation.
+sampler_pid=""
+sample_start() {
+    rm -f "$work/stop"
+    env -u LD_PRELOAD "$py" "$here/checks.py" nvml-sampler "$work/stop" >"$work/sampler" 2>>"$work/checks.log" &
+    sampler_pid=$!
+    for _ in $(seq 200); do grep -q ready "$work/sampler" 2>/dev/null && break; sleep 0.05; done
+}
+# (Not in a command substitution: `wait` works on this shell's own children only.)
+sample_stop() { touch "$work/stop"; wait "$sampler_pid"; }
+escapes() { grep -c "escapes its GPU allocation" "$work/manager.log"; }
+gib() { "$py" -c "print(f'{$1/2**30:.2f}')"; }
+
+# 6. A burst: 32 processes started at once in one 10 GiB allocation, each a context and
+#    64 MiB held until all have theirs, then CHECK_HOLD s more. None stopped (each ran or was refused its context with
+#    out-of-memory, the manager logged no stop) and the device never grew past the limit.
+limit10=$((10 << 30))
+sample_start
+e0=$(escapes)
+mkdir -p "$work/burstbar"
+CHECK_BARRIER="$work/burstbar" CHECK_RACERS=32 CHECK_HOLD="${CHECK_HOLD:-4}" "$tessera" run --gpu 0 --memory 10Gi -- sh -c \
+    'for i in $(seq 32); do "$0" "$1" ctx-hold >"$2/burst.$i" 2>&1 & done; wait' \
+    "$py" "$here/checks.py" "$work" 2>>"$work/checks.log"
+sample_stop
+s=$(tail -n 1 "$work/sampler")
+stops=$(( $(escapes) - e0 ))
+ran=$(cat "$work"/burst.* | grep '"check": "ctx-hold"' | grep '"ok": true' | grep -c '"refused": null')
+refused=$(cat "$work"/burst.* | grep '"check": "ctx-hold"' | grep '"ok": true' | grep -vc '"refused": null')
+growth=$(json "d.get('growth', -1)" <<<"$s")
+res=FAIL
+[ $((ran + refused)) = 32 ] && [ "$stops" = 0 ] && [ "$growth" -ge 0 ] && [ "$growth" -le "$limit10" ] && res=ok
+record "burst: 32 at once in 10 GiB, none stopped" "$res" \
+    "ran=$ran refused=$refused stopped=$((32 - ran - refused)) manager_stops=$stops device_growth=$(gib "$growth")GiB of 10.00 ($(json "d.get('samples')" <<<"$s") samples)"
+
+# 7. A race: 16 processes in one 10 GiB allocation, random cuMemAlloc_v2 of 1 B..64 MiB
+#    and frees; the device never grows past the limit. The racers exit together, once
+#    all are done (see checks.py `race`).
+sample_start
+e0=$(escapes)
+mkdir -p "$work/racebar"
+CHECK_BARRIER="$work/racebar" CHECK_RACERS=16 CHECK_SECONDS="${CHECK_SECONDS:-10}" "$tessera" run --gpu 0 --memory 10Gi -- sh -c \
+    'for i in $(seq 16); do "$0" "$1" race >"$2/race.$i" 2>&1 & done; wait' \
+    "$py" "$here/checks.py" "$work" 2>>"$work/checks.log"
+sample_stop
+s=$(tail -n 1 "$work/sampler")
+stops=$(( $(escapes) - e0 ))
+fine=$(cat "$work"/race.* | grep '"check": "race"' | grep -c '"ok": true')
+growth=$(json "d.get('growth', -1)" <<<"$s")
+over=$("$py" -c "print(max(0, $growth - $limit10))")
+res=FAIL
+[ "$fine" = 16 ] && [ "$stops" = 0 ] && [ "$growth" -ge 0 ] && [ "$over" = 0 ] && res=ok
+record "race: 16 racers in 10 GiB, 0 bytes over" "$res" \
+    "racers_ok=$fine/16 manager_stops=$stops device_growth=$(gib "$growth")GiB over=$over bytes"
+
+# 8. Accounting: 40 random allocations; charged against NVML per process, within a page.
+r=$(run_check accounting 8Gi 100% burst)
+record "accounting: charged = NVML per process" "$(verdict "$r")" \
+    "$(json "d.get('reason') or f\"asked={d.get('asked',0)/2**20:.1f}MiB charged={d.get('charged',0)/2**20:.1f}MiB nvml={d.get('nvml',0)/2**20:.1f}MiB\"" <<<"$r")"
+
+# 9. The framework checks under `tessera run`, each with the context measured above.
+# framework NAME SCRIPT PYTHON PROBE MEMORY
+framework() {
+    local name="$1" script="$2" fpy="$3" probe="$4" mem="$5"
+    if ! "$fpy" -c "$probe" >/dev/null 2>&1; then
+        record "$name" "not run" "not run: no CUDA framework for $script in $fpy (set TORCH_PYTHON / JAX_PYTHON)"
+        return
+    fi
+    local o rc bytes=$(( ${mem%Gi} << 30 ))
+    o=$("$tessera" run --gpu 0 --memory "$mem" -- "$fpy" "$frameworks/$script.py" \
+        --expect-total "$bytes" --context "$context" 2>>"$work/checks.log")
+    rc=$?
+    echo "$o" >>"$work/frameworks.log"
+    local summary; summary=$(grep -E "^$script: [0-9]+ passed" <<<"$o" | tail -n 1)
+    if [ "$rc" = 0 ]; then
+        record "$name" ok "${summary:-no summary}"
+    else
+        record "$name" FAIL "${summary:-exit $rc}; $(grep -m1 '| FAIL |' <<<"$o" | cut -c1-160)"
+    fi
+}
+tpy="${TORCH_PYTHON:-$py}"; jpy="${JAX_PYTHON:-$py}"; cpy="${CUPY_PYTHON:-$py}"
+has_torch='import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)'
+framework "frameworks: torch_check 1 GiB" torch_check "$tpy" "$has_torch" 1Gi
+framework "frameworks: train_check 1 GiB" train_check "$tpy" "$has_torch" 1Gi
+framework "frameworks: serve_check 2 GiB" serve_check "$tpy" "$has_torch" 2Gi
+framework "frameworks: mp_check 4 GiB" mp_check "$tpy" "$has_torch" 4Gi
+framework "frameworks: jax_check 1 GiB" jax_check "$jpy" \
+    'import jax,sys; sys.exit(0 if any(d.platform=="gpu" for d in jax.devices()) else 1)' 1Gi
+r=$(CHECK_LIMIT_BYTES=$((1 << 30)) "$tessera" run --gpu 0 --memory 1Gi -- "$cpy" "$here/checks.py" cupy-fill 2>>"$work/checks.log" | tail -n 1)
+record "frameworks: CuPy fill 1 GiB" "$(verdict "$r")" \
+    "$(json "d.get('reason') or f\"total={d.get('total',0)/2**20:.0f}MiB allocated_before_error={d.get('allocated_before_error',0)/2**20:.0f}MiB error={d.get('error')}\"" <<<"$r")"
+
+# 10. Shares of a loop that synchronises every step (`.item()`), 30% and 70% guaranteed.
+CHECK_SECONDS=${CHECK_SECONDS:-20} run_check torch-loop-sync 8Gi 30% guaranteed >"$work/sync30" &
+p30=$!
+CHECK_SECONDS=${CHECK_SECONDS:-20} run_check torch-loop-sync 8Gi 70% guaranteed >"$work/sync70" &
+p70=$!
+wait $p30 $p70
+r30=$(cat "$work/sync30"); r70=$(cat "$work/sync70")
+if [ "$(verdict "$r30")" = ok ] && [ "$(verdict "$r70")" = ok ]; then
+    share=$("$py" -c "import json; a=json.loads('''$r30''')['rate']; b=json.loads('''$r70''')['rate']; print(f'{a/(a+b):.3f}')")
+    res=$("$py" -c "print('ok' if abs($share-0.30) <= 0.05 else 'FAIL')")
+    record "torch: 30%/70% sync every step" "$res" "30% process got $share of the combined throughput (target 0.300 ±0.05)"
+else
+    record "torch: 30%/70% sync every step" "$(verdict "$r30")" "$(json "d.get('reason','')" <<<"$r30")"
+fi
+
+# 11. Start-up: a CUDA client (init, context, meminfo, NVML) under `tessera run` against
+#     bare, run in alternating pairs; medians (reported, not judged).
+r=$(TESSERA="$tessera" "$py" "$here/checks.py" startup 2>>"$work/checks.log" | tail -n 1)
+record "start-up: tessera run vs bare (medians)" "$(verdict "$r")" \
+    "$(json "d.get('reason') or f\"bare {d['bare_ms']:.0f} ms, tessera run {d['run_ms']:.0f} ms, added {d['added_ms']:.0f} ms (median of {d['pairs']} pairs; bare clients stopped by the backstop and rerun: {d['bare_stopped']})\"" <<<"$r")"
+
 printf '\n%-46s %-8s %s\n' "check" "result" "measured"
 printf '%-46s %-8s %s\n' "-----" "------" "--------"
 for row in "${rows[@]}"; do
@@ -137,7 +262,7 @@ for row in "${rows[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     printf '\nMISSING FIGURES: %d check(s) did not run here (%s).\n' "${#missing[@]}" "$(IFS=,; echo "${missing[*]}")"
-    echo "They need a GPU and PyTorch with CUDA; these results are incomplete, not passed."
+    echo "They need a GPU and the framework with CUDA; these results are incomplete, not passed."
 fi
 if [ "$failed" = 1 ]; then
     echo; echo "FAILED. Manager log: "; tail -n 20 "$work/manager.log"; tail -n 20 "$work/checks.log"
