@@ -194,7 +194,7 @@ struct Marker {
 }
 
 /// One device's pacing in this process: the decision, the markers of the
-/// latest launches (at most three), spare events, and the context they
+/// latest launches (at most `MAX_IN_FLIGHT + 1`), spare events, and the context they
 /// belong to (events are per context; a new current context starts over).
 #[derive(Debug)]
 struct Paced {
@@ -202,8 +202,6 @@ struct Paced {
     markers: Vec<Marker>,
     spare: Vec<CUevent>,
     ctx: CUcontext,
-    /// Whether the launch being submitted was queued behind the last one.
-    behind: bool,
 }
 
 // SAFETY: the raw handles are driver handles, valid from any thread of the
@@ -256,7 +254,6 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
             markers: Vec::new(),
             spare: Vec::new(),
             ctx,
-            behind: false,
         });
         if p.ctx != ctx {
             // Another context: its events cannot mark this one's streams.
@@ -283,38 +280,55 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
                 p.markers[i].learned = true;
             }
         }
-        let n = p.markers.len();
-        let last = n.checked_sub(1).map(|i| done[i]);
-        let older = n.checked_sub(2).map(|i| done[i]);
+        let in_flight = done.iter().filter(|d| !**d).count();
         let now = monotonic_ns();
-        match p.pace.before(now, last, older) {
-            Step::Go => {
-                p.behind = last == Some(false);
-                p.pace.launched(now, p.behind);
-                return true;
-            }
+        match p.pace.before(now, in_flight) {
+            Step::Go => return true,
             Step::WaitOlder => {
-                let ev = p.markers[n - 2].ev;
+                // Completion is in order (one engine, FIFO): the first
+                // marker not done is the oldest launch in flight.
+                let Some(i) = done.iter().position(|d| !*d) else {
+                    return true;
+                };
+                let ev = p.markers[i].ev;
                 drop(guard);
                 // Waiting on its own work: the holder keeps its grant.
                 gate.syncing(Some(dev), || call_real!(cuEventSynchronize(ev)));
             }
             Step::HoldUntil(t) => {
                 drop(guard);
-                gate.syncing(Some(dev), || {
-                    std::thread::sleep(std::time::Duration::from_nanos(t.saturating_sub(now)))
-                });
+                gate.syncing(Some(dev), || hold_until(t));
             }
         }
     }
 }
 
-/// After a paced launch on `dev`: records its marker on `stream`.
+/// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
+/// 50 µs would eat a fifth of the budget), put back after.
+fn hold_until(t: u64) {
+    // SAFETY: PR_GET_TIMERSLACK takes no pointer and reads the thread's own slack.
+    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    tessera_shm::sys::set_timer_slack(1_000);
+    let now = monotonic_ns();
+    if t > now {
+        std::thread::sleep(std::time::Duration::from_nanos(t - now));
+    }
+    if old > 0 {
+        tessera_shm::sys::set_timer_slack(old as u64);
+    }
+}
+
+/// After a paced launch on `dev`: records its marker on `stream`, and
+/// whether the launch was queued behind the last one (judged now, after
+/// the gate: a launch that waited there for a grant did not follow its
+/// predecessor, and must not teach the pacer a length of that wait).
 fn pace_after(dev: usize, stream: CUstream) {
     let mut guard = PACED[dev].lock();
     let Some(p) = guard.as_mut() else {
         return;
     };
+    let behind = p.markers.last().is_some_and(|m| !event_done(m.ev));
+    p.pace.launched(monotonic_ns(), behind);
     let ev = match p.spare.pop() {
         Some(ev) => ev,
         None => {
@@ -334,10 +348,10 @@ fn pace_after(dev: usize, stream: CUstream) {
     }
     p.markers.push(Marker {
         ev,
-        behind: p.behind,
+        behind,
         learned: false,
     });
-    while p.markers.len() > 3 {
+    while p.markers.len() > crate::pace::MAX_IN_FLIGHT + 1 {
         let m = p.markers.remove(0);
         p.spare.push(m.ev);
     }
