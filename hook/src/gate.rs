@@ -65,6 +65,9 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<Option<usize>, 
     // stopped at the gate if the grant was revoked meanwhile.
     let paced = pace_before(gate, dev, stream);
     gate.before_submit(dev);
+    if paced {
+        pace_start(dev, stream);
+    }
     Ok(paced.then_some(dev))
 }
 
@@ -191,10 +194,15 @@ struct Marker {
     behind: bool,
     /// Its length was learned already.
     learned: bool,
+    /// An event recorded just before the launch when nothing of the
+    /// process's was in flight: the launch's length is then the time
+    /// between the two (a holder whose kernels outlast its quantum never
+    /// queues one behind another within a grant, so this is how it learns).
+    start: Option<CUevent>,
 }
 
 /// One device's pacing in this process: the decision, the markers of the
-/// latest launches (at most three), spare events, and the context they
+/// latest launches (at most `MAX_IN_FLIGHT + 1`), spare events, and the context they
 /// belong to (events are per context; a new current context starts over).
 #[derive(Debug)]
 struct Paced {
@@ -202,8 +210,8 @@ struct Paced {
     markers: Vec<Marker>,
     spare: Vec<CUevent>,
     ctx: CUcontext,
-    /// Whether the launch being submitted was queued behind the last one.
-    behind: bool,
+    /// The start event of the launch being submitted (see [`Marker::start`]).
+    pending_start: Option<CUevent>,
 }
 
 // SAFETY: the raw handles are driver handles, valid from any thread of the
@@ -256,89 +264,144 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
             markers: Vec::new(),
             spare: Vec::new(),
             ctx,
-            behind: false,
+            pending_start: None,
         });
         if p.ctx != ctx {
             // Another context: its events cannot mark this one's streams.
             for m in p.markers.drain(..) {
                 let _ = call_real!(cuEventDestroy_v2(m.ev));
+                if let Some(s) = m.start {
+                    let _ = call_real!(cuEventDestroy_v2(s));
+                }
             }
-            for ev in p.spare.drain(..) {
+            for ev in p.spare.drain(..).chain(p.pending_start.take()) {
                 let _ = call_real!(cuEventDestroy_v2(ev));
             }
             p.ctx = ctx;
         }
         let done: Vec<bool> = p.markers.iter().map(|m| event_done(m.ev)).collect();
-        for (i, &finished) in done.iter().enumerate().skip(1) {
-            if finished && p.markers[i].behind && !p.markers[i].learned {
+        for (i, &finished) in done.iter().enumerate() {
+            let m = &p.markers[i];
+            if !finished || m.learned {
+                continue;
+            }
+            let from = match (m.start, i.checked_sub(1)) {
+                (Some(s), _) => Some(s),
+                (None, Some(j)) if m.behind => Some(p.markers[j].ev),
+                _ => None,
+            };
+            if let Some(from) = from {
                 let mut ms = 0f32;
-                let r = call_real!(cuEventElapsedTime(
-                    &mut ms,
-                    p.markers[i - 1].ev,
-                    p.markers[i].ev
-                ));
+                let r = call_real!(cuEventElapsedTime(&mut ms, from, p.markers[i].ev));
                 if r == CUresult::CUDA_SUCCESS && ms > 0.0 {
                     p.pace.learned((f64::from(ms) * 1e6) as u64);
                 }
                 p.markers[i].learned = true;
             }
         }
-        let n = p.markers.len();
-        let last = n.checked_sub(1).map(|i| done[i]);
-        let older = n.checked_sub(2).map(|i| done[i]);
+        let in_flight = done.iter().filter(|d| !**d).count();
         let now = monotonic_ns();
-        match p.pace.before(now, last, older) {
-            Step::Go => {
-                p.behind = last == Some(false);
-                p.pace.launched(now, p.behind);
-                return true;
-            }
+        match p.pace.before(now, in_flight) {
+            Step::Go => return true,
             Step::WaitOlder => {
-                let ev = p.markers[n - 2].ev;
+                // Completion is in order (one engine, FIFO): the first
+                // marker not done is the oldest launch in flight.
+                let Some(i) = done.iter().position(|d| !*d) else {
+                    return true;
+                };
+                let ev = p.markers[i].ev;
                 drop(guard);
                 // Waiting on its own work: the holder keeps its grant.
                 gate.syncing(Some(dev), || call_real!(cuEventSynchronize(ev)));
             }
             Step::HoldUntil(t) => {
                 drop(guard);
-                gate.syncing(Some(dev), || {
-                    std::thread::sleep(std::time::Duration::from_nanos(t.saturating_sub(now)))
-                });
+                gate.syncing(Some(dev), || hold_until(t));
             }
         }
     }
 }
 
-/// After a paced launch on `dev`: records its marker on `stream`.
+/// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
+/// 50 µs would eat a fifth of the budget), put back after.
+fn hold_until(t: u64) {
+    // SAFETY: PR_GET_TIMERSLACK takes no pointer and reads the thread's own slack.
+    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    tessera_shm::sys::set_timer_slack(1_000);
+    let now = monotonic_ns();
+    if t > now {
+        std::thread::sleep(std::time::Duration::from_nanos(t - now));
+    }
+    if old > 0 {
+        tessera_shm::sys::set_timer_slack(old as u64);
+    }
+}
+
+/// Just before a paced launch on `dev`, after the gate: when nothing of the
+/// process's is in flight there, records the start event the launch's
+/// length will be measured from.
+fn pace_start(dev: usize, stream: CUstream) {
+    let mut guard = PACED[dev].lock();
+    let Some(p) = guard.as_mut() else {
+        return;
+    };
+    if let Some(old) = p.pending_start.take() {
+        p.spare.push(old);
+    }
+    if p.markers.last().is_some_and(|m| !event_done(m.ev)) {
+        return;
+    }
+    let Some(ev) = take_event(p) else {
+        return;
+    };
+    if call_real!(cuEventRecord(ev, stream)) == CUresult::CUDA_SUCCESS {
+        p.pending_start = Some(ev);
+    } else {
+        p.spare.push(ev);
+    }
+}
+
+/// A spare event of the pacer's context, or a new one (timing on: the
+/// elapsed time between markers is how launch lengths are learned).
+fn take_event(p: &mut Paced) -> Option<CUevent> {
+    if let Some(ev) = p.spare.pop() {
+        return Some(ev);
+    }
+    let mut ev: CUevent = null_mut();
+    (call_real!(cuEventCreate(&mut ev, 0)) == CUresult::CUDA_SUCCESS).then_some(ev)
+}
+
+/// After a paced launch on `dev`: records its marker on `stream`, and
+/// whether the launch was queued behind the last one (judged now, after
+/// the gate: a launch that waited there for a grant did not follow its
+/// predecessor, and must not teach the pacer a length of that wait).
 fn pace_after(dev: usize, stream: CUstream) {
     let mut guard = PACED[dev].lock();
     let Some(p) = guard.as_mut() else {
         return;
     };
-    let ev = match p.spare.pop() {
-        Some(ev) => ev,
-        None => {
-            let mut ev: CUevent = null_mut();
-            // Timing on (flags 0): the marker's elapsed time is how the
-            // launch length is learned.
-            if call_real!(cuEventCreate(&mut ev, 0)) != CUresult::CUDA_SUCCESS {
-                return;
-            }
-            ev
-        }
+    let behind = p.markers.last().is_some_and(|m| !event_done(m.ev));
+    p.pace.launched(monotonic_ns(), behind);
+    let start = p.pending_start.take();
+    let Some(ev) = take_event(p) else {
+        p.spare.extend(start);
+        return;
     };
     if call_real!(cuEventRecord(ev, stream)) != CUresult::CUDA_SUCCESS {
         // A stream of another context, say: this launch goes unmarked.
         p.spare.push(ev);
+        p.spare.extend(start);
         return;
     }
     p.markers.push(Marker {
         ev,
-        behind: p.behind,
+        behind,
         learned: false,
+        start,
     });
-    while p.markers.len() > 3 {
+    while p.markers.len() > crate::pace::MAX_IN_FLIGHT + 1 {
         let m = p.markers.remove(0);
         p.spare.push(m.ev);
+        p.spare.extend(m.start);
     }
 }

@@ -7,8 +7,9 @@
 //! How: the shim records a marker event after every governed launch. Before
 //! the next launch it looks at the last two markers:
 //!
-//! - the one before last not done: more than one launch is queued behind
-//!   the running one; wait for it (the hard bound: two launches in flight);
+//! - too many launches not done (the hard bound: two, or as many as fit in
+//!   the budget when kernels are short, `1 + budget / length`, at most
+//!   [`MAX_IN_FLIGHT`]): wait for the oldest;
 //! - the last one not done: a launch is running (or queued). Its end is
 //!   predicted from when it could start and the kernel length learned so
 //!   far; the launch is held until that end is within `budget` (250 µs),
@@ -34,12 +35,15 @@
 /// against the 0.5 ms the hand-over may exceed the longest kernel by.
 pub const DEFAULT_BUDGET_NS: u64 = 250_000;
 
+/// The most launches the hard bound ever lets be in flight (short kernels).
+pub const MAX_IN_FLIGHT: usize = 8;
+
 /// What to do before a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Launch now.
     Go,
-    /// Wait for the launch before last to complete, then ask again.
+    /// Wait for the oldest launch not done, then ask again.
     WaitOlder,
     /// Hold the launch until this time (CLOCK_MONOTONIC ns), then launch.
     HoldUntil(u64),
@@ -69,13 +73,28 @@ impl Pace {
         self.est_ns
     }
 
-    /// Decides about a launch at `now`, given whether the marker of the last
-    /// launch and of the one before it are done (`None`: no such launch).
-    pub fn before(&self, now: u64, last_done: Option<bool>, older_done: Option<bool>) -> Step {
-        if older_done == Some(false) {
+    /// The hard bound: launches that may be in flight at once. Two (the
+    /// running one and the next) until a length is learned and whenever a
+    /// launch is longer than the budget; with short kernels as many as fit
+    /// in the budget, so the device is not starved by the host's wake-ups.
+    pub fn limit(&self) -> usize {
+        if self.est_ns == 0 {
+            return 2;
+        }
+        let fit = self
+            .budget_ns
+            .div_ceil(self.est_ns)
+            .min(MAX_IN_FLIGHT as u64) as usize;
+        (1 + fit).clamp(2, MAX_IN_FLIGHT)
+    }
+
+    /// Decides about a launch at `now`, given how many of this process's
+    /// launches on the device are not done (their markers).
+    pub fn before(&self, now: u64, in_flight: usize) -> Step {
+        if in_flight >= self.limit() {
             return Step::WaitOlder;
         }
-        if last_done != Some(false) || self.est_ns == 0 {
+        if in_flight == 0 || self.est_ns == 0 {
             return Step::Go;
         }
         // The running launch is not done: it ends no earlier than now.
@@ -123,20 +142,28 @@ mod tests {
     #[test]
     fn nothing_in_flight_or_nothing_learned_goes() {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
-        assert_eq!(p.before(0, None, None), Step::Go);
-        assert_eq!(p.before(0, Some(true), Some(true)), Step::Go);
+        assert_eq!(p.before(0, 0), Step::Go);
         // Unknown length: only the hard bound applies.
-        assert_eq!(p.before(0, Some(false), Some(true)), Step::Go);
-        assert_eq!(p.before(0, Some(false), Some(false)), Step::WaitOlder);
+        assert_eq!(p.before(0, 1), Step::Go);
+        assert_eq!(p.before(0, 2), Step::WaitOlder);
         p.learned(MS);
-        assert_eq!(p.before(5 * MS, Some(true), None), Step::Go);
+        assert_eq!(p.before(5 * MS, 0), Step::Go);
     }
 
     #[test]
     fn more_than_one_launch_queued_waits_for_the_older() {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
         p.learned(MS);
-        assert_eq!(p.before(0, Some(false), Some(false)), Step::WaitOlder);
+        assert_eq!(p.limit(), 2);
+        assert_eq!(p.before(0, 2), Step::WaitOlder);
+        // Short kernels: as many as fit in the budget, plus the running one.
+        let mut short = Pace::new(250_000);
+        short.learned(50_000);
+        assert_eq!(short.limit(), 6);
+        assert_eq!(short.before(0, 6), Step::WaitOlder);
+        let mut tiny = Pace::new(250_000);
+        tiny.learned(1_000);
+        assert_eq!(tiny.limit(), MAX_IN_FLIGHT);
     }
 
     #[test]
@@ -145,21 +172,12 @@ mod tests {
         p.learned(MS);
         // Launched at 10 ms onto an idle device: ends at 11 ms.
         p.launched(10 * MS, false);
-        assert_eq!(
-            p.before(10 * MS + 1, Some(false), Some(true)),
-            Step::HoldUntil(11 * MS - 250_000)
-        );
+        assert_eq!(p.before(10 * MS + 1, 1), Step::HoldUntil(11 * MS - 250_000));
         // Within the budget of its end: go.
-        assert_eq!(
-            p.before(11 * MS - 100_000, Some(false), Some(true)),
-            Step::Go
-        );
+        assert_eq!(p.before(11 * MS - 100_000, 1), Step::Go);
         // Queued behind it at 10.8 ms: starts at 11 ms, ends at 12 ms.
         p.launched(10 * MS + 800_000, true);
-        assert_eq!(
-            p.before(11 * MS, Some(false), Some(true)),
-            Step::HoldUntil(12 * MS - 250_000)
-        );
+        assert_eq!(p.before(11 * MS, 1), Step::HoldUntil(12 * MS - 250_000));
     }
 
     #[test]
@@ -176,11 +194,10 @@ mod tests {
             let mut engine_free = 0u64; // the fake device: FIFO, exact lengths
             let mut ends: Vec<u64> = Vec::new();
             for _ in 0..200 {
-                let last_done = ends.last().map(|&e| e <= now);
-                let older_done = ends.iter().rev().nth(1).map(|&e| e <= now);
-                match p.before(now, last_done, older_done) {
+                let in_flight = ends.iter().filter(|&&e| e > now).count();
+                match p.before(now, in_flight) {
                     Step::Go => {
-                        let behind = last_done == Some(false);
+                        let behind = in_flight > 0;
                         p.launched(now, behind);
                         let start = engine_free.max(now);
                         engine_free = start + kernel;
@@ -191,7 +208,9 @@ mod tests {
                             "{kernel}: {in_flight} ns in flight at a release"
                         );
                     }
-                    Step::WaitOlder => now = ends[ends.len() - 2],
+                    Step::WaitOlder => {
+                        now = *ends.iter().find(|&&e| e > now).expect("one in flight")
+                    }
                     Step::HoldUntil(t) => {
                         assert!(t > now);
                         now = t;
@@ -217,9 +236,6 @@ mod tests {
         // Whatever the prediction, a hold is never longer than one length.
         p.launched(0, false);
         p.last_end = 100 * MS;
-        assert_eq!(
-            p.before(0, Some(false), Some(true)),
-            Step::HoldUntil(p.estimate())
-        );
+        assert_eq!(p.before(0, 1), Step::HoldUntil(p.estimate()));
     }
 }

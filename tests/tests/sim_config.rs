@@ -89,3 +89,34 @@ fn a_corrupt_state_file_is_refused_and_left_alone() {
     );
     assert_eq!(std::fs::read(&state).expect("read"), b"something else");
 }
+
+#[test]
+fn a_bad_driver_cost_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("node");
+    let out = run_on_state(
+        &state,
+        &[("TESSERA_SIM_LAUNCH_COST", "fast")],
+        &["init", "count"],
+    );
+    assert_eq!(
+        out.get("init").error.as_deref(),
+        Some("CUDA_ERROR_INVALID_VALUE")
+    );
+    assert!(
+        out.stderr.contains("TESSERA_SIM_LAUNCH_COST"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("fast"), "{}", out.stderr);
+    // A good value works (the costs are the process's, so any node takes it).
+    let out = run_on_state(
+        &state,
+        &[
+            ("TESSERA_SIM_SYNC_LATENCY", "2us"),
+            ("TESSERA_SIM_KERNEL_GAP", "0"),
+        ],
+        &["init", "count"],
+    );
+    out.expect_ok();
+}

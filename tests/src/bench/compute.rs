@@ -194,6 +194,8 @@ pub struct Scenario {
     pub warmup: Duration,
     /// The measured window.
     pub measure: Duration,
+    /// Workload processes per allocation (each the same program).
+    pub processes: u32,
 }
 
 impl Scenario {
@@ -212,6 +214,7 @@ impl Scenario {
             gap: Duration::ZERO,
             warmup: Duration::from_millis(700),
             measure,
+            processes: 1,
         }
     }
 }
@@ -524,8 +527,10 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
         .map_or(0, |g| g.handover_ns.len());
     let seconds = (sc.warmup + sc.measure).as_secs_f64() + 0.5;
+    let per = sc.processes.max(1) as usize;
     let mut workloads: Vec<Workload> = files
         .iter()
+        .flat_map(|f| std::iter::repeat_n(f, per))
         // Ordinal 0: the allocation's one GPU, whichever of the node's it is.
         .map(|f| Workload::spawn(node, f, 0, sc, seconds))
         .collect();
@@ -565,7 +570,9 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
     let held0 = held_of(arbiter);
     let n0 = handovers_now();
     let mut meter = BusyMeter::start(node, device, workloads.iter().map(Workload::pid).collect());
-    let (achieved, gpu_busy) = meter.run_for(sc.measure);
+    let (per_process, gpu_busy) = meter.run_for(sc.measure);
+    // An allocation's share is what all its processes ran.
+    let achieved: Vec<f64> = per_process.chunks(per).map(|c| c.iter().sum()).collect();
     let held1 = held_of(arbiter);
     let handovers_measured = handovers_now().saturating_sub(n0);
     let measured = t0.elapsed();
@@ -656,6 +663,37 @@ pub fn launch_scenarios(measure: Duration) -> Vec<Scenario> {
         .collect()
 }
 
+/// The shapes of issue 36 the other rounds leave out, each guaranteed
+/// 30 + 70: two processes per allocation (1 ms kernels, streaming), 20 ms
+/// kernels with a synchronisation after every second launch, and CUDA
+/// graphs (1 ms kernels) shared by two allocations.
+pub fn shape_scenarios(measure: Duration) -> Vec<Scenario> {
+    let pair = || vec![AllocSpec::guaranteed(30), AllocSpec::guaranteed(70)];
+    let ms = Duration::from_millis;
+    let mut two = Scenario::new(
+        "guaranteed 30+70, 2 processes each, 1000 us kernels",
+        pair(),
+        ms(1),
+        measure,
+    );
+    two.processes = 2;
+    let mut long = Scenario::new(
+        "guaranteed 30+70, 20000 us kernels, sync every 2",
+        pair(),
+        ms(20),
+        measure,
+    );
+    long.sync_every = 2;
+    let mut graphs = Scenario::new(
+        "guaranteed 30+70, graph launches, 1000 us kernels",
+        pair(),
+        ms(1),
+        measure,
+    );
+    graphs.launch = Launch::Graph;
+    vec![two, long, graphs]
+}
+
 /// Runs `scenarios` at once, scenario `i` on device `i` of a fresh node,
 /// under one in-process arbiter with the default configuration.
 ///
@@ -708,6 +746,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
         .map(|i| per_kernel.iter().map(|scs| scs[i].clone()).collect())
         .collect();
     rounds.push(launch_scenarios(measure));
+    rounds.push(shape_scenarios(measure));
     let (rows, failures) = share_rows(&rounds)?;
     let mut notes = vec![
         format!(
