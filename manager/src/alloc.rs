@@ -572,7 +572,7 @@ mod tests {
         let e = check_capacity(&too_much, &g, existing.iter()).unwrap_err();
         assert!(e.to_string().contains("40% of its compute time"), "{e}");
         // Another GPU is not affected.
-        let other = norm(&req(&g[1].uuid, 16 * GI, 1_000_000)).unwrap();
+        let other = norm(&req(&g[1].uuid, 16 * GI, FULL_COMPUTE_PPM)).unwrap();
         check_capacity(&other, &g, existing.iter()).unwrap();
     }
 

@@ -19,6 +19,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use tessera_shm::sys::monotonic_ns;
 use tessera_shm::{Control, Policy, ShmError, State};
@@ -293,7 +294,7 @@ impl Arbiter {
                 n,
             });
         }
-        if control.compute_share_ppm(dev) >= 1_000_000 {
+        if control.compute_share_ppm(dev) >= FULL_COMPUTE_PPM {
             if !tessera_shm::layout::grant::may_submit(control.grant_word(dev)) {
                 control.publish_grant(dev, tessera_shm::layout::grant::OPEN)?;
             }
@@ -389,7 +390,8 @@ impl Arbiter {
                 {
                     held += now.saturating_sub(since.max(from));
                 }
-                let achieved = (u128::from(held.min(span)) * 1_000_000 / u128::from(span)) as u32;
+                let achieved = (u128::from(held.min(span)) * u128::from(FULL_COMPUTE_PPM)
+                    / u128::from(span)) as u32;
                 out.push(AllocationStats {
                     alloc_id: m.alloc_id.clone(),
                     device: m.dev,

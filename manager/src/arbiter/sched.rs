@@ -38,6 +38,7 @@
 //!   work runs and it launches again when the wait returns, so a program
 //!   that synchronises every step keeps its grant to the quantum's end.
 
+use tessera_contract::units::FULL_COMPUTE_PPM;
 use tessera_shm::Policy;
 
 /// A client of the arbiter: one allocation on this GPU.
@@ -175,7 +176,7 @@ struct Client {
 
 impl Client {
     fn vcost(&self, held: u64) -> u128 {
-        u128::from(held) * 1_000_000 / u128::from(self.share_ppm.max(1))
+        u128::from(held) * u128::from(FULL_COMPUTE_PPM) / u128::from(self.share_ppm.max(1))
     }
 
     /// Arrival time after holding from `start` for `held` ns.

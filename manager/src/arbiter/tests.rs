@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use tessera_shm::gate::{Drain, Gate, GateEvent};
 use tessera_shm::layout::grant;
@@ -332,7 +333,7 @@ fn removing_an_allocation_opens_its_gate_and_bad_requests_are_refused() {
     let e = arb.remove_allocation("removed").unwrap_err();
     assert!(matches!(e, ArbiterError::NotFound(_)), "{e}");
     // A whole GPU is not arbitrated: its gate stays open.
-    let whole = alloc("whole", 1_000_000, Policy::Burst);
+    let whole = alloc("whole", FULL_COMPUTE_PPM, Policy::Burst);
     arb.add_allocation(whole.files(), 0).unwrap();
     assert_ne!(whole.control.grant_word(0) & grant::OPEN, 0);
     assert!(arb.stats().is_empty());
