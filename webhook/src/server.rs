@@ -11,7 +11,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -601,7 +602,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>, guard: InFlight) -> Res
 async fn mutate(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     let limits = &shared.limits;
     let stats = &shared.stats;
-    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    let deadline = Instant::now() + limits.body_timeout;
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
