@@ -13,7 +13,7 @@
 mod hook_support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use hook_support::*;
@@ -419,19 +419,50 @@ fn sixteen_racers_of_1_byte_to_64_mib_never_pass_a_10_gib_limit() {
         })
     };
     let counts = Arc::new(Counts::default());
+    // Two meeting points make the contention a property of the test, not of how the
+    // racers happen to be scheduled (a loaded box can run them one after another):
+    // every racer's context exists before any allocates, and then each asks for
+    // FIRST at once, which 16 cannot all get beside 16 contexts (16 x 518 MiB +
+    // 16 x 128 MiB > 10 GiB), whatever the interleaving.
+    const FIRST: u64 = 128 * MI;
+    let contexts_made = Arc::new(Barrier::new(PROCESSES));
+    let first_asked = Arc::new(Barrier::new(PROCESSES));
     let workers: Vec<_> = (0..PROCESSES)
         .map(|id| {
             let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
+            let (contexts_made, first_asked) = (contexts_made.clone(), first_asked.clone());
             std::thread::spawn(move || {
                 let mut rng = Rng(seed ^ (id as u64 + 3).wrapping_mul(0x9e37_79b9_7f4a_7c15));
                 let mut p = Conv::start(sim.probe(Mode::Link, true));
                 let pid = p.pid() as i32;
                 racers.lock().unwrap().push(pid);
-                for c in ["init", "ctx"] {
-                    let l = p.ask(c, HANG).expect("probe alive");
-                    assert!(l.ok, "{}", l.raw);
+                // Answers are checked after the meeting point, so a failed racer
+                // cannot leave the others waiting for it.
+                let setup: Vec<_> = ["init", "ctx"]
+                    .iter()
+                    .map(|c| p.ask(c, HANG).map(|l| (l.ok, l.raw)))
+                    .collect();
+                contexts_made.wait();
+                let first = p.ask(&format!("alloc {FIRST}"), HANG);
+                first_asked.wait();
+                for r in setup {
+                    let (ok, raw) = r.expect("probe alive");
+                    assert!(ok, "{raw}");
                 }
                 let mut live: Vec<u64> = Vec::new();
+                let l = first.expect("probe alive");
+                if l.ok {
+                    live.push(l.u64("h"));
+                    counts.ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    assert_eq!(
+                        l.error.as_deref(),
+                        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                        "{}",
+                        l.raw
+                    );
+                    counts.oom.fetch_add(1, Ordering::Relaxed);
+                }
                 for _ in 0..OPS {
                     if live.is_empty() || rng.range(0, 100) < 60 {
                         let bytes = rng.range(1, 64 * MI + 1);
@@ -476,7 +507,7 @@ fn sixteen_racers_of_1_byte_to_64_mib_never_pass_a_10_gib_limit() {
         max.saturating_sub(GIB10)
     );
     assert!(max <= GIB10, "the device held {max} bytes, over {GIB10}");
-    // The contexts alone take 8 GiB of the 10: the rest was contended.
+    // The contexts alone take 8 GiB of the 10, and all 16 asked for FIRST at once.
     assert!(
         oom > 0,
         "the limit was reached: {ok} allocations, none refused"
