@@ -39,6 +39,33 @@ struct Counts {
     processes: AtomicU64,
 }
 
+impl Counts {
+    /// Counts an allocation's answer: the handle kept when granted, else
+    /// nothing but an out-of-memory refusal is allowed.
+    fn allocated(&self, l: Line, live: &mut Vec<u64>) {
+        if l.ok {
+            live.push(l.u64("h"));
+            self.ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            assert_eq!(
+                l.error.as_deref(),
+                Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                "{}",
+                l.raw
+            );
+            self.oom.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Frees one of `live`, picked at random; the free must succeed.
+    fn free_one(&self, p: &mut Conv, live: &mut Vec<u64>, rng: &mut Rng) {
+        let h = live.swap_remove((rng.next() % live.len() as u64) as usize);
+        let l = p.ask(&format!("free {h}"), HANG).unwrap();
+        assert!(l.ok, "{}", l.raw);
+        self.frees.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The racing processes alive now, for the sampler to stop.
 type Racers = Mutex<Vec<i32>>;
 
@@ -67,24 +94,9 @@ fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers
                 let bytes = rng.range(64 << 10, 12 * MI);
                 let kind = rng.pick(&KINDS);
                 let l = p.ask(&format!("alloc {bytes} {kind}"), HANG).unwrap();
-                if l.ok {
-                    live.push(l.u64("h"));
-                    counts.ok.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    assert_eq!(
-                        l.error.as_deref(),
-                        Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                        "{}",
-                        l.raw
-                    );
-                    counts.oom.fetch_add(1, Ordering::Relaxed);
-                }
+                counts.allocated(l, &mut live);
             } else {
-                let i = (rng.next() % live.len() as u64) as usize;
-                let h = live.swap_remove(i);
-                let l = p.ask(&format!("free {h}"), HANG).unwrap();
-                assert!(l.ok, "{}", l.raw);
-                counts.frees.fetch_add(1, Ordering::Relaxed);
+                counts.free_one(&mut p, &mut live, &mut rng);
             }
         }
         // From here on it only exits, which can only lower what it holds.
@@ -450,40 +462,14 @@ fn sixteen_racers_of_1_byte_to_64_mib_never_pass_a_10_gib_limit() {
                     assert!(ok, "{raw}");
                 }
                 let mut live: Vec<u64> = Vec::new();
-                let l = first.expect("probe alive");
-                if l.ok {
-                    live.push(l.u64("h"));
-                    counts.ok.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    assert_eq!(
-                        l.error.as_deref(),
-                        Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                        "{}",
-                        l.raw
-                    );
-                    counts.oom.fetch_add(1, Ordering::Relaxed);
-                }
+                counts.allocated(first.expect("probe alive"), &mut live);
                 for _ in 0..OPS {
                     if live.is_empty() || rng.range(0, 100) < 60 {
                         let bytes = rng.range(1, 64 * MI + 1);
                         let l = p.ask(&format!("alloc {bytes}"), HANG).unwrap();
-                        if l.ok {
-                            live.push(l.u64("h"));
-                            counts.ok.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            assert_eq!(
-                                l.error.as_deref(),
-                                Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                                "{}",
-                                l.raw
-                            );
-                            counts.oom.fetch_add(1, Ordering::Relaxed);
-                        }
+                        counts.allocated(l, &mut live);
                     } else {
-                        let h = live.swap_remove((rng.next() % live.len() as u64) as usize);
-                        let l = p.ask(&format!("free {h}"), HANG).unwrap();
-                        assert!(l.ok, "{}", l.raw);
-                        counts.frees.fetch_add(1, Ordering::Relaxed);
+                        counts.free_one(&mut p, &mut live, &mut rng);
                     }
                 }
                 racers.lock().unwrap().retain(|&r| r != pid);
