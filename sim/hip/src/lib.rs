@@ -9,7 +9,7 @@
 //! `docs/simulator.md`, "The AMD node"). `libgalaxyhip.so.5`, Hygon's name for the same
 //! ABI, is this library under a second file name.
 //!
-//! Every export is declared through [`hip_api!`], which gives it the symbol version the
+//! Every export is declared through `hip_api!`, which gives it the symbol version the
 //! real library gives it (`hip_4.2`, or `hip_4.3` for the graph and capture calls
 //! CuPy-ROCm references at that version): a reference like `hipMalloc@hip_4.2` binds only
 //! to a definition of that version.
