@@ -37,8 +37,10 @@ pub use types::*;
 
 /// Declares exported HIP functions with their symbol versions: `"hip_4.2" fn hipMalloc(..)`.
 /// Each body is an ordinary `unsafe extern "C"` function of that name; outside test builds
-/// a `.symver` makes the name's default version the one given (tests link the code into an
-/// executable, which has no version nodes).
+/// a `.symver` makes the name's default version the one given (unit tests link the code
+/// into an executable, which has no version nodes). The crate is also an rlib only so
+/// that cargo rebuilds the cdylib for `tests/runtime.rs`, which loads it with `dlopen`
+/// and links nothing of it.
 macro_rules! hip_api {
     ($($(#[$attr:meta])* $ver:literal fn $name:ident $params:tt $(-> $ret:ty)? $body:block)*) => {
         $(

@@ -126,6 +126,15 @@ pub fn alloc(size: u64, kind: Kind) -> HipResult<*mut c_void> {
     alloc_on(o, size, kind)
 }
 
+/// `hipMalloc`'s rule for zero bytes: success, a null pointer, nothing held.
+fn alloc_or_null(size: u64, kind: Kind) -> HipResult<*mut c_void> {
+    if size == 0 {
+        rt()?.current()?;
+        return Ok(std::ptr::null_mut());
+    }
+    alloc(size, kind)
+}
+
 /// Frees an allocation of one of `kinds` that starts at `p`; null is a no-op.
 pub fn free(p: *mut c_void, kinds: &[Kind]) -> HipResult<()> {
     if p.is_null() {
@@ -265,7 +274,7 @@ hip_api! {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
             }
-            let p = alloc(size as u64, Kind::Device)?;
+            let p = alloc_or_null(size as u64, Kind::Device)?;
             // SAFETY: checked non-null; the caller passes a writable pointer.
             unsafe { put(ptr, p) }
         })
@@ -281,7 +290,7 @@ hip_api! {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
             }
-            let p = alloc(size as u64, Kind::Device)?;
+            let p = alloc_or_null(size as u64, Kind::Device)?;
             // SAFETY: as above.
             unsafe { put(ptr, p) }
         })

@@ -202,6 +202,19 @@ fn a_mixed_node_through_the_hip_abi() {
     assert_eq!(held(), 4096, "one byte holds a 4 KiB page");
     assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, p), 0);
     assert_eq!(held(), 0);
+    // Zero bytes: success, a null pointer, nothing held (HIP's rule).
+    p = 8 as *mut c_void;
+    assert_eq!(
+        call!(
+            hip,
+            "hipMalloc",
+            fn(*mut *mut c_void, usize) -> Err,
+            &mut p,
+            0
+        ),
+        0
+    );
+    assert_eq!((p, held()), (std::ptr::null_mut(), 0));
 
     // Too large fails cleanly; a smaller one fits afterwards.
     let mut big: *mut c_void = std::ptr::null_mut();
