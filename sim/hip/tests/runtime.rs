@@ -841,4 +841,28 @@ fn a_mixed_node_through_the_hip_abi() {
         500
     );
     assert_eq!((got, status), (std::ptr::null_mut(), 1));
+
+    // A forked child is not the process the node's slot is for: every call fails there.
+    let malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Err =
+        // SAFETY: hipMalloc's C signature.
+        unsafe { std::mem::transmute(hip.sym("hipMalloc")) };
+    // SAFETY: the child only calls the library (an atomic load and an early return) and
+    // _exit, and touches nothing the parent's other threads may hold.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let mut q: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out pointer; then leave without running the test harness's
+        // exit handlers.
+        unsafe { libc::_exit(malloc(&mut q, 4096)) };
+    }
+    let mut wstatus = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut wstatus, 0) }, child);
+    assert!(libc::WIFEXITED(wstatus));
+    assert_eq!(
+        libc::WEXITSTATUS(wstatus),
+        3,
+        "hipErrorNotInitialized in the child"
+    );
+    assert_eq!(held(), 0, "the child charged nothing to the parent's slot");
 }
