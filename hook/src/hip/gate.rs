@@ -1,0 +1,115 @@
+//! The compute gate's HIP side: the same `tessera_shm::gate` protocol and
+//! arbiter as CUDA; what HIP supplies is the device a launch goes to (the
+//! current one) and how to wait for this process's work on a device
+//! (`hipDeviceSynchronize` there). No queue bound (CUDA's `pace.rs`): see
+//! docs/hook.md.
+
+use std::ptr::null_mut;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use tessera_shm::gate::{Drain, Gate, GateEvent};
+
+use super::*;
+
+/// The process's HIP gate: a leaked `Box<Gate>`, never freed.
+static GATE: AtomicPtr<Gate> = AtomicPtr::new(null_mut());
+
+/// Set up once the process has joined (the governor's `on_join` hook).
+pub(super) fn on_join(g: &Governed) {
+    let Some(member) = g.member() else {
+        return;
+    };
+    let files: &'static Files = g.files;
+    let drain = HipDrain {
+        devices: g
+            .devices
+            .visible()
+            .iter()
+            .filter_map(|v| v.index.map(|i| (i, v.device)))
+            .collect(),
+    };
+    let log = Arc::new(|e: &GateEvent| crate::log!(Level::Warn, "compute gate (HIP): {e}"));
+    match Gate::new(&files.control, &files.state, member, Arc::new(drain), log) {
+        Ok(gate) => {
+            let old = GATE.swap(Box::into_raw(Box::new(gate)), Ordering::AcqRel);
+            // An earlier gate (of a slot this process left) stays leaked:
+            // another thread may still be reading it.
+            let _ = old;
+        }
+        Err(e) => crate::log!(Level::Error, "HIP compute gate not set up: {e}"),
+    }
+}
+
+/// Waits for this process's work on one allocation device: each HIP device
+/// of that index, synchronised from the gate's own drainer thread (whose
+/// current device is its own to change).
+struct HipDrain {
+    devices: Vec<(usize, hipDevice_t)>,
+}
+
+impl Drain for HipDrain {
+    fn drain(&self, dev: usize) {
+        for &(_, d) in self.devices.iter().filter(|(i, _)| *i == dev) {
+            nested(|| {
+                if call_real!(hipSetDevice(d)) == OK {
+                    let _ = call_real!(hipDeviceSynchronize());
+                }
+            });
+        }
+    }
+}
+
+/// Before a launch on the current device: waits for the allocation's grant
+/// there. The hot path once joined: the governor's two loads, the pause
+/// word, the grant word.
+#[inline]
+pub(super) fn before_submit() -> Result<(), hipError_t> {
+    let g = match entry() {
+        Ok(Some(g)) => g,
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
+    let gate = unsafe { &*p };
+    if g.member() != Some(gate.member()) {
+        return Ok(());
+    }
+    let control = &g.files.control;
+    if control.paused() {
+        control.wait_while_paused();
+    }
+    if let Ok(Some(dev)) = current(g) {
+        gate.before_submit(dev);
+    }
+    Ok(())
+}
+
+/// Before a launch that spans devices: the gate of every allocation device
+/// this process sees.
+pub(super) fn before_submit_all() -> Result<(), hipError_t> {
+    let g = match entry() {
+        Ok(Some(g)) => g,
+        Ok(None) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let gate = unsafe { &*p };
+    if g.member() != Some(gate.member()) {
+        return Ok(());
+    }
+    for v in g.devices.visible() {
+        if let Some(i) = v.index {
+            gate.before_submit(i);
+        }
+    }
+    Ok(())
+}
