@@ -124,6 +124,15 @@ fn entry_slow() -> Result<Option<&'static Governed>, hipError_t> {
     }
 }
 
+/// Installs `g` as the process's HIP governor and joins (unit tests, which
+/// have no allocation in their environment).
+#[cfg(test)]
+pub(crate) fn install_for_test(g: Governed) -> &'static Governed {
+    let g = GOVERNED.get_or_init(|| g);
+    g.ensure_member().expect("joins");
+    g
+}
+
 /// Maps the HIP devices, creates the governor and joins, once.
 fn establish(files: &'static Files) -> Result<&'static Governed, hipError_t> {
     let _once = ESTABLISH.lock();

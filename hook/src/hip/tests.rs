@@ -1,28 +1,111 @@
-//! The HIP bodies in an ungoverned process, and the re-entry guard, against
-//! a fake runtime installed in the table.
+//! The HIP bodies against a fake runtime installed in the table: first in
+//! an ungoverned process (everything passes through), then governed
+//! (admission, frees, the view, and the runtime calling its own entry
+//! points, which must be charged once).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::devices::DeviceMap;
+use crate::governor::tests::leaked_files;
 use crate::table::{self, Sym, exports};
 
+const MI: usize = 1 << 20;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0x1000_0000);
 static MALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn fake_malloc(ptr: *mut *mut c_void, size: usize) -> hipError_t {
     MALLOCS.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: the test passes a valid pointer.
-    unsafe { *ptr = (0xbeef_0000 + size) as *mut c_void };
-    hipError_t(77)
+    // Distinct pointers, as a runtime gives.
+    let p = NEXT.fetch_add(size.max(1).next_multiple_of(4096), Ordering::SeqCst);
+    // SAFETY: the caller passes a valid pointer.
+    unsafe { *ptr = p as *mut c_void };
+    OK
+}
+
+unsafe extern "C" fn fake_free(_: *mut c_void) -> hipError_t {
+    OK
+}
+
+/// A runtime whose managed allocation goes through its own public
+/// `hipMalloc` (found through the global scope: the shim's export), as
+/// ROCm's internal calls do.
+unsafe extern "C" fn fake_managed(ptr: *mut *mut c_void, size: usize, _: c_uint) -> hipError_t {
+    // SAFETY: the caller's pointer, passed on.
+    unsafe { exports::hipMalloc(ptr, size) }
+}
+
+unsafe extern "C" fn fake_meminfo(free: *mut usize, total: *mut usize) -> hipError_t {
+    // SAFETY: the caller passes valid pointers.
+    unsafe {
+        *free = 1000 * MI;
+        *total = 1024 * MI;
+    }
+    OK
 }
 
 #[test]
-fn ungoverned_hip_calls_pass_straight_through() {
+fn hip_calls_pass_through_ungoverned_and_are_admitted_once_governed() {
     table::set_entry(Sym::hipMalloc, fake_malloc as *mut c_void);
+    table::set_entry(Sym::hipFree, fake_free as *mut c_void);
+    table::set_entry(Sym::hipMallocManaged, fake_managed as *mut c_void);
+    table::set_entry(Sym::hipMemGetInfo, fake_meminfo as *mut c_void);
     let mut p = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer.
-    let r = unsafe { exports::hipMalloc(&mut p, 16) };
-    assert_eq!(r, hipError_t(77));
-    assert_eq!(p as usize, 0xbeef_0010);
+    let mut q = std::ptr::null_mut();
+
+    // Ungoverned: the runtime's answer, untouched, even past any limit.
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(exports::hipMalloc(&mut p, 100 * MI), OK);
+        let (mut f, mut t) = (0, 0);
+        assert_eq!(exports::hipMemGetInfo(&mut f, &mut t), OK);
+        assert_eq!((f, t), (1000 * MI, 1024 * MI));
+    }
+
+    // Governed by a 64 MiB allocation on one device.
+    let files = leaked_files(&[64 << 20]);
+    let devices = DeviceMap::new(vec![(0, files.control.uuid(0).to_owned())], |u| {
+        files.find_uuid(u)
+    });
+    let g = install_for_test(Governed::new(files, devices, Hooks::NONE));
+    let slot = g.member().unwrap().slot;
+    let usage = || files.state.slot_usage(slot, 0);
+
+    // SAFETY: valid out-pointers; the fakes read nothing else.
+    unsafe {
+        // 3 MiB is held as two 2 MiB pages.
+        assert_eq!(exports::hipMalloc(&mut p, 3 * MI), OK);
+        assert_eq!(usage(), 4 << 20);
+        // The view: the limit, less what the allocation holds.
+        let (mut f, mut t) = (0, 0);
+        assert_eq!(exports::hipMemGetInfo(&mut f, &mut t), OK);
+        assert_eq!((t, f), (64 * MI, 60 * MI));
+
+        // Past the limit: refused before the runtime is asked.
+        let before = MALLOCS.load(Ordering::SeqCst);
+        assert_eq!(
+            exports::hipMalloc(&mut q, 61 * MI),
+            hipError_t::OUT_OF_MEMORY
+        );
+        assert_eq!(MALLOCS.load(Ordering::SeqCst), before);
+        assert_eq!(usage(), 4 << 20);
+
+        // The runtime's own hipMalloc inside hipMallocManaged is not
+        // charged a second time.
+        assert_eq!(exports::hipMallocManaged(&mut q, 10 * MI, 1), OK);
+        assert_eq!(usage(), 14 << 20);
+        assert_eq!(g.ledger.held(0).1, 2, "two allocations recorded");
+
+        // Frees return exactly what was charged.
+        assert_eq!(exports::hipFree(q), OK);
+        assert_eq!(exports::hipFree(p), OK);
+        assert_eq!(usage(), 0);
+        // Exactly the limit fits.
+        assert_eq!(exports::hipMalloc(&mut p, 64 * MI), OK);
+        assert_eq!(exports::hipMalloc(&mut q, 1), hipError_t::OUT_OF_MEMORY);
+        assert_eq!(exports::hipFree(p), OK);
+    }
 }
 
 #[test]
@@ -47,10 +130,10 @@ fn proc_address_hands_out_wrappers_for_governed_names_only() {
         Sym::hipMalloc.wrapper()
     );
     // The runtime's own entry point maps to the wrapper of that symbol.
-    table::set_entry(Sym::hipFree, 0x5678 as *mut c_void);
+    table::set_entry(Sym::hipArrayDestroy, 0x5678 as *mut c_void);
     assert_eq!(
-        procaddr::substitute(c"hipFree", 0x5678 as *mut c_void),
-        Sym::hipFree.wrapper()
+        procaddr::substitute(c"hipArrayDestroy", 0x5678 as *mut c_void),
+        Sym::hipArrayDestroy.wrapper()
     );
     assert!(procaddr::substitute(c"hipMalloc", std::ptr::null_mut()).is_null());
     // CUDA names are not HIP's to hand out here.
