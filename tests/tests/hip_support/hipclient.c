@@ -16,12 +16,15 @@
  *   free               hipFree of the most recent one kept
  *   race SEED MAXMIB   hipMalloc of random sizes (1 to MAXMIB MiB) until
  *                      one is refused; prints what it holds
+ *   ready              reports, then reads one line of stdin (the test's
+ *                      start signal, so that racers start together)
  *   wait               reads stdin until EOF (the test's signal to go on)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <unistd.h>
 
 #include <stdarg.h>
 
@@ -141,6 +144,11 @@ int main(int argc, char **argv) {
             }
             /* Refused is how a race ends: reported ok, with the code. */
             report("race", 0, "code=%d held=%zu count=%d refused=%zu", r, held, n_kept, asked);
+        } else if (!strcmp(c, "ready")) {
+            char buf[256];
+            report("ready", 0, "pid=%d", (int)getpid());
+            if (!fgets(buf, sizeof buf, stdin))
+                return 3;
         } else if (!strcmp(c, "wait")) {
             char buf[256];
             while (fgets(buf, sizeof buf, stdin)) {

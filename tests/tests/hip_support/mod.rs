@@ -1,0 +1,142 @@
+//! Helpers for the `hip_*` tests: a simulated node whose GPU is AMD's, an
+//! allocation's files on it, and `hipclient.c` under
+//! `LD_PRELOAD=libtessera.so`, built linked (versioned references) and
+//! dlopen'ed (lookups on its own handle).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tessera_e2e::{ProbeChild, ProbeOutput, SimNode, fingerprint, hook_library, sim_lib_dir};
+use tessera_shm::{ControlSpec, DeviceSpec, Policy, State, create_allocation_files};
+use tessera_sim::{GpuSpec, NodeConfig};
+
+pub const MI: u64 = 1 << 20;
+/// The unit the simulated device holds memory in.
+pub const PAGE: u64 = 2 * MI;
+
+pub fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE) * PAGE
+}
+
+pub const ALLOC_ID: &str = "hip-test";
+
+const CLIENT: &str = include_str!("hipclient.c");
+
+/// How the client reaches the HIP runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    /// Linked against `libamdhip64.so.5`: its references carry the
+    /// runtime's symbol versions (`hipMalloc@hip_4.2`).
+    Link,
+    /// `dlopen` + `dlsym` on its own handle, as hip-python does.
+    Dlopen,
+}
+
+impl Client {
+    pub const ALL: [Client; 2] = [Client::Link, Client::Dlopen];
+
+    /// The client binary, compiled once per source and mode.
+    pub fn binary(self) -> PathBuf {
+        let dir = tessera_e2e::work_dir();
+        let lib = sim_lib_dir().dir.clone();
+        let (tag, args): (&str, Vec<String>) = match self {
+            Client::Link => (
+                "link",
+                vec![format!("-L{}", lib.display()), "-l:libamdhip64.so.5".into()],
+            ),
+            Client::Dlopen => ("dlopen", vec!["-DHIP_DLOPEN".into(), "-ldl".into()]),
+        };
+        let out = dir.join(format!("hipclient-{tag}-{}", fingerprint(CLIENT)));
+        if !out.is_file() {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tessera_e2e::cc_text(CLIENT, &out, &args).unwrap_or_else(|e| panic!("{e}"));
+        }
+        out
+    }
+}
+
+/// A node of one simulated AMD GPU with one allocation on it.
+pub struct HipSim {
+    pub node: SimNode,
+    pub control: PathBuf,
+    pub state_path: PathBuf,
+}
+
+impl HipSim {
+    /// One AMD GPU of `memory` bytes, an allocation of `limit` on it.
+    pub fn new(memory: u64, limit: u64) -> HipSim {
+        let node = SimNode::builder()
+            .config(NodeConfig {
+                devices: 1,
+                memory_per_device: memory,
+                gpus: vec![GpuSpec::amd(None)],
+                seed: 0x41d0_4149,
+                ..NodeConfig::default()
+            })
+            .build();
+        let dir = node.dir.path().join("alloc");
+        let sim = HipSim {
+            control: dir.join("control"),
+            state_path: dir.join("state"),
+            node,
+        };
+        sim.allocate(limit, Policy::Burst, 1_000_000);
+        sim
+    }
+
+    /// (Re)writes the allocation on device 0.
+    pub fn allocate(&self, limit: u64, policy: Policy, share_ppm: u32) {
+        let uuid = self.node.node().device_info(0).expect("device 0").uuid;
+        let spec = ControlSpec::new(
+            ALLOC_ID,
+            vec![DeviceSpec {
+                uuid,
+                memory_limit_bytes: limit,
+                compute_share_ppm: share_ppm,
+                policy,
+            }],
+        );
+        create_allocation_files(self.control.parent().expect("alloc dir"), &spec)
+            .expect("allocation files");
+    }
+
+    pub fn state(&self) -> State {
+        State::open(&self.state_path, ALLOC_ID).expect("state file")
+    }
+
+    /// Ground truth: bytes the simulated device holds.
+    pub fn used(&self) -> u64 {
+        self.node.node().memory_used(0)
+    }
+
+    /// The client with `args`, the shim preloaded, governed when `governed`.
+    pub fn command(&self, client: Client, governed: bool, args: &[&str]) -> Command {
+        let mut c = self.node.command(client.binary());
+        c.env(
+            "LD_PRELOAD",
+            hook_library().expect("libtessera.so is built"),
+        )
+        .env_remove("TESSERA_CONTROL")
+        .env_remove("TESSERA_STATE")
+        .env_remove("TESSERA_LOG")
+        .args(args);
+        if governed {
+            c.env("TESSERA_CONTROL", &self.control);
+        }
+        c
+    }
+
+    pub fn run(&self, client: Client, governed: bool, args: &[&str]) -> ProbeOutput {
+        ProbeOutput::from_output(
+            self.command(client, governed, args)
+                .output()
+                .expect("running the client"),
+        )
+    }
+
+    pub fn spawn(&self, client: Client, governed: bool, args: &[&str]) -> ProbeChild {
+        ProbeChild::start(self.command(client, governed, args))
+    }
+}
