@@ -150,7 +150,68 @@ fn establish(files: &'static Files) -> Result<&'static Governed, hipError_t> {
         );
     }
     let g = GOVERNED.get_or_init(|| Governed::new(files, devices, HOOKS));
+    install_process_hooks();
     g.ensure_member().map_err(|_| HIP_REFUSED)
+}
+
+/// The HIP governor's exit and fork handlers, as `governor::process`
+/// installs for CUDA's: at exit a process holding nothing leaves its slot;
+/// across `fork()` every lock is held, and the child forgets its parent's
+/// allocations and joins a slot of its own at its first HIP call.
+fn install_process_hooks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers functions of this library, which is never
+        // unloaded (a preloaded object stays for the process's life).
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        }
+    });
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(g) = GOVERNED.get() {
+            g.at_exit();
+        }
+    });
+}
+
+extern "C" fn fork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        std::mem::forget(ESTABLISH.lock());
+        if let Some(g) = GOVERNED.get() {
+            g.lock_all();
+        }
+    });
+}
+
+extern "C" fn fork_parent() {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: fork_prepare ran in this process just before and took
+        // ESTABLISH and every lock of the governor.
+        unsafe {
+            if let Some(g) = GOVERNED.get() {
+                g.unlock_all();
+            }
+            ESTABLISH.force_unlock(Default::default());
+        }
+    });
+}
+
+extern "C" fn fork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: fork_prepare took ESTABLISH and every lock of the governor
+        // in the parent; this thread is its continuation in the child, which
+        // has no other thread.
+        unsafe {
+            if let Some(g) = GOVERNED.get() {
+                g.forget_parent();
+            }
+            ESTABLISH.force_unlock(Default::default());
+        }
+    });
 }
 
 /// The UUID string of a HIP device, as the control file may name it. ROCm
