@@ -1,8 +1,7 @@
 //! Arrays, charged their payload (width × height × depth × element) in
-//! device pages, as for CUDA (docs/hook.md, "Array sizes").
+//! HIP pages, as CUDA's are in its pages (docs/hook.md, "Array sizes").
 
 use super::*;
-use crate::sizes;
 
 /// Bytes of one element of a channel description (bits per channel).
 fn element_bytes(desc: &hipChannelFormatDesc) -> u64 {
@@ -32,7 +31,7 @@ pub(super) fn array_bytes(w: u64, h: u64, d: u64, elem: u64) -> u64 {
         .and_then(|b| b.checked_mul(d.max(1)))
         .and_then(|b| b.checked_mul(elem))
         .unwrap_or(u64::MAX);
-    sizes::pages(bytes)
+    hip_pages(bytes)
 }
 
 fn admit_array(
@@ -148,8 +147,8 @@ mod tests {
         // 1024 × 1024 float4: 16 MiB exactly.
         assert_eq!(array_bytes(1024, 1024, 0, 16), 16 << 20);
         // One byte still holds a page.
-        assert_eq!(array_bytes(1, 0, 0, 1), sizes::DEVICE_PAGE);
+        assert_eq!(array_bytes(1, 0, 0, 1), HIP_PAGE);
         // Overflow is never admitted.
-        assert_eq!(array_bytes(u64::MAX, 2, 1, 1), sizes::OVERFLOW);
+        assert_eq!(array_bytes(u64::MAX, 2, 1, 1), crate::sizes::OVERFLOW);
     }
 }

@@ -83,7 +83,9 @@ pub(super) fn before_submit() -> Result<(), hipError_t> {
     if control.paused() {
         control.wait_while_paused();
     }
-    if let Ok(Some(dev)) = current(g) {
+    // The launch makes the device's context if it has none: a context that
+    // does not fit fails the launch, as it would on the GPU.
+    if let Some(dev) = current(g)? {
         gate.before_submit(dev);
     }
     Ok(())

@@ -44,7 +44,7 @@ pub unsafe fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, flags: c_uint
 }
 
 /// A pitched allocation of `rows` rows of `width` bytes: reserved with rows
-/// rounded up to [`sizes::PITCH_ALIGN`], settled to the real pitch after
+/// rounded up to [`sizes::PITCH_ALIGN`] (HIP pads to 256 bytes or less), settled to the real pitch after
 /// the call; should the rest not fit, the allocation is freed again and the
 /// caller gets out-of-memory.
 fn alloc_pitch(
@@ -58,7 +58,7 @@ fn alloc_pitch(
         Ok(i) => i,
         Err(e) => return e,
     };
-    let estimate = sizes::pages(sizes::pitch_estimate(width, rows));
+    let estimate = hip_pages(sizes::pitch_estimate(width, rows));
     if let Err(e) = g.reserve(index, estimate) {
         return hip_err(e);
     }
@@ -68,7 +68,7 @@ fn alloc_pitch(
         return r;
     }
     let (ptr, pitch) = result();
-    let bytes = sizes::pages(pitch.saturating_mul(rows));
+    let bytes = hip_pages(pitch.saturating_mul(rows));
     if let Err(e) = g.settle(index, estimate, bytes) {
         let _ = real!(hipFree(ptr as *mut c_void));
         g.release(index, estimate);

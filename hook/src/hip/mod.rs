@@ -23,6 +23,7 @@
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tessera_ffi::cuda::CUresult;
@@ -38,6 +39,21 @@ pub mod types;
 use types::*;
 
 const OK: hipError_t = hipError_t::SUCCESS;
+
+/// The unit a HIP allocation holds device memory in: 4 KiB, the page the
+/// GPU's memory manager maps (the simulated runtime's model; not measured
+/// on an AMD GPU, see docs/hook.md). CUDA's is 2 MiB (`sizes::DEVICE_PAGE`).
+pub const HIP_PAGE: u64 = 4 << 10;
+
+/// `bytes` (at least one) in whole HIP pages: what the runtime holds for an
+/// allocation of `bytes`. Saturates at `sizes::OVERFLOW`, which no limit
+/// admits.
+pub fn hip_pages(bytes: u64) -> u64 {
+    bytes
+        .max(1)
+        .checked_next_multiple_of(HIP_PAGE)
+        .unwrap_or(crate::sizes::OVERFLOW)
+}
 
 /// What every governed HIP entry point of a process that fails closed
 /// returns: what the runtime answers before it is initialised.
@@ -104,6 +120,32 @@ static HOOKS: Hooks = Hooks {
 
 static GOVERNED: OnceLock<Governed> = OnceLock::new();
 static ESTABLISH: Mutex<()> = Mutex::new(());
+
+/// Bit `i`: this process's device context on allocation device `i` is
+/// charged. The runtime makes a device's context at the first use of that
+/// device and holds memory for it (the control file's `context_charge`);
+/// the shim charges it before the first governed call that uses the device.
+static CONTEXTS: AtomicU64 = AtomicU64::new(0);
+static CONTEXT_LOCK: Mutex<()> = Mutex::new(());
+const _: () = assert!(tessera_shm::layout::MAX_DEVICES <= 64);
+
+/// Charges the context of allocation device `i` once per process (one
+/// atomic load once it is); a context that does not fit is
+/// `hipErrorOutOfMemory`, as the runtime answers when it cannot make one.
+fn ensure_context(g: &Governed, i: usize) -> Result<(), hipError_t> {
+    let bit = 1u64 << i;
+    if CONTEXTS.load(Ordering::Acquire) & bit != 0 {
+        return Ok(());
+    }
+    let _one = CONTEXT_LOCK.lock();
+    if CONTEXTS.load(Ordering::Acquire) & bit != 0 {
+        return Ok(());
+    }
+    g.reserve(Some(i), g.files.control.context_charge(i))
+        .map_err(hip_err)?;
+    CONTEXTS.fetch_or(bit, Ordering::AcqRel);
+    Ok(())
+}
 
 /// `Ok(None)` for an ungoverned process, the joined governor for a governed
 /// one (joining at the first call), or the error to return.
@@ -209,6 +251,8 @@ extern "C" fn fork_child() {
             if let Some(g) = GOVERNED.get() {
                 g.forget_parent();
             }
+            // The child has no device context of its own yet.
+            CONTEXTS.store(0, Ordering::Release);
             ESTABLISH.force_unlock(Default::default());
         }
     });
@@ -263,14 +307,20 @@ fn hip_err(e: CUresult) -> hipError_t {
     }
 }
 
-/// The allocation's index of the calling thread's current HIP device.
+/// The allocation's index of the calling thread's current HIP device, its
+/// context charged.
 fn current(g: &Governed) -> Result<Option<usize>, hipError_t> {
-    if g.devices.single() {
-        return Ok(g.devices.only());
+    let index = if g.devices.single() {
+        g.devices.only()
+    } else {
+        let mut dev: c_int = 0;
+        check(real!(hipGetDevice(&mut dev)))?;
+        g.index_of(dev)
+    };
+    if let Some(i) = index {
+        ensure_context(g, i)?;
     }
-    let mut dev: c_int = 0;
-    check(real!(hipGetDevice(&mut dev)))?;
-    Ok(g.index_of(dev))
+    Ok(index)
 }
 
 /// Records a live allocation. A key still recorded was freed by a route
@@ -300,14 +350,18 @@ fn admit(
     }
     let r = call();
     match (r, index) {
-        (OK, Some(dev)) if bytes > 0 => record(g, key(), Rec { dev, bytes, ctx: 0 }),
+        (OK, Some(dev)) if bytes > 0 => match key() {
+            // Nothing handed out (a zero-byte request): nothing held.
+            Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
+            k => record(g, k, Rec { dev, bytes, ctx: 0 }),
+        },
         (OK, _) => {}
         _ => g.release(index, bytes),
     }
     r
 }
 
-/// Admission of `size` bytes on the current device, in device pages.
+/// Admission of `size` bytes on the current device, in HIP pages.
 fn admit_current(
     g: &Governed,
     size: u64,
@@ -315,7 +369,7 @@ fn admit_current(
     key: impl FnOnce() -> Key,
 ) -> hipError_t {
     match current(g) {
-        Ok(index) => admit(g, index, crate::sizes::pages(size), call, key),
+        Ok(index) => admit(g, index, hip_pages(size), call, key),
         Err(e) => e,
     }
 }

@@ -74,13 +74,14 @@ fn hip_calls_pass_through_ungoverned_and_are_admitted_once_governed() {
 
     // SAFETY: valid out-pointers; the fakes read nothing else.
     unsafe {
-        // 3 MiB is held as two 2 MiB pages.
-        assert_eq!(exports::hipMalloc(&mut p, 3 * MI), OK);
-        assert_eq!(usage(), 4 << 20);
+        // 3 MiB and one byte is held as whole 4 KiB pages.
+        let first = 3 * MI as u64 + HIP_PAGE;
+        assert_eq!(exports::hipMalloc(&mut p, 3 * MI + 1), OK);
+        assert_eq!(usage(), first);
         // The view: the limit, less what the allocation holds.
         let (mut f, mut t) = (0, 0);
         assert_eq!(exports::hipMemGetInfo(&mut f, &mut t), OK);
-        assert_eq!((t, f), (64 * MI, 60 * MI));
+        assert_eq!((t as u64, f as u64), (64 << 20, (64 << 20) - first));
 
         // Past the limit: refused before the runtime is asked.
         let before = MALLOCS.load(Ordering::SeqCst);
@@ -89,12 +90,12 @@ fn hip_calls_pass_through_ungoverned_and_are_admitted_once_governed() {
             hipError_t::OUT_OF_MEMORY
         );
         assert_eq!(MALLOCS.load(Ordering::SeqCst), before);
-        assert_eq!(usage(), 4 << 20);
+        assert_eq!(usage(), first);
 
         // The runtime's own hipMalloc inside hipMallocManaged is not
         // charged a second time.
         assert_eq!(exports::hipMallocManaged(&mut q, 10 * MI, 1), OK);
-        assert_eq!(usage(), 14 << 20);
+        assert_eq!(usage(), first + (10 << 20));
         assert_eq!(g.ledger.held(0).1, 2, "two allocations recorded");
 
         // Frees return exactly what was charged.

@@ -7,7 +7,7 @@
 use super::*;
 
 /// The bytes the runtime holds for `size` with `prop`: rounded up to its
-/// minimum granularity, or to device pages when it will not say.
+/// minimum granularity, or to HIP pages when it will not say.
 ///
 /// # Safety
 ///
@@ -20,7 +20,7 @@ unsafe fn vmm_bytes(size: usize, prop: *const hipMemAllocationProp) -> u64 {
         GRANULARITY_MINIMUM
     ));
     if r != OK || gran == 0 {
-        return crate::sizes::pages(size as u64);
+        return hip_pages(size as u64);
     }
     (size as u64)
         .checked_next_multiple_of(gran as u64)
@@ -39,6 +39,11 @@ pub unsafe fn hipMemCreate(
         return real!(hipMemCreate(handle, size, prop, flags));
     };
     let index = g.index_of(p.location.id);
+    if let Some(i) = index
+        && let Err(e) = ensure_context(g, i)
+    {
+        return e;
+    }
     // SAFETY: `prop` is readable (checked just above).
     let bytes = unsafe { vmm_bytes(size, prop) };
     if let Err(e) = g.reserve(index, bytes) {

@@ -13,8 +13,11 @@ use tessera_shm::{ControlSpec, DeviceSpec, Policy, State, create_allocation_file
 use tessera_sim::{GpuSpec, NodeConfig};
 
 pub const MI: u64 = 1 << 20;
-/// The unit the simulated device holds memory in.
-pub const PAGE: u64 = 2 * MI;
+/// The unit the simulated AMD device holds memory in (the shim's `HIP_PAGE`).
+pub const PAGE: u64 = 4 << 10;
+/// What each process's device context holds on these tests' nodes, and what
+/// the allocation charges for it (small, so that sixteen fit).
+pub const CONTEXT: u64 = 16 * MI;
 
 pub fn pages(bytes: u64) -> u64 {
     bytes.div_ceil(PAGE) * PAGE
@@ -82,6 +85,7 @@ impl HipSim {
             state_path: dir.join("state"),
             node,
         };
+        sim.node.node().set_context_memory(CONTEXT);
         sim.allocate(limit, Policy::Burst, 1_000_000);
         sim
     }
@@ -89,7 +93,7 @@ impl HipSim {
     /// (Re)writes the allocation on device 0.
     pub fn allocate(&self, limit: u64, policy: Policy, share_ppm: u32) {
         let uuid = self.node.node().device_info(0).expect("device 0").uuid;
-        let spec = ControlSpec::new(
+        let mut spec = ControlSpec::new(
             ALLOC_ID,
             vec![DeviceSpec {
                 uuid,
@@ -98,6 +102,7 @@ impl HipSim {
                 policy,
             }],
         );
+        spec.context_overhead_bytes = CONTEXT;
         create_allocation_files(self.control.parent().expect("alloc dir"), &spec)
             .expect("allocation files");
     }
