@@ -13,12 +13,15 @@ mod hip_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hip_support::{CONTEXT, amd_uuid};
 use tessera_e2e::SimNode;
-use tessera_e2e::bench::compute::{AllocSpec, BusyMeter, create_allocation};
+use tessera_e2e::bench::compute::BusyMeter;
 use tessera_manager::arbiter::{Arbiter, ArbiterConfig, OpenFiles};
+use tessera_shm::{ControlSpec, DeviceSpec, Policy, create_allocation_files};
 use tessera_sim::{GpuSpec, NodeConfig};
 
 const WORKLOAD: &str = include_str!("hip_support/workload.c");
+const ALLOC: &str = "hip-g30";
 const SHARE_PP: f64 = 30.0;
 const KERNEL_US: u64 = 1000;
 const WARMUP: Duration = Duration::from_millis(700);
@@ -52,8 +55,20 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     let cfg = ArbiterConfig::default();
     let catch_up = cfg.catch_up;
     let arbiter = Arbiter::new(cfg).expect("the arbiter starts");
-    let files = create_allocation(&node, 0, "hip-g30", AllocSpec::guaranteed(30));
-    let opened = OpenFiles::open(&files.control, &files.state).expect("opening the allocation");
+    node.node().set_context_memory(CONTEXT);
+    let mut spec = ControlSpec::new(
+        ALLOC,
+        vec![DeviceSpec {
+            uuid: amd_uuid(&node, 0),
+            memory_limit_bytes: 1 << 30,
+            compute_share_ppm: (SHARE_PP as u32) * 10_000,
+            policy: Policy::Guaranteed,
+        }],
+    );
+    spec.context_overhead_bytes = CONTEXT;
+    let (control, state) = create_allocation_files(&node.dir.path().join(ALLOC), &spec)
+        .expect("the allocation's files");
+    let opened = OpenFiles::open(&control, &state).expect("opening the allocation");
     arbiter
         .add_allocation(Arc::new(opened), 0)
         .expect("adding the allocation");
@@ -66,8 +81,8 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
             "LD_PRELOAD",
             tessera_e2e::hook_library().expect("libtessera.so is built"),
         )
-        .env("TESSERA_CONTROL", &files.control)
-        .env("TESSERA_STATE", &files.state)
+        .env("TESSERA_CONTROL", &control)
+        .env("TESSERA_STATE", &state)
         .env_remove("TESSERA_LOG")
         .args([
             KERNEL_US.to_string(),
@@ -82,7 +97,7 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     let held0 = arbiter
         .stats()
         .into_iter()
-        .find(|s| s.alloc_id == files.id)
+        .find(|s| s.alloc_id == ALLOC)
         .map_or(0, |s| s.held_ns);
     let t0 = std::time::Instant::now();
     let mut meter = BusyMeter::start(&node, 0, vec![workload.pid()]);
@@ -90,7 +105,7 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     let stats = arbiter
         .stats()
         .into_iter()
-        .find(|s| s.alloc_id == files.id)
+        .find(|s| s.alloc_id == ALLOC)
         .expect("the allocation's stats");
     let held = (stats.held_ns - held0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
     let done = workload.wait_for("done", Duration::from_secs(30));

@@ -258,27 +258,28 @@ extern "C" fn fork_child() {
     });
 }
 
-/// The UUID string of a HIP device, as the control file may name it. ROCm
-/// fills `hipUUID` with the ASCII characters of the GPU's unique id; a
-/// runtime that gives raw bytes is formatted as CUDA's are. The form the
-/// control file knows wins.
+/// The UUID string of a HIP device, as the control file names it. ROCm
+/// fills `hipUUID` with the 16 ASCII hex digits of the GPU's unique id,
+/// which the manager writes as `GPU-<unique id>` (ROCm SMI's id); a runtime
+/// that gives raw bytes is tried as CUDA's UUIDs are formatted, and as the
+/// unique id its first eight bytes make. The form the control file knows
+/// wins; none known leaves the device outside the allocation.
 fn uuid_string(bytes: &[u8; 16], files: &Files) -> String {
-    let raw = format_uuid(bytes);
-    if files.find_uuid(&raw).is_some() {
-        return raw;
-    }
-    if bytes
-        .iter()
-        .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
-    {
+    let mut candidates = Vec::with_capacity(4);
+    if bytes.iter().all(u8::is_ascii_alphanumeric) {
         let text = String::from_utf8_lossy(bytes).into_owned();
-        for candidate in [format!("GPU-{text}"), text] {
-            if files.find_uuid(&candidate).is_some() {
-                return candidate;
-            }
-        }
+        candidates.push(format!("GPU-{text}"));
+        candidates.push(text);
     }
-    raw
+    let raw = format_uuid(bytes);
+    candidates.push(raw.clone());
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&bytes[..8]);
+    candidates.push(format!("GPU-{:016x}", u64::from_be_bytes(head)));
+    candidates
+        .into_iter()
+        .find(|c| files.find_uuid(c).is_some())
+        .unwrap_or(raw)
 }
 
 /// The visible HIP devices and their UUIDs, from the real runtime.

@@ -140,3 +140,55 @@ fn proc_address_hands_out_wrappers_for_governed_names_only() {
     // CUDA names are not HIP's to hand out here.
     assert_eq!(procaddr::substitute(c"cuMemAlloc_v2", fake), fake);
 }
+
+#[test]
+fn hip_uuids_are_matched_in_the_forms_runtimes_give_them() {
+    let files = leaked_files(&[1 << 20]);
+    // The control file's first UUID, as the test files write it.
+    let control = files.control.uuid(0).to_owned();
+    let mut raw = [0u8; 16];
+    let hex: String = control[4..].chars().filter(|c| *c != '-').collect();
+    for (i, b) in raw.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    // Raw bytes, formatted as CUDA's are.
+    assert!(same(&uuid_string(&raw, files), &control));
+    // ROCm's form: the ASCII hex digits of a unique id the control file
+    // names as `GPU-<id>` (how the manager names an AMD GPU).
+    let ascii: [u8; 16] = *b"00000000deadbeef";
+    let amd = leaked_amd_files("GPU-00000000deadbeef");
+    assert_eq!(uuid_string(&ascii, amd), "GPU-00000000deadbeef");
+    // Raw bytes whose first eight make the unique id.
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&0xdead_beef_u64.to_be_bytes());
+    assert_eq!(uuid_string(&bytes, amd), "GPU-00000000deadbeef");
+    // A device the allocation does not name stays outside it.
+    assert_eq!(amd.find_uuid(&uuid_string(&[7; 16], amd)), None);
+}
+
+fn same(a: &str, b: &str) -> bool {
+    crate::devices::same_uuid(a, b)
+}
+
+/// Allocation files naming one GPU by `uuid`.
+fn leaked_amd_files(uuid: &str) -> &'static Files {
+    use tessera_shm::{ControlSpec, DeviceSpec, Policy, create_allocation_files};
+    let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    let spec = ControlSpec::new(
+        "hip-uuid",
+        vec![DeviceSpec {
+            uuid: uuid.into(),
+            memory_limit_bytes: 1 << 20,
+            compute_share_ppm: 1_000_000,
+            policy: Policy::Burst,
+        }],
+    );
+    let (c, s) = create_allocation_files(dir.path(), &spec).unwrap();
+    Box::leak(Box::new(
+        Files::open(&crate::config::AllocFiles {
+            control: c,
+            state: s,
+        })
+        .unwrap(),
+    ))
+}

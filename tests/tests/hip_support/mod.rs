@@ -60,6 +60,15 @@ impl Client {
     }
 }
 
+/// How the manager names simulated AMD device `i`: `GPU-` and ROCm SMI's
+/// unique id, the first eight bytes of the device's UUID, in hex.
+pub fn amd_uuid(node: &SimNode, i: u32) -> String {
+    let bytes = node.node().device_info(i).expect("the device").uuid_bytes;
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&bytes[..8]);
+    format!("GPU-{:016x}", u64::from_be_bytes(head))
+}
+
 /// A node of one simulated AMD GPU with one allocation on it.
 pub struct HipSim {
     pub node: SimNode,
@@ -92,7 +101,7 @@ impl HipSim {
 
     /// (Re)writes the allocation on device 0.
     pub fn allocate(&self, limit: u64, policy: Policy, share_ppm: u32) {
-        let uuid = self.node.node().device_info(0).expect("device 0").uuid;
+        let uuid = amd_uuid(&self.node, 0);
         let mut spec = ControlSpec::new(
             ALLOC_ID,
             vec![DeviceSpec {
