@@ -452,6 +452,10 @@ symbols! {
             ["hipExtLaunchKernel" @ 0];
         hip fn _Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t, flags: u32) -> hipError_t
             ["hipExtModuleLaunchKernel" @ 0];
+        hip fn hipExtModuleLaunchKernel(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t, flags: u32) -> hipError_t
+            ["hipExtModuleLaunchKernel" @ 0];
+        hip fn hipHccModuleLaunchKernel(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t) -> hipError_t
+            ["hipHccModuleLaunchKernel" @ 0];
         hip fn _Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t) -> hipError_t
             ["hipHccModuleLaunchKernel" @ 0];
         hip fn hipLaunchCooperativeKernel(f: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared: c_uint, stream: hipStream_t) -> hipError_t ["hipLaunchCooperativeKernel" @ 0];

@@ -13,7 +13,7 @@ mod hip_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hip_support::{CONTEXT, amd_uuid};
+use hip_support::{CONTEXT, amd_uuid, hip_lib_dir, hip_library_path};
 use tessera_e2e::SimNode;
 use tessera_e2e::bench::compute::BusyMeter;
 use tessera_manager::arbiter::{Arbiter, ArbiterConfig, OpenFiles};
@@ -28,7 +28,7 @@ const WARMUP: Duration = Duration::from_millis(700);
 const MEASURE: Duration = Duration::from_secs(5);
 
 fn workload_binary() -> std::path::PathBuf {
-    let lib = tessera_e2e::sim_lib_dir().dir.clone();
+    let lib = hip_lib_dir();
     let out = tessera_e2e::work_dir().join(format!(
         "hip-workload-{}",
         tessera_e2e::fingerprint(WORKLOAD)
@@ -42,7 +42,6 @@ fn workload_binary() -> std::path::PathBuf {
 }
 
 #[test]
-#[ignore = "needs the simulated HIP runtime (sim/hip, issue 37's hipnode part), not merged yet"]
 fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     let node = SimNode::builder()
         .config(NodeConfig {
@@ -77,18 +76,19 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     let depth = (4_000 / KERNEL_US).max(2);
     let mut workload = tessera_e2e::ProbeChild::start({
         let mut c = node.command(workload_binary());
-        c.env(
-            "LD_PRELOAD",
-            tessera_e2e::hook_library().expect("libtessera.so is built"),
-        )
-        .env("TESSERA_CONTROL", &control)
-        .env("TESSERA_STATE", &state)
-        .env_remove("TESSERA_LOG")
-        .args([
-            KERNEL_US.to_string(),
-            seconds.to_string(),
-            depth.to_string(),
-        ]);
+        c.env("LD_LIBRARY_PATH", hip_library_path())
+            .env(
+                "LD_PRELOAD",
+                tessera_e2e::hook_library().expect("libtessera.so is built"),
+            )
+            .env("TESSERA_CONTROL", &control)
+            .env("TESSERA_STATE", &state)
+            .env_remove("TESSERA_LOG")
+            .args([
+                KERNEL_US.to_string(),
+                seconds.to_string(),
+                depth.to_string(),
+            ]);
         c
     });
     let ready = workload.wait_for("ready", Duration::from_secs(30));

@@ -19,7 +19,6 @@ const T: Duration = Duration::from_secs(60);
 const OOM: &str = "HIP_ERROR_2";
 
 #[test]
-#[ignore = "needs the simulated HIP runtime (sim/hip, issue 37's hipnode part), not merged yet"]
 fn a_hip_client_sees_the_limit_and_is_refused_past_it() {
     let sim = HipSim::new(PHYSICAL, LIMIT);
     for client in Client::ALL {
@@ -81,7 +80,6 @@ fn a_hip_client_sees_the_limit_and_is_refused_past_it() {
 }
 
 #[test]
-#[ignore = "needs the simulated HIP runtime (sim/hip, issue 37's hipnode part), not merged yet"]
 fn sixteen_racers_never_make_the_device_hold_more_than_the_limit() {
     const RACERS: u32 = 16;
     const MAX_MIB: u64 = 64;

@@ -43,6 +43,16 @@ gated! {
         stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t,
         stop: hipEvent_t,
     );
+    hipExtModuleLaunchKernel(
+        f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize,
+        stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t,
+        stop: hipEvent_t, flags: u32,
+    );
+    hipHccModuleLaunchKernel(
+        f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize,
+        stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t,
+        stop: hipEvent_t,
+    );
     hipLaunchCooperativeKernel(f: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared: c_uint, stream: hipStream_t);
     hipModuleLaunchCooperativeKernel(
         f: hipFunction_t, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,

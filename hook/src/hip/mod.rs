@@ -283,14 +283,41 @@ fn uuid_string(bytes: &[u8; 16], files: &Files) -> String {
 }
 
 /// The visible HIP devices and their UUIDs, from the real runtime.
+///
+/// A runtime without `hipDeviceGetUuid` (older than HIP 5.2, or a partial
+/// one) cannot say which GPU a device is: then one visible device of an
+/// allocation of one GPU is taken to be that GPU (logged), and any other
+/// arrangement leaves every device outside the allocation (refused). The
+/// runtime shows a container only the GPUs mounted into it, so the one
+/// device it sees is the allocation's; where a process can see more (a
+/// `tessera run` on a bare node), memory it takes on another GPU is still
+/// within its limit, and the manager's backstop stops a process on a GPU
+/// it has no allocation on.
 fn discover(files: &Files) -> Result<DeviceMap, hipError_t> {
     let mut n: c_int = 0;
     check(call_real!(hipGetDeviceCount(&mut n)))?;
     let mut list = Vec::with_capacity(n.max(0) as usize);
     for dev in 0..n {
         let mut uuid = hipUUID::default();
-        check(call_real!(hipDeviceGetUuid(&mut uuid, dev)))?;
-        list.push((dev, uuid_string(&uuid.bytes, files)));
+        match call_real!(hipDeviceGetUuid(&mut uuid, dev)) {
+            OK => list.push((dev, uuid_string(&uuid.bytes, files))),
+            hipError_t::NOT_FOUND if n == 1 && files.control.n_devices() == 1 => {
+                let only = files.control.uuid(0).to_owned();
+                crate::log!(
+                    Level::Warn,
+                    "the HIP runtime has no hipDeviceGetUuid: its one device taken as the allocation's {only}"
+                );
+                list.push((dev, only));
+            }
+            hipError_t::NOT_FOUND => {
+                crate::log!(
+                    Level::Warn,
+                    "the HIP runtime has no hipDeviceGetUuid: device {dev} is outside the allocation"
+                );
+                list.push((dev, String::new()));
+            }
+            r => return Err(r),
+        }
     }
     Ok(DeviceMap::new(list, |u| files.find_uuid(u)))
 }

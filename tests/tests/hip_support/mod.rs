@@ -5,10 +5,12 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tessera_e2e::{ProbeChild, ProbeOutput, SimNode, fingerprint, hook_library, sim_lib_dir};
+use std::sync::OnceLock;
+
+use tessera_e2e::{ProbeChild, ProbeOutput, SimNode, fingerprint, hook_library};
 use tessera_shm::{ControlSpec, DeviceSpec, Policy, State, create_allocation_files};
 use tessera_sim::{GpuSpec, NodeConfig};
 
@@ -27,6 +29,36 @@ pub const ALLOC_ID: &str = "hip-test";
 
 const CLIENT: &str = include_str!("hipclient.c");
 
+/// The simulated HIP runtime's directory: the built `libtessera_sim_hip.so`
+/// linked as `libamdhip64.so.5` (and `libamdhip64.so`), made once per test
+/// process, each link renamed into place.
+pub fn hip_lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let built = tessera_sim::libs::find_built_library("libtessera_sim_hip.so")
+            .expect("the simulated HIP runtime is built with the tests");
+        let dir = tessera_e2e::work_dir().join("hiplib");
+        std::fs::create_dir_all(&dir).expect("the HIP library directory");
+        for name in ["libamdhip64.so.5", "libamdhip64.so"] {
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&built, &tmp).expect("linking the runtime");
+            std::fs::rename(&tmp, dir.join(name)).expect("placing the link");
+        }
+        dir
+    })
+}
+
+/// `LD_LIBRARY_PATH` with the simulated HIP runtime first.
+pub fn hip_library_path() -> std::ffi::OsString {
+    let mut p = hip_lib_dir().as_os_str().to_owned();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+        p.push(":");
+        p.push(old);
+    }
+    p
+}
+
 /// How the client reaches the HIP runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Client {
@@ -43,7 +75,7 @@ impl Client {
     /// The client binary, compiled once per source and mode.
     pub fn binary(self) -> PathBuf {
         let dir = tessera_e2e::work_dir();
-        let lib = sim_lib_dir().dir.clone();
+        let lib = hip_lib_dir();
         let (tag, args): (&str, Vec<String>) = match self {
             Client::Link => (
                 "link",
@@ -128,14 +160,15 @@ impl HipSim {
     /// The client with `args`, the shim preloaded, governed when `governed`.
     pub fn command(&self, client: Client, governed: bool, args: &[&str]) -> Command {
         let mut c = self.node.command(client.binary());
-        c.env(
-            "LD_PRELOAD",
-            hook_library().expect("libtessera.so is built"),
-        )
-        .env_remove("TESSERA_CONTROL")
-        .env_remove("TESSERA_STATE")
-        .env_remove("TESSERA_LOG")
-        .args(args);
+        c.env("LD_LIBRARY_PATH", hip_library_path())
+            .env(
+                "LD_PRELOAD",
+                hook_library().expect("libtessera.so is built"),
+            )
+            .env_remove("TESSERA_CONTROL")
+            .env_remove("TESSERA_STATE")
+            .env_remove("TESSERA_LOG")
+            .args(args);
         if governed {
             c.env("TESSERA_CONTROL", &self.control);
         }
