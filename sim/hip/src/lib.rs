@@ -9,10 +9,11 @@
 //! `docs/simulator.md`, "The AMD node"). `libgalaxyhip.so.5`, Hygon's name for the same
 //! ABI, is this library under a second file name.
 //!
-//! Every export is declared through [`hip_api!`], which gives it the symbol version the
-//! real library gives it (`hip_4.2`, or `hip_4.3` for the graph and capture calls
-//! CuPy-ROCm references at that version): a reference like `hipMalloc@hip_4.2` binds only
-//! to a definition of that version.
+//! Every export is declared through `hip_api!`, which gives it the symbol version ROCm
+//! 5.2.3's library gives it (`hip_4.2` for most, `hip_4.3` for graphs and capture,
+//! `hip_5.1` for pools and virtual memory; `tests/runtime.rs` checks them against that
+//! library's list): a reference like `hipMalloc@hip_4.2` binds only to a definition of
+//! that version.
 
 #![allow(non_snake_case, non_camel_case_types, non_upper_case_globals)]
 

@@ -567,7 +567,7 @@ hip_api! {
     ///
     /// # Safety
     /// `pool` must be null or writable.
-    "hip_4.2" fn hipDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> hipError_t {
+    "hip_5.1" fn hipDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> hipError_t {
         guard(|| {
             rt()?.physical(device)?;
             let h = *lock(&DEFAULT_POOLS).entry(device as usize).or_insert_with(|| {
@@ -582,7 +582,7 @@ hip_api! {
     ///
     /// # Safety
     /// `pool` must be null or writable; `props` null or readable.
-    "hip_4.2" fn hipMemPoolCreate(pool: *mut *mut c_void, props: *const hipMemPoolProps) -> hipError_t {
+    "hip_5.1" fn hipMemPoolCreate(pool: *mut *mut c_void, props: *const hipMemPoolProps) -> hipError_t {
         guard(|| {
             if pool.is_null() || props.is_null() {
                 return Err(hipErrorInvalidValue);
@@ -601,7 +601,7 @@ hip_api! {
     ///
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
-    "hip_4.2" fn hipMemPoolDestroy(pool: *mut c_void) -> hipError_t {
+    "hip_5.1" fn hipMemPoolDestroy(pool: *mut c_void) -> hipError_t {
         guard(|| {
             if !lock(&POOLS).as_mut().is_some_and(|s| s.remove(&(pool as usize))) {
                 return Err(hipErrorInvalidValue);
@@ -616,7 +616,7 @@ hip_api! {
     ///
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
-    "hip_4.2" fn hipMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> hipError_t {
+    "hip_5.1" fn hipMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> hipError_t {
         guard(|| pool_ordinal(pool).map(|_| ()))
     }
 
@@ -624,7 +624,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must be null or writable.
-    "hip_4.2" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, s: *mut c_void) -> hipError_t {
+    "hip_5.1" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, s: *mut c_void) -> hipError_t {
         guard(|| {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
@@ -640,7 +640,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must be null or writable.
-    "hip_4.2" fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, s: *mut c_void) -> hipError_t {
+    "hip_5.1" fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, s: *mut c_void) -> hipError_t {
         guard(|| {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
@@ -658,7 +658,7 @@ hip_api! {
     ///
     /// # Safety
     /// Any pointer value is accepted; unknown ones are reported.
-    "hip_4.2" fn hipFreeAsync(ptr: *mut c_void, s: *mut c_void) -> hipError_t {
+    "hip_5.1" fn hipFreeAsync(ptr: *mut c_void, s: *mut c_void) -> hipError_t {
         guard(|| {
             stream::ordinal_of(s)?;
             free(ptr, &[Kind::Pool, Kind::Device, Kind::Managed])
@@ -669,7 +669,7 @@ hip_api! {
     ///
     /// # Safety
     /// `granularity` must be null or writable; `prop` null or readable.
-    "hip_4.2" fn hipMemGetAllocationGranularity(granularity: *mut usize, prop: *const hipMemAllocationProp, _option: c_int) -> hipError_t {
+    "hip_5.1" fn hipMemGetAllocationGranularity(granularity: *mut usize, prop: *const hipMemAllocationProp, _option: c_int) -> hipError_t {
         guard(|| {
             if prop.is_null() {
                 return Err(hipErrorInvalidValue);
@@ -686,7 +686,7 @@ hip_api! {
     ///
     /// # Safety
     /// `handle` must be null or writable; `prop` null or readable.
-    "hip_4.2" fn hipMemCreate(handle: *mut *mut c_void, size: usize, prop: *const hipMemAllocationProp, _flags: u64) -> hipError_t {
+    "hip_5.1" fn hipMemCreate(handle: *mut *mut c_void, size: usize, prop: *const hipMemAllocationProp, _flags: u64) -> hipError_t {
         guard(|| {
             if handle.is_null() || prop.is_null() || size == 0 || !(size as u64).is_multiple_of(VMM_GRANULARITY) {
                 return Err(hipErrorInvalidValue);
@@ -710,7 +710,7 @@ hip_api! {
     ///
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
-    "hip_4.2" fn hipMemRelease(handle: *mut c_void) -> hipError_t {
+    "hip_5.1" fn hipMemRelease(handle: *mut c_void) -> hipError_t {
         guard(|| {
             with_physical(handle, |p| {
                 if p.released {
@@ -729,7 +729,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must be null or writable.
-    "hip_4.2" fn hipMemAddressReserve(ptr: *mut *mut c_void, size: usize, _alignment: usize, _addr: *mut c_void, _flags: u64) -> hipError_t {
+    "hip_5.1" fn hipMemAddressReserve(ptr: *mut *mut c_void, size: usize, _alignment: usize, _addr: *mut c_void, _flags: u64) -> hipError_t {
         guard(|| {
             if ptr.is_null() || size == 0 || !(size as u64).is_multiple_of(VMM_GRANULARITY) {
                 return Err(hipErrorInvalidValue);
@@ -752,7 +752,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must be a range from `hipMemAddressReserve` with nothing mapped in it.
-    "hip_4.2" fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> hipError_t {
+    "hip_5.1" fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> hipError_t {
         guard(|| {
             if ptr.is_null() || size == 0 {
                 return Err(hipErrorInvalidValue);
@@ -773,7 +773,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must lie in a range from `hipMemAddressReserve`.
-    "hip_4.2" fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: *mut c_void, _flags: u64) -> hipError_t {
+    "hip_5.1" fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: *mut c_void, _flags: u64) -> hipError_t {
         guard(|| {
             if ptr.is_null() || size == 0 {
                 return Err(hipErrorInvalidValue);
@@ -801,7 +801,7 @@ hip_api! {
     ///
     /// # Safety
     /// `ptr` must be the start of a mapping made by `hipMemMap`.
-    "hip_4.2" fn hipMemUnmap(ptr: *mut c_void, size: usize) -> hipError_t {
+    "hip_5.1" fn hipMemUnmap(ptr: *mut c_void, size: usize) -> hipError_t {
         guard(|| {
             let (h, len) = lock(&MAPPED).remove(&(ptr as usize)).ok_or(hipErrorInvalidValue)?;
             if len != size as u64 {
@@ -824,7 +824,7 @@ hip_api! {
     ///
     /// # Safety
     /// No pointer is read.
-    "hip_4.2" fn hipMemSetAccess(ptr: *mut c_void, _size: usize, _desc: *const c_void, _count: usize) -> hipError_t {
+    "hip_5.1" fn hipMemSetAccess(ptr: *mut c_void, _size: usize, _desc: *const c_void, _count: usize) -> hipError_t {
         guard(|| {
             if lock(&MAPPED).range(..=ptr as usize).next_back().is_none() {
                 return Err(hipErrorInvalidValue);

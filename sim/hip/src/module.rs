@@ -314,6 +314,27 @@ hip_api! {
         })
     }
 
+    /// `hipExtModuleLaunchKernel` under the C++ name ROCm 5 exports it by (the header
+    /// declares it without `extern "C"`).
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    "hip_4.2" fn _Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j(
+        f: *mut c_void,
+        gx: u32, gy: u32, gz: u32,
+        lx: u32, ly: u32, lz: u32,
+        shared: usize,
+        s: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+        start: *mut c_void,
+        stop: *mut c_void,
+        flags: u32,
+    ) -> hipError_t {
+        // SAFETY: the same contract, passed on unchanged.
+        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, flags) }
+    }
+
     /// `hipLaunchKernel`: a kernel compiled into the program, by its host stub.
     ///
     /// # Safety

@@ -1,5 +1,5 @@
 //! The built `libamdhip64.so.5` through its C ABI, on a mixed simulated node (one NVIDIA
-//! and two AMD devices): the symbol versions CuPy-ROCm needs, what HIP shows of the
+//! and two AMD devices): the symbol versions CuPy-ROCm needs and ROCm 5.2.3 gives, what HIP shows of the
 //! devices, every memory family's charge in the node's ground truth, hiprtc to a launch,
 //! and `hipGetProcAddress`.
 //!
@@ -107,6 +107,31 @@ fn a_mixed_node_through_the_hip_abi() {
         hip.vsym("hipMalloc", "hip_4.3").is_null(),
         "one version per symbol"
     );
+    // Every function it shares with ROCm 5.2.3's own library carries that one's version
+    // (hipMemCreate is hip_5.1 there), so a client built against 5.2 binds too.
+    let real = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("rocm-5.2.3-exports.txt"),
+    )
+    .expect("ROCm's export list");
+    let mut shared = 0;
+    for line in real
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, version) = line.split_once('@').expect("name@version");
+        let c = CString::new(name).unwrap();
+        // SAFETY: a handle from dlopen and a C string.
+        if unsafe { libc::dlsym(hip.0, c.as_ptr()) }.is_null() {
+            continue; // a function the simulator does not have
+        }
+        assert!(
+            !hip.vsym(name, version).is_null(),
+            "{name} is not at {version}"
+        );
+        shared += 1;
+    }
+    assert!(shared >= 100, "{shared} functions shared with ROCm 5.2.3");
+    assert!(!hip.vsym("hipMemCreate", "hip_5.1").is_null());
 
     // HIP numbers only the AMD devices: ordinal 1 is physical device 2.
     let mut n: c_int = 0;
