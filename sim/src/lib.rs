@@ -17,7 +17,7 @@ pub mod module;
 pub mod node;
 pub mod process;
 
-pub use config::{ConfigError, NodeConfig};
+pub use config::{ConfigError, GpuModel, GpuSpec, NodeConfig, Vendor};
 pub use costs::DriverCosts;
 pub use libs::{LibDir, LibError, install_lib_dir};
 pub use node::{
