@@ -149,3 +149,43 @@ fn sixteen_racers_never_make_the_device_hold_more_than_the_limit() {
         assert!(c.finish().success());
     }
 }
+
+#[test]
+fn every_family_is_charged_what_the_device_holds_and_returned_when_freed() {
+    let sim = HipSim::new(PHYSICAL, LIMIT);
+    let families: &[&[&str]] = &[
+        &["malloc", "3145729"],
+        &["managed", "5242880"],
+        &["ext", "1048577"],
+        &["async", "7340033"],
+        &["pitch", "1000", "300"],
+        &["m3d", "700", "20", "30"],
+        &["array", "1000", "100"],
+        &["vmm", "4194304"],
+    ];
+    for family in families {
+        let mut args = vec!["meminfo"];
+        args.extend_from_slice(family);
+        args.extend_from_slice(&["ready", "freeall", "free", "ready", "wait"]);
+        let mut c = sim.spawn(Client::Link, true, &args);
+        let ready = c.wait_for("ready", T);
+        assert!(ready.ok, "{family:?}: {}", ready.raw);
+        // The books hold exactly what the device holds: the context and the
+        // family's allocation at the runtime's rounding.
+        let (used, books) = (sim.used(), sim.state().reserved(0));
+        assert_eq!(books, used, "{family:?}: the books and the device differ");
+        assert!(used > CONTEXT, "{family:?}: nothing allocated");
+        c.send("go");
+        let ready = c.wait_for("ready", T);
+        assert!(ready.ok, "{family:?}: {}", ready.raw);
+        // Freed: the quota is back, only the context is left.
+        assert_eq!(sim.used(), CONTEXT, "{family:?}: the device still holds it");
+        assert_eq!(
+            sim.state().reserved(0),
+            CONTEXT,
+            "{family:?}: still charged"
+        );
+        c.send("go");
+        assert!(c.finish().success(), "{family:?}");
+    }
+}

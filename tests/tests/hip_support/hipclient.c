@@ -19,6 +19,8 @@
  *   ready              reports, then reads one line of stdin (the test's
  *                      start signal, so that racers start together)
  *   wait               reads stdin until EOF (the test's signal to go on)
+ * and, linked only, one allocation of each family, kept until `freeall`:
+ *   managed N | ext N | async N | pitch W H | m3d W H D | array W H | vmm N
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +96,133 @@ static void resolve(void) {}
 static void *kept[MAX_KEPT];
 static int n_kept;
 
+#ifndef HIP_DLOPEN
+/* The families, linked: HIP 5.2's declarations, written out (no headers). */
+typedef struct { size_t width, height, depth; } hipExtent;
+typedef struct { void *ptr; size_t pitch, xsize, ysize; } hipPitchedPtr;
+typedef struct { int x, y, z, w, f; } hipChannelFormatDesc;
+typedef struct { int type, id; } hipMemLocation;
+typedef struct {
+    unsigned char compressionType;
+    hipMemLocation location;
+    int requestedHandleType, type;
+    unsigned short usage;
+    void *win32HandleMetaData;
+} hipMemAllocationProp;
+hipError_t hipMallocManaged(void **, size_t, unsigned);
+hipError_t hipExtMallocWithFlags(void **, size_t, unsigned);
+hipError_t hipMallocAsync(void **, size_t, void *);
+hipError_t hipFreeAsync(void *, void *);
+hipError_t hipStreamSynchronize(void *);
+hipError_t hipMallocPitch(void **, size_t *, size_t, size_t);
+hipError_t hipMalloc3D(hipPitchedPtr *, hipExtent);
+hipError_t hipMallocArray(void **, const hipChannelFormatDesc *, size_t, size_t, unsigned);
+hipError_t hipFreeArray(void *);
+hipError_t hipMemCreate(void **, size_t, const hipMemAllocationProp *, unsigned long long);
+hipError_t hipMemRelease(void *);
+hipError_t hipMemAddressReserve(void **, size_t, size_t, void *, unsigned long long);
+hipError_t hipMemAddressFree(void *, size_t);
+hipError_t hipMemMap(void *, size_t, size_t, void *, unsigned long long);
+hipError_t hipMemUnmap(void *, size_t);
+
+enum kind { K_PTR, K_ASYNC, K_ARRAY, K_VMM };
+static struct { void *p; enum kind k; size_t n; } fam[MAX_KEPT];
+static int n_fam;
+static void keep(void *p, enum kind k, size_t n) {
+    if (n_fam < MAX_KEPT) {
+        fam[n_fam].p = p;
+        fam[n_fam].k = k;
+        fam[n_fam].n = n;
+        n_fam++;
+    }
+}
+
+/* One family command at argv[*i]; 0 when `c` is none of them. */
+static int family(const char *c, char **argv, int argc, int *i) {
+    void *p = NULL;
+    int r;
+    if (!strcmp(c, "managed") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        r = hipMallocManaged(&p, n, 1);
+        if (!r) keep(p, K_PTR, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "ext") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        r = hipExtMallocWithFlags(&p, n, 0);
+        if (!r) keep(p, K_PTR, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "async") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        r = hipMallocAsync(&p, n, NULL);
+        if (!r) r = hipStreamSynchronize(NULL);
+        if (!r) keep(p, K_ASYNC, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "pitch") && *i + 2 < argc) {
+        size_t w = strtoull(argv[++*i], NULL, 0), h = strtoull(argv[++*i], NULL, 0), pitch = 0;
+        r = hipMallocPitch(&p, &pitch, w, h);
+        if (!r) keep(p, K_PTR, 0);
+        report(c, r, "pitch=%zu", pitch);
+    } else if (!strcmp(c, "m3d") && *i + 3 < argc) {
+        hipExtent e;
+        e.width = strtoull(argv[++*i], NULL, 0);
+        e.height = strtoull(argv[++*i], NULL, 0);
+        e.depth = strtoull(argv[++*i], NULL, 0);
+        hipPitchedPtr pp;
+        memset(&pp, 0, sizeof pp);
+        r = hipMalloc3D(&pp, e);
+        if (!r) keep(pp.ptr, K_PTR, 0);
+        report(c, r, "pitch=%zu", pp.pitch);
+    } else if (!strcmp(c, "array") && *i + 2 < argc) {
+        size_t w = strtoull(argv[++*i], NULL, 0), h = strtoull(argv[++*i], NULL, 0);
+        hipChannelFormatDesc d = {32, 0, 0, 0, 2}; /* one float channel */
+        r = hipMallocArray(&p, &d, w, h, 0);
+        if (!r) keep(p, K_ARRAY, 0);
+        report(c, r, "bytes=%zu", w * h * 4);
+    } else if (!strcmp(c, "vmm") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        hipMemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1;          /* hipMemAllocationTypePinned */
+        prop.location.type = 1; /* hipMemLocationTypeDevice */
+        prop.location.id = 0;
+        void *h = NULL, *va = NULL;
+        r = hipMemCreate(&h, n, &prop, 0);
+        if (!r) r = hipMemAddressReserve(&va, n, 0, NULL, 0);
+        if (!r) r = hipMemMap(va, n, 0, h, 0);
+        /* Released while mapped: the mapping keeps it until unmapped. */
+        if (!r) r = hipMemRelease(h);
+        if (!r) keep(va, K_VMM, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "freeall")) {
+        r = 0;
+        for (int k = 0; k < n_fam && !r; k++) {
+            switch (fam[k].k) {
+            case K_PTR: r = hipFree(fam[k].p); break;
+            case K_ASYNC:
+                r = hipFreeAsync(fam[k].p, NULL);
+                if (!r) r = hipStreamSynchronize(NULL);
+                break;
+            case K_ARRAY: r = hipFreeArray(fam[k].p); break;
+            case K_VMM:
+                r = hipMemUnmap(fam[k].p, fam[k].n);
+                if (!r) r = hipMemAddressFree(fam[k].p, fam[k].n);
+                break;
+            }
+        }
+        report(c, r, "count=%d", n_fam);
+        n_fam = 0;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+#else
+static int family(const char *c, char **argv, int argc, int *i) {
+    (void)c, (void)argv, (void)argc, (void)i;
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     resolve();
@@ -154,6 +283,7 @@ int main(int argc, char **argv) {
             while (fgets(buf, sizeof buf, stdin)) {
             }
             report("wait", 0, "done=1");
+        } else if (family(c, argv, argc, &i)) {
         } else {
             report("unknown", 1, "command=%s", c);
             return 2;
