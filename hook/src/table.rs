@@ -498,6 +498,14 @@ symbols! {
         hip fn hipSetDevice(dev: c_int) -> hipError_t;
         hip fn hipDeviceSynchronize() -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
+        // The queue bound's markers (hip/pace.rs).
+        hip fn hipEventCreate(ev: *mut hipEvent_t) -> hipError_t;
+        hip fn hipEventRecord(ev: hipEvent_t, stream: hipStream_t) -> hipError_t;
+        hip fn hipEventQuery(ev: hipEvent_t) -> hipError_t;
+        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t;
+        hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
+        hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
+        hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;
     }
 }
 

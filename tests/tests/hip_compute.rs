@@ -25,7 +25,7 @@ const ALLOC: &str = "hip-g30";
 const SHARE_PP: f64 = 30.0;
 const KERNEL_US: u64 = 1000;
 const WARMUP: Duration = Duration::from_millis(700);
-const MEASURE: Duration = Duration::from_secs(5);
+const MEASURE: Duration = Duration::from_secs(10);
 
 fn workload_binary() -> std::path::PathBuf {
     let lib = hip_lib_dir();

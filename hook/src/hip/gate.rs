@@ -1,8 +1,7 @@
 //! The compute gate's HIP side: the same `tessera_shm::gate` protocol and
 //! arbiter as CUDA; what HIP supplies is the device a launch goes to (the
 //! current one) and how to wait for this process's work on a device
-//! (`hipDeviceSynchronize` there). No queue bound (CUDA's `pace.rs`): see
-//! docs/hook.md.
+//! (`hipDeviceSynchronize` there); the queue bound is `pace.rs`.
 
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -60,24 +59,26 @@ impl Drain for HipDrain {
     }
 }
 
-/// Before a launch on the current device: waits for the allocation's grant
-/// there. The hot path once joined: the governor's two loads, the pause
-/// word, the grant word.
+/// Before a launch on the current device (on `stream`, `None` for a launch
+/// that names none): paces it (see `pace.rs`), then waits for the
+/// allocation's grant there. The hot path once joined: the governor's two
+/// loads, the pause word, the grant word, and the pacer's marker query.
+/// `Ok(Some(dev))`: the launch is paced on `dev`; pass it to [`after_submit`].
 #[inline]
-pub(super) fn before_submit() -> Result<(), hipError_t> {
+pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>, hipError_t> {
     let g = match entry() {
         Ok(Some(g)) => g,
-        Ok(None) => return Ok(()),
+        Ok(None) => return Ok(None),
         Err(e) => return Err(e),
     };
     let p = GATE.load(Ordering::Acquire);
     if p.is_null() {
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
     let gate = unsafe { &*p };
     if g.member() != Some(gate.member()) {
-        return Ok(());
+        return Ok(None);
     }
     let control = &g.files.control;
     if control.paused() {
@@ -85,10 +86,26 @@ pub(super) fn before_submit() -> Result<(), hipError_t> {
     }
     // The launch makes the device's context if it has none: a context that
     // does not fit fails the launch, as it would on the GPU.
-    if let Some(dev) = current(g)? {
-        gate.before_submit(dev);
+    let Some(dev) = current(g)? else {
+        return Ok(None);
+    };
+    // Pace first, the gate after: a launch held by the pacer is still
+    // stopped at the gate if the grant was revoked meanwhile.
+    let paced = stream.is_some_and(|s| super::pace::before(gate, dev, s));
+    gate.before_submit(dev);
+    if let (true, Some(s)) = (paced, stream) {
+        super::pace::start(dev, s);
     }
-    Ok(())
+    Ok(paced.then_some(dev))
+}
+
+/// After the runtime accepted a launch [`before_submit`] paced on `dev`:
+/// its marker.
+#[inline]
+pub(super) fn after_submit(paced: Option<usize>, stream: Option<hipStream_t>) {
+    if let (Some(dev), Some(s)) = (paced, stream) {
+        super::pace::after(dev, s);
+    }
 }
 
 /// Before a launch that spans devices: the gate of every allocation device

@@ -445,6 +445,7 @@ mod arrays;
 mod gate;
 mod launch;
 mod memory;
+mod pace;
 mod pools;
 mod procaddr;
 #[cfg(test)]

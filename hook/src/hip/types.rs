@@ -20,6 +20,7 @@ impl hipError_t {
     pub const OUT_OF_MEMORY: Self = Self(2);
     pub const NOT_INITIALIZED: Self = Self(3);
     pub const INVALID_DEVICE: Self = Self(101);
+    pub const NOT_READY: Self = Self(600);
     pub const NOT_FOUND: Self = Self(500);
     pub const UNKNOWN: Self = Self(999);
 }
