@@ -73,6 +73,15 @@ fn a_hip_client_sees_the_limit_and_is_refused_past_it() {
         );
         assert!(o.status.success(), "{client:?}: {}", o.stderr);
     }
+    // A pointer from hipGetProcAddress is governed too: past the limit is
+    // refused.
+    let o = sim.run(Client::Link, true, &["procaddr", "2147483648"]);
+    assert_eq!(
+        o.get("procaddr").error.as_deref(),
+        Some(OOM),
+        "{}",
+        o.stdout
+    );
     // The same client outside the allocation sees the whole device.
     let o = sim.run(Client::Link, false, &["totalmem", "malloc", "2147483648"]);
     o.expect_ok();
@@ -162,6 +171,7 @@ fn every_family_is_charged_what_the_device_holds_and_returned_when_freed() {
         &["m3d", "700", "20", "30"],
         &["array", "1000", "100"],
         &["vmm", "4194304"],
+        &["procaddr", "3145728"],
     ];
     for family in families {
         let mut args = vec!["meminfo"];

@@ -21,6 +21,7 @@
  *   wait               reads stdin until EOF (the test's signal to go on)
  * and, linked only, one allocation of each family, kept until `freeall`:
  *   managed N | ext N | async N | pitch W H | m3d W H D | array W H | vmm N
+ *   procaddr N         hipMalloc of N bytes through hipGetProcAddress's pointer
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +125,7 @@ hipError_t hipMemAddressReserve(void **, size_t, size_t, void *, unsigned long l
 hipError_t hipMemAddressFree(void *, size_t);
 hipError_t hipMemMap(void *, size_t, size_t, void *, unsigned long long);
 hipError_t hipMemUnmap(void *, size_t);
+hipError_t hipGetProcAddress(const char *, void **, int, unsigned long long, int *);
 
 enum kind { K_PTR, K_ASYNC, K_ARRAY, K_VMM };
 static struct { void *p; enum kind k; size_t n; } fam[MAX_KEPT];
@@ -192,6 +194,13 @@ static int family(const char *c, char **argv, int argc, int *i) {
         /* Released while mapped: the mapping keeps it until unmapped. */
         if (!r) r = hipMemRelease(h);
         if (!r) keep(va, K_VMM, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "procaddr") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        void *fp = NULL;
+        r = hipGetProcAddress("hipMalloc", &fp, 50200, 0, NULL);
+        if (!r) r = ((malloc_fn)fp)(&p, n);
+        if (!r) keep(p, K_PTR, n);
         report(c, r, "bytes=%zu", n);
     } else if (!strcmp(c, "freeall")) {
         r = 0;

@@ -72,8 +72,19 @@ pub enum Client {
 impl Client {
     pub const ALL: [Client; 2] = [Client::Link, Client::Dlopen];
 
-    /// The client binary, compiled once per source and mode.
+    /// The client binary, compiled once per source and mode (once per test
+    /// process: the tests of one binary run on threads of one process,
+    /// whose temporary files would otherwise share a name).
     pub fn binary(self) -> PathBuf {
+        static BUILT: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+        let slot = match self {
+            Client::Link => &BUILT[0],
+            Client::Dlopen => &BUILT[1],
+        };
+        slot.get_or_init(|| self.build()).clone()
+    }
+
+    fn build(self) -> PathBuf {
         let dir = tessera_e2e::work_dir();
         let lib = hip_lib_dir();
         let (tag, args): (&str, Vec<String>) = match self {
