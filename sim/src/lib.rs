@@ -21,7 +21,7 @@ pub mod process;
 
 pub use config::{ConfigError, GpuModel, GpuSpec, NodeConfig, Vendor};
 pub use costs::DriverCosts;
-pub use libs::{LibDir, LibError, install_lib_dir};
+pub use libs::{LibDir, LibError, install_hip_lib_dir, install_lib_dir};
 pub use node::{
     DeviceInfo, DeviceUsage, Node, NodeError, ProcessUsage, XidEvent, default_state_path,
     state_path_from_env,

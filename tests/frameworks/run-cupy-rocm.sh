@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# CuPy-ROCm (`cupy-rocm-5-0` 13.3.0 from PyPI, unmodified) on the simulated AMD node.
+# CuPy-ROCm (`cupy-rocm-5-0` 13.3.0 from PyPI, unmodified) and hip-python (AMD's
+# bindings, which open libamdhip64.so themselves) on the simulated AMD node.
 #
-# 1. Installs the wheel into its own virtual environment under target/ (idempotent: a later
-#    run reuses it; about 250 MB with NumPy).
+# 1. Installs both into their own virtual environment under target/ (idempotent: a later
+#    run reuses it; about 450 MB with NumPy).
 # 2. Builds the simulated HIP runtime and the stub ROCm libraries (debug profile) and
 #    installs them under the names CuPy-ROCm's modules link: libamdhip64.so.5 (and
 #    Hygon's libgalaxyhip.so.5, the same file), libhipblas.so.0, librocblas.so.0, ...
 # 3. Runs tests/frameworks/cupy_rocm_check.py bare on a fresh mixed node (one NVIDIA GPU,
 #    then two AMD Instinct MI210s): HIP sees the AMD ones, memGetInfo shows a device's
 #    memory, an array past it raises OutOfMemoryError and a smaller one allocates after,
-#    and a kernel compiled and launched through CuPy runs.
-# 4. Runs the same check under `tessera run --gpu 1 --memory 1Gi` (a manager on a second
-#    node, one NVIDIA GPU and one AMD GPU: GPU 1 is the AMD one; the shim governs HIP):
-#    memGetInfo shows 1 GiB, an array past it raises OutOfMemoryError, a smaller one and
-#    the kernel's arrays fit beside the process's device context.
+#    and a kernel compiled and launched through CuPy runs; then
+#    tests/frameworks/hip_python_check.py: hipMemGetInfo shows it, hipMalloc past it is
+#    hipErrorOutOfMemory and a smaller one succeeds after.
+# 4. Runs both checks under `tessera run --gpu 1 --memory 1Gi` (a manager on a second
+#    node, one NVIDIA GPU and one AMD GPU: GPU 1 is the AMD one; the shim governs HIP,
+#    hip-python's lookups on its own handle included): the total is 1 GiB, past it is
+#    out of memory, a smaller allocation and CuPy's kernel arrays fit beside the
+#    process's device context.
 #
 # Usage: tests/frameworks/run-cupy-rocm.sh [--install-only]
 # Environment: CUPY_ROCM_VENV (default target/cupy-rocm-venv), PYTHON (default python3),
-#              CUPY_ROCM_SPEC (default `cupy-rocm-5-0==13.3.0`), CARGO_PROFILE_DIR
+#              CUPY_ROCM_SPEC (default `cupy-rocm-5-0==13.3.0`), HIP_PYTHON_SPEC (default
+#              `hip-python==6.2.0.499.16`, the oldest on PyPI), CARGO_PROFILE_DIR
 #              (default target/debug: where the built libraries are).
 set -euo pipefail
 
@@ -26,20 +31,22 @@ venv=${CUPY_ROCM_VENV:-$root/target/cupy-rocm-venv}
 python=${PYTHON:-python3}
 # Pinned: the symbol lists in sim/hip and sim/hip-stubs are this wheel's (regen.sh).
 spec=${CUPY_ROCM_SPEC:-cupy-rocm-5-0==13.3.0}
+# hip-python is built for ROCm 6; the calls its check makes have the same ABI in ROCm 5.
+hip_python=${HIP_PYTHON_SPEC:-hip-python==6.2.0.499.16}
 bin=${CARGO_PROFILE_DIR:-$root/target/debug}
 
 install() {
     local stamp=$venv/.tessera-cupy-rocm
-    if [[ -x $venv/bin/python && -f $stamp && "$(cat "$stamp")" == "$spec" ]]; then
+    if [[ -x $venv/bin/python && -f $stamp && "$(cat "$stamp")" == "$spec $hip_python" ]]; then
         echo "cupy-rocm venv: $venv"
         return
     fi
     local t0=$SECONDS
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input "$spec"
-    echo "$spec" >"$stamp"
-    echo "cupy-rocm venv: installed $spec in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1)"
+    "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-input "$spec" "$hip_python"
+    echo "$spec $hip_python" >"$stamp"
+    echo "cupy-rocm venv: installed $spec and $hip_python in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1)"
 }
 
 install
@@ -63,6 +70,7 @@ trap cleanup EXIT
 # serves every ROCm math and communication soname; the loader maps it once.
 mkdir -p "$work/lib" "$work/rocm/include"
 cp "$bin/libtessera_sim_hip.so" "$work/lib/libamdhip64.so.5"
+# hip-python opens this name.
 ln -s libamdhip64.so.5 "$work/lib/libamdhip64.so"
 ln -s libamdhip64.so.5 "$work/lib/libgalaxyhip.so.5"
 cp "$bin/libtessera_sim_hip_stubs.so" "$work/lib/libtessera_sim_hip_stubs.so"
@@ -82,18 +90,19 @@ export ROCM_HOME=$work/rocm CUPY_CACHE_DIR=$work/cupy-cache
 unset TESSERA_SIM_KERNEL_TIME
 
 status=0
-# run_check LABEL EXPECTED_TOTAL [COMMAND PREFIX...]: the check, with its lines labelled.
+# run_check LABEL CHECK_SCRIPT EXPECTED_TOTAL [COMMAND PREFIX...]: one check, labelled.
 run_check() {
-    local label=$1 expected=$2
-    shift 2
+    local label=$1 script=$2 expected=$3
+    shift 3
     echo "== $label"
-    if ! "$@" "$venv/bin/python" "$root/tests/frameworks/cupy_rocm_check.py" "$expected"; then
+    if ! "$@" "$venv/bin/python" "$root/tests/frameworks/$script" "$expected"; then
         echo "FAILED: $label" >&2
         status=1
     fi
 }
 
-run_check "bare (device memory $((memory >> 30)) GiB)" "$memory"
+run_check "cupy-rocm bare (device memory $((memory >> 30)) GiB)" cupy_rocm_check.py "$memory"
+run_check "hip-python bare" hip_python_check.py "$memory"
 
 # Under tessera run, on a node of its own: one NVIDIA GPU (index 0) and one AMD GPU
 # (index 1, the one HIP sees). Each process's device context holds 64 MiB there, and the
@@ -120,6 +129,8 @@ if [[ ! -S $work/manager.sock ]]; then
     cat "$work/manager.log" >&2
     exit 1
 fi
-run_check "under tessera run --gpu 1 --memory 1Gi" $((1 << 30)) \
-    "$bin/tessera" run --socket "$work/manager.sock" --gpu 1 --memory 1Gi --
+for check in cupy_rocm_check.py hip_python_check.py; do
+    run_check "${check%_check.py} under tessera run --gpu 1 --memory 1Gi" "$check" $((1 << 30)) \
+        "$bin/tessera" run --socket "$work/manager.sock" --gpu 1 --memory 1Gi --
+done
 exit $status

@@ -3,8 +3,8 @@
 //! AMD node computes nothing, so these exist only so that `import cupy` loads: every
 //! function the wheel references is here and returns 1, each library's first failure
 //! status (`*GetErrorString` returns a message instead). The list of functions is
-//! generated from the wheel (`regen.sh`); one library serves every soname (the test
-//! scripts install it under each name), which the dynamic loader maps once.
+//! generated from the wheel (`regen.sh`); one library serves every soname (installed
+//! under each of `tessera_sim::libs::HIP_STUB_NAMES`), which the dynamic loader maps once.
 
 #![allow(non_snake_case)]
 
@@ -16,16 +16,3 @@ pub static NOT_AVAILABLE: &std::ffi::CStr =
     c"not available on the simulated AMD node (tessera-sim-hip-stubs)";
 
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
-
-/// The sonames this library stands for, as CuPy-ROCm 13.3's modules name them.
-pub const SONAMES: &[&str] = &[
-    "libhipblas.so.0",
-    "librocblas.so.0",
-    "librocsolver.so.0",
-    "librocfft.so.0",
-    "libhipfft.so",
-    "libhipsparse.so.0",
-    "libhiprand.so.1",
-    "librccl.so.1",
-    "libroctx64.so.1",
-];

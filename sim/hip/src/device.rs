@@ -262,6 +262,19 @@ hip_api! {
         })
     }
 
+    /// `hipDeviceGetUuid`: the node's UUID bytes of the device (the ones NVML-style
+    /// `GPU-…` strings and rocm-smi's unique id are made from).
+    ///
+    /// # Safety
+    /// `uuid` must be null or writable for 16 bytes.
+    "hip_5.1" fn hipDeviceGetUuid(uuid: *mut [u8; 16], device: c_int) -> hipError_t {
+        guard(|| {
+            let d = info(device)?;
+            // SAFETY: the caller's contract.
+            unsafe { put(uuid, d.uuid_bytes) }
+        })
+    }
+
     /// `hipDriverGetVersion`.
     ///
     /// # Safety

@@ -37,8 +37,10 @@ pub use types::*;
 
 /// Declares exported HIP functions with their symbol versions: `"hip_4.2" fn hipMalloc(..)`.
 /// Each body is an ordinary `unsafe extern "C"` function of that name; outside test builds
-/// a `.symver` makes the name's default version the one given (tests link the code into an
-/// executable, which has no version nodes).
+/// a `.symver` makes the name's default version the one given (unit tests link the code
+/// into an executable, which has no version nodes). The crate is also an rlib only so
+/// that cargo rebuilds the cdylib for `tests/runtime.rs`, which loads it with `dlopen`
+/// and links nothing of it.
 macro_rules! hip_api {
     ($($(#[$attr:meta])* $ver:literal fn $name:ident $params:tt $(-> $ret:ty)? $body:block)*) => {
         $(
@@ -142,10 +144,24 @@ pub fn visible(amd: &[u32], spec: Option<&str>) -> Vec<usize> {
     out
 }
 
+/// Set in a child forked after the runtime was set up: the child is not the process
+/// the node's slot belongs to, so every call fails there, as HIP fails in such a child.
+static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn child_after_fork() {
+    FORKED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The runtime of this process, set up on first use (HIP initialises implicitly).
 pub(crate) fn rt() -> HipResult<&'static Runtime> {
+    if FORKED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(hipErrorNotInitialized);
+    }
     RUNTIME
         .get_or_init(|| {
+            // SAFETY: registers a child handler only; it stores to an atomic, which is
+            // async-signal-safe, as a handler running in a forked child must be.
+            unsafe { libc::pthread_atfork(None, None, Some(child_after_fork)) };
             let node = Node::open_from_env().map_err(|e| {
                 // The one place this library writes to stderr: without it a broken setup
                 // would show up only as an error code.

@@ -126,6 +126,15 @@ pub fn alloc(size: u64, kind: Kind) -> HipResult<*mut c_void> {
     alloc_on(o, size, kind)
 }
 
+/// `hipMalloc`'s rule for zero bytes: success, a null pointer, nothing held.
+fn alloc_or_null(size: u64, kind: Kind) -> HipResult<*mut c_void> {
+    if size == 0 {
+        rt()?.current()?;
+        return Ok(std::ptr::null_mut());
+    }
+    alloc(size, kind)
+}
+
 /// Frees an allocation of one of `kinds` that starts at `p`; null is a no-op.
 pub fn free(p: *mut c_void, kinds: &[Kind]) -> HipResult<()> {
     if p.is_null() {
@@ -255,6 +264,60 @@ pub struct Array {
 
 static ARRAYS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
+/// Bytes of one element of a driver-style array: the format's channel size times the
+/// channel count (1, 2 or 4).
+fn channel_bytes(format: c_int, channels: c_uint) -> HipResult<u64> {
+    let one = format_bytes(format).ok_or(hipErrorInvalidValue)?;
+    if !matches!(channels, 1 | 2 | 4) {
+        return Err(hipErrorInvalidValue);
+    }
+    Ok(one * u64::from(channels))
+}
+
+/// Makes an array of `width` x `height` x `depth` elements of `elt` bytes (a zero height
+/// or depth counts as one) and writes its handle.
+///
+/// # Safety
+/// `array` must be writable.
+unsafe fn new_array(
+    array: *mut *mut c_void,
+    elt: u64,
+    width: usize,
+    height: usize,
+    depth: usize,
+) -> HipResult<()> {
+    if width == 0 {
+        return Err(hipErrorInvalidValue);
+    }
+    let bytes = elt
+        .checked_mul(width as u64)
+        .and_then(|b| b.checked_mul(height.max(1) as u64))
+        .and_then(|b| b.checked_mul(depth.max(1) as u64))
+        .ok_or(hipErrorOutOfMemory)?;
+    let data = alloc(bytes, Kind::Array)?;
+    let a = Box::into_raw(Box::new(Array {
+        data: data as usize,
+    }));
+    lock(&ARRAYS)
+        .get_or_insert_with(HashSet::new)
+        .insert(a as usize);
+    // SAFETY: the caller's contract.
+    unsafe { put(array, a.cast()) }
+}
+
+/// Frees an array made by any of the array calls.
+fn free_array(array: *mut c_void) -> HipResult<()> {
+    let known = lock(&ARRAYS)
+        .as_mut()
+        .is_some_and(|s| s.remove(&(array as usize)));
+    if !known {
+        return Err(hipErrorInvalidValue);
+    }
+    // SAFETY: removed from the live set: the last use of the box made in `new_array`.
+    let a = unsafe { Box::from_raw(array.cast::<Array>()) };
+    free(a.data as *mut c_void, &[Kind::Array])
+}
+
 hip_api! {
     /// `hipMalloc`.
     ///
@@ -265,7 +328,7 @@ hip_api! {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
             }
-            let p = alloc(size as u64, Kind::Device)?;
+            let p = alloc_or_null(size as u64, Kind::Device)?;
             // SAFETY: checked non-null; the caller passes a writable pointer.
             unsafe { put(ptr, p) }
         })
@@ -281,7 +344,7 @@ hip_api! {
             if ptr.is_null() {
                 return Err(hipErrorInvalidValue);
             }
-            let p = alloc(size as u64, Kind::Device)?;
+            let p = alloc_or_null(size as u64, Kind::Device)?;
             // SAFETY: as above.
             unsafe { put(ptr, p) }
         })
@@ -364,15 +427,84 @@ hip_api! {
             }
             // SAFETY: checked non-null; the caller passes a readable descriptor.
             let elt = element_bytes(unsafe { &*desc });
-            let bytes = elt
-                .checked_mul(width as u64)
-                .and_then(|b| b.checked_mul(height.max(1) as u64))
-                .ok_or(hipErrorOutOfMemory)?;
-            let data = alloc(bytes, Kind::Array)?;
-            let a = Box::into_raw(Box::new(Array { data: data as usize }));
-            lock(&ARRAYS).get_or_insert_with(HashSet::new).insert(a as usize);
+            // SAFETY: checked non-null; the caller passes a writable pointer.
+            unsafe { new_array(array, elt, width, height, 0) }
+        })
+    }
+
+    /// `hipMalloc3DArray`: width x height x depth elements of the channel format's size.
+    ///
+    /// # Safety
+    /// `array` must be null or writable; `desc` null or readable.
+    "hip_4.2" fn hipMalloc3DArray(array: *mut *mut c_void, desc: *const hipChannelFormatDesc, extent: hipExtent, _flags: c_uint) -> hipError_t {
+        guard(|| {
+            if array.is_null() || desc.is_null() || extent.width == 0 {
+                return Err(hipErrorInvalidValue);
+            }
+            // SAFETY: checked non-null; the caller passes a readable descriptor.
+            let elt = element_bytes(unsafe { &*desc });
             // SAFETY: as above.
-            unsafe { put(array, a.cast()) }
+            unsafe { new_array(array, elt, extent.width, extent.height, extent.depth) }
+        })
+    }
+
+    /// `hipArrayCreate`: the driver-style description (format and channel count).
+    ///
+    /// # Safety
+    /// `array` must be null or writable; `desc` null or readable.
+    "hip_4.2" fn hipArrayCreate(array: *mut *mut c_void, desc: *const HIP_ARRAY_DESCRIPTOR) -> hipError_t {
+        guard(|| {
+            if array.is_null() || desc.is_null() {
+                return Err(hipErrorInvalidValue);
+            }
+            // SAFETY: checked non-null; the caller passes a readable descriptor.
+            let d = unsafe { *desc };
+            let elt = channel_bytes(d.Format, d.NumChannels)?;
+            // SAFETY: as above.
+            unsafe { new_array(array, elt, d.Width, d.Height, 0) }
+        })
+    }
+
+    /// `hipArray3DCreate`.
+    ///
+    /// # Safety
+    /// `array` must be null or writable; `desc` null or readable.
+    "hip_4.2" fn hipArray3DCreate(array: *mut *mut c_void, desc: *const HIP_ARRAY3D_DESCRIPTOR) -> hipError_t {
+        guard(|| {
+            if array.is_null() || desc.is_null() {
+                return Err(hipErrorInvalidValue);
+            }
+            // SAFETY: checked non-null; the caller passes a readable descriptor.
+            let d = unsafe { *desc };
+            let elt = channel_bytes(d.Format, d.NumChannels)?;
+            // SAFETY: as above.
+            unsafe { new_array(array, elt, d.Width, d.Height, d.Depth) }
+        })
+    }
+
+    /// `hipArrayDestroy`: as `hipFreeArray`.
+    ///
+    /// # Safety
+    /// Any handle value is accepted; unknown ones are reported.
+    "hip_4.3" fn hipArrayDestroy(array: *mut c_void) -> hipError_t {
+        guard(|| free_array(array))
+    }
+
+    /// `hipMemAllocPitch`: the driver-style pitched allocation (rows padded to
+    /// [`PITCH_ALIGN`], whatever the element size).
+    ///
+    /// # Safety
+    /// `ptr` and `pitch` must be null or writable.
+    "hip_4.2" fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element: c_uint) -> hipError_t {
+        guard(|| {
+            if !matches!(element, 4 | 8 | 16) {
+                return Err(hipErrorInvalidValue);
+            }
+            // SAFETY: the caller's contract, passed on.
+            match unsafe { hipMallocPitch(ptr, pitch, width, height) } {
+                hipSuccess => Ok(()),
+                e => Err(e),
+            }
         })
     }
 
@@ -381,15 +513,7 @@ hip_api! {
     /// # Safety
     /// Any handle value is accepted; unknown ones are reported.
     "hip_4.2" fn hipFreeArray(array: *mut c_void) -> hipError_t {
-        guard(|| {
-            let known = lock(&ARRAYS).as_mut().is_some_and(|s| s.remove(&(array as usize)));
-            if !known {
-                return Err(hipErrorInvalidValue);
-            }
-            // SAFETY: removed from the live set: the last use of the box made above.
-            let a = unsafe { Box::from_raw(array.cast::<Array>()) };
-            free(a.data as *mut c_void, &[Kind::Array])
-        })
+        guard(|| free_array(array))
     }
 
     /// `hipHostMalloc`: page-locked host memory is ordinary host memory here.

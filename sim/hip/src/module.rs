@@ -335,6 +335,85 @@ hip_api! {
         unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, flags) }
     }
 
+    /// `hipHccModuleLaunchKernel`: `hipExtModuleLaunchKernel` without flags (work-item
+    /// sizes, events around the launch).
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    "hip_4.2" fn hipHccModuleLaunchKernel(
+        f: *mut c_void,
+        gx: u32, gy: u32, gz: u32,
+        lx: u32, ly: u32, lz: u32,
+        shared: usize,
+        s: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+        start: *mut c_void,
+        stop: *mut c_void,
+    ) -> hipError_t {
+        // SAFETY: the same contract, passed on unchanged.
+        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, 0) }
+    }
+
+    /// `hipHccModuleLaunchKernel` under the C++ name ROCm 5 exports it by.
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    "hip_4.2" fn _Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_(
+        f: *mut c_void,
+        gx: u32, gy: u32, gz: u32,
+        lx: u32, ly: u32, lz: u32,
+        shared: usize,
+        s: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+        start: *mut c_void,
+        stop: *mut c_void,
+    ) -> hipError_t {
+        // SAFETY: the same contract, passed on unchanged.
+        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, 0) }
+    }
+
+    /// `hipModuleLaunchCooperativeKernel` (a later ROCm's call): as
+    /// `hipModuleLaunchKernel`, the grid co-resident by construction on the one engine.
+    ///
+    /// # Safety
+    /// Any handle values are accepted; the parameters are not read.
+    "hip_4.2" fn hipModuleLaunchCooperativeKernel(
+        f: *mut c_void,
+        gx: c_uint, gy: c_uint, gz: c_uint,
+        bx: c_uint, by: c_uint, bz: c_uint,
+        _shared: c_uint,
+        s: *mut c_void,
+        _params: *mut *mut c_void,
+    ) -> hipError_t {
+        guard(|| {
+            let k = function(f)?;
+            let grid = dim3 { x: gx, y: gy, z: gz };
+            let block = dim3 { x: bx, y: by, z: bz };
+            launch(k.cost, grid.count(), block.count(), s)
+        })
+    }
+
+    /// `hipLaunchCooperativeKernelMultiDevice`: each entry's kernel on its stream, in
+    /// order; the first that fails stops the rest.
+    ///
+    /// # Safety
+    /// `list` must be null or valid for `n` entries.
+    "hip_4.2" fn hipLaunchCooperativeKernelMultiDevice(list: *mut hipLaunchParams, n: c_int, _flags: c_uint) -> hipError_t {
+        guard(|| {
+            if list.is_null() || n <= 0 {
+                return Err(hipErrorInvalidValue);
+            }
+            // SAFETY: the caller passes `n` readable entries.
+            let entries = unsafe { std::slice::from_raw_parts(list, n as usize) };
+            for p in entries {
+                launch(registered(p.func)?, p.gridDim.count(), p.blockDim.count(), p.stream)?;
+            }
+            Ok(())
+        })
+    }
+
     /// `hipLaunchKernel`: a kernel compiled into the program, by its host stub.
     ///
     /// # Safety

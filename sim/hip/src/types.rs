@@ -180,6 +180,51 @@ pub struct hipChannelFormatDesc {
     pub f: c_int,
 }
 
+/// `HIP_ARRAY_DESCRIPTOR` (the driver-style 2D array description).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HIP_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: c_int,
+    pub NumChannels: c_uint,
+}
+
+/// `HIP_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HIP_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: c_int,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
+/// Bytes of one channel of a `hipArray_Format` (`HIP_AD_FORMAT_*`); `None` for a value
+/// the header does not define.
+pub fn format_bytes(format: c_int) -> Option<u64> {
+    match format {
+        0x01 | 0x08 => Some(1),
+        0x02 | 0x09 | 0x10 => Some(2),
+        0x03 | 0x0a | 0x20 => Some(4),
+        _ => None,
+    }
+}
+
+/// `hipLaunchParams`: one device's launch of `hipLaunchCooperativeKernelMultiDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipLaunchParams {
+    pub func: *mut c_void,
+    pub gridDim: dim3,
+    pub blockDim: dim3,
+    pub args: *mut *mut c_void,
+    pub sharedMem: usize,
+    pub stream: *mut c_void,
+}
+
 /// `hipPointerAttribute_t` (ROCm 5's layout).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -231,6 +276,9 @@ const _: () = {
     assert!(size_of::<hipMemLocation>() == 8);
     assert!(size_of::<hipMemAllocationProp>() == 32);
     assert!(size_of::<hipMemPoolProps>() == 88);
+    assert!(size_of::<HIP_ARRAY_DESCRIPTOR>() == 24);
+    assert!(size_of::<HIP_ARRAY3D_DESCRIPTOR>() == 40);
+    assert!(size_of::<hipLaunchParams>() == 56);
 };
 
 /// `hiprtcResult`.

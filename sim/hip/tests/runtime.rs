@@ -202,6 +202,19 @@ fn a_mixed_node_through_the_hip_abi() {
     assert_eq!(held(), 4096, "one byte holds a 4 KiB page");
     assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, p), 0);
     assert_eq!(held(), 0);
+    // Zero bytes: success, a null pointer, nothing held (HIP's rule).
+    p = 8 as *mut c_void;
+    assert_eq!(
+        call!(
+            hip,
+            "hipMalloc",
+            fn(*mut *mut c_void, usize) -> Err,
+            &mut p,
+            0
+        ),
+        0
+    );
+    assert_eq!((p, held()), (std::ptr::null_mut(), 0));
 
     // Too large fails cleanly; a smaller one fits afterwards.
     let mut big: *mut c_void = std::ptr::null_mut();
@@ -353,6 +366,91 @@ fn a_mixed_node_through_the_hip_abi() {
         "hipErrorInvalidDevicePointer: an array is not hipFree's"
     );
     assert_eq!(call!(hip, "hipFreeArray", fn(*mut c_void) -> Err, a), 0);
+    // The driver-style arrays: 256 x 256 float4 (HIP_AD_FORMAT_FLOAT = 0x20), then 3D.
+    #[repr(C)]
+    struct Desc2(usize, usize, c_int, c_uint);
+    #[repr(C)]
+    struct Desc3(usize, usize, usize, c_int, c_uint, c_uint);
+    let d2 = Desc2(256, 256, 0x20, 4);
+    assert_eq!(
+        call!(
+            hip,
+            "hipArrayCreate",
+            fn(*mut *mut c_void, *const Desc2) -> Err,
+            &mut a,
+            &d2
+        ),
+        0
+    );
+    assert_eq!(held(), MI);
+    assert_eq!(call!(hip, "hipArrayDestroy", fn(*mut c_void) -> Err, a), 0);
+    let bad = Desc2(256, 256, 0x77, 4);
+    assert_eq!(
+        call!(
+            hip,
+            "hipArrayCreate",
+            fn(*mut *mut c_void, *const Desc2) -> Err,
+            &mut a,
+            &bad
+        ),
+        1
+    );
+    let d3 = Desc3(64, 64, 64, 0x01, 4, 0);
+    assert_eq!(
+        call!(
+            hip,
+            "hipArray3DCreate",
+            fn(*mut *mut c_void, *const Desc3) -> Err,
+            &mut a,
+            &d3
+        ),
+        0
+    );
+    assert_eq!(held(), MI, "64^3 uchar4");
+    assert_eq!(call!(hip, "hipArrayDestroy", fn(*mut c_void) -> Err, a), 0);
+    assert_eq!(
+        call!(
+            hip,
+            "hipMalloc3DArray",
+            fn(*mut *mut c_void, *const c_int, Extent, c_uint) -> Err,
+            &mut a,
+            float_desc.as_ptr(),
+            Extent(64, 64, 64),
+            0
+        ),
+        0
+    );
+    assert_eq!(held(), MI, "64^3 floats");
+    assert_eq!(call!(hip, "hipFreeArray", fn(*mut c_void) -> Err, a), 0);
+    assert_eq!(
+        call!(
+            hip,
+            "hipMemAllocPitch",
+            fn(*mut *mut c_void, *mut usize, usize, usize, c_uint) -> Err,
+            &mut a,
+            &mut pitch,
+            300,
+            10,
+            4
+        ),
+        0
+    );
+    assert_eq!((pitch, held()), (512, 8192), "10 rows of 512 bytes");
+    assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, a), 0);
+    assert_eq!(held(), 0);
+    // The device's UUID is the node's.
+    let mut uuid = [0u8; 16];
+    assert_eq!(
+        call!(
+            hip,
+            "hipDeviceGetUuid",
+            fn(*mut [u8; 16], c_int) -> Err,
+            &mut uuid,
+            0
+        ),
+        0
+    );
+    assert_eq!(uuid, node.device_info(1).expect("device").uuid_bytes);
     assert_eq!(held(), 0);
     assert_eq!(
         call!(
@@ -630,16 +728,83 @@ fn a_mixed_node_through_the_hip_abi() {
             0
         );
     }
+    // The other module launches: work-item sizes (1024 x 256 threads again), cooperative.
+    let null = std::ptr::null_mut::<c_void>();
+    let nulls = std::ptr::null_mut::<*mut c_void>();
+    assert_eq!(
+        call!(
+            hip,
+            "hipHccModuleLaunchKernel",
+            fn(
+                *mut c_void,
+                u32,
+                u32,
+                u32,
+                u32,
+                u32,
+                u32,
+                usize,
+                *mut c_void,
+                *mut *mut c_void,
+                *mut *mut c_void,
+                *mut c_void,
+                *mut c_void,
+            ) -> Err,
+            f,
+            262_144,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            null,
+            nulls,
+            nulls,
+            null,
+            null
+        ),
+        0
+    );
+    assert_eq!(
+        call!(
+            hip,
+            "hipModuleLaunchCooperativeKernel",
+            fn(
+                *mut c_void,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                *mut c_void,
+                *mut *mut c_void,
+            ) -> Err,
+            f,
+            1024,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            null,
+            nulls
+        ),
+        0
+    );
     assert_eq!(call!(hip, "hipDeviceSynchronize", fn() -> Err,), 0);
     let usage = node.process(pid).expect("listed");
-    assert_eq!(node.device_usage(1).expect("device").launches - before, 3);
+    assert_eq!(node.device_usage(1).expect("device").launches - before, 5);
     assert_eq!(
-        usage.launches[1], 3,
+        usage.launches[1], 5,
         "on physical device 1, by this process"
     );
-    // 2 µs + 5 ps x 262,144 threads each: about 3.3 µs, three of them.
+    // 2 µs + 5 ps x 262,144 threads each: about 3.3 µs, five of them.
     assert!(
-        usage.busy_ns[1] >= 3 * 3_000,
+        usage.busy_ns[1] >= 5 * 3_000,
         "busy {} ns",
         usage.busy_ns[1]
     );
@@ -676,4 +841,28 @@ fn a_mixed_node_through_the_hip_abi() {
         500
     );
     assert_eq!((got, status), (std::ptr::null_mut(), 1));
+
+    // A forked child is not the process the node's slot is for: every call fails there.
+    let malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> Err =
+        // SAFETY: hipMalloc's C signature.
+        unsafe { std::mem::transmute(hip.sym("hipMalloc")) };
+    // SAFETY: the child only calls the library (an atomic load and an early return) and
+    // _exit, and touches nothing the parent's other threads may hold.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let mut q: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out pointer; then leave without running the test harness's
+        // exit handlers.
+        unsafe { libc::_exit(malloc(&mut q, 4096)) };
+    }
+    let mut wstatus = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut wstatus, 0) }, child);
+    assert!(libc::WIFEXITED(wstatus));
+    assert_eq!(
+        libc::WEXITSTATUS(wstatus),
+        3,
+        "hipErrorNotInitialized in the child"
+    );
+    assert_eq!(held(), 0, "the child charged nothing to the parent's slot");
 }
