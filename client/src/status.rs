@@ -94,6 +94,16 @@ fn owner(a: &pb::Allocation) -> String {
 }
 
 /// The table `tessera status` prints.
+/// A GPU's vendor; none from a manager older than vendors, which read only
+/// NVIDIA's GPUs.
+fn vendor(g: &pb::GpuStatus) -> &str {
+    if g.vendor.is_empty() {
+        "nvidia"
+    } else {
+        &g.vendor
+    }
+}
+
 pub fn render(st: &pb::NodeStatus) -> String {
     let mut out = format!(
         "Tessera on {} · driver {} · {} GPU{} · {} allocation{}\n\n",
@@ -110,6 +120,7 @@ pub fn render(st: &pb::NodeStatus) -> String {
     );
     let mut rows = vec![vec![
         s("GPU"),
+        s("VENDOR"),
         s("NAME"),
         s("MEMORY USED"),
         s("UTIL"),
@@ -122,6 +133,7 @@ pub fn render(st: &pb::NodeStatus) -> String {
     for g in &st.gpus {
         rows.push(vec![
             g.index.to_string(),
+            s(vendor(g)),
             g.name.clone(),
             format!(
                 "{} / {}",
@@ -278,6 +290,9 @@ fn alloc_json(a: &pb::Allocation) -> Value {
 
 /// The JSON `tessera status --json` prints: the NodeStatus message with
 /// the proto's field names.
+///
+/// `vendor` is always set: a manager older than vendors sends none and had
+/// only NVIDIA's GPUs.
 pub fn to_json(st: &pb::NodeStatus) -> Value {
     json!({
         "hostname": st.hostname,
@@ -286,6 +301,7 @@ pub fn to_json(st: &pb::NodeStatus) -> Value {
         "gpus": st.gpus.iter().map(|g| json!({
             "index": g.index,
             "uuid": g.uuid,
+            "vendor": vendor(g),
             "name": g.name,
             "memory_total_bytes": g.memory_total_bytes,
             "memory_used_bytes": g.memory_used_bytes,
@@ -351,7 +367,8 @@ pub(crate) mod tests {
                 pb::GpuStatus {
                     index: 1,
                     uuid: "GPU-b".into(),
-                    name: "Sim GPU".into(),
+                    vendor: "amd".into(),
+                    name: "AMD Instinct MI210".into(),
                     memory_total_bytes: 16 << 30,
                     healthy: false,
                     unhealthy_reason: "critical XID 79".into(),
@@ -404,6 +421,18 @@ pub(crate) mod tests {
         );
         let gpu1 = t.lines().find(|l| l.starts_with("1 ")).unwrap();
         assert!(gpu1.ends_with("UNHEALTHY: critical XID 79"), "{gpu1}");
+        // A mixed node: each GPU's vendor, an old manager's silence as NVIDIA.
+        let vendor_col = t
+            .lines()
+            .find(|l| l.starts_with("GPU "))
+            .unwrap()
+            .find("VENDOR")
+            .unwrap();
+        assert!(gpu0[vendor_col..].starts_with("nvidia "), "{gpu0}");
+        assert!(
+            gpu1[vendor_col..].starts_with("amd ") && gpu1.contains("AMD Instinct MI210"),
+            "{gpu1}"
+        );
         let alloc = t
             .lines()
             .find(|l| l.starts_with("run-1 ") && l.contains("burst"))
@@ -480,6 +509,8 @@ pub(crate) mod tests {
         let v = to_json(&sample());
         assert_eq!(v["gpus"][0]["memory_total_bytes"], 16u64 << 30);
         assert_eq!(v["gpus"][1]["healthy"], false);
+        assert_eq!(v["gpus"][0]["vendor"], "nvidia");
+        assert_eq!(v["gpus"][1]["vendor"], "amd");
         assert_eq!(v["allocations"][0]["allocation"]["id"], "run-1");
         assert_eq!(v["allocations"][0]["allocation"]["policy"], "burst");
         assert_eq!(

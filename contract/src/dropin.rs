@@ -106,6 +106,40 @@ pub const VOLCANO_RESOURCES: [&str; 4] = [
     VOLCANO_VGPU_MEMORY_PERCENTAGE,
 ];
 
+/// HAMi's words for a vendor's cards other than NVIDIA's: its device plugins for AMD
+/// GPUs and Hygon DCUs name the card count, the memory per card (MiB) and the compute
+/// per card (percent) under the vendor's own domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HamiVendorWords {
+    pub vendor: crate::Vendor,
+    /// Cards per container (also the vendor's own device plugin's word, so alone it
+    /// does not make a container HAMi's).
+    pub gpu: &'static str,
+    /// Device memory per card, MiB.
+    pub gpumem: &'static str,
+    /// Compute per card, percent of the card.
+    pub gpucores: &'static str,
+}
+
+/// HAMi on AMD GPUs.
+pub const HAMI_AMD: HamiVendorWords = HamiVendorWords {
+    vendor: crate::Vendor::Amd,
+    gpu: "amd.com/gpu",
+    gpumem: "amd.com/gpumem",
+    gpucores: "amd.com/gpucores",
+};
+
+/// HAMi on Hygon DCUs.
+pub const HAMI_HYGON: HamiVendorWords = HamiVendorWords {
+    vendor: crate::Vendor::Hygon,
+    gpu: "hygon.com/dcunum",
+    gpumem: "hygon.com/dcumem",
+    gpucores: "hygon.com/dcucores",
+};
+
+/// HAMi's words per non-NVIDIA vendor Tessera translates.
+pub const HAMI_VENDORS: [HamiVendorWords; 2] = [HAMI_AMD, HAMI_HYGON];
+
 /// Pod annotation the webhook writes: the pod's original words (JSON), so
 /// `kubectl get pod -o yaml` shows both. Informational: nothing reads it to
 /// decide anything, which is why a copy a user wrote is harmless.

@@ -29,6 +29,10 @@ pub const PRIORITY_MIN: i32 = -1000;
 pub const PRIORITY_MAX: i32 = 1000;
 /// Pod annotation: the GPU class the pod must run on.
 pub const ANNOTATION_GPU_CLASS: &str = "tessera.dev/gpu-class";
+/// Pod annotation: the vendor whose GPUs the pod's slices must be on (`nvidia`,
+/// `amd`, `hygon`); the webhook sets it when it translates a vendor's own words
+/// (HAMi's `amd.com/gpumem`, ...), and a user may set it.
+pub const ANNOTATION_GPU_VENDOR: &str = "tessera.dev/gpu-vendor";
 /// Annotation naming a container's allocation (for the runtime and humans).
 pub const ANNOTATION_ALLOCATION: &str = "tessera.dev/allocation";
 /// Node label: the node's GPU class.

@@ -5,9 +5,9 @@
 //! ([`dropin`]), names on
 //! Kubernetes objects and allocation labels ([`labels`]), the node's name
 //! ([`node`]), compute policies
-//! ([`policy`]), the one syntax for sizes, percentages and durations
-//! ([`units`]), the spelling of GPU UUIDs ([`uuid`]) and the one way a file
-//! is replaced atomically and durably ([`file`](mod@file)). The shim links this
+//! ([`policy`]), GPU vendors and an AMD GPU's UUID ([`vendor`]), the one
+//! syntax for sizes, percentages and durations ([`units`]), the spelling of
+//! GPU UUIDs ([`uuid`]) and the one way a file is replaced atomically and durably ([`file`](mod@file)). The shim links this
 //! crate, so it stays synchronous with no dependency beyond `thiserror`; the
 //! daemons' YAML config reading (module `yaml`, behind the feature `yaml`) is
 //! the one optional part.
@@ -21,8 +21,10 @@ pub mod paths;
 pub mod policy;
 pub mod units;
 pub mod uuid;
+pub mod vendor;
 #[cfg(feature = "yaml")]
 pub mod yaml;
 
 pub use policy::Policy;
 pub use uuid::format_uuid;
+pub use vendor::Vendor;

@@ -50,6 +50,10 @@ pub struct ManagerArgs {
     /// NVML library to load [default: libnvidia-ml.so.1 from the loader path].
     #[arg(long, env = "TESSERA_NVML_LIBRARY", value_name = "PATH")]
     pub nvml_library: Option<PathBuf>,
+    /// ROCm SMI library to load for AMD GPUs [default: librocm_smi64.so.5
+    /// from the loader path, if there is one].
+    #[arg(long, env = "TESSERA_ROCM_SMI_LIBRARY", value_name = "PATH")]
+    pub rocm_smi_library: Option<PathBuf>,
     /// Node name for metrics and status [default: the kernel's hostname].
     #[arg(long, env = tessera_contract::node::NODE_NAME_ENV, value_name = "NAME")]
     pub hostname: Option<String>,
@@ -116,6 +120,7 @@ pub struct FileConfig {
     pub hook_library: Option<PathBuf>,
     pub metrics_addr: Option<String>,
     pub nvml_library: Option<PathBuf>,
+    pub rocm_smi_library: Option<PathBuf>,
     pub hostname: Option<String>,
     pub default_policy: Option<String>,
     pub ignored_xids: Option<Vec<u64>>,
@@ -178,6 +183,8 @@ pub struct Config {
     /// `None`: metrics off.
     pub metrics_addr: Option<SocketAddr>,
     pub nvml_library: Option<PathBuf>,
+    /// `None`: ROCm SMI by its soname, and no AMD GPUs if it is not there.
+    pub rocm_smi_library: Option<PathBuf>,
     pub hostname: String,
     /// Slices per GPU for the slice metrics where the device plugin has not
     /// published the node's count (`slices.json` beside the socket): no flag,
@@ -213,6 +220,7 @@ impl Config {
             hook_library: PathBuf::from(DEFAULT_HOOK_LIBRARY),
             metrics_addr: None,
             nvml_library: None,
+            rocm_smi_library: None,
             hostname: local_hostname(),
             slices_per_gpu: 10,
             default_policy: Policy::Burst,
@@ -253,6 +261,7 @@ impl Config {
             .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned());
         c.metrics_addr = parse_metrics_addr(&metrics)?;
         c.nvml_library = pick(args.nvml_library.clone(), file.nvml_library);
+        c.rocm_smi_library = pick(args.rocm_smi_library.clone(), file.rocm_smi_library);
         if let Some(h) = pick(args.hostname.clone(), file.hostname) {
             if h.is_empty() {
                 return Err(invalid("hostname", "must not be empty".into()));

@@ -253,7 +253,7 @@ impl Manager {
     }
 }
 
-/// Runs `tessera manager`: NVML, the arbiter, and serving until SIGTERM or
+/// Runs `tessera manager`: NVML and ROCm SMI (`vendors`), the arbiter, and serving until SIGTERM or
 /// SIGINT.
 pub async fn run(config: Config) -> Result<(), ManagerError> {
     run_with(config, |_| {}).await
@@ -262,7 +262,10 @@ pub async fn run(config: Config) -> Result<(), ManagerError> {
 /// [`run`], calling `ready` once the manager is started and before it
 /// serves (embedders and tests learn the bound metrics port this way).
 pub async fn run_with(config: Config, ready: impl FnOnce(&Manager)) -> Result<(), ManagerError> {
-    let backend = Arc::new(crate::nvml::NvmlGpu::open(config.nvml_library.as_deref())?);
+    let backend = crate::vendors::open(
+        config.nvml_library.as_deref(),
+        config.rocm_smi_library.as_deref(),
+    )?;
     if !config.hook_library.exists() {
         tracing::warn!(
             path = %config.hook_library.display(),

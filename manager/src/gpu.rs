@@ -1,7 +1,9 @@
 //! What the manager needs from the GPU driver, as a small trait: the
-//! inventory, periodic samples, per-process memory and health events. The
-//! real implementation is NVML ([`crate::nvml`]); `fake::FakeGpu` stands in
-//! for it in tests. The fake is compiled only for this crate's unit tests
+//! inventory, periodic samples, per-process memory and health events. This
+//! is the vendor seam: NVIDIA's GPUs through NVML ([`crate::nvml`]), AMD's
+//! through ROCm SMI ([`crate::rocm_smi`]), a node with both through
+//! [`crate::vendors::Vendors`], which keeps indices and UUIDs unique across
+//! them; `fake::FakeGpu` stands in for any of them in tests. The fake is compiled only for this crate's unit tests
 //! and with the `testing` feature (its integration tests and other crates'
 //! dev-dependencies), never into the release binary.
 
@@ -12,14 +14,28 @@ use std::time::Duration;
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
+    /// Whose GPU it is (which library reports it, which API the shim governs).
+    #[serde(serialize_with = "vendor_name")]
+    pub vendor: tessera_contract::Vendor,
+    /// The model, as the driver names it (`NVIDIA H200`, `AMD Instinct MI210`).
     pub name: String,
     pub memory_total_bytes: u64,
-    /// 0 when the driver does not say.
+    /// SMs (NVIDIA); 0 when the driver does not say (ROCm SMI never does).
     pub sm_count: u32,
     pub pci_bus_id: String,
     /// -1 when unknown.
     pub numa_node: i32,
+    /// CUDA's compute capability; (0, 0) for other vendors.
     pub compute_capability: (u32, u32),
+}
+
+/// A vendor as its name (`nvidia`, `amd`): the contract crate stays free of
+/// serde, which the shim links.
+fn vendor_name<S: serde::Serializer>(
+    v: &tessera_contract::Vendor,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_str())
 }
 
 /// What a GPU is doing right now.
@@ -116,11 +132,29 @@ pub mod fake {
         }
     }
 
+    /// An AMD GPU description with test-friendly values for index `i` (its
+    /// UUID in the AMD form, no SM count or compute capability, as ROCm SMI
+    /// reports).
+    pub fn test_amd_gpu(i: u32, memory: u64) -> GpuInfo {
+        GpuInfo {
+            index: i,
+            uuid: tessera_contract::vendor::format_amd_uuid(0xa3d0_0000_0000_0000 | u64::from(i)),
+            vendor: tessera_contract::Vendor::Amd,
+            name: "AMD Instinct MI210".into(),
+            memory_total_bytes: memory,
+            sm_count: 0,
+            pci_bus_id: format!("0000:{:02x}:00.0", 0x40 + i),
+            numa_node: 0,
+            compute_capability: (0, 0),
+        }
+    }
+
     /// A GPU description with test-friendly values for index `i`.
     pub fn test_gpu(i: u32, memory: u64) -> GpuInfo {
         GpuInfo {
             index: i,
             uuid: format!("GPU-00000000-0000-0000-0000-00000000000{i}"),
+            vendor: tessera_contract::Vendor::Nvidia,
             name: "Fake GPU".into(),
             memory_total_bytes: memory,
             sm_count: 80,

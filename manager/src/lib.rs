@@ -3,8 +3,9 @@
 //! allocation's processes use.
 //!
 //! - [`config`]: configuration from flags, environment and a YAML file.
-//! - [`gpu`], [`nvml`], [`cuda_info`]: the GPU inventory behind a small
-//!   trait, over NVML (and the CUDA driver for SM counts).
+//! - [`gpu`], [`nvml`], [`cuda_info`], [`rocm_smi`], [`vendors`]: the GPU
+//!   inventory behind a small trait (the vendor seam), over NVML (and the
+//!   CUDA driver for SM counts) and ROCm SMI, both on a mixed node.
 //! - [`health`]: XID events and lost devices → healthy or not, and back.
 //! - [`alloc`]: allocation requests and their validation; [`store`]: their
 //!   records on disk and the open files of the ones served; [`wire`]: their
@@ -50,9 +51,11 @@ pub mod nvml;
 pub mod procfs;
 pub mod reaper;
 pub mod report;
+pub mod rocm_smi;
 pub mod sampler;
 pub mod service;
 pub mod store;
+pub mod vendors;
 pub mod wire;
 
 pub use config::{Config, ConfigError, ManagerArgs};

@@ -34,6 +34,9 @@ pub struct GpuMetrics {
     pub index: u32,
     pub uuid: String,
     pub model: String,
+    /// `nvidia`, `amd`, `hygon`: on `tessera_gpu_info` only, so the other
+    /// series keep dcgm-exporter's label set.
+    pub vendor: String,
     pub memory_used_bytes: u64,
     pub memory_total_bytes: u64,
     pub utilization_ratio: f64,
@@ -157,6 +160,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "Slices of the GPU held by allocations.",
     ),
     ("tessera_gpu_slices", "gauge", "Slices the GPU is cut into."),
+    (
+        "tessera_gpu_info",
+        "gauge",
+        "Always 1; its labels describe the GPU, vendor among them.",
+    ),
     (
         "tessera_gpu_healthy",
         "gauge",
@@ -372,6 +380,9 @@ pub fn render(s: &MetricsSnapshot) -> String {
         ] {
             add(name, l.clone(), v);
         }
+        let mut info = base.to_vec();
+        info.push(("vendor", &g.vendor));
+        add("tessera_gpu_info", labels(&info), 1.0);
         for (reason, n) in &g.ungoverned {
             let mut with = base.to_vec();
             with.push(("reason", reason));
@@ -683,6 +694,7 @@ mod tests {
                 index: 0,
                 uuid: "GPU-a".into(),
                 model: "Sim \"H100\"".into(),
+                vendor: "nvidia".into(),
                 memory_used_bytes: 1 << 30,
                 memory_total_bytes: 16 << 30,
                 utilization_ratio: 0.25,
@@ -773,6 +785,11 @@ mod tests {
             ("tessera_gpu_healthy", gpu, 1.0),
             ("tessera_gpu_slices", gpu, 10.0),
             ("tessera_gpu_slices_allocated", gpu, 3.0),
+            (
+                "tessera_gpu_info",
+                r#"{gpu="0",UUID="GPU-a",modelName="Sim \"H100\"",Hostname="node-1",vendor="nvidia"}"#,
+                1.0,
+            ),
             ("tessera_ungoverned_processes", no_shim, 1.0),
             ("tessera_allocation_compute_share_ratio", alloc, 0.3),
             ("tessera_allocation_oom_refused_total", alloc, 7.0),

@@ -152,6 +152,7 @@ impl GpuBackend for NvmlGpu {
                 .map_err(device_err(&uuid, "nvmlDeviceGetCudaComputeCapability"))?;
             out.push(GpuInfo {
                 index: d.index().unwrap_or(i),
+                vendor: tessera_contract::Vendor::Nvidia,
                 name: d.name().map_err(device_err(&uuid, "nvmlDeviceGetName"))?,
                 memory_total_bytes: mem.total,
                 sm_count: match d.attributes() {

@@ -19,7 +19,7 @@ pub mod probe;
 pub mod sim;
 
 pub use cc::{cc, cc_text, fingerprint};
-pub use paths::{hook_library, sim_lib_dir, sim_nvml_library, work_dir};
+pub use paths::{hook_library, sim_lib_dir, sim_nvml_library, sim_rocm_smi_library, work_dir};
 pub use probe::{Line, Mode, ProbeChild, ProbeOutput, probe_binary, run_on_state};
 pub use sim::{SimNode, SimNodeBuilder};
 

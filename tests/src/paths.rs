@@ -47,3 +47,14 @@ pub fn hook_library() -> Option<PathBuf> {
 pub fn sim_nvml_library() -> PathBuf {
     sim_lib_dir().dir.join("libnvidia-ml.so.1")
 }
+
+/// The simulated ROCm SMI (`librocm_smi64.so.5`), as cargo built it: the manager loads
+/// it by path (`--rocm-smi-library`), so it needs no link in [`sim_lib_dir`].
+///
+/// # Panics
+/// If it was not built (it is a dependency of this crate, so cargo builds it with the
+/// tests).
+pub fn sim_rocm_smi_library() -> PathBuf {
+    tessera_sim::libs::find_built_library("libtessera_sim_rocm_smi.so")
+        .unwrap_or_else(|e| panic!("the simulated ROCm SMI: {e}"))
+}

@@ -29,7 +29,7 @@ pub use tessera_contract::env::{
     COMPUTE_POLICY as ENV_COMPUTE_POLICY, NO_GPUS, NVIDIA_VISIBLE_DEVICES as ENV_VISIBLE_DEVICES,
 };
 pub use tessera_contract::labels::{
-    ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, ANNOTATION_PRIORITY,
+    ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, ANNOTATION_GPU_VENDOR, ANNOTATION_PRIORITY,
     NODE_GPU_CLASS as LABEL_GPU_CLASS, RESOURCE,
 };
 pub use tessera_contract::paths::CONTAINER_HOOK_LIBRARY as HOOK_PATH;
@@ -48,10 +48,11 @@ const DEVICE_PLUGIN_ENV: [&str; 4] = [
 ];
 
 /// Pod annotations a user may set under `tessera.dev/`.
-const USER_ANNOTATIONS: [&str; 3] = [
+const USER_ANNOTATIONS: [&str; 4] = [
     ANNOTATION_GPU_CLASS,
     ANNOTATION_COMPUTE_POLICY,
     ANNOTATION_PRIORITY,
+    ANNOTATION_GPU_VENDOR,
 ];
 
 /// Annotations under `tessera.dev/` the webhook itself writes: the original words of a
@@ -85,6 +86,8 @@ pub enum Refusal {
         "annotation {ANNOTATION_GPU_CLASS}={value:?} is not a valid label value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
     )]
     BadGpuClass { value: String },
+    #[error("annotation {ANNOTATION_GPU_VENDOR}={value:?}: {reason}")]
+    BadGpuVendor { value: String, reason: String },
     #[error(
         "annotation {ANNOTATION_GPU_CLASS}={class:?} contradicts nodeSelector {LABEL_GPU_CLASS}={selector:?}; the pod could never be scheduled"
     )]
@@ -406,6 +409,14 @@ fn check_annotations(
         && !is_label_value(c)
     {
         refusals.push(Refusal::BadGpuClass { value: c.clone() });
+    }
+    if let Some(v) = annotations.get(ANNOTATION_GPU_VENDOR)
+        && let Err(e) = v.parse::<tessera_contract::Vendor>()
+    {
+        refusals.push(Refusal::BadGpuVendor {
+            value: v.clone(),
+            reason: e.to_string(),
+        });
     }
     let policy = annotations.get(ANNOTATION_COMPUTE_POLICY).cloned();
     if let Some(p) = &policy

@@ -113,6 +113,10 @@ pub struct Translation {
     pub original: Value,
     /// What the user should know: rounding, policies Tessera's placement decides.
     pub warnings: Vec<String>,
+    /// The vendor whose GPUs the pod asked for in that vendor's own words (HAMi's
+    /// `amd.com/gpumem`, ...), for `tessera.dev/gpu-vendor`; `None` for NVIDIA's words,
+    /// which have always meant any Tessera GPU.
+    pub vendor: Option<tessera_contract::Vendor>,
 }
 
 /// Translates `pod`, or says why Tessera cannot honour it (each line names the field and
@@ -182,6 +186,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         remove_annotations: Vec::new(),
         original: Value::Null,
         warnings: Vec::new(),
+        vendor: None,
     };
     let mut refusals = Vec::new();
     let mut original = Map::new();
@@ -198,6 +203,15 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
     {
         refusals.push(format!(
             "a compute share ({HAMI_GPUCORES} or {VOLCANO_VGPU_CORES}) is a cap, which Tessera's compute policy \"guaranteed\" gives, but the annotation {policy_key}: {v:?} says otherwise; remove one"
+        ));
+    }
+    let vendor_key = tessera_contract::labels::ANNOTATION_GPU_VENDOR;
+    if let Some(v) = t.vendor
+        && let Some(theirs) = annotations.get(vendor_key)
+        && theirs.trim() != v.as_str()
+    {
+        refusals.push(format!(
+            "the pod asks in HAMi's words for {v} cards but the annotation {vendor_key}: {theirs:?} says otherwise; remove one"
         ));
     }
     let mut words = Map::new();
@@ -249,6 +263,75 @@ const HAMI_POD_ANNOTATIONS: [&str; 6] = [
 
 fn is_hami(c: &Container) -> bool {
     HAMI_SHARING_RESOURCES.iter().any(|r| word(c, r).is_some())
+        || HAMI_VENDORS
+            .iter()
+            .any(|v| [v.gpumem, v.gpucores].iter().any(|r| word(c, r).is_some()))
+}
+
+/// The names of HAMi's resources for one vendor's cards: NVIDIA's (`nvidia.com/*`, with
+/// a memory percentage and a priority) or another vendor's (`amd.com/*`,
+/// `hygon.com/dcu*`: count, MiB and percent of the cores only).
+#[derive(Debug, Clone, Copy)]
+struct HamiWords {
+    vendor: Option<tessera_contract::Vendor>,
+    gpu: &'static str,
+    gpumem: &'static str,
+    gpumem_percentage: Option<&'static str>,
+    gpucores: &'static str,
+    priority: Option<&'static str>,
+}
+
+const HAMI_NVIDIA_WORDS: HamiWords = HamiWords {
+    vendor: None,
+    gpu: HAMI_GPU,
+    gpumem: HAMI_GPUMEM,
+    gpumem_percentage: Some(HAMI_GPUMEM_PERCENTAGE),
+    gpucores: HAMI_GPUCORES,
+    priority: Some(HAMI_PRIORITY),
+};
+
+impl HamiWords {
+    fn all(self) -> impl Iterator<Item = &'static str> {
+        [
+            Some(self.gpu),
+            Some(self.gpumem),
+            self.gpumem_percentage,
+            Some(self.gpucores),
+            self.priority,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// Which vendor's HAMi words a container uses, or the refusal when it mixes two.
+fn hami_words(c: &Container) -> Result<HamiWords, String> {
+    let sets = std::iter::once(HAMI_NVIDIA_WORDS).chain(HAMI_VENDORS.iter().map(|v| HamiWords {
+        vendor: Some(v.vendor),
+        gpu: v.gpu,
+        gpumem: v.gpumem,
+        gpumem_percentage: None,
+        gpucores: v.gpucores,
+        priority: None,
+    }));
+    // A vendor's card count alone is its own device plugin's word: it does not pick the
+    // set, the sharing words do.
+    let used: Vec<HamiWords> = sets
+        .filter(|w| {
+            w.all()
+                .filter(|r| *r != w.gpu)
+                .any(|r| word(c, r).is_some())
+        })
+        .collect();
+    match used.as_slice() {
+        [one] => Ok(*one),
+        [] => Ok(HAMI_NVIDIA_WORDS),
+        many => Err(format!(
+            "container {:?} uses HAMi's words for several vendors' cards ({}); a container's slices are on one GPU, ask in one vendor's words",
+            c.name,
+            many.iter().map(|w| w.gpumem).collect::<Vec<_>>().join(", ")
+        )),
+    }
 }
 
 /// The container's value for a resource: limits first (extended resources must have
@@ -412,6 +495,24 @@ fn hami_pod(
             ));
             continue;
         }
+        let words = match hami_words(c) {
+            Ok(w) => w,
+            Err(e) => {
+                refusals.push(e);
+                continue;
+            }
+        };
+        if let Some(v) = words.vendor {
+            match t.vendor {
+                Some(other) if other != v => {
+                    refusals.push(format!(
+                        "{who} asks for {v} cards and another container for {other} cards; a pod's GPUs are one vendor's"
+                    ));
+                    continue;
+                }
+                _ => t.vendor = Some(v),
+            }
+        }
         let mut get = |field: &'static str, min: u64, max: u64, unit: &str| {
             word(c, field).map(|v| match whole(&who, field, &v, min, max, unit) {
                 Ok(n) => Some((n, v)),
@@ -421,11 +522,15 @@ fn hami_pod(
                 }
             })
         };
-        let gpus = get(HAMI_GPU, 1, 64, "GPUs");
-        let mem = get(HAMI_GPUMEM, 1, u64::from(u32::MAX), "MiB");
-        let pct = get(HAMI_GPUMEM_PERCENTAGE, 1, 100, "percent of a GPU's memory");
-        let cores = get(HAMI_GPUCORES, 0, 100, "percent of a GPU's compute");
-        let priority = get(HAMI_PRIORITY, 0, 1, "priority (0 high, 1 low)");
+        let gpus = get(words.gpu, 1, 64, "GPUs");
+        let mem = get(words.gpumem, 1, u64::from(u32::MAX), "MiB");
+        let pct = words
+            .gpumem_percentage
+            .and_then(|f| get(f, 1, 100, "percent of a GPU's memory"));
+        let cores = get(words.gpucores, 0, 100, "percent of a GPU's compute");
+        let priority = words
+            .priority
+            .and_then(|f| get(f, 0, 1, "priority (0 high, 1 low)"));
         if refusals.len() > before {
             continue;
         }
@@ -436,7 +541,7 @@ fn hami_pod(
                 ));
                 continue;
             }
-            (Some(Some((m, v))), _) => (Memory::Mib(*m), Some((HAMI_GPUMEM, v.clone()))),
+            (Some(Some((m, v))), _) => (Memory::Mib(*m), Some((words.gpumem, v.clone()))),
             (_, Some(Some((p, v)))) => (
                 Memory::Percent(*p),
                 Some((HAMI_GPUMEM_PERCENTAGE, v.clone())),
@@ -455,10 +560,10 @@ fn hami_pod(
             cores: cores
                 .flatten()
                 .filter(|(n, _)| *n > 0)
-                .map(|(n, _)| (HAMI_GPUCORES, n)),
+                .map(|(n, _)| (words.gpucores, n)),
             // HAMi's defaultGPUNum: 1.
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
-            gpus_field: Some(HAMI_GPU),
+            gpus_field: Some(words.gpu),
         };
         t.cap_compute |= ask.cores.is_some();
         match slices_for(&ask, config, &mut t.warnings) {
@@ -467,9 +572,8 @@ fn hami_pod(
                 index,
                 name: c.name.clone(),
                 slices,
-                remove: [HAMI_GPU]
-                    .into_iter()
-                    .chain(HAMI_SHARING_RESOURCES)
+                remove: words
+                    .all()
                     .filter(|r| word(c, r).is_some())
                     .map(str::to_owned)
                     .collect(),
@@ -795,6 +899,12 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             map.insert(
                 tessera_contract::labels::ANNOTATION_PRIORITY.into(),
                 json!(p.to_string()),
+            );
+        }
+        if let Some(v) = t.vendor {
+            map.insert(
+                tessera_contract::labels::ANNOTATION_GPU_VENDOR.into(),
+                json!(v.as_str()),
             );
         }
     }
@@ -1313,6 +1423,73 @@ mod tests {
         // KAI's admission alone (its ConfigMap annotation, no fraction) is not a request.
         let only_cm = pod(&[], &[(KAI_CONFIGMAP_ANNOTATION, "x")]);
         assert_eq!(translate(&only_cm, &Config::default()), Ok(None));
+    }
+
+    #[test]
+    fn hami_words_for_amd_and_hygon_cards_become_slices_on_that_vendor() {
+        use tessera_contract::Vendor;
+        let c = Config::default();
+        for (words, vendor) in [(HAMI_AMD, Vendor::Amd), (HAMI_HYGON, Vendor::Hygon)] {
+            let p = pod(
+                &[
+                    (words.gpu, "1"),
+                    (words.gpumem, "8192"),
+                    (words.gpucores, "25"),
+                ],
+                &[],
+            );
+            let t = translate(&p, &c).expect("accepted").expect("translated");
+            assert_eq!(t.dialect, Dialect::Hami);
+            assert_eq!(t.vendor, Some(vendor));
+            // 8 GiB and 25% of 4 GiB, 12.5% slices: 2 slices.
+            assert_eq!(t.containers[0].slices, 2, "{vendor}");
+            assert!(t.cap_compute);
+            let mut remove = t.containers[0].remove.clone();
+            remove.sort();
+            let mut want = vec![words.gpu, words.gpumem, words.gpucores];
+            want.sort();
+            assert_eq!(remove, want);
+            let mut raw = serde_json::to_value(&p).expect("json");
+            apply(&mut raw, &t);
+            assert_eq!(
+                raw["metadata"]["annotations"][tessera_contract::labels::ANNOTATION_GPU_VENDOR],
+                vendor.as_str()
+            );
+            assert!(raw["spec"]["containers"][0]["resources"]["limits"][words.gpumem].is_null());
+        }
+        // The count alone is the vendor's own device plugin's word: not HAMi's, left alone.
+        assert_eq!(translate(&pod(&[(HAMI_AMD.gpu, "1")], &[]), &c), Ok(None));
+        // NVIDIA's words keep meaning any GPU.
+        let t = translate(&pod(&[(HAMI_GPUMEM, "4096")], &[]), &c)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.vendor, None);
+    }
+
+    #[test]
+    fn one_pod_one_vendor() {
+        let c = Config::default();
+        let e = refusal(
+            &pod(
+                &[(HAMI_AMD.gpumem, "4096"), (HAMI_HYGON.gpumem, "4096")],
+                &[],
+            ),
+            &c,
+        );
+        assert!(e.contains("several vendors"), "{e}");
+        let e = refusal(
+            &pod(
+                &[(HAMI_AMD.gpumem, "4096")],
+                &[(tessera_contract::labels::ANNOTATION_GPU_VENDOR, "nvidia")],
+            ),
+            &c,
+        );
+        assert!(e.contains("says otherwise"), "{e}");
+        let e = refusal(&pod(&[(HAMI_AMD.gpumem, "lots")], &[]), &c);
+        assert!(
+            e.contains("amd.com/gpumem") && e.contains("\"lots\""),
+            "{e}"
+        );
     }
 
     #[test]

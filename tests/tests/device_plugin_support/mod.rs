@@ -52,6 +52,7 @@ pub fn fake_gpus(gpus: &[(&str, u64, i32, u32)]) -> Arc<FakeGpu> {
             .map(|(i, &(uuid, mem, numa, _))| GpuInfo {
                 index: u32::try_from(i).expect("few GPUs"),
                 uuid: uuid.to_owned(),
+                vendor: tessera_contract::Vendor::Nvidia,
                 name: "NVIDIA A100-SXM4-80GB".into(),
                 memory_total_bytes: mem,
                 sm_count: 108,
