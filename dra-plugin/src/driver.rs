@@ -864,6 +864,91 @@ mod tests {
         );
     }
 
+    /// Claims as kube-scheduler writes them for a pod's `tessera.dev/vgpu`: no config,
+    /// reserved for pod `pod-<claim>`, whose annotations depend on the claim's name.
+    struct Reserved;
+
+    impl ClaimSource for Reserved {
+        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+            let claim = serde_json::json!({
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [{"request": "r", "driver": "vgpu.tessera.dev",
+                        "pool": "node-1", "device": slice_device("GPU-a", 0)}]}},
+                    "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": "pod-uid"}],
+                }
+            });
+            serde_json::from_value(claim)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        }
+
+        async fn pod_annotations(
+            &self,
+            _namespace: &str,
+            name: &str,
+            uid: &str,
+        ) -> Result<Option<BTreeMap<String, String>>, String> {
+            assert_eq!(uid, "pod-uid");
+            match name {
+                "pod-capped" => Ok(Some(BTreeMap::from([
+                    (
+                        ANNOTATION_COMPUTE_POLICY.to_owned(),
+                        "guaranteed".to_owned(),
+                    ),
+                    (ANNOTATION_PRIORITY.to_owned(), "7".to_owned()),
+                ]))),
+                "pod-plain" => Ok(Some(BTreeMap::new())),
+                _ => Err(format!("cannot read pod ns/{name}: unreachable")),
+            }
+        }
+    }
+
+    /// A config-less claim takes its pod's policy and priority; a pod that cannot be
+    /// read fails the prepare and leaves nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_config_less_claim_takes_its_pods_policy_and_priority() {
+        let r = rig();
+        let driver = Driver::new(
+            r.driver.opts.clone(),
+            r.manager.clone(),
+            Reserved,
+            Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
+            Store::open(&r.dir.path().join("plugin")).expect("store"),
+        );
+        let a = driver.prepare(vec![claim("capped")]).await;
+        assert_eq!(a.claims["uid-capped"].error, "");
+        let made = r.manager.allocations();
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].policy(), mgr::ComputePolicy::Guaranteed);
+        assert_eq!(made[0].priority, 7);
+
+        let a = driver.prepare(vec![claim("plain")]).await;
+        assert_eq!(a.claims["uid-plain"].error, "");
+        let plain = r
+            .manager
+            .allocations()
+            .into_iter()
+            .find(|x| x.id == "dra-uid-plain")
+            .expect("plain");
+        assert_ne!(
+            plain.policy(),
+            mgr::ComputePolicy::Guaranteed,
+            "the node's default"
+        );
+        assert_eq!(plain.priority, 0);
+
+        let a = driver.prepare(vec![claim("hidden")]).await;
+        assert!(
+            a.claims["uid-hidden"]
+                .error
+                .contains("cannot read pod ns/pod-hidden"),
+            "{a:?}"
+        );
+        assert_eq!(r.manager.allocations().len(), 2, "nothing made for it");
+    }
+
     /// One failed claim does not undo another of the same call.
     #[tokio::test(start_paused = true)]
     async fn a_failed_claim_leaves_the_others_of_its_call() {
