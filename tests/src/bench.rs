@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 pub mod compute;
 pub mod dra;
+pub mod dropin;
 pub mod hook;
 pub mod many;
 pub mod race;

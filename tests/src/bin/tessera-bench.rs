@@ -1,5 +1,5 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|run|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
@@ -13,7 +13,7 @@ use tessera_e2e::bench::{self, Table};
 
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
@@ -96,6 +96,7 @@ fn main() -> Result<()> {
                 "race",
                 "many",
                 "dra",
+                "dropin",
                 "run",
                 "all",
             ]
@@ -144,6 +145,9 @@ fn main() -> Result<()> {
         }
         if s == "many" {
             tables.push(bench::many::table(500).map_err(anyhow::Error::msg)?);
+        }
+        if s == "dropin" {
+            tables.push(bench::dropin::table(o.measure).map_err(anyhow::Error::msg)?);
         }
         if s == "dra" {
             tables.push(bench::dra::table(o.runs.max(1) * 20).map_err(anyhow::Error::msg)?);
