@@ -597,6 +597,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
+#[path = "driver_tests.rs"]
+mod stepped;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
