@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tessera_shm::layout::grant;
 use tessera_shm::testing::AssumeAlive;
-use tessera_shm::{Control, ControlSpec, DeviceSpec, Member, State, create_allocation_files};
+use tessera_shm::{Control, Member, State};
 
 use super::*;
 use crate::arbiter::OpenFiles;
@@ -41,16 +41,7 @@ struct Alloc {
 
 fn alloc(id: &str, share_ppm: u32, policy: Policy) -> Alloc {
     let dir = tempfile::tempdir().unwrap();
-    let spec = ControlSpec::new(
-        id,
-        vec![DeviceSpec {
-            uuid: GPU.into(),
-            memory_limit_bytes: 1 << 30,
-            compute_share_ppm: share_ppm,
-            policy,
-        }],
-    );
-    let (c, s) = create_allocation_files(dir.path(), &spec).unwrap();
+    let (c, s) = super::super::test_files(dir.path(), id, GPU, share_ppm, policy);
     Alloc {
         control: Control::open(&c).unwrap(),
         state: State::open(&s, id).unwrap(),

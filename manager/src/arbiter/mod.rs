@@ -530,5 +530,26 @@ impl Arbitration for Arbiter {
     }
 }
 
+/// The files of a test allocation with one device on `uuid`, in `dir`.
+#[cfg(test)]
+fn test_files(
+    dir: &Path,
+    id: &str,
+    uuid: &str,
+    share_ppm: u32,
+    policy: Policy,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let spec = tessera_shm::ControlSpec::new(
+        id,
+        vec![tessera_shm::DeviceSpec {
+            uuid: uuid.into(),
+            memory_limit_bytes: 1 << 30,
+            compute_share_ppm: share_ppm,
+            policy,
+        }],
+    );
+    tessera_shm::create_allocation_files(dir, &spec).unwrap()
+}
+
 #[cfg(test)]
 mod tests;

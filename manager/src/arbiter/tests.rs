@@ -13,9 +13,7 @@ use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use tessera_shm::gate::{Drain, Gate, GateEvent};
 use tessera_shm::layout::grant;
-use tessera_shm::{
-    Control, ControlSpec, DeviceSpec, Member, Policy, ProcIdentity, State, create_allocation_files,
-};
+use tessera_shm::{Control, Member, Policy, ProcIdentity, State};
 
 use super::*;
 
@@ -36,16 +34,7 @@ struct Alloc {
 
 fn alloc(id: &str, share_ppm: u32, policy: Policy) -> Alloc {
     let dir: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
-    let spec = ControlSpec::new(
-        id,
-        vec![DeviceSpec {
-            uuid: GPU.into(),
-            memory_limit_bytes: 1 << 30,
-            compute_share_ppm: share_ppm,
-            policy,
-        }],
-    );
-    let (c, s) = create_allocation_files(dir.path(), &spec).unwrap();
+    let (c, s) = test_files(dir.path(), id, GPU, share_ppm, policy);
     Alloc {
         control: Box::leak(Box::new(Control::open(&c).unwrap())),
         state: Box::leak(Box::new(State::open(&s, id).unwrap())),

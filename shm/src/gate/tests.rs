@@ -75,16 +75,28 @@ impl FakeDrain {
     }
 }
 
-fn gate(f: &Files, pid: u32, drain: Arc<FakeDrain>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+/// A gate for a new member `pid`, its events logged to `log`.
+fn gate_on(
+    f: &Files,
+    pid: u32,
+    drain: Arc<FakeDrain>,
+    log: Arc<Mutex<Vec<GateEvent>>>,
+    sys: Arc<dyn Sys>,
+) -> Gate {
     let m = member(f.state, pid);
-    Gate::new(
+    Gate::with_sys(
         f.control,
         f.state,
         m,
         drain,
         Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
+        sys,
     )
     .unwrap()
+}
+
+fn gate(f: &Files, pid: u32, drain: Arc<FakeDrain>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+    gate_on(f, pid, drain, log, Arc::new(crate::sys::Linux))
 }
 
 /// The real system calls, counting the gate's sleeps on a closed grant word:
@@ -131,16 +143,7 @@ fn counted_gate(
     sys: Arc<CountingSys>,
     log: Arc<Mutex<Vec<GateEvent>>>,
 ) -> Gate {
-    let m = member(f.state, pid);
-    Gate::with_sys(
-        f.control,
-        f.state,
-        m,
-        Arc::new(FakeDrain::default()),
-        Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
-        sys,
-    )
-    .unwrap()
+    gate_on(f, pid, Arc::default(), log, sys)
 }
 
 fn until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -388,16 +391,7 @@ impl Sys for FakeSys {
 }
 
 fn fake_gate(f: &Files, pid: u32, sys: Arc<FakeSys>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
-    let m = member(f.state, pid);
-    Gate::with_sys(
-        f.control,
-        f.state,
-        m,
-        Arc::new(FakeDrain::default()),
-        Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
-        sys,
-    )
-    .unwrap()
+    gate_on(f, pid, Arc::default(), log, sys)
 }
 
 #[test]
