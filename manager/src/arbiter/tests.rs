@@ -60,7 +60,7 @@ impl Drain for NothingInFlight {
     fn drain(&self, _dev: usize) {}
 }
 
-fn process(a: &Alloc, pid: u32) -> Proc {
+fn process(a: &Alloc, pid: u32, log: Option<Arc<Mutex<Vec<GateEvent>>>>) -> Proc {
     let me = ProcIdentity {
         pid,
         pidns: 0,
@@ -75,7 +75,11 @@ fn process(a: &Alloc, pid: u32) -> Proc {
         a.state,
         m,
         Arc::new(NothingInFlight),
-        Arc::new(|_: &GateEvent| {}),
+        Arc::new(move |e: &GateEvent| {
+            if let Some(l) = &log {
+                l.lock().unwrap().push(e.clone());
+            }
+        }),
     )
     .unwrap();
     Proc { gate }
@@ -101,7 +105,7 @@ fn shutdown_opens_the_gates_and_a_new_arbiter_takes_over() {
         Err(ArbiterError::ShutDown)
     ));
     // A process passes at once.
-    let p = process(&a, 104);
+    let p = process(&a, 104, None);
     p.gate.before_submit(0);
     // The next arbiter closes the gate again, and grants it on demand.
     let arb2 = Arbiter::new(ArbiterConfig::default()).unwrap();
