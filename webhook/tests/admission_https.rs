@@ -4,35 +4,17 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use base64::Engine as _;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_webhook::admission::HOOK_PATH;
-use tessera_webhook::certs::{Authority, SwappableCert};
+use tessera_webhook::certs::Authority;
 
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-}
+use common::{Outcome, Server};
+use tessera_webhook::dropin::Config;
 
 async fn server() -> Server {
-    let now = time::OffsetDateTime::now_utc();
-    let ca = Authority::generate(Duration::from_secs(86_400), now).expect("ca");
-    let cert = ca
-        .issue(
-            &[common::SERVICE_DNS.to_string()],
-            Duration::from_secs(3600),
-            now,
-        )
-        .expect("cert");
-    let addr = common::start_server(SwappableCert::new(&cert).expect("resolver")).await;
-    Server {
-        addr,
-        ca_pem: ca.material().cert_pem.clone(),
-    }
+    common::server_with(Config::default()).await
 }
 
 /// A container as the API server hands it over after defaulting.
@@ -107,83 +89,17 @@ fn review_of(pod: &Value) -> Value {
     })
 }
 
-/// What the webhook said about one pod.
-#[derive(Debug)]
-enum Outcome {
-    /// Allowed; the pod after the patch (the same pod when there was none) and whether
-    /// there was a patch.
-    Allowed {
-        pod: Value,
-        patched: bool,
-    },
-    Denied(String),
-}
-
 async fn admit_on(s: &Server, pod: &Value) -> Outcome {
-    let body = serde_json::to_vec(&review_of(pod)).expect("json");
-    let reply = common::request(s.addr, &s.ca_pem, "POST", "/mutate", body)
-        .await
-        .expect("request");
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
-    let review: Value = serde_json::from_slice(&reply.body).expect("review json");
-    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
-    assert_eq!(review["kind"], "AdmissionReview");
-    let response = &review["response"];
-    assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
-    if response["allowed"] != json!(true) {
-        assert!(
-            response.get("patch").is_none(),
-            "a refusal carries no patch"
-        );
-        let msg = response["status"]["message"].as_str().expect("message");
-        return Outcome::Denied(msg.to_string());
-    }
-    let Some(patch) = response.get("patch") else {
-        return Outcome::Allowed {
-            pod: pod.clone(),
-            patched: false,
-        };
-    };
-    assert_eq!(response["patchType"], "JSONPatch");
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch.as_str().expect("patch is base64 text"))
-        .expect("base64");
-    let ops: json_patch::Patch = serde_json::from_slice(&bytes).expect("RFC 6902 patch");
-    let mut patched = pod.clone();
-    json_patch::patch(&mut patched, &ops).expect("patch applies cleanly");
-    serde_json::from_value::<Pod>(patched.clone()).expect("still a valid Pod");
-    Outcome::Allowed {
-        pod: patched,
-        patched: true,
-    }
+    common::admit_on(s, pod, &review_of(pod)).await
 }
 
 /// Admits `pod`, expects it allowed, checks a second pass changes nothing, returns it.
 async fn admitted(pod: &Value) -> Value {
-    let s = server().await;
-    let out = match admit_on(&s, pod).await {
-        Outcome::Allowed { pod, .. } => pod,
-        Outcome::Denied(m) => panic!("denied: {m}"),
-    };
-    match admit_on(&s, &out).await {
-        Outcome::Allowed { patched, pod } => {
-            assert!(!patched, "second pass changed the pod: {pod:#}");
-        }
-        Outcome::Denied(m) => panic!("second pass denied: {m}"),
-    }
-    out
+    common::admitted(Config::default(), review_of, pod).await.0
 }
 
 async fn denied(pod: &Value) -> String {
-    match admit_on(&server().await, pod).await {
-        Outcome::Denied(m) => m,
-        Outcome::Allowed { pod, .. } => panic!("allowed: {pod:#}"),
-    }
+    common::denied(Config::default(), review_of, pod).await
 }
 
 fn env(name: &str, value: &str) -> Value {
