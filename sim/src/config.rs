@@ -1,7 +1,7 @@
 //! The simulated node's configuration: defaults, environment variables, and parsing of
 //! their values (sizes like `16Gi`, compute capabilities like `9.0`).
 
-use crate::layout::{MAX_DEVICES, NAME_LEN};
+use crate::layout::{ARCH_LEN, MAX_DEVICES, NAME_LEN};
 /// Sizes are the contract's syntax (`16Gi`, `512Mi`, `2G`, bytes), as every other part
 /// reads them; re-exported for the tests that build nodes from size strings.
 pub use tessera_contract::units::parse_size;
@@ -18,6 +18,10 @@ pub const ENV_SMS: &str = "TESSERA_SIM_SMS";
 pub const ENV_CC: &str = "TESSERA_SIM_CC";
 /// Device name, default `Tessera Simulated GPU`.
 pub const ENV_NAME: &str = "TESSERA_SIM_NAME";
+/// The node's GPUs one by one, comma-separated: `nvidia` or `amd`, optionally with a model
+/// (`amd:AMD Instinct MI300X`) and, for an AMD model the simulator does not know, its
+/// architecture (`amd:My Card:gfx90a`). When set, the list's length is the device count.
+pub const ENV_GPUS: &str = "TESSERA_SIM_GPUS";
 /// Seed of the devices' UUIDs (decimal or 0x-hex u64); default derived from the host name.
 pub const ENV_SEED: &str = "TESSERA_SIM_SEED";
 /// The CUDA version the simulated driver reports (`cuDriverGetVersion`), per process:
@@ -77,6 +81,181 @@ pub enum ConfigError {
     },
 }
 
+/// Whose GPU a simulated device is, which decides the libraries that show it: NVIDIA's
+/// (`libcuda.so.1`, `libnvidia-ml.so.1`) or AMD's (`libamdhip64.so.5`, rocm-smi). The
+/// ground truth (memory, busy time per process) is the same for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum Vendor {
+    #[default]
+    Nvidia = 0,
+    Amd = 1,
+}
+
+impl Vendor {
+    /// The spelling of [`ENV_GPUS`] and of reports: `nvidia`, `amd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+        }
+    }
+
+    /// The vendor a state file's word names; `None` for a word no build wrote.
+    pub fn from_word(word: u32) -> Option<Vendor> {
+        match word {
+            0 => Some(Vendor::Nvidia),
+            1 => Some(Vendor::Amd),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Vendor {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Vendor, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "nvidia" => Ok(Vendor::Nvidia),
+            "amd" => Ok(Vendor::Amd),
+            other => Err(format!("unknown vendor {other:?} (nvidia or amd)")),
+        }
+    }
+}
+
+/// One AMD model the simulator knows: its marketing name as `hipGetDeviceProperties` and
+/// rocm-smi give it, its architecture (`gcnArchName`) and its compute units per device.
+/// Figures from AMD's product pages (compute units) and LLVM's AMDGPU processor table
+/// (architecture); the `sramecc+:xnack-` features are what ROCm reports on these parts in
+/// their default mode. An MI250X is two devices to HIP, one per die, so its row is one die.
+pub const AMD_MODELS: &[(&str, &str, u32)] = &[
+    ("AMD Instinct MI100", "gfx908:sramecc+:xnack-", 120),
+    ("AMD Instinct MI210", "gfx90a:sramecc+:xnack-", 104),
+    ("AMD Instinct MI250X", "gfx90a:sramecc+:xnack-", 110),
+    ("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 304),
+];
+
+/// The AMD model a `TESSERA_SIM_GPUS` entry of `amd` alone stands for.
+pub const DEFAULT_AMD_MODEL: &str = "AMD Instinct MI210";
+
+/// What one device of the node is, as configured. Fields left `None` take the node's
+/// defaults ([`NodeConfig::name`], [`NodeConfig::sms`], the compute capability) for an
+/// NVIDIA device and the [`AMD_MODELS`] row for an AMD one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpec {
+    pub vendor: Vendor,
+    pub model: Option<String>,
+    /// AMD only: the architecture name, required for a model not in [`AMD_MODELS`].
+    pub arch: Option<String>,
+}
+
+impl GpuSpec {
+    /// An NVIDIA device with the node's name.
+    pub fn nvidia() -> GpuSpec {
+        GpuSpec {
+            vendor: Vendor::Nvidia,
+            model: None,
+            arch: None,
+        }
+    }
+
+    /// An AMD device of a model in [`AMD_MODELS`] (`None`: [`DEFAULT_AMD_MODEL`]).
+    pub fn amd(model: Option<&str>) -> GpuSpec {
+        GpuSpec {
+            vendor: Vendor::Amd,
+            model: model.map(str::to_string),
+            arch: None,
+        }
+    }
+
+    /// One entry of [`ENV_GPUS`]: `vendor[:model[:arch]]`.
+    pub fn parse(entry: &str) -> Result<GpuSpec, String> {
+        let mut parts = entry.trim().splitn(3, ':');
+        let vendor: Vendor = parts.next().unwrap_or_default().parse()?;
+        let model = parts.next().map(|m| m.trim().to_string());
+        let arch = parts.next().map(|a| a.trim().to_string());
+        let spec = GpuSpec {
+            vendor,
+            model,
+            arch,
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(m) = &self.model
+            && (m.is_empty() || m.len() >= NAME_LEN || m.contains('\0'))
+        {
+            return Err(format!(
+                "model {m:?} must be 1 to 63 bytes without NUL characters"
+            ));
+        }
+        match (self.vendor, &self.arch) {
+            (Vendor::Nvidia, Some(_)) => {
+                Err("an architecture is for AMD devices (NVIDIA's is TESSERA_SIM_CC)".into())
+            }
+            (Vendor::Nvidia, None) => Ok(()),
+            (Vendor::Amd, Some(arch)) => amd_version(arch).map(|_| ()),
+            (Vendor::Amd, None) => {
+                let model = self.model.as_deref().unwrap_or(DEFAULT_AMD_MODEL);
+                if AMD_MODELS.iter().any(|(m, _, _)| *m == model) {
+                    Ok(())
+                } else {
+                    let known: Vec<&str> = AMD_MODELS.iter().map(|(m, _, _)| *m).collect();
+                    Err(format!(
+                        "AMD model {model:?} is not one the simulator knows ({}); \
+                         give its architecture too: amd:{model}:gfx90a",
+                        known.join(", ")
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The (major, minor) HIP reports for an AMD architecture name, as HIP derives them from
+/// the gfx number: `gfx90a` is 9.0, `gfx942` 9.4, `gfx1100` 11.0 (the last hex digit is
+/// the stepping, which major.minor leaves out). Features after `:` are ignored.
+pub fn amd_version(arch: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("architecture {arch:?} must look like gfx90a or gfx1100[:features]");
+    if arch.len() >= ARCH_LEN || arch.contains('\0') {
+        return Err(bad());
+    }
+    let base = arch.split(':').next().unwrap_or_default();
+    let digits = base.strip_prefix("gfx").ok_or_else(bad)?;
+    if !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let (major, minor) = match digits.len() {
+        3 => (&digits[..1], &digits[1..2]),
+        4 => (&digits[..2], &digits[2..3]),
+        _ => return Err(bad()),
+    };
+    let major: u32 = major.parse().map_err(|_| bad())?;
+    let minor: u32 = minor.parse().map_err(|_| bad())?;
+    Ok((major, minor))
+}
+
+/// One device as the state file records it: what [`GpuSpec`] and the node's defaults
+/// resolve to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuModel {
+    pub vendor: Vendor,
+    pub name: String,
+    /// Empty for NVIDIA.
+    pub arch: String,
+    /// SMs (NVIDIA) or compute units (AMD).
+    pub units: u32,
+    pub cc_major: u32,
+    pub cc_minor: u32,
+}
+
 /// What a new node state file is initialised with. An existing file keeps its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
@@ -87,6 +266,9 @@ pub struct NodeConfig {
     pub cc_minor: u32,
     pub name: String,
     pub seed: u64,
+    /// Device i is `gpus[i]`; devices past the list's end are NVIDIA with the node's
+    /// defaults, so an empty list (the default) is the all-NVIDIA node.
+    pub gpus: Vec<GpuSpec>,
 }
 
 impl Default for NodeConfig {
@@ -99,6 +281,7 @@ impl Default for NodeConfig {
             cc_minor: 0,
             name: "Tessera Simulated GPU".to_string(),
             seed: host_seed(),
+            gpus: Vec::new(),
         }
     }
 }
@@ -161,7 +344,69 @@ impl NodeConfig {
         if let Some(v) = lookup(ENV_SEED) {
             config.seed = parse_u64(ENV_SEED, &v)?;
         }
+        if let Some(v) = lookup(ENV_GPUS) {
+            let gpus = v
+                .split(',')
+                .map(GpuSpec::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(ENV_GPUS, &v, e))?;
+            if gpus.len() > MAX_DEVICES {
+                return Err(invalid(ENV_GPUS, &v, "at most 16 devices"));
+            }
+            // Both variables set and disagreeing is a mistake worth naming, not a guess.
+            if lookup(ENV_DEVICES).is_some() && gpus.len() != config.devices as usize {
+                return Err(invalid(
+                    ENV_GPUS,
+                    &v,
+                    format!(
+                        "lists {} devices but {ENV_DEVICES} says {}",
+                        gpus.len(),
+                        config.devices
+                    ),
+                ));
+            }
+            config.devices = gpus.len() as u32;
+            config.gpus = gpus;
+        }
         Ok(config)
+    }
+
+    /// What device `index` is: its spec in [`NodeConfig::gpus`] resolved against the
+    /// node's defaults and [`AMD_MODELS`].
+    pub fn gpu(&self, index: usize) -> GpuModel {
+        let spec = self
+            .gpus
+            .get(index)
+            .cloned()
+            .unwrap_or_else(GpuSpec::nvidia);
+        match spec.vendor {
+            Vendor::Nvidia => GpuModel {
+                vendor: Vendor::Nvidia,
+                name: spec.model.unwrap_or_else(|| self.name.clone()),
+                arch: String::new(),
+                units: self.sms,
+                cc_major: self.cc_major,
+                cc_minor: self.cc_minor,
+            },
+            Vendor::Amd => {
+                let name = spec.model.unwrap_or_else(|| DEFAULT_AMD_MODEL.to_string());
+                let known = AMD_MODELS.iter().find(|(m, _, _)| *m == name);
+                let arch = spec
+                    .arch
+                    .or_else(|| known.map(|(_, a, _)| a.to_string()))
+                    .unwrap_or_else(|| AMD_MODELS[1].1.to_string());
+                let units = known.map_or(self.sms, |(_, _, cus)| *cus);
+                let (cc_major, cc_minor) = amd_version(&arch).unwrap_or((9, 0));
+                GpuModel {
+                    vendor: Vendor::Amd,
+                    name,
+                    arch,
+                    units,
+                    cc_major,
+                    cc_minor,
+                }
+            }
+        }
     }
 }
 
@@ -276,6 +521,78 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn a_mixed_node_from_the_gpu_list() {
+        let c = with(&[(
+            ENV_GPUS,
+            "nvidia, amd ,amd:AMD Instinct MI300X,amd:Hygon DCU Z100:gfx906,nvidia:H200",
+        )])
+        .expect("valid");
+        assert_eq!(c.devices, 5, "the list's length is the device count");
+        let g: Vec<GpuModel> = (0..5).map(|i| c.gpu(i)).collect();
+        assert_eq!(g[0].vendor, Vendor::Nvidia);
+        assert_eq!(g[0].name, "Tessera Simulated GPU");
+        assert_eq!((g[0].units, g[0].cc_major), (132, 9));
+        assert_eq!(g[1].vendor, Vendor::Amd);
+        assert_eq!(g[1].name, "AMD Instinct MI210");
+        assert_eq!(g[1].arch, "gfx90a:sramecc+:xnack-");
+        assert_eq!(g[1].units, 104);
+        assert_eq!((g[2].cc_major, g[2].cc_minor, g[2].units), (9, 4, 304));
+        assert_eq!(g[3].arch, "gfx906");
+        assert_eq!(
+            g[3].units, 132,
+            "an unknown model has the node's unit count"
+        );
+        assert_eq!(g[4].name, "H200");
+        assert_eq!(g[4].arch, "");
+        // Devices past the list are NVIDIA with the node's defaults.
+        assert_eq!(c.gpu(9).vendor, Vendor::Nvidia);
+    }
+
+    #[test]
+    fn amd_versions() {
+        assert_eq!(amd_version("gfx90a"), Ok((9, 0)));
+        assert_eq!(amd_version("gfx942:sramecc+:xnack-"), Ok((9, 4)));
+        assert_eq!(amd_version("gfx1100"), Ok((11, 0)));
+        for bad in ["", "gfx", "gfx9", "sm_90", "gfx12345", "gfxzz0"] {
+            assert!(amd_version(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bad_gpu_lists_say_why() {
+        for (value, why) in [
+            ("intel", "unknown vendor"),
+            ("amd:Radeon Toy", "give its architecture"),
+            ("nvidia:H100:gfx90a", "for AMD devices"),
+            ("amd:X:sm_90", "must look like gfx90a"),
+            ("amd:", "1 to 63 bytes"),
+            ("nvidia,", "unknown vendor"),
+        ] {
+            match with(&[(ENV_GPUS, value)]) {
+                Err(ConfigError::Invalid { var, reason, .. }) => {
+                    assert_eq!(var, ENV_GPUS);
+                    assert!(reason.contains(why), "{value:?}: {reason}");
+                }
+                Ok(c) => panic!("{value:?} accepted: {c:?}"),
+            }
+        }
+        let many = vec!["amd"; 17].join(",");
+        assert!(with(&[(ENV_GPUS, &many)]).is_err());
+        match with(&[(ENV_GPUS, "amd,amd"), (ENV_DEVICES, "3")]) {
+            Err(ConfigError::Invalid { reason, .. }) => {
+                assert!(reason.contains("TESSERA_SIM_DEVICES says 3"), "{reason}")
+            }
+            Ok(c) => panic!("disagreeing counts accepted: {c:?}"),
+        }
+        assert_eq!(
+            with(&[(ENV_GPUS, "amd,amd"), (ENV_DEVICES, "2")])
+                .expect("agreeing counts")
+                .devices,
+            2
+        );
     }
 
     #[test]

@@ -9,13 +9,15 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// `b"TSRASIM\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRASIM\0");
 /// Bumped on every incompatible change of this file.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 /// Devices a node can have.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can use the node's CUDA at the same time.
 pub const MAX_PROCS: usize = 512;
 /// Bytes of a device name, NUL included.
 pub const NAME_LEN: usize = 64;
+/// Bytes of an AMD device's architecture name (`gfx90a:sramecc+:xnack-`), NUL included.
+pub const ARCH_LEN: usize = 32;
 /// XID events kept per device for NVML event sets.
 pub const XID_RING: usize = 64;
 /// Device memory objects shared between processes (IPC handles, exported VMM handles)
@@ -93,12 +95,17 @@ pub struct DeviceState {
     pub launches: AtomicU64,
     /// Non-zero while the device is marked lost (fallen off the bus).
     pub lost: AtomicU32,
-    pub _pad: AtomicU32,
+    /// Whose GPU this is ([`crate::config::Vendor`] as u32: 0 NVIDIA, 1 AMD), written once
+    /// at creation. Zero, NVIDIA, is what every device of an older file was.
+    pub vendor: AtomicU32,
     /// Number of XID events ever injected; the newest is `xids[(xid_seq - 1) % XID_RING]`.
     pub xid_seq: AtomicU64,
     pub xids: [XidRecord; XID_RING],
     pub busy: BusyRing<DEVICE_RING, DEVICE_BUCKET_NS>,
-    pub _reserved: [u64; 8],
+    /// An AMD device's architecture name (HIP's `gcnArchName`), NUL-padded; zero for
+    /// NVIDIA devices. Written once at creation.
+    pub arch: [AtomicU64; ARCH_LEN / 8],
+    pub _reserved: [u64; 4],
 }
 
 #[repr(C)]

@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
 use crate::clock::now_ns;
-use crate::config::{ConfigError, ENV_STATE, NodeConfig, invalid, parse_size};
+use crate::config::{ConfigError, ENV_STATE, NodeConfig, Vendor, invalid, parse_size};
 use crate::layout::*;
 use crate::process::{is_alive, own_start_time};
 /// The UUID spelling NVML, nvidia-smi and the control file share (the contract's),
@@ -305,11 +305,13 @@ impl Node {
         s.header.seed.store(config.seed, Ordering::Relaxed);
         s.header.created_ns.store(now_ns(), Ordering::Relaxed);
         for (i, d) in s.devices.iter().enumerate().take(config.devices as usize) {
+            let gpu = config.gpu(i);
             d.memory_total
                 .store(config.memory_per_device, Ordering::Relaxed);
-            d.sms.store(config.sms, Ordering::Relaxed);
-            d.cc_major.store(config.cc_major, Ordering::Relaxed);
-            d.cc_minor.store(config.cc_minor, Ordering::Relaxed);
+            d.sms.store(gpu.units, Ordering::Relaxed);
+            d.cc_major.store(gpu.cc_major, Ordering::Relaxed);
+            d.cc_minor.store(gpu.cc_minor, Ordering::Relaxed);
+            d.vendor.store(gpu.vendor as u32, Ordering::Relaxed);
             d.pci_domain.store(0, Ordering::Relaxed);
             d.pci_bus.store(0x18 + 0x10 * i as u32, Ordering::Relaxed);
             d.pci_device.store(0, Ordering::Relaxed);
@@ -322,16 +324,8 @@ impl Node {
                 u64::from_le_bytes(uuid[8..].try_into().unwrap_or_default()),
                 Ordering::Relaxed,
             );
-            let mut name = [0u8; NAME_LEN];
-            let bytes = config.name.as_bytes();
-            let n = bytes.len().min(NAME_LEN - 1);
-            name[..n].copy_from_slice(&bytes[..n]);
-            for (w, chunk) in d.name.iter().zip(name.chunks(8)) {
-                w.store(
-                    u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
-                    Ordering::Relaxed,
-                );
-            }
+            store_str(&d.name, &gpu.name);
+            store_str(&d.arch, &gpu.arch);
         }
         s.header.magic.store(MAGIC, Ordering::Release);
     }
@@ -372,16 +366,12 @@ impl Node {
     /// Static facts about a device.
     pub fn device_info(&self, index: u32) -> Result<DeviceInfo, NodeError> {
         let d = self.device(index)?;
-        let mut name = Vec::with_capacity(NAME_LEN);
-        for w in &d.name {
-            name.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-        name.truncate(end);
         let uuid = device_uuid_bytes(d);
         Ok(DeviceInfo {
             index,
-            name: String::from_utf8_lossy(&name).into_owned(),
+            name: load_str(&d.name),
+            vendor: self.vendor(index as usize).unwrap_or_default(),
+            arch: load_str(&d.arch),
             uuid: format_uuid(&uuid),
             uuid_bytes: uuid,
             memory_total: d.memory_total.load(Ordering::Relaxed),
@@ -392,6 +382,27 @@ impl Node {
             pci_bus: d.pci_bus.load(Ordering::Relaxed),
             pci_device: d.pci_device.load(Ordering::Relaxed),
         })
+    }
+
+    /// Whose device `index` is; `None` past the node's devices.
+    pub fn vendor(&self, index: usize) -> Option<Vendor> {
+        if index >= self.device_count() as usize {
+            return None;
+        }
+        // A word no build writes (a corrupt file) reads as NVIDIA: the vendor every device
+        // had before the word existed.
+        Some(
+            Vendor::from_word(self.state().devices[index].vendor.load(Ordering::Relaxed))
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The physical indices of `vendor`'s devices, in order: what that vendor's
+    /// libraries number 0, 1, ... (each vendor's driver sees only its own GPUs).
+    pub fn devices_of(&self, vendor: Vendor) -> Vec<u32> {
+        (0..self.device_count())
+            .filter(|&i| self.vendor(i as usize) == Some(vendor))
+            .collect()
     }
 
     /// What the device is doing now.
@@ -1008,6 +1019,30 @@ impl Node {
     }
 }
 
+/// Writes `text` NUL-padded into `words` (truncated to leave one NUL).
+fn store_str(words: &[std::sync::atomic::AtomicU64], text: &str) {
+    let mut bytes = vec![0u8; words.len() * 8];
+    let n = text.len().min(bytes.len() - 1);
+    bytes[..n].copy_from_slice(&text.as_bytes()[..n]);
+    for (w, chunk) in words.iter().zip(bytes.chunks(8)) {
+        w.store(
+            u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// The NUL-terminated text `store_str` wrote.
+fn load_str(words: &[std::sync::atomic::AtomicU64]) -> String {
+    let mut bytes = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+    }
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    bytes.truncate(end);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Device `index`'s UUID bytes for a node seed (splitmix64 of seed and index).
 pub fn device_uuid(seed: u64, index: u32) -> [u8; 16] {
     let mut x = seed ^ (u64::from(index) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -1074,12 +1109,18 @@ pub struct SharedInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
     pub index: u32,
+    /// The model's name (`NVIDIA H200`, `AMD Instinct MI210`).
     pub name: String,
+    pub vendor: Vendor,
+    /// AMD's architecture name (`gfx90a:sramecc+:xnack-`); empty for NVIDIA.
+    pub arch: String,
     /// `GPU-...` form.
     pub uuid: String,
     pub uuid_bytes: [u8; 16],
     pub memory_total: u64,
+    /// SMs (NVIDIA) or compute units (AMD).
     pub sms: u32,
+    /// NVIDIA's compute capability; for AMD, HIP's major.minor of the architecture.
     pub cc_major: u32,
     pub cc_minor: u32,
     pub pci_domain: u32,
@@ -1141,6 +1182,7 @@ pub struct XidEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GpuSpec;
 
     fn node(devices: u32, memory: u64) -> (tempfile::TempDir, Node) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1169,6 +1211,50 @@ mod tests {
             b.device_info(2).expect("dev").uuid
         );
         assert!(matches!(b.device(3), Err(NodeError::NoDevice(3))));
+    }
+
+    #[test]
+    fn a_mixed_node_records_each_devices_vendor_and_shares_one_ground_truth() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = NodeConfig {
+            memory_per_device: 1 << 30,
+            seed: 7,
+            gpus: vec![
+                GpuSpec::amd(None),
+                GpuSpec::nvidia(),
+                GpuSpec::amd(Some("AMD Instinct MI300X")),
+            ],
+            devices: 3,
+            ..NodeConfig::default()
+        };
+        let n = Node::open(&dir.path().join("node"), &config).expect("open");
+        assert_eq!(n.devices_of(Vendor::Amd), vec![0, 2]);
+        assert_eq!(n.devices_of(Vendor::Nvidia), vec![1]);
+        assert_eq!(n.vendor(3), None);
+        let amd = n.device_info(2).expect("dev2");
+        assert_eq!(amd.vendor, Vendor::Amd);
+        assert_eq!(amd.name, "AMD Instinct MI300X");
+        assert_eq!(amd.arch, "gfx942:sramecc+:xnack-");
+        assert_eq!((amd.sms, amd.cc_major, amd.cc_minor), (304, 9, 4));
+        let nv = n.device_info(1).expect("dev1");
+        assert_eq!((nv.vendor, nv.arch.as_str()), (Vendor::Nvidia, ""));
+        assert_eq!(nv.name, "Tessera Simulated GPU");
+        // The reopened file keeps what it was created with.
+        let again = Node::open(&dir.path().join("node"), &NodeConfig::default()).expect("reopen");
+        assert_eq!(
+            again.device_info(0).expect("dev0").name,
+            "AMD Instinct MI210"
+        );
+        // One ground truth: memory on an AMD device is admitted against its capacity and
+        // counted per process like any other.
+        let slot = n.attach().expect("slot");
+        assert!(n.reserve_memory(slot, 0, 1 << 30));
+        assert!(!n.reserve_memory(slot, 0, 1), "the AMD device is full");
+        assert!(n.reserve_memory(slot, 1, 1), "the NVIDIA device is not");
+        assert_eq!(n.memory_used(0), 1 << 30);
+        let me = n.process(std::process::id()).expect("listed");
+        assert_eq!(me.memory[0], 1 << 30);
+        n.detach(slot);
     }
 
     #[test]

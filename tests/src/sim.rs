@@ -105,6 +105,7 @@ impl SimNode {
                 cc_minor: 6,
                 name: "E2E Simulated GPU".into(),
                 seed,
+                gpus: Vec::new(),
             })
             .build()
     }

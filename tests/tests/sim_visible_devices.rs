@@ -205,3 +205,49 @@ fn no_visible_device_is_no_device() {
         );
     }
 }
+
+/// On a mixed node NVIDIA's libraries see only NVIDIA's GPUs, numbered among themselves,
+/// and the work of ordinal 0 lands on the physical device behind it (the ground truth is
+/// indexed physically, whoever's the GPU).
+#[test]
+fn a_mixed_node_shows_cuda_and_nvml_only_the_nvidia_devices() {
+    use tessera_sim::{GpuSpec, Vendor};
+    let node = SimNode::builder()
+        .config(NodeConfig {
+            devices: 4,
+            memory_per_device: 1 << 30,
+            gpus: vec![
+                GpuSpec::amd(None),
+                GpuSpec::nvidia(),
+                GpuSpec::amd(Some("AMD Instinct MI300X")),
+                GpuSpec::nvidia(),
+            ],
+            ..NodeConfig::default()
+        })
+        .build();
+    assert_eq!(node.node().devices_of(Vendor::Nvidia), vec![1, 3]);
+    assert_eq!(seen(&node, None, 2), vec![uuid(&node, 1), uuid(&node, 3)]);
+    // CUDA_VISIBLE_DEVICES indexes NVIDIA's numbering: "1" is physical device 3, and
+    // an AMD device's UUID names nothing.
+    assert_eq!(seen(&node, Some("1"), 1), vec![uuid(&node, 3)]);
+    let none = run(&node, Some(&uuid(&node, 2)), &["init"]);
+    assert_eq!(
+        none.get("init").error.as_deref(),
+        Some("CUDA_ERROR_NO_DEVICE"),
+        "{}",
+        none.stdout
+    );
+
+    let mut p = ProbeChild::start(node.probe(Mode::Link, &[]));
+    for cmd in ["init", "ctx", "nvml-init"] {
+        let l = p.cmd(cmd, T);
+        assert!(l.ok, "{}", l.raw);
+    }
+    assert_eq!(p.cmd("nvml-count", T).u64("n"), 2);
+    assert_eq!(p.cmd("nvml-uuid", T).str("uuid"), uuid(&node, 1));
+    let a = p.cmd(&format!("alloc {}", 32 * MI), T);
+    assert!(a.ok, "{}", a.raw);
+    let usage = node.node().process(p.pid()).expect("the probe is listed");
+    assert_eq!(usage.memory[..4], [0, 32 * MI, 0, 0]);
+    p.finish();
+}

@@ -72,13 +72,19 @@ impl Runtime {
             eprintln!("tessera-sim libcuda: {e}");
             CUresult::CUDA_ERROR_OUT_OF_MEMORY
         })?;
-        let uuids: Vec<String> = (0..node.device_count())
-            .map(|i| node.device_info(i).map(|d| d.uuid).unwrap_or_default())
+        // CUDA sees only NVIDIA's devices: on a mixed node its index n (and what
+        // CUDA_VISIBLE_DEVICES names) is the n-th NVIDIA device, as each vendor's driver
+        // numbers its own GPUs.
+        let nvidia = node.devices_of(tessera_sim::Vendor::Nvidia);
+        let uuids: Vec<String> = nvidia
+            .iter()
+            .map(|&i| node.device_info(i).map(|d| d.uuid).unwrap_or_default())
             .collect();
         let spec = std::env::var_os(crate::visible::VAR);
         let spec = spec.as_ref().map(|s| s.to_string_lossy());
         let devices = crate::visible::visible_devices(spec.as_deref(), &uuids)
             .into_iter()
+            .map(|k| nvidia[k] as usize)
             .map(|index| {
                 let default_pool = Pool::new_default(index);
                 let handle = crate::memory::POOLS.insert(default_pool.clone());

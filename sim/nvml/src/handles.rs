@@ -34,10 +34,22 @@ pub(crate) fn index_of(node: &Node, d: nvmlDevice_t) -> NvResult<u32> {
         return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
     }
     let i = ((p - base) / size) as u32;
-    if i >= node.device_count() {
+    // An AMD device of a mixed node is not NVIDIA's to show: no handle names it.
+    if node.vendor(i as usize) != Some(Vendor::Nvidia) {
         return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
     }
     Ok(i)
+}
+
+/// The node's NVIDIA devices (physical indices) in NVML's order: NVML numbers only its
+/// vendor's GPUs, so on a mixed node its index `n` is the `n`-th NVIDIA device.
+pub(crate) fn nvidia(node: &Node) -> Vec<u32> {
+    node.devices_of(Vendor::Nvidia)
+}
+
+/// NVML's index of the NVIDIA device at physical index `i`.
+pub(crate) fn nvml_index(node: &Node, i: u32) -> u32 {
+    nvidia(node).iter().position(|&p| p == i).unwrap_or(0) as u32
 }
 
 /// A device query that works on a lost device too (identity).
@@ -63,7 +75,7 @@ pub(crate) fn info(node: &Node, i: u32) -> NvResult<DeviceInfo> {
 fn count(c: *mut c_uint) -> NvResult<()> {
     let node = node()?;
     // SAFETY: the caller passes a writable pointer or null (rejected).
-    unsafe { put(c, node.device_count()) }
+    unsafe { put(c, nvidia(node).len() as u32) }
 }
 
 tessera_sim::exports! {
@@ -78,11 +90,11 @@ tessera_sim::exports! {
 
 fn by_index(index: c_uint, out: *mut nvmlDevice_t) -> NvResult<()> {
     let node = node()?;
-    if index >= node.device_count() {
+    let Some(&physical) = nvidia(node).get(index as usize) else {
         return Err(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT);
-    }
+    };
     // SAFETY: the caller passes a writable pointer or null (rejected).
-    unsafe { put(out, handle(index)) }
+    unsafe { put(out, handle(physical)) }
 }
 
 tessera_sim::exports! {
@@ -118,7 +130,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     guard(|| {
         let node = node()?;
         let want = c_arg(uuid)?;
-        for i in 0..node.device_count() {
+        for i in nvidia(node) {
             if info(node, i)?.uuid.eq_ignore_ascii_case(want.trim()) {
                 // SAFETY: the caller passes a writable pointer or null (rejected).
                 return unsafe { put(device, handle(i)) };
@@ -131,7 +143,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 fn by_bus_id(bus: *const c_char, out: *mut nvmlDevice_t) -> NvResult<()> {
     let node = node()?;
     let want = parse_bus_id(&c_arg(bus)?).ok_or(nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT)?;
-    for i in 0..node.device_count() {
+    for i in nvidia(node) {
         let d = info(node, i)?;
         if (d.pci_domain, d.pci_bus, d.pci_device) == want {
             // SAFETY: the caller passes a writable pointer or null (rejected).

@@ -68,9 +68,9 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     index: *mut c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, i) = device(device_)?;
+        let (node, i) = device(device_)?;
         // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(index, i) }
+        unsafe { put(index, nvml_index(node, i)) }
     })
 }
 

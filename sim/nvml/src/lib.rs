@@ -20,7 +20,7 @@ use tessera_ffi::nvml_extra::nvmlMemory_v2;
 use tessera_sim::clock::{now_ns, realtime_ns};
 use tessera_sim::layout::MAX_DEVICES;
 use tessera_sim::node::parse_bus_id;
-use tessera_sim::{DeviceInfo, Node};
+use tessera_sim::{DeviceInfo, Node, Vendor};
 
 type NvResult<T> = Result<T, nvmlReturn_t>;
 
