@@ -24,6 +24,7 @@ pub fn sim_node(seed: u64) -> tessera_e2e::SimNode {
             cc_minor: 6,
             name: "E2E Simulated GPU".into(),
             seed,
+            ..Default::default()
         })
         .build()
 }
