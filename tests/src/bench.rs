@@ -8,6 +8,7 @@ pub mod dra;
 pub mod hook;
 pub mod many;
 pub mod race;
+pub mod real;
 pub mod run;
 pub mod soak;
 
