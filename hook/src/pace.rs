@@ -124,6 +124,14 @@ impl Pace {
         if in_flight == 0 {
             return Step::Go;
         }
+        if self.est_ns == 0 && quantum_end.is_some() {
+            // Under a grant, with no length learned yet, a launch queued
+            // behind the running one may end any time after the quantum's
+            // end (a program's first kernels: 20 ms ones put 30 ms in the
+            // first drain): launch onto an empty queue until the first
+            // length is learned.
+            return Step::WaitOlder;
+        }
         // The last launch is not done: it ends no earlier than now.
         let end = self.last_end.max(now);
         let mut release = if self.est_ns == 0 {
@@ -320,6 +328,12 @@ mod tests {
         // Nothing in flight: a launch past the end goes (it is then the
         // only kernel a revocation finds).
         assert_eq!(p.before(25 * MS, 0, Some(21 * MS)), Step::Go);
+        // No length learned yet: under a grant, nothing queues behind the
+        // running launch; with no grant's end known, the hard bound alone.
+        let fresh = Pace::new(250_000);
+        assert_eq!(fresh.before(0, 1, Some(10 * MS)), Step::WaitOlder);
+        assert_eq!(fresh.before(0, 0, Some(10 * MS)), Step::Go);
+        assert_eq!(fresh.before(0, 1, None), Step::Go);
     }
 
     /// A program that always wants to launch, on a fake FIFO device, under

@@ -653,7 +653,9 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         .gpu_stats()
         .into_iter()
         .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
-        .map(|g| g.handover_ns.into_iter().skip(before).collect())
+        // The measured window's hand-overs: not the start-up's, when the
+        // workloads' first kernels run before their lengths are learned.
+        .map(|g| g.handover_ns.into_iter().skip(n0.max(before)).collect())
         .unwrap_or_default();
     let failures = workloads
         .into_iter()
@@ -818,7 +820,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
             measure.as_secs_f64()
         ),
         "Targets: guaranteed within 1 pp of its share (alone, whatever the launch call: between 1 pp below its share and the share); burst pair: GPU >= 95% busy, split 50/50 within 2 pp.".into(),
-        "Hand-over: from revoking a grant to granting the next waiting allocation, the drain of the work in flight (about 4 ms queued per workload) included; none when the GPU idles in between.".into(),
+        "Hand-over: from revoking a grant to granting the next waiting allocation, the drain of the work in flight included (the shim's pacer keeps it to the kernel running at the quantum's end); none when the GPU idles in between; over the measured window, not the start-up.".into(),
         "Idle per hand-over: the GPU's idle time in the window divided by the hand-overs in it (saturated scenarios only): the real cost of switching.".into(),
     ];
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
