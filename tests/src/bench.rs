@@ -9,6 +9,7 @@ pub mod dropin;
 pub mod hook;
 pub mod many;
 pub mod race;
+pub mod real;
 pub mod run;
 pub mod soak;
 

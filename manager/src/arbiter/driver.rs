@@ -512,6 +512,11 @@ impl Driver {
                     // holds of uncharged GPU time).
                     let at = self.sys.monotonic_ns();
                     if let Some(m) = self.members.iter().find(|m| m.id == id) {
+                        // The quantum's end first: a process that sees the
+                        // grant sees its end (the shim's pacer queues no
+                        // kernel to start past it).
+                        let until = at.saturating_add(self.sched.config().quantum_ns);
+                        let _ = m.files.control().set_grant_until(m.dev, until);
                         m.publish(grant::GRANTED);
                     }
                     self.sched.granted_at(at);
@@ -531,6 +536,13 @@ impl Driver {
         };
         if self.sched.holder().is_some() {
             self.last_busy = now;
+        }
+        // A grant renewed without a hand-over has a new quantum end.
+        if let Some((id, end)) = self.sched.quantum_end()
+            && let Some(m) = self.members.iter().find(|m| m.id == id)
+            && m.files.control().grant_until(m.dev) != end
+        {
+            let _ = m.files.control().set_grant_until(m.dev, end);
         }
         self.record(now);
         until

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use tessera_shm::gate::{Drain, Gate, GateEvent};
@@ -219,4 +219,48 @@ fn percentiles_are_nearest_rank() {
     assert_eq!(percentile(&v, 99.0), Some(99));
     assert_eq!(percentile(&v, 100.0), Some(100));
     assert_eq!(percentile(&v, 0.0), Some(1));
+}
+
+#[test]
+fn a_grant_publishes_its_quantum_end_and_a_renewal_moves_it() {
+    let _s = serial();
+    let arb = Arbiter::new(ArbiterConfig::default()).unwrap();
+    let quantum = ArbiterConfig::default().quantum.as_nanos() as u64;
+    let a = alloc("ends", 300_000, Policy::Burst);
+    arb.add_allocation(a.files(), 0).unwrap();
+    let p = process(&a, 104, None);
+    let before = tessera_shm::sys::monotonic_ns();
+    p.gate.before_submit(0);
+    let first = p.gate.grant_until(0).expect("a held grant has an end");
+    let after = tessera_shm::sys::monotonic_ns();
+    assert!(
+        first > before && first <= after + quantum,
+        "end {first} outside {before}..={}",
+        after + quantum
+    );
+    // Alone and busy, the burst holder is renewed at the end without a
+    // hand-over: the end it sees moves on (within the wait's bound).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let renewed = loop {
+        p.gate.before_submit(0);
+        match p.gate.grant_until(0) {
+            Some(t) if t > first => break Some(t),
+            _ if Instant::now() > deadline => break None,
+            _ => std::thread::sleep(Duration::from_micros(200)),
+        }
+    };
+    let renewed = renewed.expect("the renewal published no new end");
+    assert!(
+        renewed >= first + quantum,
+        "{renewed} < {first} + {quantum}"
+    );
+    // Without an arbiter the gate is open: no grant, no end to pace by.
+    drop(arb);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while grant::may_submit(a.control.grant_word(0)) && a.control.grant_word(0) & grant::OPEN == 0 {
+        assert!(Instant::now() < deadline, "the gate never opened");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(p.gate.grant_until(0), None);
+    p.gate.stop();
 }
