@@ -323,8 +323,9 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
 }
 
 /// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
-/// 50 µs would eat a fifth of the budget), put back after.
-fn hold_until(t: u64) {
+/// 50 µs would eat a fifth of the budget), put back after. HIP's pacer
+/// holds with it too.
+pub(crate) fn hold_until(t: u64) {
     // SAFETY: PR_GET_TIMERSLACK takes no pointer and reads the thread's own slack.
     let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
     tessera_shm::sys::set_timer_slack(1_000);

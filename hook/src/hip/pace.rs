@@ -124,7 +124,10 @@ pub(super) fn before(gate: &Gate, dev: usize, stream: hipStream_t) -> bool {
             }
         }
         let in_flight = done.iter().filter(|d| !**d).count();
-        match p.pace.before(monotonic_ns(), in_flight) {
+        match p
+            .pace
+            .before(monotonic_ns(), in_flight, gate.grant_until(dev))
+        {
             Step::Go => return true,
             Step::WaitOlder => {
                 // One engine, in order: the first marker not done is the
@@ -139,24 +142,9 @@ pub(super) fn before(gate: &Gate, dev: usize, stream: hipStream_t) -> bool {
             }
             Step::HoldUntil(t) => {
                 drop(guard);
-                gate.syncing(Some(dev), || hold_until(t));
+                gate.syncing(Some(dev), || crate::gate::hold_until(t));
             }
         }
-    }
-}
-
-/// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
-/// 50 µs would eat a fifth of the budget), put back after: as CUDA's pacer.
-fn hold_until(t: u64) {
-    // SAFETY: PR_GET_TIMERSLACK takes no pointer and reads the thread's own slack.
-    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
-    tessera_shm::sys::set_timer_slack(1_000);
-    let now = monotonic_ns();
-    if t > now {
-        std::thread::sleep(std::time::Duration::from_nanos(t - now));
-    }
-    if old > 0 {
-        tessera_shm::sys::set_timer_slack(old as u64);
     }
 }
 
