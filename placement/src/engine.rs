@@ -464,11 +464,52 @@ impl Engine {
         let pick = self
             .memo
             .entry((n.bucket, n.cpu_free, rid))
-            .or_insert_with(|| best_pick(policy, types, reserve, key, cpu_free, req, &allowed))
+            .or_insert_with(|| {
+                best_pick(policy, types, reserve, key, cpu_free, req, &allowed, None)
+            })
             .as_ref()
             .map(|(_, p)| p.clone())
             .expect("a node in the index has a way to place the request");
+        let pick = self.in_gpu_order(node, req, &allowed).unwrap_or(pick);
         Ok(self.choice(node, &pick))
+    }
+
+    /// For `fgd`, a share's GPU as FGD's published scheduler picks it: the
+    /// first GPU by index among those of the best score (its
+    /// `calculateGpuShareFragExtendScore` keeps the first GPU of the highest
+    /// integer score), where the memo's pick is the fullest of them (buckets
+    /// know GPUs by state, not by index). The node's rank is the same
+    /// either way; only which of its GPUs differs. None for the other
+    /// policies and requests.
+    fn in_gpu_order(&self, node: u32, req: &Request, allowed: &[bool]) -> Option<Pick> {
+        if self.policy != Policy::Fgd || !matches!(req.gpu, GpuNeed::Share { .. }) {
+            return None;
+        }
+        let n = &self.nodes[node as usize];
+        let key = &self.buckets[&n.bucket].key;
+        // Each GPU in index order, as the first key position of its state
+        // (GPUs in one state rank alike; `choice` maps a state back to the
+        // lowest-indexed GPU in it, which is the first one seen here).
+        let order: Vec<usize> = n
+            .gpus
+            .iter()
+            .map(|g| {
+                key.iter()
+                    .position(|k| k == g)
+                    .expect("a bucket's key is its nodes' GPU states")
+            })
+            .collect();
+        best_pick(
+            self.policy,
+            &self.types,
+            &self.reserve,
+            key,
+            n.cpu_free,
+            req,
+            allowed,
+            Some(&order),
+        )
+        .map(|(_, p)| p)
     }
 
     /// Brings `idx` (the index of request `rid`, `req`) up to date: re-ranks
@@ -521,7 +562,7 @@ impl Engine {
             (self.policy, &self.types, &self.reserve, n.cpu_free);
         self.memo
             .entry((n.bucket, cpu_free, rid))
-            .or_insert_with(|| best_pick(policy, types, reserve, key, cpu_free, req, allowed))
+            .or_insert_with(|| best_pick(policy, types, reserve, key, cpu_free, req, allowed, None))
             .as_ref()
             .map(|(r, _)| *r)
     }
@@ -599,6 +640,7 @@ impl Engine {
                         n.cpu_free,
                         req,
                         &allowed,
+                        None,
                     )
                 });
             if let Some((r, _)) = entry {
@@ -925,6 +967,11 @@ fn cmp_rank(a: &[f64; 4], b: &[f64; 4]) -> std::cmp::Ordering {
 
 /// The best way to place `req` on a node whose GPUs are `key` and with
 /// `cpu_free` CPU left (CPU and memory already known to fit), and its rank.
+///
+/// A share goes to the first best GPU of `share_order` (indexes into `key`)
+/// when one is given, else to the first best of `key`'s order (the fullest
+/// of GPUs that rank alike).
+#[allow(clippy::too_many_arguments)]
 fn best_pick(
     policy: Policy,
     types: &[CompiledType],
@@ -933,6 +980,7 @@ fn best_pick(
     cpu_free: u64,
     req: &Request,
     allowed: &[bool],
+    share_order: Option<&[usize]>,
 ) -> Option<([f64; 4], Pick)> {
     let node_free: u64 = key.iter().map(|g| u64::from(g.free())).sum();
     let cpu_after = cpu_free - req.cpu_milli;
@@ -1019,8 +1067,19 @@ fn best_pick(
         } => {
             let mut best: Option<([f64; 4], Pick)> = None;
             let mut after = key.to_vec();
-            for i in 0..key.len() {
-                if (i > 0 && key[i] == key[i - 1]) || !allowed[usize::from(key[i].kind)] {
+            let key_order: Vec<usize>;
+            let order = match share_order {
+                Some(o) => o,
+                None => {
+                    // Equal states rank alike: each state once.
+                    key_order = (0..key.len())
+                        .filter(|&i| i == 0 || key[i] != key[i - 1])
+                        .collect();
+                    &key_order
+                }
+            };
+            for &i in order {
+                if !allowed[usize::from(key[i].kind)] {
                     continue;
                 }
                 let Some(s) = key[i].after_share(compute, memory, slices) else {
@@ -1085,7 +1144,7 @@ mod tests {
             let mut key = n.gpus.clone();
             key.sort_unstable();
             let Some((r, pick)) = best_pick(
-                e.policy, &e.types, &e.reserve, &key, n.cpu_free, req, &allowed,
+                e.policy, &e.types, &e.reserve, &key, n.cpu_free, req, &allowed, None,
             ) else {
                 continue;
             };
@@ -1097,6 +1156,7 @@ mod tests {
             }
         }
         let (_, node, pick) = best.ok_or(PlaceError::NoFit)?;
+        let pick = e.in_gpu_order(node, req, &allowed).unwrap_or(pick);
         Ok(e.choice(node, &pick))
     }
 
@@ -1256,5 +1316,42 @@ mod tests {
         assert_eq!(go(Policy::Defrag), 1);
         let without: Policy = "defrag-without:reserve".parse().unwrap();
         assert_eq!(go(without), 0);
+    }
+
+    /// FGD's published scheduler gives a share the first GPU by index among
+    /// those of the best (integer) score; this engine's buckets know a
+    /// node's GPUs by state, so `fgd` re-picks in index order. Here a 100
+    /// share grows the fragmentation of neither GPU (the mix is that share
+    /// alone): both score alike, and the lower index wins, whichever GPU is
+    /// fuller. Defrag keeps its own rule, the GPU the share fills best.
+    #[test]
+    fn fgd_gives_a_share_the_first_gpu_by_index_among_the_best() {
+        let part = |free: u32| Gpu {
+            compute_free: free,
+            memory_free_mib: 16 * u64::from(free),
+            ..Gpu::new("T4", 16_000)
+        };
+        let req = Request::trace(1000, 0, 1, 100);
+        let mix = TaskMix::from_requests(std::slice::from_ref(&req), 1.0);
+        for (gpus, fgd, defrag) in [
+            (vec![part(1000), part(600)], 0, 1),
+            (vec![part(600), part(1000)], 0, 0),
+            (vec![part(1000), part(1000), part(600)], 0, 2),
+        ] {
+            let node = Node::new("n", 64_000, 64_000, gpus.clone());
+            let mut e = Engine::new(vec![node.clone()], Policy::Fgd, &mix).unwrap();
+            let want = Choice {
+                node: 0,
+                gpus: vec![fgd],
+            };
+            assert_eq!(e.decide(&req).unwrap(), want, "fgd {gpus:?}");
+            assert_eq!(decide_by_scan(&e, &req).unwrap(), want, "scan {gpus:?}");
+            let mut e = Engine::new(vec![node], Policy::Defrag, &mix).unwrap();
+            assert_eq!(
+                e.decide(&req).unwrap().gpus,
+                vec![defrag],
+                "defrag {gpus:?}"
+            );
+        }
     }
 }

@@ -4,8 +4,10 @@
 //! [`node::state_path_from_env`]). It holds the devices' configuration, each device's
 //! execution-engine timeline and busy history, each process's memory and busy time, and
 //! XID events. The simulated `libcuda.so.1` and `libnvidia-ml.so.1` (crates
-//! `tessera-sim-cuda`, `tessera-sim-nvml`) work on it; tests, benchmarks and the demo read
-//! it through [`Node`] as ground truth. See `docs/simulator.md`.
+//! `tessera-sim-cuda`, `tessera-sim-nvml`) work on its NVIDIA devices, the simulated
+//! `libamdhip64.so.5` (`tessera-sim-hip`) on its AMD ones ([`Vendor`]); tests,
+//! benchmarks and the demo read it through [`Node`] as ground truth. See
+//! `docs/simulator.md`.
 
 pub mod clock;
 pub mod config;
@@ -19,7 +21,7 @@ pub mod process;
 
 pub use config::{ConfigError, GpuModel, GpuSpec, NodeConfig, Vendor};
 pub use costs::DriverCosts;
-pub use libs::{LibDir, LibError, install_lib_dir};
+pub use libs::{LibDir, LibError, install_hip_lib_dir, install_lib_dir};
 pub use node::{
     DeviceInfo, DeviceUsage, Node, NodeError, ProcessUsage, XidEvent, default_state_path,
     state_path_from_env,
