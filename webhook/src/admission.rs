@@ -825,6 +825,27 @@ mod tests {
     }
 
     #[test]
+    fn a_vendor_annotation_must_name_a_vendor_and_becomes_node_affinity() {
+        let out = mutate_pod(&pod_with_annotations(&[(ANNOTATION_GPU_VENDOR, "amd")]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let terms = &out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &serde_json::json!([{"matchExpressions": [
+                {"key": "tessera.dev/gpu-vendor-amd", "operator": "Exists"}
+            ]}])
+        );
+        let e = mutate_pod(&pod_with_annotations(&[(ANNOTATION_GPU_VENDOR, "intel")]))
+            .expect_err("no such vendor")
+            .to_string();
+        assert!(
+            e.contains("tessera.dev/gpu-vendor") && e.contains("intel"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn priority_annotation_is_a_users_and_must_be_in_range() {
         for ok in ["10", "-1000", "1000", "0"] {
             assert!(
