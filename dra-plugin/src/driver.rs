@@ -15,8 +15,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use tessera_contract::labels::SOURCE;
+use tessera_contract::Policy;
+use tessera_contract::labels::{
+    ANNOTATION_COMPUTE_POLICY, ANNOTATION_PRIORITY, SOURCE, parse_priority,
+};
 use tessera_node::cdi::{HostPaths, ensure_preload_file};
 use tessera_node::config::{Config, ConfigError, NodeConfig};
 use tessera_node::manager::ManagerApi;
@@ -48,6 +52,18 @@ pub trait ClaimSource: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> impl std::future::Future<Output = Result<Option<ResourceClaim>, String>> + Send;
+
+    /// The annotations of pod `namespace/name` when it exists with `uid`,
+    /// None otherwise. A source without pods answers None for every pod.
+    fn pod_annotations(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        _uid: &str,
+    ) -> impl std::future::Future<Output = Result<Option<BTreeMap<String, String>>, String>> + Send
+    {
+        async { Ok(None) }
+    }
 }
 
 /// Claims read through kube-rs.
@@ -60,6 +76,73 @@ impl ClaimSource for KubeClaims {
             .get_opt(name)
             .await
             .map_err(|e| format!("cannot read resource claim {namespace}/{name}: {e}"))
+    }
+
+    async fn pod_annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, String> {
+        let pod = kube::Api::<Pod>::namespaced(self.0.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("cannot read pod {namespace}/{name}: {e}"))?;
+        // A pod of that name but another uid is a later pod, not the claim's.
+        Ok(pod
+            .filter(|p| p.metadata.uid.as_deref() == Some(uid))
+            .map(|p| p.metadata.annotations.unwrap_or_default()))
+    }
+}
+
+/// What a claim's consumer pod asks for in its own annotations.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct PodAsks {
+    guaranteed: bool,
+    priority: Option<i32>,
+}
+
+/// The pod a claim is reserved for, when it is reserved for exactly one
+/// (a claim shared by several pods has no one pod whose words apply):
+/// `(name, uid)`.
+fn sole_consumer(claim: &ResourceClaim) -> Option<(String, String)> {
+    let consumers = claim.status.as_ref()?.reserved_for.as_ref()?;
+    let mut pods = consumers
+        .iter()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty());
+    let only = pods.next()?;
+    if pods.next().is_some() || consumers.len() != 1 {
+        return None;
+    }
+    Some((only.name.clone(), only.uid.clone()))
+}
+
+/// The asks in a pod's annotations. A value that is not one is logged and
+/// left out (the webhook refuses those at admission; one here was written
+/// after it), as the device plugin does.
+fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> PodAsks {
+    let guaranteed = match annotations.get(ANNOTATION_COMPUTE_POLICY) {
+        None => false,
+        Some(v) => match Policy::parse(v) {
+            Some(p) => p == Policy::Guaranteed,
+            None => {
+                tracing::warn!(%pod, "annotation {ANNOTATION_COMPUTE_POLICY}={v:?} is not \"guaranteed\" or \"burst\"; the node's policy applies");
+                false
+            }
+        },
+    };
+    let priority = annotations
+        .get(ANNOTATION_PRIORITY)
+        .and_then(|v| match parse_priority(v) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(%pod, "{e}; no priority applied");
+                None
+            }
+        });
+    PodAsks {
+        guaranteed,
+        priority,
     }
 }
 
@@ -347,11 +430,16 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             None => view.insert(self.look_at_node().await),
         }
         .clone()?;
+        let asks = self.consumer_asks(&rc, &want.namespace).await?;
+        // The pod's `guaranteed` is taken as the device plugin's manager
+        // takes it: only ever stricter than the node's policy. The claim's
+        // own config (class, then claim) still decides over both.
         let default_policy = match view.node.compute_policy {
+            _ if asks.guaranteed => mgr::ComputePolicy::Guaranteed,
             tessera_node::config::ComputePolicy::Guaranteed => mgr::ComputePolicy::Guaranteed,
             tessera_node::config::ComputePolicy::Burst => mgr::ComputePolicy::Burst,
         };
-        let plan = claim::plan(
+        let mut plan = claim::plan(
             &rc,
             &want,
             &self.opts.driver_name,
@@ -360,6 +448,9 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             default_policy,
         )
         .map_err(|e| e.to_string())?;
+        if plan.priority.is_none() {
+            plan.priority = asks.priority;
+        }
 
         let mut made = Made::new(self.manager.as_ref(), &self.opts.cdi_dir, &want.uid);
         match self.make(&mut made, store, &want, &plan, &view.node).await {
@@ -373,6 +464,32 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
                 Err(format!("resource claim {want}: {e}"))
             }
         }
+    }
+
+    /// What the claim's one consumer pod asks for with
+    /// `tessera.dev/compute-policy` and `tessera.dev/priority`. A pod that
+    /// asks for `tessera.dev/vgpu` on a DRA node (the DeviceClass's
+    /// `extendedResourceName`, the route translated drop-in pods take) gets
+    /// a claim kube-scheduler made, with no config of its own: the pod's
+    /// annotations are the only place its policy and priority are written,
+    /// as on the device plugin's route. The pod's words are its own asks,
+    /// never who it is. A pod that cannot be read fails the prepare (the
+    /// kubelet retries), so a capped pod is never run uncapped by accident.
+    async fn consumer_asks(
+        &self,
+        claim: &ResourceClaim,
+        namespace: &str,
+    ) -> Result<PodAsks, String> {
+        let Some((name, uid)) = sole_consumer(claim) else {
+            return Ok(PodAsks::default());
+        };
+        let pod = format!("{namespace}/{name}");
+        Ok(self
+            .claims
+            .pod_annotations(namespace, &name, &uid)
+            .await?
+            .map(|a| pod_asks(&a, &pod))
+            .unwrap_or_default())
     }
 
     /// The steps of a prepare, in order; the checkpoint last, so that a
@@ -678,6 +795,158 @@ mod tests {
         assert!(r.spec_exists("c1"));
         assert_eq!(r.manager.allocations()[0].priority, 5);
         assert_eq!(r.manager.count(Method::Delete), 0);
+    }
+
+    /// Only a claim reserved for exactly one pod has a pod whose words
+    /// apply; the words are read as the device plugin reads them.
+    #[test]
+    fn a_sole_consumer_pods_annotations_are_its_asks() {
+        let with = |reserved: serde_json::Value| -> ResourceClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+                "spec": {"devices": {"requests": []}},
+                "status": {"reservedFor": reserved},
+            }))
+            .expect("claim")
+        };
+        let pod =
+            |n: &str| serde_json::json!({"resource": "pods", "name": n, "uid": format!("uid-{n}")});
+        assert_eq!(
+            sole_consumer(&with(serde_json::json!([pod("p")]))),
+            Some(("p".into(), "uid-p".into()))
+        );
+        assert_eq!(
+            sole_consumer(&with(serde_json::json!([pod("p"), pod("q")]))),
+            None
+        );
+        assert_eq!(
+            sole_consumer(&with(
+                serde_json::json!([{"apiGroup": "batch", "resource": "pods", "name": "p", "uid": "u"}])
+            )),
+            None,
+            "not core pods"
+        );
+        assert_eq!(sole_consumer(&with(serde_json::json!([]))), None);
+
+        let a = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            pod_asks(
+                &a(&[
+                    (ANNOTATION_COMPUTE_POLICY, "guaranteed"),
+                    (ANNOTATION_PRIORITY, "100")
+                ]),
+                "ns/p"
+            ),
+            PodAsks {
+                guaranteed: true,
+                priority: Some(100)
+            }
+        );
+        assert_eq!(
+            pod_asks(&a(&[(ANNOTATION_COMPUTE_POLICY, "burst")]), "ns/p"),
+            PodAsks::default()
+        );
+        assert_eq!(
+            pod_asks(
+                &a(&[
+                    (ANNOTATION_COMPUTE_POLICY, "Guaranteed"),
+                    (ANNOTATION_PRIORITY, "9999")
+                ]),
+                "ns/p"
+            ),
+            PodAsks::default(),
+            "values the webhook refuses are not asks"
+        );
+    }
+
+    /// Claims as kube-scheduler writes them for a pod's `tessera.dev/vgpu`: no config,
+    /// reserved for pod `pod-<claim>`, whose annotations depend on the claim's name.
+    struct Reserved;
+
+    impl ClaimSource for Reserved {
+        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+            let claim = serde_json::json!({
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [{"request": "r", "driver": "vgpu.tessera.dev",
+                        "pool": "node-1", "device": slice_device("GPU-a", 0)}]}},
+                    "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": "pod-uid"}],
+                }
+            });
+            serde_json::from_value(claim)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        }
+
+        async fn pod_annotations(
+            &self,
+            _namespace: &str,
+            name: &str,
+            uid: &str,
+        ) -> Result<Option<BTreeMap<String, String>>, String> {
+            assert_eq!(uid, "pod-uid");
+            match name {
+                "pod-capped" => Ok(Some(BTreeMap::from([
+                    (
+                        ANNOTATION_COMPUTE_POLICY.to_owned(),
+                        "guaranteed".to_owned(),
+                    ),
+                    (ANNOTATION_PRIORITY.to_owned(), "7".to_owned()),
+                ]))),
+                "pod-plain" => Ok(Some(BTreeMap::new())),
+                _ => Err(format!("cannot read pod ns/{name}: unreachable")),
+            }
+        }
+    }
+
+    /// A config-less claim takes its pod's policy and priority; a pod that cannot be
+    /// read fails the prepare and leaves nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_config_less_claim_takes_its_pods_policy_and_priority() {
+        let r = rig();
+        let driver = Driver::new(
+            r.driver.opts.clone(),
+            r.manager.clone(),
+            Reserved,
+            Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
+            Store::open(&r.dir.path().join("plugin")).expect("store"),
+        );
+        let a = driver.prepare(vec![claim("capped")]).await;
+        assert_eq!(a.claims["uid-capped"].error, "");
+        let made = r.manager.allocations();
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].policy(), mgr::ComputePolicy::Guaranteed);
+        assert_eq!(made[0].priority, 7);
+
+        let a = driver.prepare(vec![claim("plain")]).await;
+        assert_eq!(a.claims["uid-plain"].error, "");
+        let plain = r
+            .manager
+            .allocations()
+            .into_iter()
+            .find(|x| x.id == "dra-uid-plain")
+            .expect("plain");
+        assert_ne!(
+            plain.policy(),
+            mgr::ComputePolicy::Guaranteed,
+            "the node's default"
+        );
+        assert_eq!(plain.priority, 0);
+
+        let a = driver.prepare(vec![claim("hidden")]).await;
+        assert!(
+            a.claims["uid-hidden"]
+                .error
+                .contains("cannot read pod ns/pod-hidden"),
+            "{a:?}"
+        );
+        assert_eq!(r.manager.allocations().len(), 2, "nothing made for it");
     }
 
     /// One failed claim does not undo another of the same call.

@@ -301,7 +301,7 @@ fn pace_before(gate: &Gate, dev: usize, stream: CUstream) -> bool {
         }
         let in_flight = done.iter().filter(|d| !**d).count();
         let now = monotonic_ns();
-        match p.pace.before(now, in_flight) {
+        match p.pace.before(now, in_flight, gate.grant_until(dev)) {
             Step::Go => return true,
             Step::WaitOlder => {
                 // Completion is in order (one engine, FIFO): the first

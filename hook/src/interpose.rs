@@ -44,7 +44,11 @@ unsafe fn decide(handle: *mut *mut c_void, name: *const c_char) -> *mut c_void {
     let name = unsafe { CStr::from_ptr(name) };
     let bytes = name.to_bytes();
     // Most lookups in a process are not ours: decide those in two compares.
-    if !(bytes.starts_with(b"cu") || bytes.starts_with(b"nvml")) {
+    if !(bytes.starts_with(b"cu")
+        || bytes.starts_with(b"nvml")
+        || bytes.starts_with(b"hip")
+        || bytes.starts_with(b"_Z24hip"))
+    {
         return null_mut();
     }
     let Some(sym) = Sym::governed_by_name(bytes) else {

@@ -12,8 +12,8 @@
 //! - [`config`], [`governor`]: whether a process is governed, joining its
 //!   allocation, failing closed, fork and exit;
 //! - [`ledger`], [`sizes`], [`devices`]: pure admission bookkeeping;
-//! - [`cuda`], [`nvml`]: the wrapper bodies; [`gate`]: the compute gate's
-//!   call site.
+//! - [`cuda`], [`nvml`], [`hip`]: the wrapper bodies; [`gate`]: the compute
+//!   gate's call site.
 
 pub mod config;
 pub mod cuda;
@@ -21,6 +21,7 @@ pub mod devices;
 pub mod driver;
 pub mod gate;
 pub mod governor;
+pub mod hip;
 pub mod interpose;
 pub mod ledger;
 pub mod log;
@@ -45,6 +46,11 @@ pub trait FfiResult: Copy {
 impl FfiResult for CUresult {
     const PANICKED: Self = CUresult::CUDA_ERROR_UNKNOWN;
     const MISSING: Self = CUresult::CUDA_ERROR_NOT_FOUND;
+}
+
+impl FfiResult for hip::types::hipError_t {
+    const PANICKED: Self = Self::UNKNOWN;
+    const MISSING: Self = Self::NOT_FOUND;
 }
 
 impl FfiResult for nvmlReturn_t {

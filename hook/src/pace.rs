@@ -17,6 +17,17 @@
 //!   revocation finds at most the running kernel and what fits in the
 //!   budget.
 //!
+//! - the grant's quantum ends before the last launch would be done (the
+//!   arbiter publishes when the quantum ends, `Gate::grant_until`): a
+//!   revocation may come at that end, so the launch is not queued to start
+//!   past it. It is held until the quantum's end; then, until the arbiter
+//!   renews the grant (a later end) or revokes it (the gate stops the
+//!   launch), it is held until the running work is done, looked at again
+//!   every [`RECHECK_NS`]. So a revocation finds at most the kernel running
+//!   at the quantum's end (and what the budget let queue behind it before
+//!   then), never a second long kernel: the hand-over is bounded by the
+//!   longest kernel plus the budget.
+//!
 //! The kernel length is learned from the markers: the time between two
 //! consecutive markers, when the second launch was queued behind the first
 //! (so the device ran it back to back), is that launch's length plus the
@@ -37,6 +48,21 @@ pub const DEFAULT_BUDGET_NS: u64 = 250_000;
 
 /// The most launches the hard bound ever lets be in flight (short kernels).
 pub const MAX_IN_FLIGHT: usize = 8;
+
+/// Past the quantum's end, with the grant neither renewed nor revoked yet,
+/// a held launch looks again this often (the arbiter acts within its own
+/// wake-up of the end).
+pub const RECHECK_NS: u64 = 50_000;
+
+/// A quantum's end passed this long ago with the grant still held is not
+/// believed: the arbiter would have renewed or revoked by now, so the end
+/// is stale or on another clock (a time namespace), and only the budget
+/// applies.
+pub const STALE_AFTER_NS: u64 = 2_000_000;
+
+/// A quantum's end further ahead than the longest quantum the arbiter
+/// accepts (10 s) is on another clock: not believed either.
+pub const MAX_AHEAD_NS: u64 = 10_000_000_000;
 
 /// What to do before a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,20 +115,55 @@ impl Pace {
     }
 
     /// Decides about a launch at `now`, given how many of this process's
-    /// launches on the device are not done (their markers).
-    pub fn before(&self, now: u64, in_flight: usize) -> Step {
+    /// launches on the device are not done (their markers) and when the
+    /// grant's quantum ends (`None`: unknown, or no grant held).
+    pub fn before(&self, now: u64, in_flight: usize, quantum_end: Option<u64>) -> Step {
         if in_flight >= self.limit() {
             return Step::WaitOlder;
         }
-        if in_flight == 0 || self.est_ns == 0 {
+        if in_flight == 0 {
             return Step::Go;
         }
-        // The running launch is not done: it ends no earlier than now.
+        if self.est_ns == 0 && quantum_end.is_some() {
+            // Under a grant, with no length learned yet, a launch queued
+            // behind the running one may end any time after the quantum's
+            // end (a program's first kernels: 20 ms ones put 30 ms in the
+            // first drain): launch onto an empty queue until the first
+            // length is learned.
+            return Step::WaitOlder;
+        }
+        // The last launch is not done: it ends no earlier than now.
         let end = self.last_end.max(now);
-        let release = end.saturating_sub(self.budget_ns);
-        // Never hold longer than one launch's length: an estimate gone stale
-        // (a program whose kernels shrank) must not idle the device for long.
-        let release = release.min(now.saturating_add(self.est_ns));
+        let mut release = if self.est_ns == 0 {
+            now
+        } else {
+            // Never hold longer than one launch's length: an estimate gone
+            // stale (a program whose kernels shrank) must not idle the
+            // device for long.
+            end.saturating_sub(self.budget_ns)
+                .min(now.saturating_add(self.est_ns))
+        };
+        let quantum_end = quantum_end.filter(|&q| {
+            q <= now.saturating_add(MAX_AHEAD_NS) && now < q.saturating_add(STALE_AFTER_NS)
+        });
+        // Queued now, this launch would start when the last one ends: at or
+        // past the quantum's end it would be a second kernel in the drain.
+        // (With no length learned, `end` is now: past the quantum's end the
+        // launch waits for the work in flight.)
+        if let Some(q) = quantum_end
+            && end >= q
+        {
+            if now < q {
+                release = q;
+            } else if end > now.saturating_add(RECHECK_NS) {
+                // Past the end, neither renewed nor revoked yet: nothing
+                // more is queued; look again shortly for the arbiter's word.
+                return Step::HoldUntil(now.saturating_add(RECHECK_NS));
+            } else {
+                // The running work ends soon: launch onto an empty queue.
+                return Step::WaitOlder;
+            }
+        }
         if release > now {
             Step::HoldUntil(release)
         } else {
@@ -142,12 +203,12 @@ mod tests {
     #[test]
     fn nothing_in_flight_or_nothing_learned_goes() {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
-        assert_eq!(p.before(0, 0), Step::Go);
+        assert_eq!(p.before(0, 0, None), Step::Go);
         // Unknown length: only the hard bound applies.
-        assert_eq!(p.before(0, 1), Step::Go);
-        assert_eq!(p.before(0, 2), Step::WaitOlder);
+        assert_eq!(p.before(0, 1, None), Step::Go);
+        assert_eq!(p.before(0, 2, None), Step::WaitOlder);
         p.learned(MS);
-        assert_eq!(p.before(5 * MS, 0), Step::Go);
+        assert_eq!(p.before(5 * MS, 0, None), Step::Go);
     }
 
     #[test]
@@ -155,12 +216,12 @@ mod tests {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
         p.learned(MS);
         assert_eq!(p.limit(), 2);
-        assert_eq!(p.before(0, 2), Step::WaitOlder);
+        assert_eq!(p.before(0, 2, None), Step::WaitOlder);
         // Short kernels: as many as fit in the budget, plus the running one.
         let mut short = Pace::new(250_000);
         short.learned(50_000);
         assert_eq!(short.limit(), 6);
-        assert_eq!(short.before(0, 6), Step::WaitOlder);
+        assert_eq!(short.before(0, 6, None), Step::WaitOlder);
         let mut tiny = Pace::new(250_000);
         tiny.learned(1_000);
         assert_eq!(tiny.limit(), MAX_IN_FLIGHT);
@@ -172,12 +233,18 @@ mod tests {
         p.learned(MS);
         // Launched at 10 ms onto an idle device: ends at 11 ms.
         p.launched(10 * MS, false);
-        assert_eq!(p.before(10 * MS + 1, 1), Step::HoldUntil(11 * MS - 250_000));
+        assert_eq!(
+            p.before(10 * MS + 1, 1, None),
+            Step::HoldUntil(11 * MS - 250_000)
+        );
         // Within the budget of its end: go.
-        assert_eq!(p.before(11 * MS - 100_000, 1), Step::Go);
+        assert_eq!(p.before(11 * MS - 100_000, 1, None), Step::Go);
         // Queued behind it at 10.8 ms: starts at 11 ms, ends at 12 ms.
         p.launched(10 * MS + 800_000, true);
-        assert_eq!(p.before(11 * MS, 1), Step::HoldUntil(12 * MS - 250_000));
+        assert_eq!(
+            p.before(11 * MS, 1, None),
+            Step::HoldUntil(12 * MS - 250_000)
+        );
     }
 
     #[test]
@@ -195,7 +262,7 @@ mod tests {
             let mut ends: Vec<u64> = Vec::new();
             for _ in 0..200 {
                 let in_flight = ends.iter().filter(|&&e| e > now).count();
-                match p.before(now, in_flight) {
+                match p.before(now, in_flight, None) {
                     Step::Go => {
                         let behind = in_flight > 0;
                         p.launched(now, behind);
@@ -227,6 +294,136 @@ mod tests {
     }
 
     #[test]
+    fn no_launch_is_queued_to_start_past_the_quantum_end() {
+        let mut p = Pace::new(250_000);
+        p.learned(20 * MS);
+        p.launched(0, false); // runs 0..20 ms
+        let q = Some(10 * MS);
+        // Before the end: held until it, not until 250 µs before 20 ms.
+        assert_eq!(p.before(MS, 1, q), Step::HoldUntil(10 * MS));
+        // Past it, neither renewed nor revoked: held in short looks.
+        assert_eq!(
+            p.before(10 * MS + 1, 1, q),
+            Step::HoldUntil(10 * MS + 1 + RECHECK_NS)
+        );
+        // The running kernel about to end: launch onto an empty queue.
+        assert_eq!(
+            p.before(20 * MS - 10_000, 1, Some(20 * MS - 50_000)),
+            Step::WaitOlder
+        );
+        // Renewed (a later end): the budget rule again.
+        assert_eq!(
+            p.before(11 * MS, 1, Some(30 * MS)),
+            Step::HoldUntil(20 * MS - 250_000)
+        );
+        // An end long past, or too far ahead, is another clock: ignored.
+        assert_eq!(
+            p.before(15 * MS, 1, Some(12 * MS)),
+            Step::HoldUntil(20 * MS - 250_000)
+        );
+        assert_eq!(
+            p.before(15 * MS, 1, Some(15 * MS + MAX_AHEAD_NS + 1)),
+            Step::HoldUntil(20 * MS - 250_000)
+        );
+        // Nothing in flight: a launch past the end goes (it is then the
+        // only kernel a revocation finds).
+        assert_eq!(p.before(25 * MS, 0, Some(21 * MS)), Step::Go);
+        // No length learned yet: under a grant, nothing queues behind the
+        // running launch; with no grant's end known, the hard bound alone.
+        let fresh = Pace::new(250_000);
+        assert_eq!(fresh.before(0, 1, Some(10 * MS)), Step::WaitOlder);
+        assert_eq!(fresh.before(0, 0, Some(10 * MS)), Step::Go);
+        assert_eq!(fresh.before(0, 1, None), Step::Go);
+    }
+
+    /// A program that always wants to launch, on a fake FIFO device, under
+    /// a fake arbiter whose quantum ends every 10 ms and which acts `late`
+    /// after each end (renewing the grant, so the program runs on; each
+    /// act is where a revocation could have come). Returns, per act, the
+    /// work in flight then, and the device's busy fraction (ppm).
+    fn run_with_quantum(kernel: u64, budget: u64, ends_known: bool) -> (Vec<u64>, u64) {
+        let quantum = 10 * MS;
+        let late = 30_000;
+        let mut p = Pace::new(budget);
+        p.learned(kernel);
+        let mut now = 0u64;
+        let mut engine_free = 0u64;
+        let mut ends: Vec<u64> = Vec::new();
+        let mut launches: Vec<(u64, u64)> = Vec::new(); // (queued at, ends)
+        let mut q = quantum;
+        let horizon = 200 * MS;
+        while now < horizon {
+            // The arbiter renews `late` after the end.
+            while now >= q + late {
+                q += quantum;
+            }
+            let in_flight = ends.iter().filter(|&&e| e > now).count();
+            match p.before(now, in_flight, ends_known.then_some(q)) {
+                Step::Go => {
+                    p.launched(now, in_flight > 0);
+                    let start = engine_free.max(now);
+                    engine_free = start + kernel;
+                    ends.push(engine_free);
+                    launches.push((now, engine_free));
+                }
+                Step::WaitOlder => {
+                    now = *ends.iter().find(|&&e| e > now).expect("one in flight");
+                }
+                Step::HoldUntil(t) => {
+                    assert!(t > now);
+                    now = t;
+                }
+            }
+            now += 1_000; // the launch's host time
+        }
+        let acts: Vec<u64> = (1..)
+            .map(|k| k * quantum + late)
+            .take_while(|&r| r < horizon - 2 * kernel)
+            .map(|r| {
+                let last = launches
+                    .iter()
+                    .filter(|(at, _)| *at < r)
+                    .map(|(_, e)| *e)
+                    .max()
+                    .unwrap_or(0);
+                last.saturating_sub(r)
+            })
+            .collect();
+        let busy = ends.len() as u64 * kernel;
+        let span = ends.last().copied().unwrap_or(1);
+        (acts, busy * 1_000_000 / span)
+    }
+
+    #[test]
+    fn a_revocation_at_any_quantum_end_finds_at_most_the_running_kernel() {
+        for kernel in [50_000u64, MS, 20 * MS] {
+            let (acts, busy_ppm) = run_with_quantum(kernel, 250_000, true);
+            assert!(!acts.is_empty());
+            for (i, left) in acts.iter().enumerate() {
+                assert!(
+                    *left <= kernel,
+                    "{kernel} ns kernels: {left} ns in flight at quantum end {i}"
+                );
+            }
+            // Holding at the ends costs the device little: a renewal found
+            // late leaves at most the arbiter's delay idle.
+            assert!(
+                busy_ppm >= 970_000,
+                "{kernel} ns kernels: busy {busy_ppm} ppm"
+            );
+        }
+        // Without the ends, a second long kernel is queued at some act
+        // (20.1 ms kernels, so that some act falls in a kernel's last
+        // 250 µs, when the next one is queued behind it).
+        let kernel = 20 * MS + 100_000;
+        let (acts, _) = run_with_quantum(kernel, 250_000, false);
+        assert!(
+            acts.iter().any(|&left| left > kernel),
+            "the test can fail: {acts:?}"
+        );
+    }
+
+    #[test]
     fn the_length_is_learned_and_a_stale_estimate_holds_at_most_one_length() {
         let mut p = Pace::new(250_000);
         p.learned(20 * MS);
@@ -236,6 +433,6 @@ mod tests {
         // Whatever the prediction, a hold is never longer than one length.
         p.launched(0, false);
         p.last_end = 100 * MS;
-        assert_eq!(p.before(0, 1), Step::HoldUntil(p.estimate()));
+        assert_eq!(p.before(0, 1, None), Step::HoldUntil(p.estimate()));
     }
 }

@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
+use crate::hip::types::*;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -34,6 +35,8 @@ use tessera_ffi::nvml::{
 pub enum Lib {
     Cuda,
     Nvml,
+    /// AMD's HIP runtime (or Hygon's, which speaks the same API).
+    Hip,
 }
 
 impl Lib {
@@ -42,6 +45,17 @@ impl Lib {
         match self {
             Lib::Cuda => c"libcuda.so.1",
             Lib::Nvml => c"libnvidia-ml.so.1",
+            Lib::Hip => c"libamdhip64.so.5",
+        }
+    }
+
+    /// Every soname the hook tries, in order: Hygon's DTK ships the same
+    /// API as `libgalaxyhip.so.5`.
+    pub fn sonames(self) -> &'static [&'static CStr] {
+        match self {
+            Lib::Cuda => &[c"libcuda.so.1"],
+            Lib::Nvml => &[c"libnvidia-ml.so.1"],
+            Lib::Hip => &[c"libamdhip64.so.5", c"libgalaxyhip.so.5"],
         }
     }
 }
@@ -52,6 +66,9 @@ macro_rules! lib_of {
     };
     (nvml) => {
         Lib::Nvml
+    };
+    (hip) => {
+        Lib::Hip
     };
 }
 
@@ -401,6 +418,51 @@ symbols! {
         nvml fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t ["nvmlDeviceGetMPSComputeRunningProcesses" @ 0];
         nvml fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong) -> nvmlReturn_t ["nvmlDeviceGetProcessUtilization" @ 0];
         nvml fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, util: *mut nvmlUtilization_t) -> nvmlReturn_t ["nvmlDeviceGetUtilizationRates" @ 0];
+
+        // HIP (hook/src/hip/): the view, memory admission, the gate.
+        hip fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> hipError_t ["hipGetProcAddress" @ 0];
+        hip fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> hipError_t ["hipMemGetInfo" @ 0];
+        hip fn hipDeviceTotalMem(bytes: *mut usize, dev: hipDevice_t) -> hipError_t ["hipDeviceTotalMem" @ 0];
+        hip fn hipGetDeviceProperties(prop: *mut c_void, dev: c_int) -> hipError_t ["hipGetDeviceProperties" @ 0];
+        hip fn hipGetDevicePropertiesR0600(prop: *mut c_void, dev: c_int) -> hipError_t ["hipGetDevicePropertiesR0600" @ 0];
+        hip fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> hipError_t ["hipMalloc" @ 0];
+        hip fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> hipError_t ["hipExtMallocWithFlags" @ 0];
+        hip fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> hipError_t ["hipMallocManaged" @ 0];
+        hip fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) -> hipError_t ["hipMallocPitch" @ 0];
+        hip fn hipMemAllocPitch(ptr: *mut hipDeviceptr_t, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> hipError_t ["hipMemAllocPitch" @ 0];
+        hip fn hipMalloc3D(pitched: *mut hipPitchedPtr, extent: hipExtent) -> hipError_t ["hipMalloc3D" @ 0];
+        hip fn hipFree(ptr: *mut c_void) -> hipError_t ["hipFree" @ 0];
+        hip fn hipMallocArray(array: *mut hipArray_t, desc: *const hipChannelFormatDesc, width: usize, height: usize, flags: c_uint) -> hipError_t ["hipMallocArray" @ 0];
+        hip fn hipMalloc3DArray(array: *mut hipArray_t, desc: *const hipChannelFormatDesc, extent: hipExtent, flags: c_uint) -> hipError_t ["hipMalloc3DArray" @ 0];
+        hip fn hipArrayCreate(array: *mut hipArray_t, desc: *const HIP_ARRAY_DESCRIPTOR) -> hipError_t ["hipArrayCreate" @ 0];
+        hip fn hipArray3DCreate(array: *mut hipArray_t, desc: *const HIP_ARRAY3D_DESCRIPTOR) -> hipError_t ["hipArray3DCreate" @ 0];
+        hip fn hipFreeArray(array: hipArray_t) -> hipError_t ["hipFreeArray" @ 0];
+        hip fn hipArrayDestroy(array: hipArray_t) -> hipError_t ["hipArrayDestroy" @ 0];
+        hip fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: hipStream_t) -> hipError_t ["hipMallocAsync" @ 0];
+        hip fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: hipMemPool_t, stream: hipStream_t) -> hipError_t ["hipMallocFromPoolAsync" @ 0];
+        hip fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> hipError_t ["hipFreeAsync" @ 0];
+        hip fn hipMemCreate(handle: *mut hipMemGenericAllocationHandle_t, size: usize, prop: *const hipMemAllocationProp, flags: c_ulonglong) -> hipError_t ["hipMemCreate" @ 0];
+        hip fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> hipError_t ["hipMemRelease" @ 0];
+        hip fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: hipMemGenericAllocationHandle_t, flags: c_ulonglong) -> hipError_t ["hipMemMap" @ 0];
+        hip fn hipMemUnmap(ptr: *mut c_void, size: usize) -> hipError_t ["hipMemUnmap" @ 0];
+        hip fn hipLaunchKernel(f: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared: usize, stream: hipStream_t) -> hipError_t ["hipLaunchKernel" @ 0];
+        hip fn hipModuleLaunchKernel(f: hipFunction_t, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void) -> hipError_t
+            ["hipModuleLaunchKernel" @ 0];
+        hip fn hipExtLaunchKernel(f: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared: usize, stream: hipStream_t, start: hipEvent_t, stop: hipEvent_t, flags: c_int) -> hipError_t
+            ["hipExtLaunchKernel" @ 0];
+        hip fn _Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t, flags: u32) -> hipError_t
+            ["hipExtModuleLaunchKernel" @ 0];
+        hip fn hipExtModuleLaunchKernel(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t, flags: u32) -> hipError_t
+            ["hipExtModuleLaunchKernel" @ 0];
+        hip fn hipHccModuleLaunchKernel(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t) -> hipError_t
+            ["hipHccModuleLaunchKernel" @ 0];
+        hip fn _Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_(f: hipFunction_t, gx: u32, gy: u32, gz: u32, lx: u32, ly: u32, lz: u32, shared: usize, stream: hipStream_t, params: *mut *mut c_void, extra: *mut *mut c_void, start: hipEvent_t, stop: hipEvent_t) -> hipError_t
+            ["hipHccModuleLaunchKernel" @ 0];
+        hip fn hipLaunchCooperativeKernel(f: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared: c_uint, stream: hipStream_t) -> hipError_t ["hipLaunchCooperativeKernel" @ 0];
+        hip fn hipModuleLaunchCooperativeKernel(f: hipFunction_t, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: hipStream_t, params: *mut *mut c_void) -> hipError_t
+            ["hipModuleLaunchCooperativeKernel" @ 0];
+        hip fn hipLaunchCooperativeKernelMultiDevice(list: *mut hipLaunchParams, n: c_int, flags: c_uint) -> hipError_t ["hipLaunchCooperativeKernelMultiDevice" @ 0];
+        hip fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> hipError_t ["hipGraphLaunch" @ 0];
     }
     used {
         cuda fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
@@ -429,6 +491,21 @@ symbols! {
         nvml fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
         // Measuring what a context really holds (cuda/context.rs).
         nvml fn nvmlShutdown() -> nvmlReturn_t;
+        // HIP: devices, their UUIDs, the granularity VMM charges in, drains.
+        hip fn hipGetDeviceCount(n: *mut c_int) -> hipError_t;
+        hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
+        hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
+        hip fn hipSetDevice(dev: c_int) -> hipError_t;
+        hip fn hipDeviceSynchronize() -> hipError_t;
+        hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
+        // The queue bound's markers (hip/pace.rs).
+        hip fn hipEventCreate(ev: *mut hipEvent_t) -> hipError_t;
+        hip fn hipEventRecord(ev: hipEvent_t, stream: hipStream_t) -> hipError_t;
+        hip fn hipEventQuery(ev: hipEvent_t) -> hipError_t;
+        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t;
+        hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
+        hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
+        hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;
     }
 }
 
@@ -462,6 +539,7 @@ unsafe impl Sync for Handle {}
 
 static CUDA: OnceLock<Option<Handle>> = OnceLock::new();
 static NVML: OnceLock<Option<Handle>> = OnceLock::new();
+static HIP: OnceLock<Option<Handle>> = OnceLock::new();
 
 /// The real entry point of `sym`, or null. The hot path: one atomic load
 /// once the library is loaded.
@@ -488,12 +566,20 @@ pub fn library(lib: Lib) -> *mut c_void {
     let cell = match lib {
         Lib::Cuda => &CUDA,
         Lib::Nvml => &NVML,
+        Lib::Hip => &HIP,
     };
     cell.get_or_init(|| load(lib)).map_or(null_mut(), |h| h.0)
 }
 
 fn load(lib: Lib) -> Option<Handle> {
-    let h = driver::open(lib.soname())?;
+    let mut sonames = lib.sonames().iter();
+    let h = loop {
+        let soname = sonames.next()?;
+        // Each candidate's absence is logged (at warn, when logging is on).
+        if let Some(h) = driver::open(soname) {
+            break h;
+        }
+    };
     for &sym in Sym::ALL.iter().filter(|s| s.lib() == lib) {
         // SAFETY: a handle dlopen just gave.
         let p = unsafe { driver::real_dlsym(h, sym.c_name()) };

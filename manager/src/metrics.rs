@@ -930,11 +930,13 @@ mod tests {
         srv.stop().await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn nothing_is_rendered_before_the_request_is_read() {
         let srv = TestServer::start().await;
         let mut c = srv.connect().await;
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost").await.unwrap();
+        // On the paused clock this sleep ends only once every task is idle:
+        // the server has read all there is and waits for the rest.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(srv.renders(), 0, "rendered on connect");
         let out = exchange(&mut c, ": x\r\n\r\n").await;

@@ -66,7 +66,7 @@ pub mod dra {
         }
     }
     generated! {
-        /// Generated from `proto/dra_v1beta1.proto`.
+        /// Generated from `proto/dra_v1.proto` in the v1beta1 package (see `build.rs`).
         v1beta1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1" {
             /// The service name a plugin lists in `PluginInfo.supported_versions`.
             pub const SERVICE: &str = "v1beta1.DRAPlugin";

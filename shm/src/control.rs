@@ -438,13 +438,19 @@ impl Control {
     /// wait on the pause word; rechecked every second, so a lost wake-up
     /// costs at most that). Returns at once when it is not paused.
     pub fn wait_while_paused(&self) {
+        self.wait_while_paused_on(&crate::sys::Linux)
+    }
+
+    /// [`Control::wait_while_paused`] through the system calls `sys` (a
+    /// test's, to see the thread asleep on the word).
+    pub fn wait_while_paused_on(&self, sys: &dyn crate::sys::Sys) {
         let word = &self.map.header.paused;
         loop {
             let v = word.load(Ordering::Acquire);
             if v == 0 {
                 return;
             }
-            crate::sys::futex_wait(word, v, 1_000_000_000);
+            sys.futex_wait(word, v, 1_000_000_000);
         }
     }
 

@@ -108,7 +108,14 @@ pub struct DeviceControl {
     /// `ABI_VERSION` stay: an older shim charges the header's figure, as
     /// before.
     pub context_bytes: AtomicU64,
-    pub reserved: [u64; 4],
+    /// CLOCK_MONOTONIC ns at which the current grant's quantum ends (the
+    /// earliest a busy holder can be revoked), written by the arbiter before
+    /// it publishes a grant and again when it renews one; 0: unknown. A hint
+    /// for the shim's pacer (it queues no kernel to start past it), never
+    /// trusted for anything else. Taken from what was reserved space (zero
+    /// in older files), so the layout and ABI stay.
+    pub grant_until_ns: AtomicU64,
+    pub reserved: [u64; 3],
 }
 
 /// Set in [`DeviceControl::context_bytes`] when the figure below it was

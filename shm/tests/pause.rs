@@ -4,10 +4,11 @@
 
 use std::mem::{offset_of, size_of};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tessera_shm::layout::*;
+use tessera_shm::sys::Sys;
 use tessera_shm::{Control, ControlSpec, DeviceSpec, Policy, ShmError, create_allocation_files};
 
 fn spec() -> ControlSpec {
@@ -67,6 +68,39 @@ fn pause_and_resume_count_paused_time() {
     assert_eq!(ro.paused_ns(20_000), 4_000);
 }
 
+/// The real futex, with two changes a test can see: each sleep on the pause
+/// word is counted (a thread seen asleep there has, by construction, not
+/// passed), and the one-second recheck is stretched to a minute, so only the
+/// resume's wake-up can end the sleep within the test's patience.
+struct Sleeps {
+    word: usize,
+    n: AtomicUsize,
+}
+
+impl Sys for Sleeps {
+    fn monotonic_ns(&self) -> u64 {
+        tessera_shm::sys::monotonic_ns()
+    }
+    fn futex_wait(&self, word: &AtomicU32, expected: u32, _timeout_ns: u64) {
+        if word.as_ptr() as usize == self.word {
+            self.n.fetch_add(1, Ordering::SeqCst);
+        }
+        tessera_shm::sys::futex_wait(word, expected, 60_000_000_000)
+    }
+    fn futex_wake_all(&self, word: &AtomicU32) {
+        tessera_shm::sys::futex_wake_all(word)
+    }
+    fn set_timer_slack(&self, _ns: u64) {}
+}
+
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no {what} in 10 s");
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn a_thread_blocked_on_the_pause_wakes_at_resume() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,27 +109,28 @@ fn a_thread_blocked_on_the_pause_wakes_at_resume() {
     let ro = Arc::new(Control::open(&c).unwrap());
     ro.wait_while_paused(); // not paused: returns at once
     rw.pause(1).unwrap();
+    let sys = Arc::new(Sleeps {
+        word: ro.raw().header.paused.as_ptr() as usize,
+        n: AtomicUsize::new(0),
+    });
     let through = Arc::new(AtomicBool::new(false));
     let t = {
-        let (ro, through) = (ro.clone(), through.clone());
+        let (ro, through, sys) = (ro.clone(), through.clone(), sys.clone());
         std::thread::spawn(move || {
-            ro.wait_while_paused();
+            ro.wait_while_paused_on(&*sys);
             through.store(true, Ordering::Release);
         })
     };
-    std::thread::sleep(Duration::from_millis(100));
+    until("sleep on the pause word", || {
+        sys.n.load(Ordering::SeqCst) >= 1
+    });
     assert!(
         !through.load(Ordering::Acquire),
         "passed a paused allocation"
     );
-    let t0 = Instant::now();
     rw.resume(2).unwrap();
+    // Woken by the resume: the recheck is a minute away.
+    until("wake-up at resume", || t.is_finished());
     t.join().unwrap();
     assert!(through.load(Ordering::Acquire));
-    // Woken by the resume, not by the one-second recheck.
-    assert!(
-        t0.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        t0.elapsed()
-    );
 }

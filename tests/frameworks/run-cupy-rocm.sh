@@ -13,6 +13,11 @@
 #    and a kernel compiled and launched through CuPy runs; then
 #    tests/frameworks/hip_python_check.py: hipMemGetInfo shows it, hipMalloc past it is
 #    hipErrorOutOfMemory and a smaller one succeeds after.
+# 4. Runs both checks under `tessera run --gpu 1 --memory 1Gi` (a manager on a second
+#    node, one NVIDIA GPU and one AMD GPU: GPU 1 is the AMD one; the shim governs HIP,
+#    hip-python's lookups on its own handle included): the total is 1 GiB, past it is
+#    out of memory, a smaller allocation and CuPy's kernel arrays fit beside the
+#    process's device context.
 #
 # Usage: tests/frameworks/run-cupy-rocm.sh [--install-only]
 # Environment: CUPY_ROCM_VENV (default target/cupy-rocm-venv), PYTHON (default python3),
@@ -47,10 +52,19 @@ install() {
 install
 [[ ${1:-} == --install-only ]] && exit 0
 
-(cd "$root" && cargo build --quiet -p tessera-sim-hip -p tessera-sim-hip-stubs)
+(cd "$root" && cargo build --quiet -p tessera-sim-hip -p tessera-sim-hip-stubs \
+    -p tessera-sim-nvml -p tessera-sim-rocm-smi -p tessera-hook -p tessera-cli)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-cupy-rocm.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+manager_pid=
+cleanup() {
+    if [[ -n $manager_pid ]]; then
+        kill "$manager_pid" 2>/dev/null || true
+        wait "$manager_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
 
 # The runtime's names, copied (a concurrent build may rewrite target/). One stub library
 # serves every ROCm math and communication soname; the loader maps it once.
@@ -89,4 +103,34 @@ run_check() {
 
 run_check "cupy-rocm bare (device memory $((memory >> 30)) GiB)" cupy_rocm_check.py "$memory"
 run_check "hip-python bare" hip_python_check.py "$memory"
+
+# Under tessera run, on a node of its own: one NVIDIA GPU (index 0) and one AMD GPU
+# (index 1, the one HIP sees). Each process's device context holds 64 MiB there, and the
+# manager charges that much for one, so that the check's 2 x 256 MiB kernel arrays fit
+# within 1 GiB beside it (at the default 518 MiB they would not).
+cp "$bin/deps/libtessera_sim_nvml.so" "$work/lib/libnvidia-ml.so.1"
+cp "$bin/deps/libtessera_sim_rocm_smi.so" "$work/lib/librocm_smi64.so.5"
+cp "$bin/libtessera.so" "$work/lib/libtessera.so"
+export TESSERA_SIM_STATE=$work/node-run TESSERA_SIM_GPUS=nvidia,amd
+export TESSERA_SIM_CONTEXT_MEMORY=64Mi
+mkdir -p "$work/state"
+"$bin/tessera" manager --state-dir "$work/state" --socket "$work/manager.sock" \
+    --nvml-library "$work/lib/libnvidia-ml.so.1" \
+    --rocm-smi-library "$work/lib/librocm_smi64.so.5" \
+    --hook-library "$work/lib/libtessera.so" --context-overhead 64Mi \
+    --metrics-addr off --hostname cupy-rocm-check >"$work/manager.log" 2>&1 &
+manager_pid=$!
+for _ in $(seq 100); do
+    [[ -S $work/manager.sock ]] && break
+    sleep 0.1
+done
+if [[ ! -S $work/manager.sock ]]; then
+    echo "the manager did not start:" >&2
+    cat "$work/manager.log" >&2
+    exit 1
+fi
+for check in cupy_rocm_check.py hip_python_check.py; do
+    run_check "${check%_check.py} under tessera run --gpu 1 --memory 1Gi" "$check" $((1 << 30)) \
+        "$bin/tessera" run --socket "$work/manager.sock" --gpu 1 --memory 1Gi --
+done
 exit $status

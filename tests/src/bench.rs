@@ -5,9 +5,11 @@ use std::fmt::Write as _;
 
 pub mod compute;
 pub mod dra;
+pub mod dropin;
 pub mod hook;
 pub mod many;
 pub mod race;
+pub mod real;
 pub mod run;
 pub mod soak;
 

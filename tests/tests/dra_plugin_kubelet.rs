@@ -157,6 +157,41 @@ fn req(name: &str, uid: &str) -> dra::Claim {
     }
 }
 
+/// A prepare request for the claims named `(name, uid)`.
+fn prepare_request<'a>(
+    claims: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> dra::NodePrepareResourcesRequest {
+    dra::NodePrepareResourcesRequest {
+        claims: claims
+            .into_iter()
+            .map(|(name, uid)| req(name, uid))
+            .collect(),
+    }
+}
+
+/// Sends `request` to the plugin over its v1beta1 service (the same messages on the wire).
+async fn prepare_v1beta1(
+    plugin_dir: &Path,
+    request: &dra::NodePrepareResourcesRequest,
+) -> dra_beta::NodePrepareResourcesResponse {
+    let channel = tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
+        .await
+        .expect("dial");
+    let mut beta = dra_beta::dra_plugin_client::DraPluginClient::new(channel);
+    let beta_req =
+        dra_beta::NodePrepareResourcesRequest::decode(request.encode_to_vec().as_slice()).unwrap();
+    beta.node_prepare_resources(beta_req)
+        .await
+        .expect("v1beta1 prepare")
+        .into_inner()
+}
+
+/// The plugin's checkpoint as JSON.
+fn checkpoint(plugin_dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
+        .unwrap()
+}
+
 /// `f` on a thread of its own: the manager helpers run a runtime of their
 /// own, which cannot start on one of the test's runtime threads.
 fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
@@ -292,12 +327,7 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
     for (name, uid, results, _) in &claims {
         api.put_claim(claim(name, uid, results.clone(), json!([])));
     }
-    let request = dra::NodePrepareResourcesRequest {
-        claims: claims
-            .iter()
-            .map(|(name, uid, ..)| req(name, uid))
-            .collect(),
-    };
+    let request = prepare_request(claims.iter().map(|(name, uid, ..)| (*name, *uid)));
     let first = kubelet
         .node_prepare_resources(request.clone())
         .await
@@ -349,17 +379,7 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
         Err(e) => panic!("{e}\n{}", plugin.log()),
     };
     drop(kubelet2);
-    let channel = tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
-        .await
-        .expect("dial");
-    let mut beta = dra_beta::dra_plugin_client::DraPluginClient::new(channel);
-    let beta_req =
-        dra_beta::NodePrepareResourcesRequest::decode(request.encode_to_vec().as_slice()).unwrap();
-    let again = beta
-        .node_prepare_resources(beta_req)
-        .await
-        .expect("v1beta1 prepare")
-        .into_inner();
+    let again = prepare_v1beta1(&plugin_dir, &request).await;
     let again_v1 =
         dra::NodePrepareResourcesResponse::decode(again.encode_to_vec().as_slice()).unwrap();
     assert_eq!(again_v1, first, "{}", plugin.log());
@@ -392,9 +412,7 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
     assert!(gone.claims.values().all(|c| c.error.is_empty()), "{gone:?}");
     assert!(allocation_ids(&m.socket).is_empty());
     assert!(specs(&cdi_dir).is_empty(), "{:?}", specs(&cdi_dir));
-    let cp: Value =
-        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
-            .unwrap();
+    let cp = checkpoint(&plugin_dir);
     assert_eq!(cp["claims"], json!({}));
     drop(kubelet);
 
@@ -496,9 +514,7 @@ async fn claims_prepared_on_a_simulated_node_hold_their_memory_across_a_plugin_k
         specs(&cdi_dir),
         [format!("vgpu.tessera.dev-claim_{}.json", good.1)]
     );
-    let cp: Value =
-        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
-            .unwrap();
+    let cp = checkpoint(&plugin_dir);
     assert_eq!(
         cp["claims"].as_object().unwrap().keys().collect::<Vec<_>>(),
         [good.1]
@@ -557,12 +573,7 @@ async fn two_shares_of_one_gpu_are_named_by_their_share_ids_and_unprepared_one_a
         r["shareID"] = share.into();
         api.put_claim(claim(name, uid, vec![r], json!([])));
     }
-    let request = dra::NodePrepareResourcesRequest {
-        claims: shares
-            .iter()
-            .map(|(name, uid, ..)| req(name, uid))
-            .collect(),
-    };
+    let request = prepare_request(shares.iter().map(|(name, uid, ..)| (*name, *uid)));
     let prepared = kubelet
         .node_prepare_resources(request.clone())
         .await
@@ -580,17 +591,7 @@ async fn two_shares_of_one_gpu_are_named_by_their_share_ids_and_unprepared_one_a
 
     // v1beta1 answers the same share ids (the plugin answers a prepared
     // claim again from its checkpoint).
-    let channel = tessera_proto::unix::channel(&plugin_dir.join("dra.sock"))
-        .await
-        .expect("dial");
-    let mut beta = dra_beta::dra_plugin_client::DraPluginClient::new(channel);
-    let beta_req =
-        dra_beta::NodePrepareResourcesRequest::decode(request.encode_to_vec().as_slice()).unwrap();
-    let again = beta
-        .node_prepare_resources(beta_req)
-        .await
-        .expect("v1beta1 prepare")
-        .into_inner();
+    let again = prepare_v1beta1(&plugin_dir, &request).await;
     for (name, uid, share, _) in shares {
         assert_eq!(
             again.claims[uid].devices[0].share_id.as_deref(),
@@ -598,9 +599,7 @@ async fn two_shares_of_one_gpu_are_named_by_their_share_ids_and_unprepared_one_a
             "{name}"
         );
     }
-    let cp: Value =
-        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
-            .unwrap();
+    let cp = checkpoint(&plugin_dir);
     for (_, uid, share, _) in shares {
         assert_eq!(cp["claims"][uid]["devices"][0]["shareId"], share, "{cp}");
     }
@@ -617,9 +616,7 @@ async fn two_shares_of_one_gpu_are_named_by_their_share_ids_and_unprepared_one_a
     let left = allocation_ids(&m.socket);
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(ids.contains(&left[0]));
-    let cp: Value =
-        serde_json::from_str(&std::fs::read_to_string(plugin_dir.join("checkpoint.json")).unwrap())
-            .unwrap();
+    let cp = checkpoint(&plugin_dir);
     assert_eq!(
         cp["claims"].as_object().unwrap().keys().collect::<Vec<_>>(),
         [shares[1].1]

@@ -4,35 +4,17 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use base64::Engine as _;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_webhook::admission::HOOK_PATH;
-use tessera_webhook::certs::{Authority, SwappableCert};
+use tessera_webhook::certs::Authority;
 
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-}
+use common::{Outcome, Server};
+use tessera_webhook::dropin::Config;
 
 async fn server() -> Server {
-    let now = time::OffsetDateTime::now_utc();
-    let ca = Authority::generate(Duration::from_secs(86_400), now).expect("ca");
-    let cert = ca
-        .issue(
-            &[common::SERVICE_DNS.to_string()],
-            Duration::from_secs(3600),
-            now,
-        )
-        .expect("cert");
-    let addr = common::start_server(SwappableCert::new(&cert).expect("resolver")).await;
-    Server {
-        addr,
-        ca_pem: ca.material().cert_pem.clone(),
-    }
+    common::server_with(Config::default()).await
 }
 
 /// A container as the API server hands it over after defaulting.
@@ -107,90 +89,24 @@ fn review_of(pod: &Value) -> Value {
     })
 }
 
-/// What the webhook said about one pod.
-#[derive(Debug)]
-enum Outcome {
-    /// Allowed; the pod after the patch (the same pod when there was none) and whether
-    /// there was a patch.
-    Allowed {
-        pod: Value,
-        patched: bool,
-    },
-    Denied(String),
-}
-
 async fn admit_on(s: &Server, pod: &Value) -> Outcome {
-    let body = serde_json::to_vec(&review_of(pod)).expect("json");
-    let reply = common::request(s.addr, &s.ca_pem, "POST", "/mutate", body)
-        .await
-        .expect("request");
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
-    let review: Value = serde_json::from_slice(&reply.body).expect("review json");
-    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
-    assert_eq!(review["kind"], "AdmissionReview");
-    let response = &review["response"];
-    assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
-    if response["allowed"] != json!(true) {
-        assert!(
-            response.get("patch").is_none(),
-            "a refusal carries no patch"
-        );
-        let msg = response["status"]["message"].as_str().expect("message");
-        return Outcome::Denied(msg.to_string());
-    }
-    let Some(patch) = response.get("patch") else {
-        return Outcome::Allowed {
-            pod: pod.clone(),
-            patched: false,
-        };
-    };
-    assert_eq!(response["patchType"], "JSONPatch");
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch.as_str().expect("patch is base64 text"))
-        .expect("base64");
-    let ops: json_patch::Patch = serde_json::from_slice(&bytes).expect("RFC 6902 patch");
-    let mut patched = pod.clone();
-    json_patch::patch(&mut patched, &ops).expect("patch applies cleanly");
-    serde_json::from_value::<Pod>(patched.clone()).expect("still a valid Pod");
-    Outcome::Allowed {
-        pod: patched,
-        patched: true,
-    }
+    common::admit_on(s, pod, &review_of(pod)).await
 }
 
 /// Admits `pod`, expects it allowed, checks a second pass changes nothing, returns it.
 async fn admitted(pod: &Value) -> Value {
-    let s = server().await;
-    let out = match admit_on(&s, pod).await {
-        Outcome::Allowed { pod, .. } => pod,
-        Outcome::Denied(m) => panic!("denied: {m}"),
-    };
-    match admit_on(&s, &out).await {
-        Outcome::Allowed { patched, pod } => {
-            assert!(!patched, "second pass changed the pod: {pod:#}");
-        }
-        Outcome::Denied(m) => panic!("second pass denied: {m}"),
-    }
-    out
+    common::admitted(Config::default(), review_of, pod).await.0
 }
 
 async fn denied(pod: &Value) -> String {
-    match admit_on(&server().await, pod).await {
-        Outcome::Denied(m) => m,
-        Outcome::Allowed { pod, .. } => panic!("allowed: {pod:#}"),
-    }
+    common::denied(Config::default(), review_of, pod).await
 }
 
 fn env(name: &str, value: &str) -> Value {
     json!({ "name": name, "value": value })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_container_gets_the_shim() {
     let p = pod(vec![container("main", Some("2"))], vec![], json!({}));
     let mut expected = p.clone();
@@ -198,7 +114,7 @@ async fn one_container_gets_the_shim() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn other_containers_see_no_gpu() {
     let p = pod(
         vec![container("main", Some("2")), container("sidecar", None)],
@@ -211,7 +127,7 @@ async fn other_containers_see_no_gpu() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn init_containers_are_injected_too() {
     let p = pod(
         vec![container("main", Some("1"))],
@@ -225,7 +141,7 @@ async fn init_containers_are_injected_too() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn user_ld_preload_keeps_its_entries_after_the_shim() {
     let mut main = container("main", Some("4"));
     main["env"] = json!([env("LD_PRELOAD", "/opt/a.so /opt/b.so"), env("X", "1")]);
@@ -236,7 +152,7 @@ async fn user_ld_preload_keeps_its_entries_after_the_shim() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn already_injected_pod_is_left_alone() {
     let mut main = container("main", Some("2"));
     main["env"] = json!([env("LD_PRELOAD", &format!("{HOOK_PATH}:/opt/a.so"))]);
@@ -249,7 +165,7 @@ async fn already_injected_pod_is_left_alone() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn pod_without_slices_is_not_changed() {
     // It reaches the webhook because of its (valid) annotation.
     let p = pod(
@@ -263,7 +179,7 @@ async fn pod_without_slices_is_not_changed() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn gpu_class_becomes_required_node_affinity() {
     let p = pod(
         vec![container("main", Some("2"))],
@@ -282,7 +198,7 @@ async fn gpu_class_becomes_required_node_affinity() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn gpu_class_is_added_to_every_existing_term() {
     let mut p = pod(
         vec![container("main", Some("2"))],
@@ -311,7 +227,7 @@ async fn gpu_class_is_added_to_every_existing_term() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn compute_policy_is_carried_to_every_slice_container() {
     let p = pod(
         vec![container("a", Some("1")), container("b", Some("3"))],
@@ -328,7 +244,7 @@ async fn compute_policy_is_carried_to_every_slice_container() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn containers_with_whole_gpus_keep_them() {
     let mut whole = container("whole", None);
     whole["resources"] = json!({ "limits": { "nvidia.com/gpu": "1" } });
@@ -338,7 +254,7 @@ async fn containers_with_whole_gpus_keep_them() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn limits_only_is_accepted() {
     let mut main = container("main", None);
     main["resources"] = json!({ "limits": { "tessera.dev/vgpu": "3" } });
@@ -348,7 +264,7 @@ async fn limits_only_is_accepted() {
     assert_eq!(admitted(&p).await, expected);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn privileged_container_with_slices_is_refused() {
     let mut main = container("main", Some("2"));
     main["securityContext"] = json!({ "privileged": true });
@@ -357,7 +273,7 @@ async fn privileged_container_with_slices_is_refused() {
     assert!(m.contains("bypasses its slice limits"), "{m}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bad_slice_counts_are_refused() {
     for bad in ["0", "500m", "1.5"] {
         let m = denied(&pod(vec![container("main", Some(bad))], vec![], json!({}))).await;
@@ -370,7 +286,7 @@ async fn bad_slice_counts_are_refused() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn requests_and_limits_must_agree() {
     let mut main = container("main", None);
     main["resources"] = json!({
@@ -389,7 +305,7 @@ async fn requests_and_limits_must_agree() {
     assert!(m.contains("set it in limits"), "{m}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn forged_annotations_are_refused() {
     for key in ["tessera.dev/allocation", "alloc.tessera.dev/devices"] {
         let p = pod(
@@ -405,7 +321,7 @@ async fn forged_annotations_are_refused() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bad_policy_and_class_annotations_are_refused() {
     let p = pod(
         vec![container("main", Some("2"))],
@@ -423,7 +339,7 @@ async fn bad_policy_and_class_annotations_are_refused() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn pods_may_not_set_what_the_device_plugin_sets() {
     let mut main = container("main", Some("2"));
     main["env"] = json!([
@@ -435,7 +351,7 @@ async fn pods_may_not_set_what_the_device_plugin_sets() {
     assert!(m.contains("sets NVIDIA_VISIBLE_DEVICES"), "{m}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn sidecar_asking_for_all_gpus_is_refused() {
     let mut side = container("side", None);
     side["env"] = json!([env("NVIDIA_VISIBLE_DEVICES", "all")]);
@@ -451,7 +367,7 @@ async fn sidecar_asking_for_all_gpus_is_refused() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn ld_preload_from_a_configmap_is_refused() {
     let mut main = container("main", Some("1"));
     main["env"] = json!([{ "name": "LD_PRELOAD", "valueFrom": { "configMapKeyRef": { "name": "c", "key": "k" } } }]);
@@ -462,7 +378,7 @@ async fn ld_preload_from_a_configmap_is_refused() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn class_conflicting_with_node_selector_is_refused() {
     let mut p = pod(
         vec![container("main", Some("1"))],
@@ -474,7 +390,7 @@ async fn class_conflicting_with_node_selector_is_refused() {
     assert!(m.contains("contradicts nodeSelector"), "{m}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_problem_is_reported_at_once() {
     let mut a = container("a", Some("0"));
     a["securityContext"] = json!({ "privileged": true });
@@ -491,7 +407,7 @@ async fn every_problem_is_reported_at_once() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn other_operations_pass_untouched() {
     let s = server().await;
     let p = pod(vec![container("main", Some("2"))], vec![], json!({}));
@@ -507,7 +423,7 @@ async fn other_operations_pass_untouched() {
     assert!(v["response"].get("patch").is_none());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wrong_kind_is_refused_with_a_clear_message() {
     let s = server().await;
     let mut review =
@@ -529,7 +445,7 @@ async fn wrong_kind_is_refused_with_a_clear_message() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn bad_requests_get_400_with_the_reason() {
     let s = server().await;
     let post = |body: &str| {
@@ -571,7 +487,7 @@ async fn bad_requests_get_400_with_the_reason() {
     assert_eq!((r.status, r.body.as_slice()), (200, b"ok\n".as_slice()));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_client_that_does_not_trust_our_ca_is_turned_away() {
     let s = server().await;
     let other = Authority::generate(Duration::from_secs(3600), time::OffsetDateTime::now_utc())

@@ -10,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -19,6 +19,7 @@ use tessera_webhook::certs::{self, Authority, SwappableCert};
 use tessera_webhook::server::{Limits, MAX_BODY, Stats, serve_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
+use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
 /// Counts heap bytes in use and the most at once, so a test can bound the server's memory.
@@ -136,7 +137,7 @@ async fn closed_after(
 ) -> Option<(Duration, Vec<u8>)> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    let end = tokio::time::Instant::from_std(since + limit);
+    let end = since + limit;
     loop {
         match tokio::time::timeout_at(end, tls.read(&mut buf)).await {
             Err(_) => return None,
@@ -166,7 +167,7 @@ fn status_of(reply: &[u8]) -> Option<u16> {
 /// 300 connections that finish TLS and send half a request head, all from one pod. The
 /// per-peer cap holds all but 16 of them off at once; those 16 are cut off by the header
 /// timeout; a neighbour (another address) is served throughout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn half_sent_heads_from_one_pod_are_capped_and_cut_off() {
     let _serial = SERIAL.lock().await;
     let limits = Limits::default();
@@ -232,7 +233,7 @@ async fn half_sent_heads_from_one_pod_are_capped_and_cut_off() {
 
 /// 300 half-sent heads from 30 addresses: the global cap bounds what is held, every one is
 /// cut off by the header timeout, and the server serves again afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn half_sent_heads_from_many_pods_hit_the_global_cap_and_are_cut_off() {
     let _serial = SERIAL.lock().await;
     let limits = Limits::default();
@@ -281,7 +282,7 @@ async fn half_sent_heads_from_many_pods_hit_the_global_cap_and_are_cut_off() {
 
 /// A whole head, then a body that stops half-way: answered 408 and closed within the body
 /// timeout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn half_sent_bodies_are_cut_off() {
     let _serial = SERIAL.lock().await;
     let limits = Limits {
@@ -320,7 +321,7 @@ async fn half_sent_bodies_are_cut_off() {
 }
 
 /// HTTP/2 by ALPN, then silence (no preface): closed at the idle timeout, not held forever.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn silent_http2_connections_are_closed_when_idle() {
     let _serial = SERIAL.lock().await;
     let limits = Limits {
@@ -419,7 +420,7 @@ async fn post(s: &Server, from: u8, body: Arc<Vec<u8>>, chunked: bool) -> Result
 }
 
 /// 8 concurrent 7.9 MB bodies: refused from their Content-Length, nothing read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn oversized_bodies_are_refused_unread() {
     let _serial = SERIAL.lock().await;
     let s = server(Limits::default()).await;
@@ -441,7 +442,7 @@ async fn oversized_bodies_are_refused_unread() {
 
 /// A review in HAMi's words is translated (a copy of the pod is rewritten and parsed
 /// again): it must still cost no more per body byte than the server reserves for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_translated_review_costs_within_what_is_reserved_for_it() {
     let _serial = SERIAL.lock().await;
     let s = server(Limits::default()).await;
@@ -476,7 +477,7 @@ async fn a_translated_review_costs_within_what_is_reserved_for_it() {
 /// admits one at a time, every one is answered (200, or 503 when its turn did not come
 /// within the body timeout), and the heap of the whole process (both ends) stays within
 /// the budget, below the chart's 128 MiB limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn concurrent_large_reviews_stay_within_the_memory_budget() {
     let _serial = SERIAL.lock().await;
     let limits = Limits::default();

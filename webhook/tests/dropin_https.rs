@@ -6,51 +6,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
-
-use base64::Engine as _;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tessera_contract::dropin::{ANNOTATION_ORIGINAL, Dialect};
 use tessera_webhook::admission::HOOK_PATH;
-use tessera_webhook::certs::{self, Authority, SwappableCert};
 use tessera_webhook::dropin::Config;
-use tessera_webhook::server::{Limits, Stats, serve_configured};
-use tokio::net::TcpListener;
 
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-}
-
-async fn server_with(config: Config) -> Server {
-    let now = time::OffsetDateTime::now_utc();
-    let ca = Authority::generate(Duration::from_secs(86_400), now).expect("ca");
-    let cert = ca
-        .issue(
-            &[common::SERVICE_DNS.to_string()],
-            Duration::from_secs(3600),
-            now,
-        )
-        .expect("cert");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let tls = certs::server_config(SwappableCert::new(&cert).expect("resolver")).expect("tls");
-    tokio::spawn(serve_configured(
-        listener,
-        tls,
-        Limits::default(),
-        Arc::new(Stats::default()),
-        Arc::new(config),
-        std::future::pending(),
-    ));
-    Server {
-        addr,
-        ca_pem: ca.material().cert_pem.clone(),
-    }
-}
+use common::{Outcome, Server, server_with};
 
 fn container(name: &str, limits: Value) -> Value {
     json!({
@@ -92,81 +53,17 @@ fn review_of(pod: &Value) -> Value {
     })
 }
 
-/// Allowed: the pod after the patch, whether there was one, and the warnings.
-enum Outcome {
-    Allowed {
-        pod: Value,
-        patched: bool,
-        warnings: Vec<String>,
-    },
-    Denied(String),
-}
-
 async fn admit_on(s: &Server, pod: &Value) -> Outcome {
-    let body = serde_json::to_vec(&review_of(pod)).expect("json");
-    let reply = common::request(s.addr, &s.ca_pem, "POST", "/mutate", body)
-        .await
-        .expect("request");
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
-    let review: Value = serde_json::from_slice(&reply.body).expect("json");
-    let response = &review["response"];
-    if response["allowed"] != json!(true) {
-        assert!(response.get("patch").is_none());
-        return Outcome::Denied(response["status"]["message"].as_str().expect("msg").into());
-    }
-    let warnings = response["warnings"]
-        .as_array()
-        .map(|w| {
-            w.iter()
-                .map(|s| s.as_str().expect("text").to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    let Some(patch) = response.get("patch") else {
-        return Outcome::Allowed {
-            pod: pod.clone(),
-            patched: false,
-            warnings,
-        };
-    };
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch.as_str().expect("base64 text"))
-        .expect("base64");
-    let ops: json_patch::Patch = serde_json::from_slice(&bytes).expect("RFC 6902");
-    let mut patched = pod.clone();
-    json_patch::patch(&mut patched, &ops).expect("patch applies");
-    serde_json::from_value::<Pod>(patched.clone()).expect("still a Pod");
-    Outcome::Allowed {
-        pod: patched,
-        patched: true,
-        warnings,
-    }
+    common::admit_on(s, pod, &review_of(pod)).await
 }
 
 /// Admits under the default config (every dialect); a second pass must change nothing.
 async fn admitted(pod: &Value) -> (Value, Vec<String>) {
-    let s = server_with(Config::default()).await;
-    let (out, warnings) = match admit_on(&s, pod).await {
-        Outcome::Allowed { pod, warnings, .. } => (pod, warnings),
-        Outcome::Denied(m) => panic!("denied: {m}"),
-    };
-    match admit_on(&s, &out).await {
-        Outcome::Allowed { patched, pod, .. } => assert!(!patched, "second pass changed {pod:#}"),
-        Outcome::Denied(m) => panic!("second pass denied: {m}"),
-    }
-    (out, warnings)
+    common::admitted(Config::default(), review_of, pod).await
 }
 
 async fn denied(pod: &Value) -> String {
-    match admit_on(&server_with(Config::default()).await, pod).await {
-        Outcome::Denied(m) => m,
-        Outcome::Allowed { pod, .. } => panic!("allowed: {pod:#}"),
-    }
+    common::denied(Config::default(), review_of, pod).await
 }
 
 /// The translated container: its limits hold only Tessera's slices (and what else it had),

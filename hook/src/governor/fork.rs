@@ -19,7 +19,7 @@ impl Governed {
     /// would let another process allocate it first. Its quota is reclaimed
     /// once it is gone (by the next process that joins, an allocation over
     /// the limit, or the manager).
-    pub(super) fn at_exit(&self) {
+    pub(crate) fn at_exit(&self) {
         let Some(m) = self.member() else { return };
         // Another thread mid-operation: leave the slot for reclaim.
         let Some(_j) = self.join_lock.try_lock() else {
@@ -39,7 +39,7 @@ impl Governed {
     /// wrappers nest them: contexts, pools, pool books, shared memory, VMM,
     /// the per-device operation locks, the ledger's shards. They stay held
     /// (their guards forgotten) until [`Governed::unlock_all`].
-    pub(super) fn lock_all(&self) {
+    pub(crate) fn lock_all(&self) {
         std::mem::forget(self.join_lock.lock());
         std::mem::forget(self.contexts.lock());
         std::mem::forget(self.pools.lock());
@@ -59,7 +59,7 @@ impl Governed {
     /// # Safety
     ///
     /// Only after `lock_all` locked every lock, in the same process.
-    pub(super) unsafe fn unlock_all(&self) {
+    pub(crate) unsafe fn unlock_all(&self) {
         // SAFETY: (all below) lock_all locked each of these and forgot its
         // guard; this is the one matching unlock, with the stateless marker
         // a parking_lot acquisition carries.
@@ -89,7 +89,7 @@ impl Governed {
     /// Only in the child, on the thread that forked, after `lock_all` ran in
     /// the parent: this thread holds every lock, and the child has no other
     /// thread to race with.
-    pub(super) unsafe fn forget_parent(&self) {
+    pub(crate) unsafe fn forget_parent(&self) {
         self.member.store(0, Ordering::Release);
         // SAFETY: this thread holds every lock (per the contract), so no
         // other reference to the data exists.

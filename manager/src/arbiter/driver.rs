@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tessera_shm::layout::{Owner, grant};
-use tessera_shm::sys::{futex_wait, monotonic_ns, set_timer_slack};
+use tessera_shm::sys::Sys;
 use tessera_shm::{Liveness, LocalLiveness, Policy, ProcIdentity};
 
 use super::sched::{Action, ClientId, Event, Scheduler, View};
@@ -250,6 +250,8 @@ impl View for FileView<'_> {
 /// The GPU thread.
 pub(super) struct Driver {
     cfg: ArbiterConfig,
+    /// The clock and the futex (the real ones, or a test's fake clock).
+    sys: Arc<dyn Sys>,
     sched: Scheduler,
     members: Vec<Member>,
     next_id: ClientId,
@@ -261,10 +263,11 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub fn new(cfg: ArbiterConfig, shared: Arc<Mutex<Shared>>) -> Self {
+    pub fn new(cfg: ArbiterConfig, shared: Arc<Mutex<Shared>>, sys: Arc<dyn Sys>) -> Self {
         Driver {
             sched: Scheduler::new(cfg.sched()),
             cfg,
+            sys,
             members: Vec::new(),
             next_id: 1,
             shared,
@@ -278,14 +281,14 @@ impl Driver {
     pub fn run(mut self, rx: Receiver<Cmd>) {
         // Grants of a capped allocation are due at exact times, and the
         // default 50 µs slack shows in its share.
-        set_timer_slack(1_000);
+        self.sys.set_timer_slack(1_000);
         loop {
-            let now = monotonic_ns();
+            let now = self.sys.monotonic_ns();
             self.housekeeping(now);
             let until = self.decide(now);
             // Sleep until the decision's deadline, the next poll, or a
             // command; while a grant drains, on the holder's doorbell.
-            let now = monotonic_ns();
+            let now = self.sys.monotonic_ns();
             let poll = if self.sched.holder().is_some()
                 || now.saturating_sub(self.last_busy) < self.cfg.idle_after.as_nanos() as u64
             {
@@ -311,7 +314,7 @@ impl Driver {
                     now,
                 };
                 if view.drained(id).is_none() {
-                    futex_wait(bell, seen, sleep.max(1));
+                    self.sys.futex_wait(bell, seen, sleep.max(1));
                 }
                 match rx.try_recv() {
                     Ok(cmd) => {
@@ -371,7 +374,7 @@ impl Driver {
         {
             return Err(ArbiterError::AlreadyAdded { alloc_id, dev });
         }
-        let now = monotonic_ns();
+        let now = self.sys.monotonic_ns();
         let id = self.next_id;
         self.next_id += 1;
         let control = files.control();
@@ -507,8 +510,13 @@ impl Driver {
                     // the two must not leave that start uncharged (over a
                     // hundred grants a second, such gaps add up to whole
                     // holds of uncharged GPU time).
-                    let at = monotonic_ns();
+                    let at = self.sys.monotonic_ns();
                     if let Some(m) = self.members.iter().find(|m| m.id == id) {
+                        // The quantum's end first: a process that sees the
+                        // grant sees its end (the shim's pacer queues no
+                        // kernel to start past it).
+                        let until = at.saturating_add(self.sched.config().quantum_ns);
+                        let _ = m.files.control().set_grant_until(m.dev, until);
                         m.publish(grant::GRANTED);
                     }
                     self.sched.granted_at(at);
@@ -528,6 +536,13 @@ impl Driver {
         };
         if self.sched.holder().is_some() {
             self.last_busy = now;
+        }
+        // A grant renewed without a hand-over has a new quantum end.
+        if let Some((id, end)) = self.sched.quantum_end()
+            && let Some(m) = self.members.iter().find(|m| m.id == id)
+            && m.files.control().grant_until(m.dev) != end
+        {
+            let _ = m.files.control().set_grant_until(m.dev, end);
         }
         self.record(now);
         until
@@ -592,6 +607,10 @@ fn push_sample(q: &mut VecDeque<u64>, v: u64) {
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod stepped;
 
 #[cfg(test)]
 mod tests {

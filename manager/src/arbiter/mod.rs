@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tessera_contract::units::FULL_COMPUTE_PPM;
 
-use tessera_shm::sys::monotonic_ns;
+use tessera_shm::sys::{Linux, Sys};
 use tessera_shm::{Control, Policy, ShmError, State};
 
 use driver::{Cmd, Driver, Shared, lock};
@@ -256,6 +256,8 @@ struct GpuThread {
 /// allocation.
 pub struct Arbiter {
     cfg: ArbiterConfig,
+    /// The clock and futex of every GPU thread and of the statistics.
+    sys: Arc<dyn Sys>,
     gpus: Mutex<Option<HashMap<String, GpuThread>>>,
 }
 
@@ -267,9 +269,15 @@ impl std::fmt::Debug for Arbiter {
 
 impl Arbiter {
     pub fn new(cfg: ArbiterConfig) -> Result<Self, ArbiterError> {
+        Self::with_sys(cfg, Arc::new(Linux))
+    }
+
+    /// [`Arbiter::new`] over the system calls `sys` (a test's clock).
+    pub fn with_sys(cfg: ArbiterConfig, sys: Arc<dyn Sys>) -> Result<Self, ArbiterError> {
         cfg.validate()?;
         Ok(Arbiter {
             cfg,
+            sys,
             gpus: Mutex::new(Some(HashMap::new())),
         })
     }
@@ -298,7 +306,7 @@ impl Arbiter {
             if !tessera_shm::layout::grant::may_submit(control.grant_word(dev)) {
                 control.publish_grant(dev, tessera_shm::layout::grant::OPEN)?;
             }
-            control.beat(monotonic_ns())?;
+            control.beat(self.sys.monotonic_ns())?;
             return Ok(());
         }
         let uuid = control.uuid(dev).to_owned();
@@ -319,7 +327,7 @@ impl Arbiter {
     fn spawn(&self, uuid: &str) -> Result<GpuThread, ArbiterError> {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let driver = Driver::new(self.cfg, Arc::clone(&shared));
+        let driver = Driver::new(self.cfg, Arc::clone(&shared), Arc::clone(&self.sys));
         let short: String = uuid.chars().skip(4).take(8).collect();
         let handle = std::thread::Builder::new()
             .name(format!("arbiter-{short}"))
@@ -368,7 +376,7 @@ impl Arbiter {
 
     /// Per allocation and GPU: target and achieved share, waits, hand-overs.
     pub fn stats(&self) -> Vec<AllocationStats> {
-        let now = monotonic_ns();
+        let now = self.sys.monotonic_ns();
         let window = u64::try_from(self.cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
         let gpus = lock(&self.gpus);
         let Some(gpus) = gpus.as_ref() else {
@@ -520,6 +528,27 @@ impl Arbitration for Arbiter {
     fn shutdown(&self) {
         Arbiter::shutdown(self);
     }
+}
+
+/// The files of a test allocation with one device on `uuid`, in `dir`.
+#[cfg(test)]
+fn test_files(
+    dir: &Path,
+    id: &str,
+    uuid: &str,
+    share_ppm: u32,
+    policy: Policy,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let spec = tessera_shm::ControlSpec::new(
+        id,
+        vec![tessera_shm::DeviceSpec {
+            uuid: uuid.into(),
+            memory_limit_bytes: 1 << 30,
+            compute_share_ppm: share_ppm,
+            policy,
+        }],
+    );
+    tessera_shm::create_allocation_files(dir, &spec).unwrap()
 }
 
 #[cfg(test)]

@@ -320,6 +320,17 @@ impl Scheduler {
         }
     }
 
+    /// The holder and when its quantum ends, while a grant is held (not
+    /// draining): the earliest it can be revoked for its quantum.
+    pub fn quantum_end(&self) -> Option<(ClientId, u64)> {
+        match self.phase {
+            Phase::Held {
+                id, quantum_end, ..
+            } => Some((id, quantum_end)),
+            _ => None,
+        }
+    }
+
     /// Whether the holder's grant is revoked and its work draining.
     pub fn draining(&self) -> Option<ClientId> {
         match self.phase {

@@ -47,6 +47,26 @@ impl Control {
         Ok(new)
     }
 
+    /// Publishes when device `dev`'s current quantum ends (see
+    /// [`crate::layout::DeviceControl::grant_until_ns`]). Only the arbiter
+    /// calls this: before [`Control::publish_grant`] grants, and when it
+    /// renews a grant without a hand-over.
+    pub fn set_grant_until(&self, dev: usize, ns: u64) -> Result<(), ShmError> {
+        self.require_writable()?;
+        self.check_dev(dev)?;
+        self.device(dev).grant_until_ns.store(ns, Ordering::Release);
+        Ok(())
+    }
+
+    /// When device `dev`'s current quantum ends, as the arbiter last
+    /// published it (0: never).
+    pub fn grant_until(&self, dev: usize) -> u64 {
+        if dev >= self.n_devices() {
+            return 0;
+        }
+        self.device(dev).grant_until_ns.load(Ordering::Acquire)
+    }
+
     /// Records that the arbiter is alive (a `CLOCK_MONOTONIC` time).
     pub fn beat(&self, now_ns: u64) -> Result<(), ShmError> {
         self.require_writable()?;

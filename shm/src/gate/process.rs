@@ -213,6 +213,25 @@ impl Gate {
         r
     }
 
+    /// When the quantum of the grant this process holds on device `dev`
+    /// ends, as the arbiter published it (its CLOCK_MONOTONIC): `None` when
+    /// the allocation does not hold a grant there (revoked, open, running
+    /// free) or no end was published. The pacer's hint; never trusted.
+    pub fn grant_until(&self, dev: usize) -> Option<u64> {
+        let i = &*self.inner;
+        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+            return None;
+        }
+        let w = i.control.device(dev).grant.load(Ordering::Acquire);
+        if w & grant::GRANTED == 0 || w & grant::OPEN != 0 {
+            return None;
+        }
+        let until = i.control.grant_until(dev);
+        // Written before the grant it belongs to; read after the word, so
+        // it is this grant's or a later renewal's.
+        (until != 0).then_some(until)
+    }
+
     /// Whether device `dev`'s gate currently runs free (arbiter silent).
     pub fn running_free(&self, dev: usize) -> bool {
         dev < MAX_DEVICES && self.inner.devs[dev].free.load(Ordering::Relaxed)

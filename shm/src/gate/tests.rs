@@ -75,16 +75,75 @@ impl FakeDrain {
     }
 }
 
-fn gate(f: &Files, pid: u32, drain: Arc<FakeDrain>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+/// A gate for a new member `pid`, its events logged to `log`.
+fn gate_on(
+    f: &Files,
+    pid: u32,
+    drain: Arc<FakeDrain>,
+    log: Arc<Mutex<Vec<GateEvent>>>,
+    sys: Arc<dyn Sys>,
+) -> Gate {
     let m = member(f.state, pid);
-    Gate::new(
+    Gate::with_sys(
         f.control,
         f.state,
         m,
         drain,
         Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
+        sys,
     )
     .unwrap()
+}
+
+fn gate(f: &Files, pid: u32, drain: Arc<FakeDrain>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
+    gate_on(f, pid, drain, log, Arc::new(crate::sys::Linux))
+}
+
+/// The real system calls, counting the gate's sleeps on a closed grant word:
+/// a waiter seen asleep there has, by construction, not passed the gate,
+/// which no sleep of the test's own could prove.
+struct CountingSys {
+    grant: usize,
+    sleeps: AtomicUsize,
+}
+
+impl CountingSys {
+    fn new(f: &Files) -> Arc<Self> {
+        Arc::new(CountingSys {
+            grant: f.control.device(0).grant.as_ptr() as usize,
+            sleeps: AtomicUsize::new(0),
+        })
+    }
+    fn sleeps(&self) -> usize {
+        self.sleeps.load(Ordering::SeqCst)
+    }
+}
+
+impl Sys for CountingSys {
+    fn monotonic_ns(&self) -> u64 {
+        crate::sys::monotonic_ns()
+    }
+    fn futex_wait(&self, word: &AtomicU32, expected: u32, timeout_ns: u64) {
+        if word.as_ptr() as usize == self.grant && word.load(Ordering::SeqCst) == expected {
+            self.sleeps.fetch_add(1, Ordering::SeqCst);
+        }
+        crate::sys::futex_wait(word, expected, timeout_ns)
+    }
+    fn futex_wake_all(&self, word: &AtomicU32) {
+        crate::sys::futex_wake_all(word)
+    }
+    fn set_timer_slack(&self, ns: u64) {
+        crate::sys::set_timer_slack(ns)
+    }
+}
+
+fn counted_gate(
+    f: &Files,
+    pid: u32,
+    sys: Arc<CountingSys>,
+    log: Arc<Mutex<Vec<GateEvent>>>,
+) -> Gate {
+    gate_on(f, pid, Arc::default(), log, sys)
 }
 
 fn until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -129,7 +188,8 @@ fn open_grant_passes_and_counts() {
 fn closed_gate_waits_for_the_grant_and_counts_demand() {
     let f = files(300_000);
     f.arbiter.beat(monotonic_ns()).unwrap();
-    let g = gate(&f, 12, Arc::default(), Arc::default());
+    let sys = CountingSys::new(&f);
+    let g = counted_gate(&f, 12, Arc::clone(&sys), Arc::default());
     let passed = Arc::new(AtomicBool::new(false));
     let t = {
         let (g, passed) = (g.clone(), Arc::clone(&passed));
@@ -141,14 +201,21 @@ fn closed_gate_waits_for_the_grant_and_counts_demand() {
     until("the waiter to register", Duration::from_secs(5), || {
         f.state.gate_waiters(0) == 1
     });
-    std::thread::sleep(Duration::from_millis(20));
+    let registered = monotonic_ns();
+    until(
+        "the waiter to sleep on the closed word",
+        Duration::from_secs(5),
+        || sys.sleeps() >= 1,
+    );
     assert!(!passed.load(Ordering::SeqCst), "passed a closed gate");
+    let granted_at = monotonic_ns();
     let w = f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
     t.join().unwrap();
     assert!(passed.load(Ordering::SeqCst));
     assert_eq!(f.state.gate_waiters(0), 0);
     assert_eq!(f.state.device(0).waiters.load(Ordering::SeqCst), 0);
-    assert!(f.state.gate_wait_ns(0) >= 20_000_000);
+    // The wait is charged at least from when we saw it registered to the grant.
+    assert!(f.state.gate_wait_ns(0) >= granted_at - registered);
     let sd = &f.state.slot(g.member().slot).devices[0];
     assert_eq!(sd.launch_epoch.load(Ordering::SeqCst), grant::epoch(w));
     g.stop();
@@ -177,7 +244,8 @@ fn revocation_is_drained_before_it_reports() {
         Duration::from_secs(5),
         || drain.calls.load(Ordering::SeqCst) >= 1,
     );
-    std::thread::sleep(Duration::from_millis(20));
+    // The drainer is inside the held drain: a report made before waiting
+    // for the work (the bug this catches) would already be visible.
     assert_eq!(
         f.state.undrained(0, grant::epoch(revoked)).len(),
         1,
@@ -202,7 +270,8 @@ fn silent_arbiter_opens_the_gate_once_and_it_rejoins() {
     f.arbiter.set_gate_timeout(150_000_000).unwrap();
     f.arbiter.beat(monotonic_ns()).unwrap();
     let log: Arc<Mutex<Vec<GateEvent>>> = Arc::default();
-    let g = gate(&f, 15, Arc::default(), Arc::clone(&log));
+    let sys = CountingSys::new(&f);
+    let g = counted_gate(&f, 15, Arc::clone(&sys), Arc::clone(&log));
     let t0 = Instant::now();
     g.before_submit(0);
     let waited = t0.elapsed();
@@ -253,7 +322,12 @@ fn silent_arbiter_opens_the_gate_once_and_it_rejoins() {
     until("the free-run work to drain", Duration::from_secs(5), || {
         f.state.undrained(0, grant::epoch(revoked)).is_empty()
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let slept = sys.sleeps();
+    until(
+        "the rejoined gate to sleep on the closed word",
+        Duration::from_secs(5),
+        || sys.sleeps() > slept,
+    );
     assert!(!passed.load(Ordering::SeqCst), "rejoined gate did not wait");
     f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
     t.join().unwrap();
@@ -317,16 +391,7 @@ impl Sys for FakeSys {
 }
 
 fn fake_gate(f: &Files, pid: u32, sys: Arc<FakeSys>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
-    let m = member(f.state, pid);
-    Gate::with_sys(
-        f.control,
-        f.state,
-        m,
-        Arc::new(FakeDrain::default()),
-        Arc::new(move |e: &GateEvent| log.lock().unwrap().push(e.clone())),
-        sys,
-    )
-    .unwrap()
+    gate_on(f, pid, Arc::default(), log, sys)
 }
 
 #[test]

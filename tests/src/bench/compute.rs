@@ -25,7 +25,7 @@ use crate::sim::SimNode;
 /// most `depth` kernels in flight (as a real framework's queue does) for a
 /// given time; or, with `sync_every` > 0, synchronising its context after
 /// every `sync_every` launches and then sleeping `gap_us` (a training step:
-/// its kernels, a `loss.item()`, the host's part). It prints `ready`, then `done launches=<n>`; a failed call
+/// its kernels, a `loss.item()`, the host's part). It prints `ready`, then `done launches=<n> elapsed_ns=<from ready to the end>`; a failed call
 /// prints `err <call> <code>` and exits 1.
 const WORKLOAD_C: &str = r#"
 #include <stdio.h>
@@ -34,6 +34,8 @@ const WORKLOAD_C: &str = r#"
 #include <time.h>
 
 #include "cuda_abi.h"
+
+CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
 
 #define CK(call)                                                  \
     do {                                                          \
@@ -45,7 +47,36 @@ const WORKLOAD_C: &str = r#"
         }                                                         \
     } while (0)
 
+/* `uuid`: prints the UUID of CUDA device 0 as NVML spells it (the real
+   mode's allocation files name the GPU by it). */
+static int print_uuid(void) {
+    CUdevice dev;
+    CUuuid u;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDeviceGetUuid(&u, dev));
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    printf("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return 0;
+}
+
+/* With TESSERA_BENCH_PTX naming a PTX file, its kernel `spin(u64 ns)` is
+   loaded and launched with the kernel length as its argument (the real
+   mode: a kernel that occupies a real GPU for that long); otherwise the
+   simulator's image of a kernel that lasts that long. */
+static char *read_file(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    return buf;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "uuid")) return print_uuid();
     if (argc != 8) {
         fprintf(stderr, "usage: %s <device> <kernel_us> <seconds> <depth> <kernel|ex|coop|graph> <sync_every> <gap_us>\n",
                 argv[0]);
@@ -71,10 +102,26 @@ int main(int argc, char **argv) {
     CK(cuDeviceGet(&dev, ordinal));
     CK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CK(cuCtxSetCurrent(ctx));
-    char image[64];
-    snprintf(image, sizeof image, "kernel work %ldus\n", kernel_us);
-    CK(cuModuleLoadData(&mod, image));
-    CK(cuModuleGetFunction(&f, mod, "work"));
+    const char *ptx_path = getenv("TESSERA_BENCH_PTX");
+    unsigned long long spin_ns = (unsigned long long)kernel_us * 1000ULL;
+    void *spin_args[] = {&spin_ns, NULL};
+    void **args = NULL;
+    if (ptx_path && *ptx_path) {
+        const char *ptx = read_file(ptx_path);
+        if (!ptx) {
+            printf("err reading %s\n", ptx_path);
+            fflush(stdout);
+            return 1;
+        }
+        CK(cuModuleLoadData(&mod, ptx));
+        CK(cuModuleGetFunction(&f, mod, "spin"));
+        args = spin_args;
+    } else {
+        char image[64];
+        snprintf(image, sizeof image, "kernel work %ldus\n", kernel_us);
+        CK(cuModuleLoadData(&mod, image));
+        CK(cuModuleGetFunction(&f, mod, "work"));
+    }
     CUevent ev[256];
     for (int i = 0; i < depth; i++) CK(cuEventCreate(&ev[i], 0));
     CUgraphExec exec = NULL;
@@ -84,6 +131,7 @@ int main(int argc, char **argv) {
         CUDA_KERNEL_NODE_PARAMS p;
         memset(&p, 0, sizeof p);
         p.func = f;
+        p.kernelParams = args;
         p.gridDimX = p.gridDimY = p.gridDimZ = p.blockDimX = p.blockDimY = p.blockDimZ = 1;
         CK(cuGraphCreate(&g, 0));
         CK(cuGraphAddKernelNode_v2(&node, g, NULL, 0, &p));
@@ -94,14 +142,15 @@ int main(int argc, char **argv) {
     cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
     printf("ready\n");
     fflush(stdout);
-    double end = now_ns() + seconds * 1e9;
+    double start = now_ns();
+    double end = start + seconds * 1e9;
     long n = 0;
     while (now_ns() < end) {
         if (n >= depth) CK(cuEventSynchronize(ev[n % depth]));
         if (exec) CK(cuGraphLaunch(exec, NULL));
-        else if (!strcmp(how, "ex")) CK(cuLaunchKernelEx(&cfg, f, NULL, NULL));
-        else if (!strcmp(how, "coop")) CK(cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL));
-        else CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        else if (!strcmp(how, "ex")) CK(cuLaunchKernelEx(&cfg, f, args, NULL));
+        else if (!strcmp(how, "coop")) CK(cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args));
+        else CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
         CK(cuEventRecord(ev[n % depth], NULL));
         n++;
         /* A training step: wait for the step's kernels (loss.item(), a
@@ -112,7 +161,7 @@ int main(int argc, char **argv) {
         }
     }
     CK(cuCtxSynchronize());
-    printf("done launches=%ld\n", n);
+    printf("done launches=%ld elapsed_ns=%.0f\n", n, now_ns() - start);
     fflush(stdout);
     return 0;
 }
@@ -297,9 +346,24 @@ impl Workload {
         seconds: f64,
         extra: impl FnOnce(&mut Command),
     ) -> Workload {
-        let hook = hook_library().expect("libtessera.so is built with the tests");
         let mut cmd = node.command(workload_binary());
         extra(&mut cmd);
+        Self::start(cmd, files, device, sc, seconds)
+    }
+
+    /// Starts `cmd`, the workload binary with its environment, under the
+    /// shim, governed by `files` (see [`Workload::spawn`]).
+    ///
+    /// # Panics
+    /// If it cannot be started.
+    pub fn start(
+        mut cmd: Command,
+        files: &AllocFiles,
+        device: u32,
+        sc: &Scenario,
+        seconds: f64,
+    ) -> Workload {
+        let hook = hook_library().expect("libtessera.so is built with the tests");
         cmd.env("LD_PRELOAD", hook)
             .env("TESSERA_CONTROL", &files.control)
             .env("TESSERA_STATE", &files.state)
@@ -589,7 +653,9 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         .gpu_stats()
         .into_iter()
         .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
-        .map(|g| g.handover_ns.into_iter().skip(before).collect())
+        // The measured window's hand-overs: not the start-up's, when the
+        // workloads' first kernels run before their lengths are learned.
+        .map(|g| g.handover_ns.into_iter().skip(n0.max(before)).collect())
         .unwrap_or_default();
     let failures = workloads
         .into_iter()
@@ -754,7 +820,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
             measure.as_secs_f64()
         ),
         "Targets: guaranteed within 1 pp of its share (alone, whatever the launch call: between 1 pp below its share and the share); burst pair: GPU >= 95% busy, split 50/50 within 2 pp.".into(),
-        "Hand-over: from revoking a grant to granting the next waiting allocation, the drain of the work in flight (about 4 ms queued per workload) included; none when the GPU idles in between.".into(),
+        "Hand-over: from revoking a grant to granting the next waiting allocation, the drain of the work in flight included (the shim's pacer keeps it to the kernel running at the quantum's end); none when the GPU idles in between; over the measured window, not the start-up.".into(),
         "Idle per hand-over: the GPU's idle time in the window divided by the hand-overs in it (saturated scenarios only): the real cost of switching.".into(),
     ];
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));

@@ -1,5 +1,5 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|run|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
@@ -11,10 +11,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS]
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
+--real: compute against the libcuda.so.1 the process finds (a real GPU), kernels from the bench's PTX, shares by the workloads' own counts; its last line is a JSON summary
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
 struct Options {
@@ -23,6 +24,8 @@ struct Options {
     measure: Duration,
     processes: usize,
     race_for: Duration,
+    /// `compute --real`: the scenarios on the driver the process finds.
+    real: bool,
 }
 
 /// `tessera-bench __manager <manager flags>`: the manager the soak starts and restarts
@@ -65,6 +68,7 @@ fn main() -> Result<()> {
         measure: Duration::from_secs(10),
         processes: 16,
         race_for: Duration::from_secs(5),
+        real: false,
     };
     let secs = |v: Option<String>, what: &str| -> Result<Duration> {
         let s: f64 = v.context(USAGE)?.parse().context(what.to_string())?;
@@ -83,6 +87,7 @@ fn main() -> Result<()> {
             }
             "--measure" => o.measure = secs(args.next(), "--measure")?,
             "--race-secs" => o.race_for = secs(args.next(), "--race-secs")?,
+            "--real" => o.real = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -96,6 +101,7 @@ fn main() -> Result<()> {
                 "race",
                 "many",
                 "dra",
+                "dropin",
                 "run",
                 "all",
             ]
@@ -126,6 +132,13 @@ fn main() -> Result<()> {
             tables.extend(h.all().into_iter().cloned());
             hook = Some(h);
         }
+        if s == "compute" && o.real {
+            let (t, summary) = bench::real::table(o.measure).map_err(anyhow::Error::msg)?;
+            println!("{}", t.render());
+            // The last line, for tests/gpu/run.sh.
+            println!("{summary}");
+            continue;
+        }
         if all || s == "compute" {
             compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
             tables.extend(compute.iter().cloned());
@@ -144,6 +157,9 @@ fn main() -> Result<()> {
         }
         if s == "many" {
             tables.push(bench::many::table(500).map_err(anyhow::Error::msg)?);
+        }
+        if s == "dropin" {
+            tables.push(bench::dropin::table(o.measure).map_err(anyhow::Error::msg)?);
         }
         if s == "dra" {
             tables.push(bench::dra::table(o.runs.max(1) * 20).map_err(anyhow::Error::msg)?);

@@ -17,17 +17,7 @@
 use super::{Slots, guid, sized_stubs};
 
 pub const GUID: [u8; 16] = guid("7cb63f9b-9ca4-8e42-a484-beb66e6aed7f");
-const T: usize = 9;
+pub(super) const T: usize = 9;
 const N: usize = 100;
 
 pub static TABLE: Slots<N> = Slots(sized_stubs::<T, N>());
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_is_registered_under_its_index() {
-        super::super::assert_sized_table(T, GUID, &TABLE);
-    }
-}

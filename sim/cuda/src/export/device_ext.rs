@@ -15,7 +15,7 @@ use super::{Slots, guid, sized_stubs};
 use crate::guard;
 
 pub const GUID: [u8; 16] = guid("b10541e1-f7c7-c74a-9f64-f223be99f1e2");
-const T: usize = 4;
+pub(super) const T: usize = 4;
 const N: usize = 26;
 
 pub static TABLE: Slots<N> = Slots({
@@ -30,14 +30,4 @@ unsafe extern "C" fn device_flag(out: *mut c_uchar, dev: CUdevice) -> CUresult {
         // SAFETY: the caller's out pointer; null is rejected.
         unsafe { crate::put(out, 0) }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_is_registered_under_its_index() {
-        super::super::assert_sized_table(T, GUID, &TABLE);
-    }
 }

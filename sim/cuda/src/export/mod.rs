@@ -66,6 +66,16 @@ fn assert_sized_table<const N: usize>(index: usize, guid: [u8; 16], table: &'sta
     assert!(table.0.iter().all(|p| !p.is_null()));
 }
 
+#[cfg(test)]
+#[test]
+fn each_sized_table_is_registered_under_its_index() {
+    assert_sized_table(cluster::T, cluster::GUID, &cluster::TABLE);
+    assert_sized_table(tools_context::T, tools_context::GUID, &tools_context::TABLE);
+    assert_sized_table(cupti::T, cupti::GUID, &cupti::TABLE);
+    assert_sized_table(cudart::T, cudart::GUID, &cudart::TABLE);
+    assert_sized_table(device_ext::T, device_ext::GUID, &device_ext::TABLE);
+}
+
 /// One known table.
 pub struct Table {
     /// A short name for logs and docs (ZLUDA's name where it has one).

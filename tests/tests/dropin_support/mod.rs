@@ -1,0 +1,275 @@
+//! Pods in HAMi's, KAI-Scheduler's and Volcano's words, five per project, in the
+//! shapes of each project's documented examples (written here afresh), and what each
+//! must get on a node of 4 GiB slices, 8 to a GPU: the drop-in tests of both routes
+//! (`dropin_dra`, `dropin_device_plugin`) run the same pods.
+#![allow(dead_code)] // each test binary uses a different part
+
+use serde_json::{Value, json};
+
+pub const GI: u64 = 1 << 30;
+
+/// The webhook's default slice (chart `webhook.dropin.slice`), kept equal to the
+/// node's, as docs/dropin.md asks: 4 GiB and 12.5 % each, 8 to a GPU.
+pub const CONFIG: &str = "default:\n  slice: {memory: 4Gi, slicesPerGpu: 8}\n";
+
+/// A simulated GPU of 40 GiB: more than its slices (32 GiB), so "the whole card" is the
+/// slices and a process can hold all of them beside its context.
+pub fn sim_node(seed: u64) -> tessera_e2e::SimNode {
+    tessera_e2e::SimNode::builder()
+        .config(tessera_sim::NodeConfig {
+            devices: 1,
+            memory_per_device: 40 * GI,
+            sms: 100,
+            cc_major: 8,
+            cc_minor: 6,
+            name: "E2E Simulated GPU".into(),
+            seed,
+            ..Default::default()
+        })
+        .build()
+}
+
+/// A pod as its project documents it: `containers` are (name, limits); `spec` extra
+/// fields (KAI's `schedulerName`).
+pub fn pod(name: &str, annotations: Value, containers: &[(&str, Value)], spec: Value) -> Value {
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(n, limits)| json!({"name": n, "image": "ghcr.io/example/train:1", "resources": {"limits": limits}}))
+        .collect();
+    let mut p = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "annotations": annotations},
+        "spec": {"containers": containers}
+    });
+    if let Value::Object(extra) = spec {
+        for (k, v) in extra {
+            p["spec"][k] = v;
+        }
+    }
+    p
+}
+
+/// What a translated pod must get: memory per GPU, compute share, policy, priority.
+pub struct Want {
+    pub memory: u64,
+    pub compute_ppm: u32,
+    pub guaranteed: bool,
+    pub priority: i32,
+}
+
+pub fn want(memory: u64, compute_ppm: u32, guaranteed: bool, priority: i32) -> Want {
+    Want {
+        memory,
+        compute_ppm,
+        guaranteed,
+        priority,
+    }
+}
+
+/// Fifteen pods, five per project, each with what it must get. All ask for whole
+/// slices (a 4 GiB multiple, an eighth of the card), so "exactly its ask" is exact;
+/// one HAMi pod asks 3000 MiB and gets the documented rounding up, one slice.
+pub fn pods() -> Vec<(Value, Want)> {
+    let none = json!({});
+    vec![
+        // HAMi: one vGPU, 8 GiB and 25 % of the cores (a cap: guaranteed).
+        (
+            pod(
+                "hami-8g-25",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "25"}),
+                )],
+                none.clone(),
+            ),
+            want(8 * GI, 250_000, true, 0),
+        ),
+        // HAMi: half the card's memory by percentage.
+        (
+            pod(
+                "hami-half",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}),
+                )],
+                none.clone(),
+            ),
+            want(16 * GI, 500_000, false, 0),
+        ),
+        // HAMi: 16 GiB, 50 % of the cores, high priority (0 in HAMi's words).
+        (
+            pod(
+                "hami-16g-50-high",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "16384", "nvidia.com/gpucores": "50", "nvidia.com/priority": "0"}),
+                )],
+                none.clone(),
+            ),
+            want(16 * GI, 500_000, true, 100),
+        ),
+        // HAMi: 12 GiB at low priority (1), beside a sidecar with no GPU.
+        (
+            pod(
+                "hami-12g-low",
+                none.clone(),
+                &[
+                    ("log", json!({"cpu": "100m"})),
+                    (
+                        "cuda",
+                        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12288", "nvidia.com/priority": "1"}),
+                    ),
+                ],
+                none.clone(),
+            ),
+            want(12 * GI, 375_000, false, 0),
+        ),
+        // HAMi: 3000 MiB, not whole slices: rounded up to one (4 GiB), with a warning.
+        (
+            pod(
+                "hami-3000m",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+                )],
+                none.clone(),
+            ),
+            want(4 * GI, 125_000, false, 0),
+        ),
+        // KAI: half a GPU.
+        (
+            pod(
+                "kai-half",
+                json!({"gpu-fraction": "0.5"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(16 * GI, 500_000, false, 0),
+        ),
+        // KAI: a quarter.
+        (
+            pod(
+                "kai-quarter",
+                json!({"gpu-fraction": "0.25"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(8 * GI, 250_000, false, 0),
+        ),
+        // KAI: 4 GiB by memory.
+        (
+            pod(
+                "kai-4g",
+                json!({"gpu-memory": "4096"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(4 * GI, 125_000, false, 0),
+        ),
+        // KAI: 20 GiB, for the named container of two.
+        (
+            pod(
+                "kai-20g-named",
+                json!({"gpu-memory": "20480", "gpu-fraction-container-name": "trainer"}),
+                &[("proxy", none.clone()), ("trainer", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(20 * GI, 625_000, false, 0),
+        ),
+        // KAI: a whole GPU as a fraction of one device.
+        (
+            pod(
+                "kai-whole",
+                json!({"gpu-fraction": "1", "gpu-fraction-num-devices": "1"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(32 * GI, 1_000_000, false, 0),
+        ),
+        // Volcano: one vGPU of 4 GiB.
+        (
+            pod(
+                "volcano-4g",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "4096"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(4 * GI, 125_000, false, 0),
+        ),
+        // Volcano: a quarter of the memory by percentage.
+        (
+            pod(
+                "volcano-quarter",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory-percentage": "25"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(8 * GI, 250_000, false, 0),
+        ),
+        // Volcano: 8 GiB capped at 25 %.
+        (
+            pod(
+                "volcano-8g-25",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "8192", "volcano.sh/vgpu-cores": "25"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(8 * GI, 250_000, true, 0),
+        ),
+        // Volcano: 24 GiB capped at 75 %.
+        (
+            pod(
+                "volcano-24g-75",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "24576", "volcano.sh/vgpu-cores": "75"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(24 * GI, 750_000, true, 0),
+        ),
+        // Volcano: one vGPU and nothing else, the whole card.
+        (
+            pod(
+                "volcano-whole",
+                none.clone(),
+                &[("cuda", json!({"volcano.sh/vgpu-number": "1"}))],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(32 * GI, 1_000_000, false, 0),
+        ),
+    ]
+}
+
+/// The translated pod's one container with slices, and their count.
+pub fn slices_of(translated: &Value) -> (String, u32) {
+    let with: Vec<(String, u32)> = translated["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| {
+            let n = c["resources"]["limits"]["tessera.dev/vgpu"].as_str()?;
+            Some((
+                c["name"].as_str().expect("a name").to_owned(),
+                n.parse().expect("a count"),
+            ))
+        })
+        .collect();
+    assert_eq!(with.len(), 1, "one container with slices: {translated:#}");
+    with.into_iter().next().expect("one")
+}
