@@ -145,6 +145,14 @@ fn demo_json_streams_progress_then_a_summary_in_numbers() {
     let first = &progress[0];
     assert!(first["elapsed_seconds"].is_f64());
     assert_eq!(first["workloads"].as_array().expect("workloads").len(), 5);
+    // A mixed node: the workloads' two NVIDIA GPUs and an AMD one.
+    let vendors: Vec<&str> = first["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|g| g["vendor"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(vendors, ["nvidia", "nvidia", "amd"], "{first}");
     for w in first["workloads"].as_array().expect("workloads") {
         assert!(
             w["memory_limit_bytes"].is_u64() && w["target_pct"].is_f64(),

@@ -38,6 +38,13 @@ impl Vendor {
         }
     }
 
+    /// The node label the device plugin sets (`"true"`) on a node with at least
+    /// one of this vendor's GPUs, and that the webhook requires of a pod asking
+    /// for them: `tessera.dev/gpu-vendor-amd`.
+    pub fn node_label(self) -> String {
+        format!("tessera.dev/gpu-vendor-{}", self.as_str())
+    }
+
     /// The vendor a PCI vendor id belongs to, if it is one of these.
     pub fn from_pci_vendor(id: u16) -> Option<Vendor> {
         match id {

@@ -98,7 +98,9 @@ impl Drop for Reaper {
 fn sim_env(state: &Path) -> Vec<(&'static str, String)> {
     vec![
         (tessera_sim::config::ENV_STATE, state.display().to_string()),
-        (tessera_sim::config::ENV_DEVICES, "2".into()),
+        // A mixed node: the workloads' two NVIDIA GPUs and an AMD GPU beside them, which
+        // the manager reads through ROCm SMI (HIP workloads are the shim's tests').
+        (tessera_sim::config::ENV_GPUS, "nvidia,nvidia,amd".into()),
         (tessera_sim::config::ENV_MEMORY, "16Gi".into()),
     ]
 }
@@ -130,6 +132,8 @@ fn progress_json(elapsed: f64, measured: f64, gpus: &[GpuRow], rows: &[Row]) -> 
         "measured_seconds": measured,
         "gpus": gpus.iter().map(|g| serde_json::json!({
             "gpu": g.index,
+            "vendor": g.vendor,
+            "name": g.name,
             "busy_pct": g.busy_pct,
             "memory_used_bytes": g.memory_used,
             "memory_total_bytes": g.memory_total,
@@ -171,8 +175,15 @@ pub fn run(args: &DemoArgs) -> Result<bool, DemoError> {
     };
     let socket = dir.join("manager.sock");
     let manager_log = dir.join("manager.log");
-    let manager = Command::new(&exe)
-        .arg("manager")
+    // The simulated ROCm SMI, when it was built (it is a dependency of the demo); without
+    // it the manager shows the NVIDIA GPUs only.
+    let rocm_smi = tessera_sim::libs::find_built_library("libtessera_sim_rocm_smi.so").ok();
+    let mut manager = Command::new(&exe);
+    manager.arg("manager");
+    if let Some(lib) = &rocm_smi {
+        manager.arg("--rocm-smi-library").arg(lib);
+    }
+    let manager = manager
         .arg("--state-dir")
         .arg(dir.join("state"))
         .arg("--socket")
@@ -524,6 +535,10 @@ fn rows_for(
             let usage = node.device_usage(d).ok();
             GpuRow {
                 index: d as usize,
+                vendor: info
+                    .as_ref()
+                    .map(|i| i.vendor.as_str().to_owned())
+                    .unwrap_or_default(),
                 name: info.map(|i| i.name).unwrap_or_default(),
                 busy_pct: window.map_or(0.0, |(t0, _, g0)| {
                     pct(snap.gpu_busy[d as usize], g0[d as usize], *t0).min(100.0)

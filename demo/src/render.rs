@@ -22,6 +22,8 @@ pub struct Row {
 #[derive(Debug, Clone, Default)]
 pub struct GpuRow {
     pub index: usize,
+    /// `nvidia`, `amd`.
+    pub vendor: String,
     pub name: String,
     pub busy_pct: f64,
     pub memory_used: u64,
@@ -65,8 +67,9 @@ pub fn frame(elapsed_s: f64, total_s: f64, gpus: &[GpuRow], rows: &[Row]) -> Str
     ));
     for g in gpus {
         out.push_str(&format!(
-            "GPU {} {}  busy {:5.1}% {}  memory {:5.1}/{:4.1} GiB {}\n",
+            "GPU {} {} {}  busy {:5.1}% {}  memory {:5.1}/{:4.1} GiB {}\n",
             g.index,
+            g.vendor,
             g.name,
             g.busy_pct,
             bar(g.busy_pct / 100.0, 20),
@@ -180,6 +183,7 @@ mod tests {
         let gpus = vec![
             GpuRow {
                 index: 0,
+                vendor: "nvidia".into(),
                 name: "sim".into(),
                 busy_pct: 99.0,
                 memory_used: 1 << 30,
@@ -206,6 +210,7 @@ mod tests {
         ];
         let f = frame(1.0, 30.0, &gpus, &rows);
         let gpu1 = f.find("GPU 1").unwrap();
+        assert!(f.contains("GPU 0 nvidia sim "), "{f}");
         assert!(f.find("  a ").unwrap() > gpu1);
         assert!(f.find("  b ").unwrap() < gpu1);
         assert!(f.contains("   7\n"));

@@ -73,6 +73,12 @@ pub fn report(snap: &Snapshot, allocations: &[mgr::Allocation], at: u64) -> Node
             GpuReport {
                 uuid: g.gpu.uuid.clone(),
                 model: g.gpu.name.clone(),
+                // NVIDIA's is left unsaid: see `GpuReport::vendor`.
+                vendor: if g.gpu.vendor == tessera_contract::Vendor::Nvidia.as_str() {
+                    String::new()
+                } else {
+                    g.gpu.vendor.clone()
+                },
                 class: g.class.clone().unwrap_or_default(),
                 memory_mib: g.gpu.memory_total_bytes >> 20,
                 slices,

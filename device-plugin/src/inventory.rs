@@ -16,6 +16,8 @@ pub const UTILIZATION_WINDOW: Duration = Duration::from_secs(60);
 pub struct Gpu {
     pub index: u32,
     pub uuid: String,
+    /// `nvidia`, `amd`, `hygon` (an older manager's silence: `nvidia`).
+    pub vendor: String,
     pub name: String,
     pub memory_total_bytes: u64,
     /// None when the manager does not know (reported as -1).
@@ -30,6 +32,11 @@ impl From<&GpuStatus> for Gpu {
         Self {
             index: g.index,
             uuid: g.uuid.clone(),
+            vendor: if g.vendor.is_empty() {
+                tessera_contract::Vendor::Nvidia.as_str().to_owned()
+            } else {
+                g.vendor.clone()
+            },
             name: g.name.clone(),
             memory_total_bytes: g.memory_total_bytes,
             numa_node: (g.numa_node >= 0).then_some(i64::from(g.numa_node)),

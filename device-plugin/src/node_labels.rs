@@ -85,6 +85,14 @@ pub fn desired_labels(snap: &Snapshot) -> BTreeMap<String, Option<String>> {
         (LABEL_SLICES.to_owned(), slices),
         (LABEL_CLASS.to_owned(), class),
     ])
+    .into_iter()
+    // One label per vendor with GPUs here (a mixed node has several), so a pod
+    // asking for one vendor's GPUs is scheduled only where there are some.
+    .chain(tessera_contract::Vendor::ALL.into_iter().map(|v| {
+        let here = snap.gpus.iter().any(|g| g.gpu.vendor == v.as_str());
+        (v.node_label(), here.then(|| "true".to_owned()))
+    }))
+    .collect()
 }
 
 /// Keeps the node's labels in the state (for overrides) and the node's
@@ -213,6 +221,11 @@ gpuClasses:
             (LABEL_MEMORY.to_owned(), "81920".to_owned()),
             (LABEL_PRODUCT.to_owned(), "NVIDIA-A100-SXM4-80GB".to_owned()),
             (LABEL_SLICES.to_owned(), "8".to_owned()),
+            // The one vendor present (an old manager's silence is NVIDIA).
+            (
+                "tessera.dev/gpu-vendor-nvidia".to_owned(),
+                "true".to_owned(),
+            ),
             ("pool".to_owned(), "big".to_owned()),
         ]);
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -206,7 +206,10 @@ fn build(i: &Inputs, now: Instant) -> Snapshot {
             layout,
             healthy,
             utilization: i.windows.get(&g.uuid).and_then(|w| w.mean_utilization(now)),
-            class: i.config.classify(&g.name).map(str::to_owned),
+            class: i
+                .config
+                .classify_vendor(&g.vendor, &g.name)
+                .map(str::to_owned),
         });
     }
     Snapshot {

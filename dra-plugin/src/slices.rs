@@ -8,8 +8,8 @@
 //!   allocations, capacities `memory` (request policy: the config's
 //!   `dra.memoryMinimum` and `dra.memoryStep`) and `compute` (1 to 100).
 //!
-//! Every device carries the attributes `uuid`, `index`, `productName`,
-//! `computeCapability`, `driverVersion` and, when a `gpuClasses` entry names
+//! Every device carries the attributes `uuid`, `index`, `productName`, `vendor`,
+//! `computeCapability` (NVIDIA's GPUs only), `driverVersion` and, when a `gpuClasses` entry names
 //! the product, `class`. An unhealthy GPU publishes no device, so the
 //! scheduler places nothing new on it; it comes back when it is healthy.
 
@@ -38,6 +38,8 @@ pub const ATTR_UUID: &str = "uuid";
 pub const ATTR_INDEX: &str = "index";
 pub const ATTR_PRODUCT: &str = "productName";
 pub const ATTR_CLASS: &str = "class";
+/// `nvidia`, `amd`, `hygon`: a CEL selector picks one vendor's GPUs by it.
+pub const ATTR_VENDOR: &str = "vendor";
 pub const ATTR_COMPUTE_CAPABILITY: &str = "computeCapability";
 pub const ATTR_DRIVER_VERSION: &str = "driverVersion";
 /// `slices` layout: the slice's number on its GPU.
@@ -110,7 +112,18 @@ fn attributes(
     if !driver_version.is_empty() {
         a.insert(ATTR_DRIVER_VERSION.to_owned(), string(driver_version));
     }
-    if let Some(class) = config.classify(&g.name) {
+    let vendor = if g.vendor.is_empty() {
+        "nvidia"
+    } else {
+        &g.vendor
+    };
+    a.insert(ATTR_VENDOR.to_owned(), string(vendor));
+    // CUDA's compute capability means nothing on another vendor's GPU (the
+    // manager reports 0.0 there): left out rather than published as 0.0.0.
+    if vendor != "nvidia" {
+        a.remove(ATTR_COMPUTE_CAPABILITY);
+    }
+    if let Some(class) = config.classify_vendor(&g.vendor, &g.name) {
         a.insert(ATTR_CLASS.to_owned(), string(class));
     }
     a
@@ -279,6 +292,33 @@ mod tests {
     }
 
     #[test]
+    fn an_amd_gpu_is_published_with_its_vendor_and_its_vendors_class() {
+        let (c, n) = config(
+            "default:\n  slice: {slicesPerGpu: 2}\ngpuClasses:\n  - {name: instinct, vendors: [amd], products: ['*']}\n",
+        );
+        let mut st = status();
+        st.gpus[0] = mgr::GpuStatus {
+            vendor: "amd".into(),
+            name: "AMD Instinct MI210".into(),
+            compute_capability_major: 0,
+            compute_capability_minor: 0,
+            ..gpu(1, "GPU-0123456789abcdef", true)
+        };
+        let d = devices(&st, &c, &n);
+        let a = d[0].attributes.as_ref().expect("attributes");
+        assert_eq!(a[ATTR_VENDOR].string.as_deref(), Some("nvidia"));
+        assert!(
+            a.get(ATTR_CLASS).is_none(),
+            "the class takes AMD's GPUs only"
+        );
+        let a = d[2].attributes.as_ref().expect("attributes");
+        assert_eq!(a[ATTR_UUID].string.as_deref(), Some("GPU-0123456789abcdef"));
+        assert_eq!(a[ATTR_VENDOR].string.as_deref(), Some("amd"));
+        assert_eq!(a[ATTR_CLASS].string.as_deref(), Some("instinct"));
+        assert!(a.get(ATTR_COMPUTE_CAPABILITY).is_none());
+    }
+
+    #[test]
     fn slices_layout_publishes_each_slice_with_its_capacities_and_attributes() {
         let (c, n) = config(
             "default:\n  slice: {slicesPerGpu: 4}\ngpuClasses:\n  - {name: high-performance, products: ['*A100*']}\n",
@@ -298,6 +338,7 @@ mod tests {
         assert_eq!(a[ATTR_INDEX].int, Some(1));
         assert_eq!(a[ATTR_SLICE].int, Some(1));
         assert_eq!(a[ATTR_CLASS].string.as_deref(), Some("high-performance"));
+        assert_eq!(a[ATTR_VENDOR].string.as_deref(), Some("nvidia"));
         assert_eq!(a[ATTR_COMPUTE_CAPABILITY].version.as_deref(), Some("8.0.0"));
         assert_eq!(a[ATTR_DRIVER_VERSION].string.as_deref(), Some("535.104.05"));
         assert_eq!(

@@ -57,6 +57,9 @@ pub struct PodNeed {
     pub pod: String,
     pub containers: Vec<ContainerNeed>,
     pub class: Option<String>,
+    /// The vendor whose GPUs it must be on (`tessera.dev/gpu-vendor`, lower
+    /// case); a name no GPU reports matches none.
+    pub vendor: Option<String>,
 }
 
 impl PodNeed {
@@ -94,10 +97,17 @@ impl PodNeed {
             .and_then(|a| a.get(ANNOTATION_GPU_CLASS))
             .filter(|c| !c.is_empty())
             .cloned();
+        let vendor = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(tessera_contract::labels::ANNOTATION_GPU_VENDOR))
+            .map(|v| v.trim().to_ascii_lowercase())
+            .filter(|v| !v.is_empty());
         Ok(PodNeed {
             pod: id,
             containers,
             class,
+            vendor,
         })
     }
 
@@ -236,12 +246,16 @@ fn cut_engine(
     policy: Policy,
     mix_slices: &[u32],
     class: &Option<String>,
+    vendor: Option<&str>,
 ) -> Option<CutEngine> {
     let mut back = Vec::new();
     let mut enodes = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
         let idx: Vec<usize> = (0..n.gpus.len())
             .filter(|&g| n.gpus[g].report.slices == cut)
+            .filter(|&g| {
+                vendor.is_none_or(|v| n.gpus[g].report.vendor().map(|x| x.as_str()) == Some(v))
+            })
             .collect();
         if idx.is_empty() {
             continue;
@@ -290,7 +304,8 @@ pub fn choose(
     let mut last_why = String::new();
     'cut: for cut in cuts(&all) {
         let mix: Vec<u32> = need.containers.iter().map(|c| c.slices).collect();
-        let Some(mut ce) = cut_engine(&all, cut, policy, &mix, &need.class) else {
+        let Some(mut ce) = cut_engine(&all, cut, policy, &mix, &need.class, need.vendor.as_deref())
+        else {
             continue;
         };
         let mut out = Vec::new();
@@ -400,7 +415,14 @@ pub fn prioritize(
         let Some(req) = slice_request(biggest, cut, &need.class) else {
             continue;
         };
-        let Some(mut ce) = cut_engine(&known, cut, policy, &mix, &need.class) else {
+        let Some(mut ce) = cut_engine(
+            &known,
+            cut,
+            policy,
+            &mix,
+            &need.class,
+            need.vendor.as_deref(),
+        ) else {
             continue;
         };
         let all: Vec<usize> = (0..ce.engine.len()).collect();
@@ -496,6 +518,7 @@ mod tests {
         let g = GpuReport {
             uuid: "GPU-a".into(),
             model: "T4".into(),
+            vendor: String::new(),
             class: String::new(),
             memory_mib: 15360,
             slices: 8,
@@ -523,6 +546,55 @@ mod tests {
                 }],
             }],
         )
+    }
+
+    #[test]
+    fn a_pod_asking_for_a_vendor_gets_only_that_vendors_gpus() {
+        let gpu = |uuid: &str, vendor: &str, used: u32| GpuState {
+            report: GpuReport {
+                uuid: uuid.into(),
+                model: if vendor.is_empty() {
+                    "T4"
+                } else {
+                    "AMD Instinct MI210"
+                }
+                .into(),
+                vendor: vendor.into(),
+                class: String::new(),
+                memory_mib: 32768,
+                slices: 8,
+                used_slices: used,
+                pods: BTreeMap::new(),
+                utilization: None,
+                healthy: true,
+            },
+            free: 8 - used,
+        };
+        // Binpack would pick the fuller NVIDIA GPU; the AMD pod must not.
+        let node = NodeState {
+            name: "n".into(),
+            gpus: vec![gpu("GPU-nv", "", 4), gpu("GPU-amd", "amd", 0)],
+        };
+        let need = |vendor: Option<&str>| PodNeed {
+            pod: "ns/p".into(),
+            containers: vec![ContainerNeed {
+                name: "c".into(),
+                slices: 2,
+            }],
+            class: None,
+            vendor: vendor.map(str::to_owned),
+        };
+        let on = |v: Option<&str>| {
+            choose(&node, &need(v), Policy::Binpack).map(|c| c[0].gpus[0].uuid.clone())
+        };
+        assert_eq!(on(Some("amd")).as_deref(), Ok("GPU-amd"));
+        assert_eq!(on(Some("nvidia")).as_deref(), Ok("GPU-nv"));
+        assert_eq!(
+            on(None).as_deref(),
+            Ok("GPU-nv"),
+            "no vendor: any GPU, by policy"
+        );
+        assert!(on(Some("hygon")).is_err(), "no Hygon GPU here");
     }
 
     #[test]

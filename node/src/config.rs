@@ -437,6 +437,8 @@ pub struct GpuClass {
     pub name: String,
     /// Glob patterns (`*`, `?`), matched case-insensitively.
     pub products: Vec<String>,
+    /// The vendors whose GPUs the class takes (`vendors: [amd]`); empty: any.
+    pub vendors: Vec<tessera_contract::Vendor>,
 }
 
 /// A validated configuration file.
@@ -479,11 +481,39 @@ impl Config {
         node
     }
 
-    /// The class of a GPU product: the first class with a matching pattern.
+    /// The class of an NVIDIA GPU product: the first class with a matching pattern.
     pub fn classify(&self, product: &str) -> Option<&str> {
+        self.classify_gpu(tessera_contract::Vendor::Nvidia, product)
+    }
+
+    /// The class of one vendor's GPU product: the first class that takes the vendor
+    /// and has a matching pattern. `vendor` as the manager spells it (`amd`); empty,
+    /// from a manager older than vendors, is NVIDIA.
+    pub fn classify_vendor(&self, vendor: &str, product: &str) -> Option<&str> {
+        let v = if vendor.is_empty() {
+            Ok(tessera_contract::Vendor::Nvidia)
+        } else {
+            vendor.parse()
+        };
+        // A vendor this build does not know is in no class that names vendors.
+        match v {
+            Ok(v) => self.classify_gpu(v, product),
+            Err(_) => self
+                .gpu_classes
+                .iter()
+                .find(|c| c.vendors.is_empty() && c.products.iter().any(|p| glob_match(p, product)))
+                .map(|c| c.name.as_str()),
+        }
+    }
+
+    /// [`Config::classify_vendor`] with the vendor known.
+    pub fn classify_gpu(&self, vendor: tessera_contract::Vendor, product: &str) -> Option<&str> {
         self.gpu_classes
             .iter()
-            .find(|c| c.products.iter().any(|p| glob_match(p, product)))
+            .find(|c| {
+                (c.vendors.is_empty() || c.vendors.contains(&vendor))
+                    && c.products.iter().any(|p| glob_match(p, product))
+            })
             .map(|c| c.name.as_str())
     }
 }
@@ -744,6 +774,8 @@ raw_settings!(
 struct RawGpuClass {
     name: String,
     products: Vec<String>,
+    #[serde(default)]
+    vendors: Vec<String>,
 }
 
 impl RawConfig {
@@ -797,9 +829,17 @@ impl RawConfig {
                     "must not be empty",
                 ));
             }
+            let mut vendors = Vec::with_capacity(c.vendors.len());
+            for (j, v) in c.vendors.iter().enumerate() {
+                match v.parse::<tessera_contract::Vendor>() {
+                    Ok(v) => vendors.push(v),
+                    Err(e) => return Err(invalid(format!("{field}.vendors[{j}]"), e.to_string())),
+                }
+            }
             gpu_classes.push(GpuClass {
                 name: c.name,
                 products: c.products,
+                vendors,
             });
         }
         Ok(Config {
@@ -1137,6 +1177,21 @@ overrides:
         assert_eq!(c.classify("Tesla T4"), Some("general-purpose"));
         let none = Config::parse("gpuClasses: [{name: hp, products: ['*H100*']}]").expect("ok");
         assert_eq!(none.classify("Tesla T4"), None);
+        // A class may take one vendor's GPUs only.
+        let mixed = Config::parse(
+            "gpuClasses:\n  - {name: amd-big, vendors: [amd], products: ['*']}\n  - {name: any, products: ['*']}\n",
+        )
+        .expect("ok");
+        assert_eq!(
+            mixed.classify_vendor("amd", "AMD Instinct MI210"),
+            Some("amd-big")
+        );
+        assert_eq!(mixed.classify_vendor("", "Tesla T4"), Some("any"));
+        assert_eq!(mixed.classify_vendor("nvidia", "Tesla T4"), Some("any"));
+        assert_eq!(mixed.classify_vendor("intel", "Arc"), Some("any"));
+        let e = Config::parse("gpuClasses: [{name: a, vendors: [intel], products: ['*']}]")
+            .expect_err("unknown vendor");
+        assert!(e.to_string().contains("gpuClasses[0].vendors[0]"), "{e}");
     }
 
     // ---- every error case, each naming its field ----

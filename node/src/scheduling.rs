@@ -23,6 +23,17 @@ pub struct NodeReport {
     pub gpus: Vec<GpuReport>,
 }
 
+impl GpuReport {
+    /// The GPU's vendor: NVIDIA's when the report names none; `None` for a name
+    /// this build does not know (such a GPU matches no vendor a pod asks for).
+    pub fn vendor(&self) -> Option<tessera_contract::Vendor> {
+        if self.vendor.is_empty() {
+            return Some(tessera_contract::Vendor::Nvidia);
+        }
+        self.vendor.parse().ok()
+    }
+}
+
 /// One GPU in a [`NodeReport`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -30,6 +41,10 @@ pub struct GpuReport {
     pub uuid: String,
     /// Product name (`NVIDIA A100-SXM4-80GB`).
     pub model: String,
+    /// `amd` or `hygon`; empty (and left out of the JSON, so an extender older than
+    /// vendors still reads an all-NVIDIA node's report) for NVIDIA's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub vendor: String,
     /// The GPU class from the node config; empty if none.
     #[serde(default)]
     pub class: String,
@@ -167,6 +182,7 @@ mod tests {
         GpuReport {
             uuid: uuid.into(),
             model: "T4".into(),
+            vendor: String::new(),
             class: String::new(),
             memory_mib: 15360,
             slices,

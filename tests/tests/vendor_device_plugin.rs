@@ -29,6 +29,14 @@ async fn a_pod_asking_amd_gpumem_gets_that_limit_on_the_amd_gpu() {
         out["metadata"]["annotations"]["tessera.dev/gpu-vendor"], "amd",
         "{out:#}"
     );
+    // Scheduled only where the device plugin labels AMD GPUs present.
+    let terms = &out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(
+        terms[0]["matchExpressions"][0],
+        json!({"key": "tessera.dev/gpu-vendor-amd", "operator": "Exists"}),
+        "{out:#}"
+    );
     let limits = &out["spec"]["containers"][0]["resources"]["limits"];
     assert!(limits["amd.com/gpumem"].is_null(), "{out:#}");
     // 12 GiB of 4 GiB slices: 3 (its 25% fits in 3 slices' 37.5%).

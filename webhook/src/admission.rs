@@ -388,6 +388,14 @@ fn mutate_translated(raw: Value, pod: &Pod) -> Result<Value, Refusals> {
     if let Some(class) = class {
         require_gpu_class(&mut out, &class);
     }
+    // Checked above: a vendor that does not parse is refused.
+    if let Some(v) = annotations
+        .get(ANNOTATION_GPU_VENDOR)
+        .and_then(|v| v.parse::<tessera_contract::Vendor>().ok())
+    {
+        let requirement = json!({ "key": v.node_label(), "operator": "Exists" });
+        require_node(&mut out, requirement);
+    }
     Ok(out)
 }
 
@@ -690,6 +698,11 @@ fn drop_empty_env(pod: &mut Value, list: List, index: usize) {
 /// ORed, so each one must carry it), or one term with it when there are none.
 fn require_gpu_class(pod: &mut Value, class: &str) {
     let requirement = json!({ "key": LABEL_GPU_CLASS, "operator": "In", "values": [class] });
+    require_node(pod, requirement);
+}
+
+/// Adds `requirement` to every required node selector term, or one term with it.
+fn require_node(pod: &mut Value, requirement: Value) {
     let required = object_at(pod, &["spec", "affinity", "nodeAffinity"])
         .entry("requiredDuringSchedulingIgnoredDuringExecution")
         .or_insert_with(|| json!({}));
@@ -809,6 +822,27 @@ mod tests {
                 "resources": {"limits": {RESOURCE: "1"}}
             }]}
         })
+    }
+
+    #[test]
+    fn a_vendor_annotation_must_name_a_vendor_and_becomes_node_affinity() {
+        let out = mutate_pod(&pod_with_annotations(&[(ANNOTATION_GPU_VENDOR, "amd")]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let terms = &out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &serde_json::json!([{"matchExpressions": [
+                {"key": "tessera.dev/gpu-vendor-amd", "operator": "Exists"}
+            ]}])
+        );
+        let e = mutate_pod(&pod_with_annotations(&[(ANNOTATION_GPU_VENDOR, "intel")]))
+            .expect_err("no such vendor")
+            .to_string();
+        assert!(
+            e.contains("tessera.dev/gpu-vendor") && e.contains("intel"),
+            "{e}"
+        );
     }
 
     #[test]

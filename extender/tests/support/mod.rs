@@ -623,6 +623,7 @@ pub fn gpu(uuid: &str, slices: u32, used: u32) -> GpuReport {
     GpuReport {
         uuid: uuid.into(),
         model: "NVIDIA A100-SXM4-80GB".into(),
+        vendor: String::new(),
         class: String::new(),
         memory_mib: 81920,
         slices,
