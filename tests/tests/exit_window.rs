@@ -100,7 +100,6 @@ impl Over {
 }
 
 #[test]
-#[ignore = "fails until a dead process's charge waits for the driver (issue 32): 208 MiB over"]
 fn processes_exiting_one_at_a_time_never_let_the_others_past_the_limit() {
     let _serial = serial();
     let n = SimNode::builder().devices(1).memory("16Gi").build();
