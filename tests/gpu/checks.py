@@ -126,11 +126,12 @@ def alloc(lib, size):
 
 def barrier(name):
     """Waits until CHECK_RACERS processes have reached barrier `name` in the
-    directory CHECK_BARRIER (when set). Exits wait for every process to be
-    done allocating: a process that exits while others still allocate opens
-    another window (its context's memory is freed by the driver after its
-    slot can be reclaimed; docs/gpu.md, "Open"), which these checks do not
-    judge."""
+    directory CHECK_BARRIER (when set): every process has its context before
+    any exits. The rolling variants (CHECK_INDEX set, no barrier) judge the
+    other window, processes exiting while others still allocate (the driver
+    frees an exited process's memory after the process is gone; the manager
+    returns its quota only once NVML no longer lists it: docs/security.md,
+    "The exit window")."""
     bar, n = os.environ.get("CHECK_BARRIER"), int(os.environ.get("CHECK_RACERS", "0"))
     if not bar:
         return
@@ -153,20 +154,33 @@ def ctx_hold():
         r, p = alloc(lib, 64 * MIB)
     barrier("held")
     time.sleep(float(os.environ.get("CHECK_HOLD", "4")))
+    # Exits holding its context and its 64 MiB: the driver frees them as the
+    # process goes, while the rolling burst's later processes still start.
     out(check="ctx-hold", ok=r in (0, OOM), refused=r if r else None, pid=os.getpid())
 
 
 def race():
     """One racer: random cuMemAlloc_v2 of 1 B..64 MiB and frees for
-    CHECK_SECONDS; out-of-memory is expected, any other error is not."""
+    CHECK_SECONDS; out-of-memory is expected, any other error is not. With
+    CHECK_INDEX=i (of CHECK_RACERS=n) it runs i/n of that and exits holding
+    what it has, without waiting for the others: racers leave one by one
+    while the rest still allocate."""
     import random  # noqa: PLC0415
     lib = cuda()
+    index = os.environ.get("CHECK_INDEX")
     r, _ = context(lib)
     if r != 0:
+        # Refused its context (the others filled the allocation first): it
+        # still reaches the barrier the others wait at before they exit.
+        if not index:
+            barrier("done")
         out(check="race", ok=r == OOM, refused=r)
         return
     rng = random.Random(os.getpid())
-    end = time.monotonic() + float(os.environ.get("CHECK_SECONDS", "4"))
+    seconds = float(os.environ.get("CHECK_SECONDS", "4"))
+    if index:
+        seconds *= int(index) / int(os.environ.get("CHECK_RACERS", "16"))
+    end = time.monotonic() + seconds
     live, allocs, refused, other = [], 0, 0, None
     while time.monotonic() < end:
         if not live or rng.random() < 0.6:
@@ -181,10 +195,12 @@ def race():
                 break
         else:
             call(lib, "cuMemFree_v2", ctypes.c_uint64(live.pop(rng.randrange(len(live)))))
-    for p in live:
-        call(lib, "cuMemFree_v2", ctypes.c_uint64(p))
-    barrier("done")
-    out(check="race", ok=other is None, allocs=allocs, refused=refused, error=other)
+    if not index:
+        for p in live:
+            call(lib, "cuMemFree_v2", ctypes.c_uint64(p))
+        barrier("done")
+    out(check="race", ok=other is None, allocs=allocs, refused=refused, error=other,
+        held=len(live) if index else 0)
 
 
 class ProcInfo(ctypes.Structure):
