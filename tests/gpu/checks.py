@@ -253,6 +253,20 @@ def nvml_sampler():
         growth=peak - (first or 0), samples=samples)
 
 
+def nvml_settle():
+    """Unshimmed: waits (up to argv[2] seconds) until device 0's memory in use
+    is back to argv[3] bytes or less: the driver has torn down what the
+    processes of the checks before held when they exited. Prints the figure."""
+    lib, h = nvml_device()
+    m = MemInfo()
+    deadline = time.monotonic() + float(sys.argv[2])
+    while lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0 and m.used > int(sys.argv[3]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    out(check="nvml-settle", ok=m.used <= int(sys.argv[3]), used=m.used)
+
+
 def bare_env():
     """This environment without the shim and outside any allocation (the
     simulated node's own variables kept)."""
@@ -467,6 +481,7 @@ CHECKS = {
     "race": race,
     "nvml-pid": nvml_pid,
     "nvml-sampler": nvml_sampler,
+    "nvml-settle": nvml_settle,
     "accounting": accounting,
     "startup-client": startup_client,
     "startup": startup,
