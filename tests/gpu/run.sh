@@ -173,6 +173,14 @@ gib() { "$py" -c "print(f'{$1/2**30:.2f}')"; }
 # Device 0's memory in use before the bursts and races (what `settle` waits for).
 baseline=$(env -u LD_PRELOAD "$py" "$here/checks.py" nvml-settle 0 0 2>>"$work/checks.log" | json "d.get('used', 0)")
 
+# The exits of each check are torn down one at a time; on the simulated node, whose
+# teardown is made long, the next check waits for that (it needs the device's memory,
+# not the window: a `tessera run` is refused an allocation the device cannot hold).
+settle() {
+    [ "$sim" = 1 ] || return 0
+    env -u LD_PRELOAD "$py" "$here/checks.py" nvml-settle 60 "$baseline" >>"$work/checks.log" 2>&1
+}
+
 # The bursts and races: how many processes, in what allocation.
 nburst="${CHECK_BURST:-32}"; nrace="${CHECK_RACE:-16}"; group="${CHECK_GROUP_GIB:-10}"
 limitg=$((group << 30))
@@ -198,6 +206,7 @@ res=FAIL
 record "burst: $nburst at once in $group GiB, none stopped" "$res" \
     "ran=$ran refused=$refused stopped=$((nburst - ran - refused)) manager_stops=$stops device_growth=$(gib "$growth")GiB of $group.00 ($(json "d.get('samples')" <<<"$s") samples)"
 
+settle
 # 6b. A rolling burst: the same processes started one after another, 4/3 x CHECK_HOLD
 #     over the whole burst, none waiting for the others: about 3/4 of them overlap
 #     (more than the allocation holds contexts for), and the first exit, holding their
@@ -222,6 +231,7 @@ res=FAIL
 record "burst (rolling): $nburst ${gap}s apart in $group GiB" "$res" \
     "ran=$ran refused=$refused stopped=$((nburst - ran - refused)) manager_stops=$stops device_growth=$(gib "$growth")GiB over=$over bytes"
 
+settle
 # 7. A race: CHECK_RACE processes in one allocation, random cuMemAlloc_v2 of
 #    1 B..64 MiB and frees; the device never grows past the limit. The racers exit
 #    together, once all are done (see checks.py `race`).
@@ -242,6 +252,7 @@ res=FAIL
 record "race: $nrace racers in $group GiB, 0 bytes over" "$res" \
     "racers_ok=$fine/$nrace manager_stops=$stops device_growth=$(gib "$growth")GiB over=$over bytes"
 
+settle
 # 7b. A race whose racers leave one by one: racer i of n runs i/n of CHECK_SECONDS and
 #     exits holding what it has, while the others go on allocating; 0 bytes over.
 sample_start
@@ -261,13 +272,6 @@ res=FAIL
 record "race (rolling exits): $nrace racers in $group GiB" "$res" \
     "racers_ok=$fine/$nrace refused=$refusals manager_stops=$stops device_growth=$(gib "$growth")GiB over=$over bytes"
 
-# The exits of the checks above are torn down one at a time; on the simulated node,
-# whose teardown is made long, the checks below wait for it (they need the device's
-# memory, not the window).
-settle() {
-    [ "$sim" = 1 ] || return 0
-    env -u LD_PRELOAD "$py" "$here/checks.py" nvml-settle 60 "$baseline" >>"$work/checks.log" 2>&1
-}
 settle
 
 # 8. Accounting: 40 random allocations; charged against NVML per process, within a page.
