@@ -335,7 +335,7 @@ def startup():
     def timed(cmd, env):
         t0 = time.perf_counter()
         r = subprocess.run(cmd, env=env, capture_output=True)
-        return (time.perf_counter() - t0) * 1e3, r.returncode
+        return (time.perf_counter() - t0) * 1e3, r.returncode, r.stderr.decode(errors="replace")
 
     # A bare client has a context outside any allocation: the manager's
     # backstop may stop it (SIGKILL) if a pass samples it; that pair is
@@ -349,7 +349,8 @@ def startup():
         i += 1
         if got[0][1] != 0 or got[1][1] != 0:
             stopped += got[0][1] != 0
-            assert got[1][1] == 0, f"the client under tessera run failed: {got[1][1]}"
+            assert got[1][1] == 0, \
+                f"the client under tessera run failed: {got[1][1]}: {got[1][2][-300:]!r}"
             continue
         bare.append(got[0][0])
         under.append(got[1][0])
