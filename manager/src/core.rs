@@ -24,6 +24,10 @@ use crate::procfs::Resolver;
 use crate::store::{LiveAllocation, Recovery, Store};
 use crate::wire;
 
+/// How long a `tessera run` refused for capacity waits for the allocations
+/// of runs that have ended to go ([`Core::create_for`]).
+const RUN_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(crate) fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -221,10 +225,17 @@ impl Core {
         // or, when none is yet (its command's slot is the reaper's to free),
         // after two reaper passes. The retry is unconditional: the reaper may
         // have deleted the last run's allocation since the first attempt.
+        // A run whose command has ended keeps its allocation while the driver
+        // still holds what the command held at exit (the reaper returns a dead
+        // process's quota only once NVML no longer lists it): so while such a
+        // run is pending, the refusal is tried again, up to RUN_RETRY.
+        let t0 = std::time::Instant::now();
         let mut retried = false;
         loop {
             match self.create_bound(&rec, owner_uid) {
-                Err(AllocError::Exhausted(_)) if !retried => {
+                Err(AllocError::Exhausted(_))
+                    if !retried || (t0.elapsed() < RUN_RETRY && self.ended_runs_pending()) =>
+                {
                     retried = true;
                     if self.collect_gone_runs() == 0 && self.holds_runs() {
                         self.wait_reaper_passes(2);
@@ -233,6 +244,26 @@ impl Core {
                 r => return r,
             }
         }
+    }
+
+    /// Whether an allocation of a `tessera run` whose command has ended is
+    /// still held (its processes' memory not yet released by the driver).
+    fn ended_runs_pending(&self) -> bool {
+        let own_ns = self.resolver.own_pidns();
+        let fs = crate::procfs::ProcFs::host();
+        self.live_list().iter().any(|live| {
+            let rec = live.record();
+            labels::RunOwner::from_labels(&rec.labels).is_some_and(|run| {
+                own_ns != 0 && run.pidns == own_ns && !Self::runner_alive(&fs, &run)
+            })
+        })
+    }
+
+    /// Whether the process a `tessera run` exec'd still runs.
+    fn runner_alive(fs: &crate::procfs::ProcFs, run: &labels::RunOwner) -> bool {
+        fs.entry(run.pid).is_some_and(|e| {
+            e.start_time == run.start_time && (!e.zombie || fs.has_live_thread(run.pid))
+        })
     }
 
     /// Deletes the allocations of `tessera run`s whose runner is gone and
@@ -256,10 +287,7 @@ impl Core {
             if own_ns == 0 || run.pidns != own_ns {
                 continue;
             }
-            let alive = fs.entry(run.pid).is_some_and(|e| {
-                e.start_time == run.start_time && (!e.zombie || fs.has_live_thread(run.pid))
-            });
-            if alive
+            if Self::runner_alive(&fs, &run)
                 || !live
                     .state()
                     .processes(live.control().n_devices())

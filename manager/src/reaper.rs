@@ -1,6 +1,16 @@
 //! The reaper: resolves the host pids of the allocations' processes from
-//! `/proc`, reclaims what dead processes held, and deletes the allocations
-//! of `tessera run` commands that died without cleaning up.
+//! `/proc`, reclaims what dead processes held once the driver has let go of
+//! it, and deletes the allocations of `tessera run` commands that died
+//! without cleaning up.
+//!
+//! A process gone from `/proc` may still hold GPU memory: the driver tears
+//! an exited process down after the kernel has let it go, and NVML lists it
+//! with its memory until it is done. Quota returned before then could be
+//! allocated again while the driver still holds it, taking the device past
+//! the allocation's limit (docs/security.md, "The exit window"). So a dead
+//! process's slot that holds memory is reclaimed only once NVML no longer
+//! lists the process on the GPUs it held memory on ([`DriverLists`]); the
+//! shim reclaims no such slot itself.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,9 +18,10 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tessera_shm::{Liveness, ProcIdentity};
+use tessera_shm::{Liveness, ProcIdentity, ProcessInfo};
 
 use crate::core::Core;
+use crate::gpu::GpuProcess;
 use crate::procfs::Verdict;
 use crate::store::LiveAllocation;
 
@@ -25,6 +36,67 @@ impl Liveness for Verdicts {
             Some(Verdict::Unknown) | None => None,
         }
     }
+}
+
+/// The driver's process list of each GPU, asked once per pass and GPU, and
+/// only when a dead process's slot still holds memory there.
+struct DriverLists<'a> {
+    core: &'a Core,
+    /// By GPU UUID; `None` when the query failed.
+    lists: HashMap<String, Option<Vec<GpuProcess>>>,
+}
+
+impl<'a> DriverLists<'a> {
+    fn new(core: &'a Core) -> Self {
+        DriverLists {
+            core,
+            lists: HashMap::new(),
+        }
+    }
+
+    fn list(&mut self, uuid: &str) -> Option<&[GpuProcess]> {
+        let core = self.core;
+        self.lists
+            .entry(uuid.to_owned())
+            .or_insert_with(|| core.backend.processes(uuid).ok())
+            .as_deref()
+    }
+
+    /// Whether the driver may still hold memory for dead process `p` of
+    /// `live`, on a GPU where its slot holds some. `host_pid` is its pid in
+    /// the manager's namespace where known: then the question is whether
+    /// NVML lists that pid there. Where unknown (it died before a pass
+    /// resolved it, in a namespace not ours), whether NVML lists there any
+    /// process that is gone from `/proc` or exiting: one of those may be
+    /// it. A GPU whose list cannot be read holds it (asked again next pass).
+    fn may_hold(&mut self, live: &LiveAllocation, p: &ProcessInfo, host_pid: Option<u32>) -> bool {
+        for (dev, &bytes) in p.usage.iter().enumerate() {
+            if bytes == 0 {
+                continue;
+            }
+            let uuid = live.control().uuid(dev).to_owned();
+            let Some(list) = self.list(&uuid) else {
+                return true;
+            };
+            let held = match host_pid {
+                Some(pid) => list.iter().any(|q| q.pid == pid),
+                None => list.iter().any(|q| departing(q.pid)),
+            };
+            if held {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Whether process `pid` (the manager's namespace) is gone from `/proc` or
+/// has begun to exit.
+fn departing(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| tessera_shm::process::parse_stat_fields(&t))
+        .is_none_or(|s| s.exiting())
 }
 
 /// How long a slot the manager cannot judge is left before trying again.
@@ -53,6 +125,8 @@ impl Reaper {
             .collect();
         let mut scan = None;
         let mut seen = Vec::new();
+        let mut driver = DriverLists::new(core);
+        let own_ns = core.resolver.own_pidns();
         for (live, procs) in &snapshot {
             let id = live.id();
             let mut verdicts = HashMap::new();
@@ -88,6 +162,23 @@ impl Reaper {
                     }
                     Verdict::Dead => {
                         unknown.remove(&key);
+                        let host_pid = match p.host_pid {
+                            0 if own_ns != 0 && p.identity.pidns == own_ns => Some(p.identity.pid),
+                            0 => None,
+                            pid => Some(pid),
+                        };
+                        if driver.may_hold(live, p, host_pid) {
+                            // Not yet: its quota stays charged while the
+                            // driver holds its memory (next pass asks again).
+                            tracing::debug!(
+                                allocation = %id,
+                                pid = p.identity.pid,
+                                host_pid = host_pid.unwrap_or(0),
+                                "a dead process's memory is still held by the driver; its quota stays charged"
+                            );
+                            verdicts.insert(p.identity, Verdict::Unknown);
+                            continue;
+                        }
                     }
                 }
                 verdicts.insert(p.identity, v);

@@ -24,11 +24,19 @@
 //! # Slots and reclaim
 //!
 //! A process joins by CAS-ing a free slot to `Alive(pid)`. A dead process's
-//! slot is reclaimed by whoever first CAS-es it to `Reclaiming` (a joining
-//! process that sees it dead, or the manager): the claimant then runs
-//! ordinary operations that bring the slot's usage to zero, and frees it.
-//! A claimant that dies mid-way is itself detected dead, and its claim is
-//! taken over.
+//! slot is reclaimed by whoever first CAS-es it to `Reclaiming`: the
+//! claimant then runs ordinary operations that bring the slot's usage to
+//! zero, and frees it. A claimant that dies mid-way is itself detected
+//! dead, and its claim is taken over.
+//!
+//! Who may reclaim what: the driver goes on holding a dead process's memory
+//! until it has torn the process down, after the process is gone from
+//! `/proc` (NVML keeps listing it meanwhile), so a slot that still holds
+//! memory is reclaimed only by a caller that has seen the driver let go of
+//! it: the manager ([`State::reclaim_dead`] with its NVML-aware liveness).
+//! A process of the allocation reclaims only the slots of dead processes
+//! that hold nothing ([`State::reclaim_dead_empty`]), and waits for the
+//! manager for the rest ([`State::dead_holding`]).
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -181,9 +189,12 @@ impl State {
         }
     }
 
-    /// Joins the calling process: reclaims slots of dead processes that
-    /// `live` can judge, then claims a free slot.
-    pub fn join(&self, me: &ProcIdentity, live: &dyn Liveness) -> Result<Member, ShmError> {
+    /// Joins the calling process: claims a free slot. Nothing is reclaimed
+    /// here: what a dead process's slot holds the driver may still hold too
+    /// (see the module docs), and dead slots that hold nothing cost only a
+    /// slot, which the manager's reaper frees. `live` is kept for callers
+    /// of the previous form.
+    pub fn join(&self, me: &ProcIdentity, _live: &dyn Liveness) -> Result<Member, ShmError> {
         let h = &self.map.header;
         let start = h.join_cursor.fetch_add(1, Ordering::Relaxed) as usize;
         for k in 0..MAX_SLOTS {
@@ -193,20 +204,10 @@ impl State {
                 s.pid.store(me.pid, Ordering::Release);
                 s.pidns.store(me.pidns, Ordering::Release);
                 s.start_time.store(me.start_time, Ordering::Release);
-                let m = Member {
+                return Ok(Member {
                     slot: i,
                     generation,
-                };
-                // Reclaiming at join means a new process finds the quota its
-                // dead predecessors held already returned. It runs with our
-                // own slot as the claimant, so should we die mid-way the
-                // next joiner can take the claim over. Only slots holding
-                // memory are checked: a liveness check is a system call per
-                // slot, and when hundreds of processes start at once none of
-                // them holds anything yet. Dead slots that hold nothing cost
-                // only a slot; the manager's reaper frees them.
-                self.reclaim(live, Some(m), true);
-                return Ok(m);
+                });
             }
         }
         Err(ShmError::Full(self.path.clone()))
@@ -265,8 +266,41 @@ impl State {
     /// Reclaims every slot whose process `live` says is dead, and every
     /// abandoned reclaim. `by` is the caller's own membership (a hook), or
     /// `None` for the manager. Returns what was reclaimed.
+    ///
+    /// `live` must answer dead only for a process whose memory the driver
+    /// no longer holds (the manager's answer: gone from `/proc` and no
+    /// longer listed by NVML), or the quota returned here could be
+    /// allocated again while the driver still holds it. A process of the
+    /// allocation, which cannot ask the driver about another process, uses
+    /// [`State::reclaim_dead_empty`].
     pub fn reclaim_dead(&self, live: &dyn Liveness, by: Option<Member>) -> Vec<Reclaimed> {
         self.reclaim(live, by, false)
+    }
+
+    /// Reclaims the slots of dead processes that hold nothing, and every
+    /// abandoned reclaim: what a process of the allocation may reclaim on
+    /// `/proc`'s word alone (a slot that holds nothing returns no quota).
+    pub fn reclaim_dead_empty(&self, live: &dyn Liveness, by: Member) -> Vec<Reclaimed> {
+        self.reclaim(live, Some(by), true)
+    }
+
+    /// Bytes on `dev` held by slots whose process `live` says is dead: the
+    /// quota the manager has yet to release, once the driver has let go of
+    /// those processes. A caller refused over the limit may wait for it.
+    pub fn dead_holding(&self, live: &dyn Liveness, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        (0..MAX_SLOTS)
+            .filter(|&i| {
+                matches!(
+                    Owner::unpack(self.map.slots[i].owner.load(Ordering::Acquire)),
+                    Owner::Alive { .. }
+                ) && self.slot_usage(i, dev) != 0
+                    && live.check(&self.identity(i)) == Some(false)
+            })
+            .map(|i| self.slot_usage(i, dev))
+            .sum()
     }
 
     /// Whether a slot holds memory on any device (a pending operation of
@@ -280,12 +314,9 @@ impl State {
         })
     }
 
-    fn reclaim(
-        &self,
-        live: &dyn Liveness,
-        by: Option<Member>,
-        holding_only: bool,
-    ) -> Vec<Reclaimed> {
+    /// Reclaims dead slots and abandoned claims; with `empty_only`, only
+    /// the dead slots that hold nothing.
+    fn reclaim(&self, live: &dyn Liveness, by: Option<Member>, empty_only: bool) -> Vec<Reclaimed> {
         let (by_slot, by_gen) = match by {
             Some(m) => (m.slot as u32, gen_low(m.generation)),
             None => (MANAGER_RECLAIMER, 0),
@@ -297,7 +328,7 @@ impl State {
             let (generation, identity) = match Owner::unpack(word) {
                 Owner::Free { .. } => continue,
                 Owner::Alive { generation, .. } => {
-                    if holding_only && !self.holds_anything(i) {
+                    if empty_only && self.holds_anything(i) {
                         continue;
                     }
                     let id = self.identity(i);

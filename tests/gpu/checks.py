@@ -126,11 +126,12 @@ def alloc(lib, size):
 
 def barrier(name):
     """Waits until CHECK_RACERS processes have reached barrier `name` in the
-    directory CHECK_BARRIER (when set). Exits wait for every process to be
-    done allocating: a process that exits while others still allocate opens
-    another window (its context's memory is freed by the driver after its
-    slot can be reclaimed; docs/gpu.md, "Open"), which these checks do not
-    judge."""
+    directory CHECK_BARRIER (when set): every process has its context before
+    any exits. The rolling variants (CHECK_INDEX set, no barrier) judge the
+    other window, processes exiting while others still allocate (the driver
+    frees an exited process's memory after the process is gone; the manager
+    returns its quota only once NVML no longer lists it: docs/security.md,
+    "The exit window")."""
     bar, n = os.environ.get("CHECK_BARRIER"), int(os.environ.get("CHECK_RACERS", "0"))
     if not bar:
         return
@@ -153,20 +154,33 @@ def ctx_hold():
         r, p = alloc(lib, 64 * MIB)
     barrier("held")
     time.sleep(float(os.environ.get("CHECK_HOLD", "4")))
+    # Exits holding its context and its 64 MiB: the driver frees them as the
+    # process goes, while the rolling burst's later processes still start.
     out(check="ctx-hold", ok=r in (0, OOM), refused=r if r else None, pid=os.getpid())
 
 
 def race():
     """One racer: random cuMemAlloc_v2 of 1 B..64 MiB and frees for
-    CHECK_SECONDS; out-of-memory is expected, any other error is not."""
+    CHECK_SECONDS; out-of-memory is expected, any other error is not. With
+    CHECK_INDEX=i (of CHECK_RACERS=n) it runs i/n of that and exits holding
+    what it has, without waiting for the others: racers leave one by one
+    while the rest still allocate."""
     import random  # noqa: PLC0415
     lib = cuda()
+    index = os.environ.get("CHECK_INDEX")
     r, _ = context(lib)
     if r != 0:
+        # Refused its context (the others filled the allocation first): it
+        # still reaches the barrier the others wait at before they exit.
+        if not index:
+            barrier("done")
         out(check="race", ok=r == OOM, refused=r)
         return
     rng = random.Random(os.getpid())
-    end = time.monotonic() + float(os.environ.get("CHECK_SECONDS", "4"))
+    seconds = float(os.environ.get("CHECK_SECONDS", "4"))
+    if index:
+        seconds *= int(index) / int(os.environ.get("CHECK_RACERS", "16"))
+    end = time.monotonic() + seconds
     live, allocs, refused, other = [], 0, 0, None
     while time.monotonic() < end:
         if not live or rng.random() < 0.6:
@@ -181,10 +195,12 @@ def race():
                 break
         else:
             call(lib, "cuMemFree_v2", ctypes.c_uint64(live.pop(rng.randrange(len(live)))))
-    for p in live:
-        call(lib, "cuMemFree_v2", ctypes.c_uint64(p))
-    barrier("done")
-    out(check="race", ok=other is None, allocs=allocs, refused=refused, error=other)
+    if not index:
+        for p in live:
+            call(lib, "cuMemFree_v2", ctypes.c_uint64(p))
+        barrier("done")
+    out(check="race", ok=other is None, allocs=allocs, refused=refused, error=other,
+        held=len(live) if index else 0)
 
 
 class ProcInfo(ctypes.Structure):
@@ -235,6 +251,20 @@ def nvml_sampler():
         time.sleep(0.005)
     out(check="nvml-sampler", ok=samples > 0, baseline=first, peak=peak,
         growth=peak - (first or 0), samples=samples)
+
+
+def nvml_settle():
+    """Unshimmed: waits (up to argv[2] seconds) until device 0's memory in use
+    is back to argv[3] bytes or less: the driver has torn down what the
+    processes of the checks before held when they exited. Prints the figure."""
+    lib, h = nvml_device()
+    m = MemInfo()
+    deadline = time.monotonic() + float(sys.argv[2])
+    while lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m)) == 0 and m.used > int(sys.argv[3]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    out(check="nvml-settle", ok=m.used <= int(sys.argv[3]), used=m.used)
 
 
 def bare_env():
@@ -305,7 +335,7 @@ def startup():
     def timed(cmd, env):
         t0 = time.perf_counter()
         r = subprocess.run(cmd, env=env, capture_output=True)
-        return (time.perf_counter() - t0) * 1e3, r.returncode
+        return (time.perf_counter() - t0) * 1e3, r.returncode, r.stderr.decode(errors="replace")
 
     # A bare client has a context outside any allocation: the manager's
     # backstop may stop it (SIGKILL) if a pass samples it; that pair is
@@ -319,7 +349,8 @@ def startup():
         i += 1
         if got[0][1] != 0 or got[1][1] != 0:
             stopped += got[0][1] != 0
-            assert got[1][1] == 0, f"the client under tessera run failed: {got[1][1]}"
+            assert got[1][1] == 0, \
+                f"the client under tessera run failed: {got[1][1]}: {got[1][2][-300:]!r}"
             continue
         bare.append(got[0][0])
         under.append(got[1][0])
@@ -451,6 +482,7 @@ CHECKS = {
     "race": race,
     "nvml-pid": nvml_pid,
     "nvml-sampler": nvml_sampler,
+    "nvml-settle": nvml_settle,
     "accounting": accounting,
     "startup-client": startup_client,
     "startup": startup,

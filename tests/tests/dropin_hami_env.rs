@@ -46,5 +46,8 @@ fn hami_core_variables_set_by_the_pod_raise_nothing() {
         );
         refused += 1;
         assert_eq!(sim.state().oom_refused(0), refused, "{ctx}");
+        // It exited holding LIMIT / 2: the manager (here one pass of its stand-in)
+        // returns it once the driver has let the process go.
+        assert_eq!(reclaim_released(&sim, &sim.state()), 1, "{ctx}");
     }
 }

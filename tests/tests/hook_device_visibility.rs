@@ -85,5 +85,8 @@ fn a_process_sees_only_its_allocations_gpu_whatever_its_environment_says() {
         assert_eq!(sim.used(0), 0, "{rewrite}: memory on the other GPU");
         assert!(sim.used(1) > 0, "{rewrite}: the contexts are on GPU 1");
         assert!(c.finish().success());
+        // It exited holding its contexts' charge: the manager (here one pass of its
+        // stand-in) returns it once the driver has let the process go.
+        assert_eq!(reclaim_released(&sim, &sim.state()), 1, "{rewrite}");
     }
 }

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use hook_support::*;
 use tessera_e2e::Mode;
-use tessera_shm::LocalLiveness;
 
 const LIMIT: u64 = 32 * MI;
 const VICTIMS: usize = 200;
@@ -97,6 +96,8 @@ fn killed_processes_leave_nothing_held_and_nobody_waiting() {
     let seed = seed("killed_processes_leave_nothing_held_and_nobody_waiting");
     let sim = Arc::new(Sim::new(1, 8 * LIMIT));
     sim.allocate(LIMIT);
+    // The manager's reaper: what a victim held returns once the driver has let it go.
+    let reaper = StandIn::reaper(sim.clone());
 
     // A witness allocating and freeing throughout: every step must answer
     // within HANG.
@@ -159,8 +160,9 @@ fn killed_processes_leave_nothing_held_and_nobody_waiting() {
     );
 
     // As the manager would: reclaim the dead, and the books balance at zero.
+    drop(reaper);
     let state = sim.state();
-    state.reclaim_dead(&LocalLiveness::thorough(), None);
+    reclaim_released(&sim, &state);
     state.audit().unwrap();
     assert_eq!(state.reserved(0), 0);
     assert!(state.processes(1).is_empty());
@@ -177,22 +179,39 @@ fn killed_processes_leave_nothing_held_and_nobody_waiting() {
     assert_eq!(state.reserved(0), 0);
 }
 
+/// What a killed process held stays charged, whoever joins next, until the manager
+/// (here its stand-in, [`reclaim_released`]) has seen the driver let the process go:
+/// only then may another process have it.
 #[test]
-fn a_new_process_reclaims_what_killed_ones_held() {
-    // Without the manager: the joiner itself returns the dead's quota.
+fn a_killed_processs_quota_returns_only_once_the_driver_lets_it_go() {
     let sim = Sim::new(1, 8 * LIMIT);
     sim.allocate(LIMIT);
+    let state = sim.state();
     for mode in Mode::ALL {
         let mut p = Conv::start(sim.probe(mode, true));
         for c in ["init", "ctx", &format!("alloc {LIMIT}")] {
             assert!(p.ask(c, HANG).unwrap().ok);
         }
-        assert_eq!(sim.state().reserved(0), LIMIT);
+        assert_eq!(state.reserved(0), LIMIT);
         // SAFETY: signals our own unreaped child.
         unsafe { libc::kill(p.pid() as i32, libc::SIGKILL) };
         p.finish();
-        assert_eq!(sim.state().reserved(0), LIMIT, "held until reclaimed");
+        let o = sim.run(mode, true, &["init", "ctx", &format!("alloc {LIMIT}")]);
+        assert_eq!(
+            o.get("alloc").error.as_deref(),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "the next process did not wait for the manager"
+        );
+        assert_eq!(
+            state.reserved(0),
+            LIMIT,
+            "held until the manager reclaims it"
+        );
+        // (The refused one held nothing, and left its slot as it exited.)
+        assert_eq!(reclaim_released(&sim, &state), 1, "the killed one");
         let o = sim.run(mode, true, &["init", "ctx", &format!("alloc {LIMIT}")]);
         o.expect_ok();
+        assert_eq!(reclaim_released(&sim, &state), 1);
+        assert_eq!(state.reserved(0), 0);
     }
 }

@@ -21,7 +21,11 @@ fn a_process_that_exits_holding_memory_keeps_its_quota_until_it_is_gone() {
     let procs = state.processes(1);
     assert_eq!(procs.len(), 1);
     assert_eq!(procs[0].usage, vec![20 * MI]);
-    // The next process to join returns it, and can use the whole limit.
+    // The manager returns it once the driver has let the process go (the shim of
+    // the next process never does: docs/security.md, "The exit window"); then the
+    // next process can use the whole limit.
+    assert_eq!(reclaim_released(&sim, &state), 1);
+    assert_eq!(state.reserved(0), 0);
     let o = sim.run(
         Mode::Dlopen,
         true,

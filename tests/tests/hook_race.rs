@@ -105,6 +105,17 @@ fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers
     }
 }
 
+/// The manager's reaper for a race: racers exit holding memory, and their quota returns
+/// once the driver has let them go. It works under the racers' lock, so a sample (taken
+/// under it) never sees a release between its reads of the device and the books.
+fn stand_in(sim: &Arc<Sim>, racers: &Arc<Racers>) -> StandIn {
+    let racers = racers.clone();
+    StandIn::start(sim.clone(), move |s, st| {
+        let _held = racers.lock().unwrap();
+        reclaim_released(s, st);
+    })
+}
+
 /// Stops every racer, waits until each of their threads is stopped (or
 /// gone), returns the device's ground truth and the allocation's reserved
 /// total at that instant, and lets them run again.
@@ -122,6 +133,7 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
     sim.allocate(LIMIT);
     let done = Arc::new(AtomicBool::new(false));
     let racers = Arc::new(Racers::default());
+    let reaper = stand_in(&sim, &racers);
     let sampler = {
         let (sim, done, racers) = (sim.clone(), done.clone(), racers.clone());
         std::thread::spawn(move || {
@@ -150,6 +162,7 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
         w.join().expect("worker");
     }
     done.store(true, Ordering::Relaxed);
+    drop(reaper);
     let (max, samples, over) = sampler.join().unwrap();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
@@ -296,6 +309,7 @@ fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
     let n = limits.len();
     let done = Arc::new(AtomicBool::new(false));
     let racers = Arc::new(Racers::default());
+    let reaper = stand_in(&sim, &racers);
     let sampler = {
         let (sim, done, racers, limits) =
             (sim.clone(), done.clone(), racers.clone(), limits.clone());
@@ -335,6 +349,7 @@ fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
         w.join().expect("worker");
     }
     done.store(true, Ordering::Relaxed);
+    drop(reaper);
     let (max, over, samples) = sampler.join().unwrap();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
@@ -404,8 +419,8 @@ fn racing_streams_and_pools_on_two_devices_stay_under_each_limit() {
 /// `cuMemAlloc` memory of random sizes from 1 byte to 64 MiB, which the driver holds in
 /// whole 2 MiB pages. Every sample of the device's ground truth (all racers stopped)
 /// stays within the limit: 0 bytes over. The node frees an exited racer's memory at
-/// once (the Rust API's nodes do); a driver that frees it only after the process is
-/// reaped, while others still allocate, is an open window (docs/gpu.md, "Open").
+/// once (the Rust API's nodes do); a driver that goes on holding it after the process is
+/// reaped, while others still allocate, is `exit_window.rs`'s.
 #[test]
 fn sixteen_racers_of_1_byte_to_64_mib_never_pass_a_10_gib_limit() {
     const GIB10: u64 = 10 << 30;

@@ -252,5 +252,8 @@ fn limits_follow_the_gpu_whatever_cuda_visible_devices_selects() {
             o.stdout
         );
         assert!(allocs[1].ok, "{visible}: {}", o.stdout);
+        // It exited holding its limit: the manager (here one pass of its stand-in)
+        // returns that once the driver has let the process go, for the next case.
+        assert_eq!(reclaim_released(&sim, &sim.state()), 1);
     }
 }

@@ -1,10 +1,11 @@
 //! Quota on the state file: one reservation or release of this process's
-//! slot on one device, serialised per device, with the quota of dead
-//! processes reclaimed over the limit, and each admission's refusals
-//! counted once. The pool and graph accounting (`pools.rs`) and admission
-//! (`admission.rs`) are built on it.
+//! slot on one device, serialised per device, waiting a little over the
+//! limit while dead processes' quota is on its way back, and each
+//! admission's refusals counted once. The pool and graph accounting
+//! (`pools.rs`) and admission (`admission.rs`) are built on it.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use tessera_ffi::cuda::CUresult;
 use tessera_shm::Refused;
@@ -41,6 +42,17 @@ impl Tries {
     }
 }
 
+/// How long an admission refused over the limit waits for the manager to
+/// release what dead processes hold on the device: long enough for a
+/// driver's teardown of a few processes and a pass of the manager's reaper
+/// (100 ms by default), short enough that a program probing its limit is
+/// answered promptly. Past it the answer is out-of-memory, as on a full GPU
+/// whose driver is still freeing an exited process's memory.
+pub(crate) const DEAD_QUOTA_WAIT: Duration = Duration::from_secs(1);
+
+/// How often the waiting admission tries again.
+const DEAD_QUOTA_POLL: Duration = Duration::from_millis(5);
+
 impl Governed {
     /// Blocks the calling thread while the allocation is paused (`tessera
     /// pause`): memory requests wait here, as launches do at the gate,
@@ -53,8 +65,17 @@ impl Governed {
         }
     }
 
-    /// One reservation on `dev`, and once more after reclaiming the quota
-    /// of dead processes. Counts the refusals in `tries`.
+    /// One reservation on `dev`. Refused over the limit while processes
+    /// that have died still hold quota on `dev`, it waits for the manager to
+    /// release theirs (up to [`DEAD_QUOTA_WAIT`]), trying again as it goes.
+    ///
+    /// The shim never returns that quota itself: the driver goes on holding
+    /// an exited process's memory until it has torn the process down, after
+    /// the process is gone from `/proc`, and only the manager can see when
+    /// (NVML lists the process until then; a process in a container cannot
+    /// name another's host pid). Returning it on `/proc`'s word would let
+    /// this allocation take the device past its limit for that moment
+    /// (docs/security.md, "The exit window"). Counts the refusals in `tries`.
     pub(super) fn try_quota(
         &self,
         dev: usize,
@@ -67,39 +88,41 @@ impl Governed {
             return Err(Refused::NoDevice(dev));
         };
         let state = &self.files.state;
-        let _op = self.op_locks[dev].lock();
-        match state.reserve(m, dev, bytes, self.files.control.memory_limit(dev)) {
-            Ok(()) => Ok(()),
-            Err(e @ Refused::OverLimit { .. }) => {
-                tries.over_limit += 1;
-                let back = state.reclaim_dead(&self.files.live, Some(m));
-                if back.is_empty() {
+        let mut deadline = None;
+        loop {
+            let r = {
+                let _op = self.op_locks[dev].lock();
+                state.reserve(m, dev, bytes, self.files.control.memory_limit(dev))
+            };
+            let e = match r {
+                Ok(()) => return Ok(()),
+                Err(e @ Refused::OverLimit { .. }) => {
+                    tries.over_limit += 1;
+                    e
+                }
+                Err(e) => {
+                    tries.refused_other = true;
                     crate::log!(Level::Info, "device {dev}: refused: {e}");
                     return Err(e);
                 }
-                for r in &back {
-                    crate::log!(
-                        Level::Info,
-                        "reclaimed slot {} of dead pid {}: {:?}",
-                        r.slot,
-                        r.identity.pid,
-                        r.freed
-                    );
-                }
-                let r = state.reserve(m, dev, bytes, self.files.control.memory_limit(dev));
-                if let Err(e) = r {
-                    if matches!(e, Refused::OverLimit { .. }) {
-                        tries.over_limit += 1;
-                    }
-                    crate::log!(Level::Info, "device {dev}: refused: {e}");
-                }
-                r
+            };
+            // Slots of dead processes holding nothing only cost slots; a
+            // process of the allocation may free those on its own.
+            let _ = state.reclaim_dead_empty(&self.files.live, m);
+            let dead = state.dead_holding(&self.files.live, dev);
+            let now = Instant::now();
+            let until = *deadline.get_or_insert(now + DEAD_QUOTA_WAIT);
+            if dead == 0 || now >= until {
+                crate::log!(
+                    Level::Info,
+                    "device {dev}: refused: {e} ({dead} bytes of dead processes not yet released)"
+                );
+                return Err(e);
             }
-            Err(e) => {
-                tries.refused_other = true;
-                crate::log!(Level::Info, "device {dev}: refused: {e}");
-                Err(e)
-            }
+            // Polled, not woken: the manager's release is one pass of its
+            // reaper after the driver lets go, and this path runs only over
+            // the limit, with a dead process's quota outstanding.
+            std::thread::sleep(DEAD_QUOTA_POLL);
         }
     }
 

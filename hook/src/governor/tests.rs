@@ -91,20 +91,57 @@ fn settling_an_estimate_moves_to_the_real_size() {
     assert_eq!(g.files.state.reserved(0), 900);
 }
 
-#[test]
-fn over_the_limit_the_quota_of_dead_processes_is_reclaimed() {
-    let g = governed(&[1000], Hooks::NONE);
+/// A process that died holding 800 of 1000 bytes: a real, exited child in a
+/// slot, as a crash leaves it.
+fn dead_holder(g: &Governed) {
     let state = &g.files.state;
-    // A process that died holding 800 bytes: a real, exited child.
     let dead = tessera_shm::testing::exited_process();
     let m = state
         .join(&dead, &tessera_shm::testing::AssumeAlive)
         .unwrap();
     state.reserve(m, 0, 800, 1000).unwrap();
     assert_eq!(state.reserved(0), 800);
-    // 300 more fit only once the dead process's 800 come back.
+}
+
+#[test]
+fn over_the_limit_the_shim_never_returns_a_dead_processs_quota_itself() {
+    let g = governed(&[1000], Hooks::NONE);
+    dead_holder(&g);
+    // No manager releases it: the driver may still hold that memory, so 300
+    // more are refused after the wait, and the dead's 800 stay charged.
+    let t0 = std::time::Instant::now();
+    assert_eq!(
+        g.reserve(Some(0), 300),
+        Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    assert!(t0.elapsed() >= super::quota::DEAD_QUOTA_WAIT);
+    let state = &g.files.state;
+    assert_eq!(state.reserved(0), 800);
+    assert_eq!(state.oom_refused(0), 1, "one refusal, however many tries");
+    state.audit().unwrap();
+}
+
+#[test]
+fn over_the_limit_the_shim_waits_for_the_manager_to_release_a_dead_processs_quota() {
+    let g: &'static Governed = Box::leak(Box::new(governed(&[1000], Hooks::NONE)));
+    dead_holder(g);
+    // The manager, once the shim's first try has been refused (the refusal
+    // counter says so), finds the driver has let the dead process go and
+    // reclaims its slot.
+    let manager = std::thread::spawn(move || {
+        let state = &g.files.state;
+        while state.oom_refused(0) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        state.reclaim_dead(&tessera_shm::LocalLiveness::thorough(), None)
+    });
     assert_eq!(g.reserve(Some(0), 300), Ok(()));
+    let back = manager.join().unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].freed[0], 800);
+    let state = &g.files.state;
     assert_eq!(state.reserved(0), 300);
+    assert_eq!(state.oom_refused(0), 0, "granted in the end: no refusal");
     state.audit().unwrap();
 }
 

@@ -396,7 +396,7 @@ pub fn join_time(n: usize) -> Result<Table, String> {
         columns: ["measure", "p50", "p99", "max"].map(String::from).to_vec(),
         rows,
         notes: vec![
-            "shim's join: files opened and checked, devices mapped by UUID, slot claimed (dead slots reclaimed), gate set up; the driver's own cuInit excluded".into(),
+            "shim's join: files opened and checked, devices mapped by UUID, slot claimed, gate set up; the driver's own cuInit excluded".into(),
             "spawned together: started back to back, each calling cuInit at once; released together: all started and waiting, then told to cuInit at the same instant".into(),
             "wall time includes waiting for one of the box's CPUs; CPU time is the work itself".into(),
         ],

@@ -372,3 +372,76 @@ pub fn refused(c: &mut Conv, line: &str, error: &str) {
     let l = ask(c, line);
     assert_eq!(l.error.as_deref(), Some(error), "{line}: {}", l.raw);
 }
+
+/// Liveness as the manager's reaper judges it for a reclaim: dead by `/proc` *and* no
+/// longer listed by the (simulated) driver, which goes on holding an exited process's
+/// memory until it has torn it down (docs/security.md, "The exit window").
+pub struct ReleasedByDriver<'a> {
+    pub proc_fs: tessera_shm::LocalLiveness,
+    pub node: &'a tessera_sim::Node,
+}
+
+impl tessera_shm::Liveness for ReleasedByDriver<'_> {
+    fn check(&self, id: &tessera_shm::ProcIdentity) -> Option<bool> {
+        match self.proc_fs.check(id) {
+            Some(false) if self.node.process(id.pid).is_some() => None,
+            other => other,
+        }
+    }
+}
+
+/// One pass of the manager's reaper over the allocation, for tests that run no manager:
+/// the driver notices the dead (as NVML's queries make it), then the slots of dead
+/// processes it no longer lists are reclaimed. Returns how many were.
+pub fn reclaim_released(sim: &Sim, state: &State) -> usize {
+    let node = sim.node.node();
+    node.reap_dead();
+    let live = ReleasedByDriver {
+        proc_fs: tessera_shm::LocalLiveness::thorough(),
+        node,
+    };
+    state.reclaim_dead(&live, None).len()
+}
+
+/// The manager's reaper standing in for a test that runs no manager: a thread that runs
+/// `pass` (usually [`reclaim_released`]) every millisecond until dropped. The shim never
+/// returns a dead process's quota itself; without this, what processes that died
+/// holding memory were charged would stay charged.
+pub struct StandIn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StandIn {
+    pub fn start(sim: std::sync::Arc<Sim>, pass: impl Fn(&Sim, &State) + Send + 'static) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let state = sim.state();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                pass(&sim, &state);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        StandIn {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The stand-in for an allocation whose only reader is this test.
+    pub fn reaper(sim: std::sync::Arc<Sim>) -> Self {
+        Self::start(sim, |s, st| {
+            reclaim_released(s, st);
+        })
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
