@@ -164,3 +164,33 @@ impl SimNode {
         ProbeChild::start(self.probe(mode, script))
     }
 }
+
+/// Liveness as the manager's reaper judges it for a reclaim: dead by `/proc` *and* no
+/// longer listed by the (simulated) driver, which goes on holding an exited process's
+/// memory until it has torn it down (docs/security.md, "The exit window").
+struct ReleasedByDriver<'a> {
+    proc_fs: tessera_shm::LocalLiveness,
+    node: &'a Node,
+}
+
+impl tessera_shm::Liveness for ReleasedByDriver<'_> {
+    fn check(&self, id: &tessera_shm::ProcIdentity) -> Option<bool> {
+        match self.proc_fs.check(id) {
+            Some(false) if self.node.process(id.pid).is_some() => None,
+            other => other,
+        }
+    }
+}
+
+/// One pass of the manager's reaper over an allocation's state, for tests that run no
+/// manager (the shim never returns a dead process's quota itself): the driver notices
+/// the dead (as NVML's queries make it), then the slots of dead processes it no longer
+/// lists are reclaimed. Returns how many were. Either vendor's simulated processes.
+pub fn reclaim_released(node: &Node, state: &tessera_shm::State) -> usize {
+    node.reap_dead();
+    let live = ReleasedByDriver {
+        proc_fs: tessera_shm::LocalLiveness::thorough(),
+        node,
+    };
+    state.reclaim_dead(&live, None).len()
+}

@@ -72,6 +72,7 @@ fn a_hip_client_sees_the_limit_and_is_refused_past_it() {
             o.stdout
         );
         assert!(o.status.success(), "{client:?}: {}", o.stderr);
+        sim.reclaim_ended();
     }
     // A pointer from hipGetProcAddress is governed too: past the limit is
     // refused.
@@ -197,5 +198,6 @@ fn every_family_is_charged_what_the_device_holds_and_returned_when_freed() {
         );
         c.send("go");
         assert!(c.finish().success(), "{family:?}");
+        sim.reclaim_ended();
     }
 }

@@ -163,6 +163,26 @@ impl HipSim {
         State::open(&self.state_path, ALLOC_ID).expect("state file")
     }
 
+    /// The manager's reaper, stood in for: returns the quota of this node's processes
+    /// that ended and that the driver let go (their contexts included). The shim never
+    /// does; without it a process run after another would find its context still charged.
+    pub fn reclaim_released(&self) -> usize {
+        tessera_e2e::sim::reclaim_released(self.node.node(), &self.state())
+    }
+
+    /// After a governed process ended: waits (the simulated driver tears its context
+    /// down after a while) until the stand-in reaper has returned its slot.
+    pub fn reclaim_ended(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.reclaim_released() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ended process's slot was never released"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     /// Ground truth: bytes the simulated device holds.
     pub fn used(&self) -> u64 {
         self.node.node().memory_used(0)

@@ -373,34 +373,10 @@ pub fn refused(c: &mut Conv, line: &str, error: &str) {
     assert_eq!(l.error.as_deref(), Some(error), "{line}: {}", l.raw);
 }
 
-/// Liveness as the manager's reaper judges it for a reclaim: dead by `/proc` *and* no
-/// longer listed by the (simulated) driver, which goes on holding an exited process's
-/// memory until it has torn it down (docs/security.md, "The exit window").
-pub struct ReleasedByDriver<'a> {
-    pub proc_fs: tessera_shm::LocalLiveness,
-    pub node: &'a tessera_sim::Node,
-}
-
-impl tessera_shm::Liveness for ReleasedByDriver<'_> {
-    fn check(&self, id: &tessera_shm::ProcIdentity) -> Option<bool> {
-        match self.proc_fs.check(id) {
-            Some(false) if self.node.process(id.pid).is_some() => None,
-            other => other,
-        }
-    }
-}
-
-/// One pass of the manager's reaper over the allocation, for tests that run no manager:
-/// the driver notices the dead (as NVML's queries make it), then the slots of dead
-/// processes it no longer lists are reclaimed. Returns how many were.
+/// One pass of the manager's reaper over the allocation, for tests that run no manager
+/// (see [`tessera_e2e::sim::reclaim_released`]). Returns how many slots were reclaimed.
 pub fn reclaim_released(sim: &Sim, state: &State) -> usize {
-    let node = sim.node.node();
-    node.reap_dead();
-    let live = ReleasedByDriver {
-        proc_fs: tessera_shm::LocalLiveness::thorough(),
-        node,
-    };
-    state.reclaim_dead(&live, None).len()
+    tessera_e2e::sim::reclaim_released(sim.node.node(), state)
 }
 
 /// The manager's reaper standing in for a test that runs no manager: a thread that runs
