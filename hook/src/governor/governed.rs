@@ -51,6 +51,10 @@ pub struct Governed {
     pub sharing: AtomicBool,
     /// What the layers above handed the core.
     pub(super) hooks: Hooks,
+    /// How long an admission over the limit waits for the manager to
+    /// release dead processes' quota ([`super::quota::DEAD_QUOTA_WAIT`]; a
+    /// test that plays the manager sets a bound no scheduler can miss).
+    pub(super) dead_quota_wait: std::time::Duration,
 }
 
 /// What the layers above the core hand it when it is set up: the core
@@ -145,6 +149,7 @@ impl Governed {
             shared: Mutex::new(Shared::default()),
             sharing: AtomicBool::new(false),
             hooks,
+            dead_quota_wait: super::quota::DEAD_QUOTA_WAIT,
         }
     }
 

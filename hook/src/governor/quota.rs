@@ -111,7 +111,7 @@ impl Governed {
             let _ = state.reclaim_dead_empty(&self.files.live, m);
             let dead = state.dead_holding(&self.files.live, dev);
             let now = Instant::now();
-            let until = *deadline.get_or_insert(now + DEAD_QUOTA_WAIT);
+            let until = *deadline.get_or_insert(now + self.dead_quota_wait);
             if dead == 0 || now >= until {
                 crate::log!(
                     Level::Info,
