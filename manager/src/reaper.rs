@@ -9,7 +9,7 @@
 //! allocated again while the driver still holds it, taking the device past
 //! the allocation's limit (docs/security.md, "The exit window"). So a dead
 //! process's slot that holds memory is reclaimed only once NVML no longer
-//! lists the process on the GPUs it held memory on ([`DriverLists`]); the
+//! lists the process on the GPUs it held memory on (`DriverLists`); the
 //! shim reclaims no such slot itself.
 
 use std::collections::HashMap;

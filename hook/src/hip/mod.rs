@@ -10,7 +10,7 @@
 //!
 //! Re-entry: the HIP runtime calls its own public entry points, which the
 //! preloaded shim would otherwise catch a second time. Every real call made
-//! from a wrapper is marked on the calling thread ([`nested`]); a governed
+//! from a wrapper is marked on the calling thread (`nested`); a governed
 //! wrapper entered while the mark is set passes straight through.
 //!
 //! One module per family: `view`, `memory` (linear, managed, pitched, 3D),
