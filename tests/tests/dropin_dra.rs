@@ -15,15 +15,15 @@
 //! the next byte.
 
 // The manager and the client roles; this file defines its own `role` test.
+mod dra_support;
 mod dropin_support;
 #[allow(unused_macros, unused_imports)]
 mod manager_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-use clap::Parser;
+use dra_support::{NODE, Plugin, plugin_args};
 use dropin_support::*;
 use manager_support::*;
 use serde_json::{Value, json};
@@ -35,105 +35,12 @@ use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
-const NODE: &str = "node-1";
 
-/// The test executable's helper processes: the DRA plugin here, the manager in
-/// `manager_support`.
+/// The test executable's helper processes (`dra_support::role`).
 #[test]
 #[ignore = "helper: the manager or DRA plugin process the other tests start"]
 fn role() {
-    if std::env::var(ROLE_ENV).as_deref() == Ok("dra-plugin") {
-        std::process::exit(dra_role());
-    }
-    role_main();
-}
-
-#[derive(Parser)]
-#[command(name = "dra-plugin")]
-struct DraCli {
-    #[command(flatten)]
-    args: tessera_dra_plugin::DraPluginArgs,
-}
-
-fn dra_role() -> i32 {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let args: Vec<String> = std::env::var(ARGS_ENV)
-        .unwrap_or_default()
-        .split('\u{1f}')
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let cli = match DraCli::try_parse_from(std::iter::once("dra-plugin".to_owned()).chain(args)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return 2;
-        }
-    };
-    let run = cli.args.options().and_then(|opts| {
-        tokio::runtime::Runtime::new()
-            .expect("a runtime")
-            .block_on(tessera_dra_plugin::run(opts, std::future::pending()))
-    });
-    match run {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("Error: {e}");
-            1
-        }
-    }
-}
-
-/// The plugin in a child process, killed when dropped.
-struct Plugin {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Plugin {
-    fn start(args: &[String], log: &Path) -> Plugin {
-        let child = role_command("dra-plugin", args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).expect("log"))
-            .spawn()
-            .expect("spawn the plugin");
-        Plugin {
-            child,
-            log: log.to_owned(),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn plugin_args(dir: &Path, manager_socket: &Path) -> Vec<String> {
-    let s = |p: &Path| p.display().to_string();
-    [
-        ("--node-name", NODE.to_owned()),
-        ("--registry-dir", s(&dir.join("registry"))),
-        ("--plugin-dir", s(&dir.join("plugin"))),
-        ("--cdi-dir", s(&dir.join("cdi"))),
-        ("--kubeconfig", s(&dir.join("kubeconfig"))),
-        ("--socket", s(manager_socket)),
-        ("--config", s(&dir.join("config.yaml"))),
-        ("--hook-library", s(&hook())),
-        ("--preload-file", s(&dir.join("ld.so.preload"))),
-    ]
-    .into_iter()
-    .flat_map(|(flag, value)| [flag.to_owned(), value])
-    .collect()
+    dra_support::role();
 }
 
 /// The claim kube-scheduler writes for a pod's extended resource served by DRA: one
