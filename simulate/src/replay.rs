@@ -65,6 +65,27 @@ pub fn arrival_order(pods: &[Request], capacity_milli: u64, seed: u64) -> Vec<us
     order
 }
 
+/// The order of the nodes one seed replays: a permutation of `0..n`.
+///
+/// The published simulator does not keep the node list's order: before it
+/// creates the nodes it prefixes each name with a seeded random permutation
+/// (`syncClusterResourceList`: `rand.Perm`, names `"%04d-" + name`), and its
+/// scheduler breaks equal scores by the smallest name. Equal scores are
+/// common (FGD's score is an integer, and `defrag` ties within a step), so
+/// which node a tie goes to, and thus how the cluster fills, is a random
+/// order per seed there, not the trace's. Drawn from its own stream so the
+/// arrival order of a seed stays what it was.
+pub fn node_order(n: usize, seed: u64) -> Vec<usize> {
+    // "nodes" in ASCII: a stream apart from the arrivals' of the same seed.
+    let mut rng = Rng::new(seed ^ 0x6E6F_6465_7300_0000);
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i + 1);
+        order.swap(i, j);
+    }
+    order
+}
+
 /// What one replay (one policy, one seed) measured.
 #[derive(Debug, Clone)]
 pub struct Outcome {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use tessera_placement::{Engine, Policy, TaskMix};
-use tessera_simulate::replay::{arrival_order, replay};
+use tessera_simulate::replay::{arrival_order, node_order, replay};
 use tessera_simulate::{SimulateArgs, output, trace};
 
 fn fixture(name: &str) -> PathBuf {
@@ -57,6 +57,26 @@ fn arrivals_are_the_shuffled_trace_then_draws_up_to_130_percent() {
     assert_ne!(
         arrival_order(&pods, CAPACITY, 1),
         arrival_order(&pods, CAPACITY, 2)
+    );
+}
+
+#[test]
+fn each_seed_orders_the_nodes_at_random_as_the_published_simulator_does() {
+    for seed in [1, 42, 51] {
+        let order = node_order(1213, seed);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1213).collect::<Vec<_>>(), "a permutation");
+        assert_eq!(order, node_order(1213, seed), "the same per seed");
+        assert_ne!(order, sorted, "not the trace's order");
+    }
+    assert_ne!(node_order(1213, 42), node_order(1213, 43));
+    // Its own stream: drawing the node order leaves the arrivals alone,
+    // and the two are not the same shuffle.
+    let (_, pods) = load();
+    assert_ne!(
+        node_order(pods.len(), 42),
+        arrival_order(&pods, CAPACITY, 42)[..pods.len()].to_vec()
     );
 }
 
@@ -124,6 +144,7 @@ fn json_table_and_plot() {
         json: true,
         plot: Some(plot.clone()),
         bench: false,
+        trace_node_order: false,
     };
     let out = output(&args).unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
