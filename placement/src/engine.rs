@@ -1323,7 +1323,7 @@ mod tests {
     /// node's GPUs by state, so `fgd` re-picks in index order. Here a 100
     /// share grows the fragmentation of neither GPU (the mix is that share
     /// alone): both score alike, and the lower index wins, whichever GPU is
-    /// fuller. Defrag keeps its own rule, the GPU the share fills best.
+    /// fuller. Defrag keeps its own rule, the fullest GPU that takes it.
     #[test]
     fn fgd_gives_a_share_the_first_gpu_by_index_among_the_best() {
         let part = |free: u32| Gpu {

@@ -26,9 +26,9 @@ pub enum Policy {
     /// Tessera's policy: the growth of a measure that adds to FGD's
     /// fragmentation what each task type could still place (see
     /// docs/placement.md), scored in steps as FGD's scheduler scores; among
-    /// placements alike to within a step, the GPU the request fills best,
-    /// then the first node: the cluster fills in node order, keeping the far
-    /// end whole for large requests.
+    /// placements alike to within a step, the first node and on it the
+    /// fullest GPU that takes the request: the cluster fills node by node,
+    /// keeping the far end whole for large requests.
     #[default]
     Defrag,
     /// Defrag with some of its parts taken out, to measure what each buys
@@ -47,9 +47,6 @@ pub struct DefragParts {
     pub leftover: bool,
     /// Growths compared in defrag's steps; without them, exactly.
     pub steps: bool,
-    /// Within a step, the GPU the request fills best; without it, the
-    /// first node's first GPU.
-    pub best_fit: bool,
     /// The cost of taking GPUs of a kind the task types that ask for
     /// particular models are expected to claim; without it, none.
     pub reserve: bool,
@@ -61,19 +58,17 @@ impl DefragParts {
         shape_mix: true,
         leftover: true,
         steps: true,
-        best_fit: true,
         reserve: true,
     };
 
     /// The parts' names, as `defrag-without:` takes them.
-    pub const NAMES: [&'static str; 5] = ["shape", "leftover", "steps", "bestfit", "reserve"];
+    pub const NAMES: [&'static str; 4] = ["shape", "leftover", "steps", "reserve"];
 
     fn flag(&mut self, name: &str) -> Option<&mut bool> {
         match name {
             "shape" => Some(&mut self.shape_mix),
             "leftover" => Some(&mut self.leftover),
             "steps" => Some(&mut self.steps),
-            "bestfit" => Some(&mut self.best_fit),
             "reserve" => Some(&mut self.reserve),
             _ => None,
         }
@@ -94,7 +89,7 @@ pub enum PolicyError {
     #[error("shared-threshold {0:?}: the threshold is a number from 0 to 1")]
     Threshold(String),
     #[error(
-        "defrag-without:{0}: name parts to take out, joined by +: shape, leftover, steps, bestfit"
+        "defrag-without:{0}: name parts to take out, joined by +: shape, leftover, steps, reserve"
     )]
     Parts(String),
 }
@@ -230,13 +225,21 @@ pub(crate) fn rank(policy: Policy, c: &Candidate) -> [f64; 4] {
         Policy::Fgd => [score_step(c.frag_delta, FGD_SCORE_SCALE), 0.0, 0.0, 0.0],
         Policy::Defrag | Policy::DefragWithout(_) => {
             let p = policy.defrag_parts().unwrap_or(DefragParts::ALL);
+            // Within a step: the first node (the engine's tie-break), and on
+            // it the first candidate GPU, which is the fullest that takes
+            // the request (a node's GPUs are ranked fullest first). Not
+            // the GPU the request fills best across nodes: that spreads
+            // shares over every node that has a tight GPU, where filling
+            // node by node keeps the others whole for whole-GPU and
+            // multi-GPU pods; under the published protocol it cost 0.06
+            // to 0.07 points on the GPU-sharing traces (docs/placement.md).
             [
                 if p.steps {
                     score_step(c.frag_delta, DEFRAG_SCORE_SCALE)
                 } else {
                     c.frag_delta
                 },
-                if p.best_fit { gpu_free } else { 0.0 },
+                0.0,
                 0.0,
                 0.0,
             ]
