@@ -26,9 +26,10 @@ pub enum Policy {
     /// Tessera's policy: the growth of a measure that adds to FGD's
     /// fragmentation what each task type could still place (see
     /// docs/placement.md), scored in steps as FGD's scheduler scores; among
-    /// placements alike to within a step, the first node and on it the
-    /// fullest GPU that takes the request: the cluster fills node by node,
-    /// keeping the far end whole for large requests.
+    /// placements alike to within a step, a GPU the share fills exactly,
+    /// then the first node and on it the fullest GPU that takes the
+    /// request: the cluster fills node by node, keeping the far end whole
+    /// for large requests.
     #[default]
     Defrag,
     /// Defrag with some of its parts taken out, to measure what each buys
@@ -225,21 +226,22 @@ pub(crate) fn rank(policy: Policy, c: &Candidate) -> [f64; 4] {
         Policy::Fgd => [score_step(c.frag_delta, FGD_SCORE_SCALE), 0.0, 0.0, 0.0],
         Policy::Defrag | Policy::DefragWithout(_) => {
             let p = policy.defrag_parts().unwrap_or(DefragParts::ALL);
-            // Within a step: the first node (the engine's tie-break), and on
+            // Within a step: a share that fills a GPU exactly (no residue
+            // at all), then the first node (the engine's tie-break) and on
             // it the first candidate GPU, which is the fullest that takes
             // the request (a node's GPUs are ranked fullest first). Not
             // the GPU the request fills best across nodes: that spreads
-            // shares over every node that has a tight GPU, where filling
-            // node by node keeps the others whole for whole-GPU and
-            // multi-GPU pods; under the published protocol it cost 0.06
-            // to 0.07 points on the GPU-sharing traces (docs/placement.md).
+            // shares over every node with a tight GPU, where filling node
+            // by node keeps the others whole for whole-GPU and multi-GPU
+            // pods; under the published protocol it cost 0.06 to 0.07
+            // points on the GPU-sharing traces (docs/placement.md).
             [
                 if p.steps {
                     score_step(c.frag_delta, DEFRAG_SCORE_SCALE)
                 } else {
                     c.frag_delta
                 },
-                0.0,
+                f64::from(u8::from(c.gpu_free_after > 0)),
                 0.0,
                 0.0,
             ]

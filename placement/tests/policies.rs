@@ -177,26 +177,32 @@ fn defrag_fills_the_best_fitting_gpu_of_the_first_node() {
     assert_eq!(decide(Policy::Binpack).node, 1);
 }
 
-/// Among placements alike to within a step, defrag takes the first node,
-/// not the node whose GPU the request would fill best: filling node by node
-/// keeps the other nodes whole. With no task mix every placement grows the
+/// Among placements alike to within a step, defrag takes a GPU the share
+/// fills exactly, else the first node, not the node whose GPU the request
+/// would fill best: filling node by node keeps the other nodes whole. With no task mix every placement grows the
 /// measure alike (by nothing), so node 1's tighter GPU (600 free against
 /// 700) does not draw the share there; binpack's does.
 #[test]
-fn defrag_takes_the_first_node_within_a_step_not_the_tightest_gpu_elsewhere() {
+fn defrag_takes_an_exact_fill_then_the_first_node_within_a_step() {
     let nodes = vec![
         node("first", 64_000, vec![gpu("T4", 700)]),
         node("tighter", 64_000, vec![gpu("T4", 600)]),
     ];
-    let decide = |p: Policy| {
-        Engine::new(nodes.clone(), p, &TaskMix::default())
+    let decide = |nodes: &[Node], p: Policy| {
+        Engine::new(nodes.to_vec(), p, &TaskMix::default())
             .unwrap()
             .decide(&share(1000, 500))
             .unwrap()
             .node
     };
-    assert_eq!(decide(Policy::Defrag), 0);
-    assert_eq!(decide(Policy::Binpack), 1);
+    assert_eq!(decide(&nodes, Policy::Defrag), 0);
+    assert_eq!(decide(&nodes, Policy::Binpack), 1);
+    // A GPU the share fills exactly is taken before the first node.
+    let exact = vec![
+        nodes[0].clone(),
+        node("exact", 64_000, vec![gpu("T4", 500)]),
+    ];
+    assert_eq!(decide(&exact, Policy::Defrag), 1);
 }
 
 #[test]
