@@ -176,23 +176,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         let mut cmd = n.probe(Mode::Dlopen, &[]);
         cmd.envs(&env).env("LD_PRELOAD", hook());
         let mut p = ProbeChild::start(cmd);
-        for step in ["init", "ctx", "nvml-init"] {
-            let l = p.cmd(step, T);
-            assert!(l.ok, "{name}: {}", l.raw);
-        }
-        assert_eq!(p.cmd("meminfo", T).u64("total"), want.memory, "{name}");
-        assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), want.memory, "{name}");
-        let all = p.cmd(&format!("alloc {}", want.memory), T);
-        assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
-        let one = p.cmd("alloc 1", T);
-        assert_eq!(
-            one.error.as_deref(),
-            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-            "{name}: {}",
-            one.raw
-        );
-        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-        assert_eq!(truth[0], want.memory, "{name}: ground truth");
+        assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
         // The pod ends: its allocation goes at a following pass.
