@@ -28,12 +28,7 @@ use tessera_proto::dra::v1beta1 as dra_beta;
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(15);
 
-/// The test executable's helper processes (`dra_support::role`).
-#[test]
-#[ignore = "helper: the manager or DRA plugin process the other tests start"]
-fn role() {
-    dra_support::role();
-}
+dra_role_test!();
 
 fn claim(name: &str, uid: &str, results: Vec<Value>, config: Value) -> Value {
     json!({

@@ -34,12 +34,7 @@ use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
 
-/// The test executable's helper processes (`dra_support::role`).
-#[test]
-#[ignore = "helper: the manager or DRA plugin process the other tests start"]
-fn role() {
-    dra_support::role();
-}
+dra_role_test!();
 
 /// The claim kube-scheduler writes for a pod's extended resource served by DRA: one
 /// request of `slices` devices of the class, allocated here on one GPU (the test's

@@ -19,6 +19,20 @@ use crate::manager_support::*;
 /// The node every DRA test's plugin serves.
 pub const NODE: &str = "node-1";
 
+/// Declares the test executable's ignored `role` test, its helper processes' entry point
+/// (`role`): every test file that runs the DRA plugin as a child has one.
+#[macro_export]
+macro_rules! dra_role_test {
+    () => {
+        /// The test executable's helper processes (`dra_support::role`).
+        #[test]
+        #[ignore = "helper: the manager or DRA plugin process the other tests start"]
+        fn role() {
+            dra_support::role();
+        }
+    };
+}
+
 /// The test executable's helper processes: the DRA plugin here, the manager and
 /// the client commands in `manager_support`. Each test file's ignored `role`
 /// test calls this.
