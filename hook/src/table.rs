@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
-use crate::hip::types::*;
+use tessera_ffi::hip::*;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{

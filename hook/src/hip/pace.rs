@@ -49,7 +49,7 @@ static PACED: [Mutex<Option<Paced>>; MAX_DEVICES] = [const { Mutex::new(None) };
 fn event_done(ev: hipEvent_t) -> bool {
     // Any answer but "not ready" counts as done: a marker the runtime
     // cannot answer for must not hold launches.
-    real!(hipEventQuery(ev)) != hipError_t::NOT_READY
+    real!(hipEventQuery(ev)) != hipErrorNotReady
 }
 
 fn capturing(stream: hipStream_t) -> bool {
