@@ -351,19 +351,6 @@ fn current(g: &Governed) -> Result<Option<usize>, hipError_t> {
     Ok(index)
 }
 
-/// Records a live allocation. A key still recorded was freed by a route
-/// the shim did not see: its quota returns now.
-fn record(g: &Governed, key: Key, rec: Rec) {
-    if let Some(old) = g.ledger.insert(key, rec) {
-        crate::log!(
-            Level::Warn,
-            "{key:?} handed out again while recorded live ({} bytes); returning its quota",
-            old.bytes
-        );
-        g.release(Some(old.dev), old.bytes);
-    }
-}
-
 /// Admission of `bytes` (already in the driver's units) on device `index`:
 /// reserve, call, then record under the key the driver gave, or roll back.
 fn admit(
@@ -381,7 +368,7 @@ fn admit(
         (OK, Some(dev)) if bytes > 0 => match key() {
             // Nothing handed out (a zero-byte request): nothing held.
             Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
-            k => record(g, k, Rec { dev, bytes, ctx: 0 }),
+            k => g.record(k, Rec { dev, bytes, ctx: 0 }),
         },
         (OK, _) => {}
         _ => g.release(index, bytes),
