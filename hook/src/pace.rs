@@ -38,7 +38,7 @@
 //! the holder keeps its grant through it.
 //!
 //! This module's [`Pace`] is the decision, pure and tested with a fake
-//! clock; the CUDA side (events, the wait) is in `gate.rs`.
+//! clock; the events and the wait are `pacer.rs`, for either vendor.
 
 /// Work the pacer lets queue ahead of the running kernel's end, in ns:
 /// enough for the next launch's host time and a thread's wake-up on a
