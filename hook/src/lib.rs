@@ -13,7 +13,8 @@
 //!   allocation, failing closed, fork and exit;
 //! - [`ledger`], [`sizes`], [`devices`]: pure admission bookkeeping;
 //! - [`cuda`], [`nvml`], [`hip`]: the wrapper bodies; [`gate`]: the compute
-//!   gate's call site.
+//!   gate's call site; [`pace`], [`pacer`]: the queue bound (the decision,
+//!   and its event plumbing for either vendor).
 
 pub mod config;
 pub mod cuda;
@@ -27,6 +28,7 @@ pub mod ledger;
 pub mod log;
 pub mod nvml;
 pub mod pace;
+pub mod pacer;
 pub mod procaddr;
 pub mod sizes;
 pub mod table;

@@ -474,7 +474,7 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
-        // The queue bound (pace.rs): a marker event after each governed launch.
+        // The queue bound (pacer.rs): a marker event after each governed launch.
         cuda fn cuEventCreate(ev: *mut CUevent, flags: c_uint) -> CUresult;
         cuda fn cuEventRecord(ev: CUevent, stream: CUstream) -> CUresult;
         cuda fn cuEventQuery(ev: CUevent) -> CUresult;
