@@ -110,12 +110,12 @@ macro_rules! governed_or {
     }};
 }
 
-/// What the governor is handed: the HIP side of the gate; no pools (see
-/// `pools.rs`), no exports.
+/// What the governor is handed: the HIP side of the gate and the
+/// runtime's pool queries (`pools.rs`); no exports.
 static HOOKS: Hooks = Hooks {
     on_join: gate::on_join,
     settle_shared: |_| false,
-    pools: None,
+    pools: Some(&pools::REAL_POOLS),
 };
 
 static GOVERNED: OnceLock<Governed> = OnceLock::new();
@@ -403,10 +403,26 @@ fn admit_current(
 }
 
 /// A free: forget the allocation, let the runtime free it, return its
-/// quota only once it did (the record is restored if it did not).
+/// quota only once it did (the record is restored if it did not). A block
+/// of a pool stays charged to its pool (see `pools.rs`).
 fn free(g: &Governed, key: Key, call: impl FnOnce() -> hipError_t) -> hipError_t {
     let Some(rec) = g.ledger.remove(key) else {
-        return call();
+        let mut call = Some(call);
+        let mut code = OK;
+        if let Key::Ptr(p) = key
+            && g.pool_free(p, || {
+                code = call.take().map_or(OK, |c| c());
+                if code == OK {
+                    CUresult::CUDA_SUCCESS
+                } else {
+                    CUresult::CUDA_ERROR_UNKNOWN
+                }
+            })
+            .is_some()
+        {
+            return code;
+        }
+        return call.take().map_or(OK, |c| c());
     };
     let r = call();
     if r == OK {

@@ -27,6 +27,7 @@ use tessera_sim::{Node, NodeError, Vendor};
 pub mod device;
 pub mod memory;
 pub mod module;
+pub mod pool;
 pub mod procaddr;
 pub mod rtc;
 pub mod stream;
