@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
+use crate::hip::hipIpcMemHandle_t;
 use crate::hip::types::*;
 
 use tessera_ffi::cuda::*;
@@ -447,6 +448,9 @@ symbols! {
         hip fn hipMemPoolSetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t ["hipMemPoolSetAttribute" @ 0];
         hip fn hipDeviceGetDefaultMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetDefaultMemPool" @ 0];
         hip fn hipDeviceGetMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetMemPool" @ 0];
+        hip fn hipIpcGetMemHandle(handle: *mut hipIpcMemHandle_t, ptr: *mut c_void) -> hipError_t ["hipIpcGetMemHandle" @ 0];
+        hip fn hipIpcOpenMemHandle(ptr: *mut *mut c_void, handle: hipIpcMemHandle_t, flags: c_uint) -> hipError_t ["hipIpcOpenMemHandle" @ 0];
+        hip fn hipIpcCloseMemHandle(ptr: *mut c_void) -> hipError_t ["hipIpcCloseMemHandle" @ 0];
         // Synchronisations: pools give back beyond their release threshold.
         hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
         hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];

@@ -176,3 +176,77 @@ fn an_allocation_over_the_limit_trims_the_processs_own_pool_first() {
     c.send("go");
     assert!(c.finish().success());
 }
+
+#[test]
+fn an_ipc_import_is_charged_once_and_only_from_the_allocations_own_exports() {
+    let sim = HipSim::new(PHYSICAL, LIMIT);
+    let shared = 300 * MI;
+    let mut exporter = sim.spawn(
+        Client::Link,
+        true,
+        &[
+            "export",
+            "314572800",
+            "ready",
+            "free",
+            "ready",
+            "sync",
+            "ready",
+            "wait",
+        ],
+    );
+    let e = exporter.wait_for("export", T);
+    assert!(e.ok, "{}", e.raw);
+    let handle = e.str("handle").to_owned();
+    steps(&mut exporter, &["ready"]);
+    assert_eq!(books_equal_device(&sim, "exported"), CONTEXT + shared);
+
+    // A handle no process of the allocation exported is refused by the
+    // shim (hipErrorInvalidHandle), before the runtime sees it.
+    let mut forged = handle.clone().into_bytes();
+    forged[60] = if forged[60] == b'0' { b'1' } else { b'0' };
+    let forged = String::from_utf8(forged).expect("hex");
+    let mut stranger = sim.spawn(Client::Link, true, &["import"]);
+    stranger.send(&forged);
+    let l = stranger.wait_for("import", T);
+    assert_eq!(l.error.as_deref(), Some("HIP_ERROR_400"), "{}", l.raw);
+    assert!(stranger.finish().success());
+    // It never used the device: nothing charged, nothing to reclaim.
+    books_equal_device(&sim, "after the refused import");
+
+    // The importer maps it: the device holds it once, and so do the books
+    // (the importer is charged its context only).
+    let mut importer = sim.spawn(
+        Client::Link,
+        true,
+        &["import", "ready", "iclose", "ready", "wait"],
+    );
+    importer.send(&handle);
+    steps(&mut importer, &["import", "ready"]);
+    assert_eq!(
+        books_equal_device(&sim, "imported"),
+        2 * CONTEXT + shared,
+        "charged twice or not at all"
+    );
+
+    // The exporter frees it while the importer has it open: the runtime
+    // keeps the pages, and the exporter stays charged for them.
+    exporter.send("go");
+    steps(&mut exporter, &["free", "ready"]);
+    assert_eq!(
+        books_equal_device(&sim, "freed while open elsewhere"),
+        2 * CONTEXT + shared
+    );
+
+    // The importer closes it: the pages leave the device; the exporter's
+    // charge returns at its next synchronisation.
+    importer.send("go");
+    steps(&mut importer, &["iclose", "ready"]);
+    exporter.send("go");
+    steps(&mut exporter, &["sync", "ready"]);
+    assert_eq!(books_equal_device(&sim, "closed"), 2 * CONTEXT);
+    importer.send("go");
+    exporter.send("go");
+    assert!(importer.finish().success());
+    assert!(exporter.finish().success());
+}

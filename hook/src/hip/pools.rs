@@ -261,12 +261,16 @@ pub unsafe fn hipDeviceGetMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipErr
 }
 
 // Synchronisation: pools give back what exceeds their release threshold,
-// so a pool freed from since the last look is reconciled (one atomic load
+// so a pool freed from since the last look is reconciled, and exported
+// memory importers have closed since is settled (one atomic load each
 // otherwise).
 
 fn synced(g: &Governed, r: hipError_t) -> hipError_t {
     if r == OK && g.pool_slack.load(Ordering::Acquire) {
         g.reconcile_pools();
+    }
+    if r == OK && g.sharing.load(Ordering::Acquire) {
+        crate::cuda::ipc::settle_shared(g);
     }
     r
 }

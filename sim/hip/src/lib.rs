@@ -25,6 +25,7 @@ use std::sync::OnceLock;
 use tessera_sim::{Node, NodeError, Vendor};
 
 pub mod device;
+pub mod ipc;
 pub mod memory;
 pub mod module;
 pub mod pool;

@@ -93,6 +93,11 @@ pub(crate) fn map_block(len: u64) -> HipResult<*mut c_void> {
     map(len)
 }
 
+/// Gives back address space [`map_block`] made.
+pub(crate) fn unmap_block(p: usize, len: u64) {
+    unmap(p, len)
+}
+
 fn unmap(p: usize, len: u64) {
     // SAFETY: `p` is the start of a mapping of `len` bytes (at least 1) this module made,
     // removed from the table before this call, so nothing of this library uses it again.
@@ -175,6 +180,8 @@ pub fn free(p: *mut c_void, kinds: &[Kind]) -> HipResult<()> {
     unmap(p as usize, a.charged);
     if a.pool != 0 {
         crate::pool::block_freed(rt, a.pool, a.charged);
+    } else if crate::ipc::freed(rt, p as usize) {
+        // Exported: the node's shared object settled the bytes.
     } else {
         rt.node.release_memory(rt.slot, a.physical, a.charged);
     }

@@ -130,6 +130,12 @@ hipError_t hipDeviceGetDefaultMemPool(void **, int);
 hipError_t hipMemPoolSetAttribute(void *, int, void *);
 hipError_t hipMemPoolGetAttribute(void *, int, void *);
 hipError_t hipMemPoolTrimTo(void *, size_t);
+typedef struct { char reserved[64]; } hipIpcMemHandle_t;
+hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *, void *);
+hipError_t hipIpcOpenMemHandle(void **, hipIpcMemHandle_t, unsigned);
+hipError_t hipIpcCloseMemHandle(void *);
+static void *opened[MAX_KEPT];
+static int n_opened;
 
 /* Stream-ordered blocks of the device's default pool, freed by "pfree"
  * without a synchronisation (the pool keeps them). */
@@ -243,6 +249,35 @@ static int family(const char *c, char **argv, int argc, int *i) {
         if (!r) r = hipMemPoolGetAttribute(pool, 5 /* ReservedMemCurrent */, &reserved);
         if (!r) r = hipMemPoolGetAttribute(pool, 7 /* UsedMemCurrent */, &used);
         report(c, r, "reserved=%llu used=%llu", reserved, used);
+    } else if (!strcmp(c, "export") && *i + 1 < argc) {
+        /* hipMalloc n bytes (freed by "free") and its IPC handle, in hex. */
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        hipIpcMemHandle_t h;
+        char hex[129];
+        memset(&h, 0, sizeof h);
+        r = hipMalloc(&p, n);
+        if (!r && n_kept < MAX_KEPT) kept[n_kept++] = p;
+        if (!r) r = hipIpcGetMemHandle(&h, p);
+        for (int k = 0; k < 64; k++) sprintf(hex + 2 * k, "%02x", (unsigned char)h.reserved[k]);
+        report(c, r, "bytes=%zu handle=%s", n, hex);
+    } else if (!strcmp(c, "import")) {
+        /* A handle in hex, read from stdin (it is known only once the
+         * exporter has run). */
+        char line[256];
+        hipIpcMemHandle_t h;
+        memset(&h, 0, sizeof h);
+        if (!fgets(line, sizeof line, stdin)) return report(c, 1, "stdin=closed"), 1;
+        for (int k = 0; k < 64; k++) {
+            unsigned v = 0;
+            if (sscanf(line + 2 * k, "%2x", &v) != 1) break;
+            h.reserved[k] = (char)v;
+        }
+        r = hipIpcOpenMemHandle(&p, h, 0 /* hipIpcMemLazyEnablePeerAccess */);
+        if (!r && n_opened < MAX_KEPT) opened[n_opened++] = p;
+        report(c, r, "opened=%d", n_opened);
+    } else if (!strcmp(c, "iclose")) {
+        r = n_opened ? hipIpcCloseMemHandle(opened[--n_opened]) : -1;
+        report(c, r, "opened=%d", n_opened);
     } else if (!strcmp(c, "freeall")) {
         r = 0;
         for (int k = 0; k < n_fam && !r; k++) {
