@@ -152,7 +152,7 @@ mod arrays;
 mod context;
 mod graphs;
 mod init;
-mod ipc;
+pub(crate) mod ipc;
 mod launch;
 mod memory;
 mod pools;

@@ -14,7 +14,7 @@
 //! wrapper entered while the mark is set passes straight through.
 //!
 //! One module per family: `view`, `memory` (linear, managed, pitched, 3D),
-//! `arrays`, `pools` (stream-ordered), `vmm`, `launch` (with the gate's
+//! `arrays`, `pools` (stream-ordered), `ipc`, `vmm`, `launch` (with the gate's
 //! HIP side in `gate`), `procaddr` (`hipGetProcAddress`).
 
 #![allow(non_snake_case)]
@@ -110,12 +110,13 @@ macro_rules! governed_or {
     }};
 }
 
-/// What the governor is handed: the HIP side of the gate; no pools (see
-/// `pools.rs`), no exports.
+/// What the governor is handed: the HIP side of the gate, the IPC
+/// settlement (`ipc.rs`, on CUDA's exports list) and the runtime's pool
+/// queries (`pools.rs`).
 static HOOKS: Hooks = Hooks {
     on_join: gate::on_join,
-    settle_shared: |_| false,
-    pools: None,
+    settle_shared: crate::cuda::ipc::settle_shared,
+    pools: Some(&pools::REAL_POOLS),
 };
 
 static GOVERNED: OnceLock<Governed> = OnceLock::new();
@@ -390,16 +391,37 @@ fn admit_current(
 }
 
 /// A free: forget the allocation, let the runtime free it, return its
-/// quota only once it did (the record is restored if it did not).
+/// quota only once it did (the record is restored if it did not). A block
+/// of a pool stays charged to its pool (see `pools.rs`).
 fn free(g: &Governed, key: Key, call: impl FnOnce() -> hipError_t) -> hipError_t {
     let Some(rec) = g.ledger.remove(key) else {
-        return call();
+        let mut call = Some(call);
+        let mut code = OK;
+        if let Key::Ptr(p) = key
+            && g.pool_free(p, || {
+                code = call.take().map_or(OK, |c| c());
+                if code == OK {
+                    CUresult::CUDA_SUCCESS
+                } else {
+                    CUresult::CUDA_ERROR_UNKNOWN
+                }
+            })
+            .is_some()
+        {
+            return code;
+        }
+        return call.take().map_or(OK, |c| c());
     };
     let r = call();
-    if r == OK {
-        g.release(Some(rec.dev), rec.bytes);
-    } else {
+    if r != OK {
         g.ledger.insert(key, rec);
+    } else if let Key::Ptr(p) = key
+        && g.sharing.load(Ordering::Acquire)
+    {
+        // Exported memory an importer still has open stays charged.
+        crate::cuda::ipc::freed(g, crate::ledger::SharedKey::Ptr(p), rec.dev, rec.bytes);
+    } else {
+        g.release(Some(rec.dev), rec.bytes);
     }
     r
 }
@@ -430,6 +452,7 @@ unsafe fn out_ptr(p: *mut *mut c_void) -> Key {
 
 mod arrays;
 mod gate;
+mod ipc;
 mod launch;
 mod memory;
 mod pace;
@@ -441,6 +464,7 @@ mod view;
 mod vmm;
 
 pub use arrays::*;
+pub use ipc::*;
 pub use launch::*;
 pub use memory::*;
 pub use pools::*;

@@ -25,8 +25,10 @@ use std::sync::OnceLock;
 use tessera_sim::{Node, NodeError, Vendor};
 
 pub mod device;
+pub mod ipc;
 pub mod memory;
 pub mod module;
+pub mod pool;
 pub mod procaddr;
 pub mod rtc;
 pub mod stream;
