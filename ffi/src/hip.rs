@@ -29,6 +29,7 @@ pub const hipErrorInvalidDeviceFunction: hipError_t = hipError_t(98);
 pub const hipErrorNoDevice: hipError_t = hipError_t(100);
 pub const hipErrorInvalidDevice: hipError_t = hipError_t(101);
 pub const hipErrorInvalidImage: hipError_t = hipError_t(200);
+pub const hipErrorInvalidContext: hipError_t = hipError_t(201);
 pub const hipErrorInvalidHandle: hipError_t = hipError_t(400);
 pub const hipErrorNotFound: hipError_t = hipError_t(500);
 pub const hipErrorNotReady: hipError_t = hipError_t(600);
@@ -39,6 +40,16 @@ pub const hipErrorUnknown: hipError_t = hipError_t(999);
 pub const HIP_VERSION: c_int = 50_221_153;
 
 pub type hipDevice_t = c_int;
+
+/// `hipIpcMemHandle_t`: 64 opaque bytes (`HIP_IPC_HANDLE_SIZE`), passed by
+/// value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct hipIpcMemHandle_t {
+    pub reserved: [std::ffi::c_char; 64],
+}
+
+const _: () = assert!(std::mem::size_of::<hipIpcMemHandle_t>() == 64);
 pub type hipStream_t = *mut c_void;
 pub type hipEvent_t = *mut c_void;
 pub type hipFunction_t = *mut c_void;

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
 use tessera_ffi::hip::*;
-use crate::hip::hipIpcMemHandle_t;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{

@@ -10,16 +10,6 @@ use super::*;
 use crate::cuda::ipc::{exported_here, hex, register};
 use crate::ledger::SharedKey;
 
-/// `hipIpcMemHandle_t`: 64 opaque bytes (`HIP_IPC_HANDLE_SIZE`), passed by
-/// value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct hipIpcMemHandle_t {
-    pub reserved: [c_char; 64],
-}
-
-const _: () = assert!(std::mem::size_of::<hipIpcMemHandle_t>() == 64);
-
 /// What an import outside the allocation's exports gets: the handle is not
 /// one this allocation can use.
 const NOT_EXPORTED_HERE: hipError_t = hipError_t(400); // hipErrorInvalidHandle

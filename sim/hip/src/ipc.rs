@@ -26,16 +26,6 @@ use crate::memory::{Kind, find, map_block, unmap_block};
 use crate::*;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TSHIPIPC");
-/// `hipErrorInvalidContext` (HIP 5.2.3's `hipError_t`).
-#[allow(non_upper_case_globals)]
-const hipErrorInvalidContext: hipError_t = 201;
-
-/// `hipIpcMemHandle_t`: 64 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct hipIpcMemHandle_t {
-    pub reserved: [c_char; 64],
-}
 
 /// What a handle says, laid out in its 64 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
