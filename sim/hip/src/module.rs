@@ -28,9 +28,6 @@ use crate::*;
 /// The first line of a code object made by this library's hiprtc.
 pub const CODE_MAGIC: &str = "TESSERA-HIP-CODE 1";
 
-/// `hipErrorInvalidDeviceFunction`.
-const hipErrorInvalidDeviceFunction: hipError_t = 98;
-
 /// A kernel of a loaded module (`hipFunction_t`).
 #[derive(Debug)]
 pub struct Function {

@@ -461,6 +461,18 @@ fn a_mixed_node_through_the_hip_abi() {
     );
     assert_eq!(held(), 3 * MI);
     assert_eq!(free_async(a, std::ptr::null_mut()), 0);
+    // The pool keeps what was freed (release threshold 0) until the next
+    // synchronisation.
+    assert_eq!(held(), 3 * MI);
+    assert_eq!(
+        call!(
+            hip,
+            "hipStreamSynchronize",
+            fn(*mut c_void) -> Err,
+            std::ptr::null_mut()
+        ),
+        0
+    );
     assert_eq!(held(), 0);
 
     // Virtual memory: charged at hipMemCreate, given back once released and unmapped.
