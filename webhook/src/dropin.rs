@@ -90,10 +90,28 @@ pub struct ContainerPlan {
     pub slices: u32,
     /// The resource names to take off its limits and requests.
     pub remove: Vec<String>,
+    /// What it asked for where that is less than its slices (a 3000 MiB ask on 4 GiB
+    /// slices), for [`ANNOTATION_EXACT_LIMITS`]: the node enforces exactly this.
+    pub exact: Exact,
     /// Variables to take off its env: those KAI-Scheduler's admission pointed at the
     /// ConfigMap its binder writes its GPU choice into. Tessera's device plugin names the
     /// GPU; a pod's own plain value stays (and is refused as for any slice container).
     pub remove_env: Vec<String>,
+}
+
+/// A container's exact ask, where it is below what its whole slices give. `None`: the
+/// slices' own value is the ask (or the ask is a share of the card, whose size only the
+/// node knows, and is given as whole slices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exact {
+    pub memory_mib: Option<u64>,
+    pub compute_percent: Option<u64>,
+}
+
+impl Exact {
+    fn is_none(&self) -> bool {
+        self.memory_mib.is_none() && self.compute_percent.is_none()
+    }
 }
 
 /// A pod's translation.
@@ -366,8 +384,13 @@ struct Ask<'a> {
     gpus_field: Option<&'a str>,
 }
 
-/// Slices for an ask, or the refusal. Rounding warnings go to `warnings`.
-fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Result<u32, String> {
+/// Slices for an ask and the exact limits below them, or the refusal. Rounding warnings
+/// go to `warnings`.
+fn slices_for(
+    ask: &Ask<'_>,
+    config: &Config,
+    warnings: &mut Vec<String>,
+) -> Result<(u32, Exact), String> {
     let shape = config.slice;
     let per_gpu = f64::from(shape.per_gpu);
     let who = format!("container {:?}", ask.container);
@@ -413,7 +436,7 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
                 ));
             }
             Rounding::Up => warnings.push(format!(
-                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU); {slice}",
+                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU) for scheduling; {slice}; the limits are exactly the words where they are MiB or a compute percentage, the whole slices where they are a share of the card's memory",
                 u64::from(per_gpu_slices) * shape.memory_mib,
                 f64::from(per_gpu_slices) * 100.0 / per_gpu
             )),
@@ -426,7 +449,22 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
             ask.gpus, ask.gpus
         ));
     }
-    Ok(per_gpu_slices * ask.gpus)
+    // Below its whole slices only on one GPU (several GPUs are whole cards, above): the
+    // pod is scheduled and accounted as its slices, and limited to exactly its words.
+    let mut exact = Exact::default();
+    if ask.gpus == 1 {
+        if let Memory::Mib(m) = ask.memory
+            && m < u64::from(per_gpu_slices) * shape.memory_mib
+        {
+            exact.memory_mib = Some(m);
+        }
+        if let Some((_, c)) = ask.cores
+            && (c as f64) * per_gpu / 100.0 < whole - 1e-9
+        {
+            exact.compute_percent = Some(c);
+        }
+    }
+    Ok((per_gpu_slices * ask.gpus, exact))
 }
 
 /// A whole number in a resource or annotation, with the refusal naming `field`.
@@ -567,11 +605,12 @@ fn hami_pod(
         };
         t.cap_compute |= ask.cores.is_some();
         match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
+            Ok((slices, exact)) => t.containers.push(ContainerPlan {
                 init,
                 index,
                 name: c.name.clone(),
                 slices,
+                exact,
                 remove: words
                     .all()
                     .filter(|r| word(c, r).is_some())
@@ -669,11 +708,12 @@ fn volcano_pod(
         };
         t.cap_compute |= ask.cores.is_some();
         match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
+            Ok((slices, exact)) => t.containers.push(ContainerPlan {
                 init,
                 index,
                 name: c.name.clone(),
                 slices,
+                exact,
                 remove: VOLCANO_RESOURCES
                     .into_iter()
                     .filter(|r| word(c, r).is_some())
@@ -793,11 +833,12 @@ fn kai_pod(
         gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
     };
     match slices_for(&ask, config, &mut t.warnings) {
-        Ok(slices) => t.containers.push(ContainerPlan {
+        Ok((slices, exact)) => t.containers.push(ContainerPlan {
             init,
             index,
             name: c.name.clone(),
             slices,
+            exact,
             remove: Vec::new(),
             remove_env: kai_env(c),
         }),
@@ -889,6 +930,11 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             map.remove(k);
         }
         map.insert(ANNOTATION_ORIGINAL.into(), json!(t.original.to_string()));
+        // Always the webhook's on a translated pod: what the tenant wrote there goes.
+        match exact_limits(t) {
+            Some(v) => map.insert(ANNOTATION_EXACT_LIMITS.into(), json!(v)),
+            None => map.remove(ANNOTATION_EXACT_LIMITS),
+        };
         if t.cap_compute {
             map.insert(
                 tessera_contract::labels::ANNOTATION_COMPUTE_POLICY.into(),
@@ -908,6 +954,24 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             );
         }
     }
+}
+
+/// The value of [`ANNOTATION_EXACT_LIMITS`]: the containers whose ask is below their
+/// slices; `None` when there are none.
+pub fn exact_limits(t: &Translation) -> Option<String> {
+    let mut m = Map::new();
+    for plan in t.containers.iter().filter(|p| !p.exact.is_none()) {
+        let mut e = Map::new();
+        e.insert("slices".into(), json!(plan.slices));
+        if let Some(v) = plan.exact.memory_mib {
+            e.insert("memoryMiB".into(), json!(v));
+        }
+        if let Some(v) = plan.exact.compute_percent {
+            e.insert("computePercent".into(), json!(v));
+        }
+        m.insert(plan.name.clone(), Value::Object(e));
+    }
+    (!m.is_empty()).then(|| Value::Object(m).to_string())
 }
 
 /// Warnings for containers that set HAMi-core's variables: Tessera reads none of them.
@@ -1126,6 +1190,82 @@ mod tests {
             slices(&pod(&[(HAMI_GPUMEM, "8192")], &[]), &strict).0[0].1,
             2
         );
+    }
+
+    #[test]
+    fn asks_below_their_slices_are_recorded_exactly_and_the_tenants_copy_is_replaced() {
+        let c = Config::default();
+        let exact = |p: &Pod| {
+            let t = translate(p, &c).expect("ok").expect("translated");
+            t.containers
+                .iter()
+                .map(|p| (p.slices, p.exact))
+                .collect::<Vec<_>>()
+        };
+        let e = |m: Option<u64>, c: Option<u64>| Exact {
+            memory_mib: m,
+            compute_percent: c,
+        };
+        // 3000 MiB: one 4 GiB slice, limited to 3000 MiB.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "3000")], &[])),
+            vec![(1, e(Some(3000), None))]
+        );
+        // 3000 MiB and 30%: three slices for the compute (37.5%), both exact.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "3000"), (HAMI_GPUCORES, "30")], &[])),
+            vec![(3, e(Some(3000), Some(30)))]
+        );
+        // Whole slices: nothing to record.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "8192"), (HAMI_GPUCORES, "25")], &[])),
+            vec![(2, e(None, None))]
+        );
+        // A share of the card's memory is whole slices (only the node knows the card).
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM_PERCENTAGE, "30")], &[])),
+            vec![(3, e(None, None))]
+        );
+        assert_eq!(
+            exact(&pod(
+                &[(VOLCANO_VGPU_MEMORY, "5000"), (VOLCANO_VGPU_CORES, "20")],
+                &[]
+            )),
+            vec![(2, e(Some(5000), Some(20)))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_MEMORY, "7000")])),
+            vec![(2, e(Some(7000), None))]
+        );
+        // Several GPUs are whole cards: no exact limit.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPU, "2"), (HAMI_GPUMEM, "32768")], &[])),
+            vec![(16, e(None, None))]
+        );
+
+        // apply: the webhook's value goes on, over what the tenant wrote; a pod with
+        // nothing below its slices loses the tenant's copy.
+        let applied = |limits: &[(&str, &str)]| {
+            let p = pod(
+                limits,
+                &[(
+                    ANNOTATION_EXACT_LIMITS,
+                    r#"{"main":{"slices":1,"memoryMiB":999999}}"#,
+                )],
+            );
+            let t = translate(&p, &c).expect("ok").expect("translated");
+            let mut raw = serde_json::to_value(&p).expect("json");
+            apply(&mut raw, &t);
+            raw["metadata"]["annotations"][ANNOTATION_EXACT_LIMITS].clone()
+        };
+        let v: Value = serde_json::from_str(
+            applied(&[(HAMI_GPUMEM, "3000")])
+                .as_str()
+                .expect("a string"),
+        )
+        .expect("JSON");
+        assert_eq!(v, json!({"main": {"slices": 1, "memoryMiB": 3000}}));
+        assert_eq!(applied(&[(HAMI_GPUMEM, "4096")]), Value::Null);
     }
 
     #[test]
