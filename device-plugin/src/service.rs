@@ -80,6 +80,26 @@ impl<P: PodsOnNode> Assigned<P> {
         }
     }
 
+    /// Lowers `plan` to the exact limits of the pod it is for, where that is known
+    /// (`assignment::exact_for_request`). A failed lookup lowers nothing: the
+    /// PodResources pass lowers the allocation once the kubelet names its owner.
+    async fn lay_exact_limits(&self, plan: &mut allocate::Plan, known: Option<&Pending>) {
+        let pods = match self.api.pods_on_node(&self.node).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the node's pods for exact limits; the PodResources pass applies them");
+                return;
+            }
+        };
+        let n = plan.device_ids.len() as u64;
+        let known = known.map(|p| (p.namespace.as_str(), p.name.as_str(), p.container.as_str()));
+        if let Some(e) = assignment::exact_for_request(&pods, &self.node, n, known)
+            && tessera_node::exact::cap(&mut plan.devices, &e)
+        {
+            tracing::info!(id = %plan.id, limits = ?plan.devices, "exact limits of the pod's words");
+        }
+    }
+
     async fn mark(&self, p: &Pending) -> Result<(), AssignmentError> {
         self.api
             .mark_allocated(&p.namespace, &p.name, &p.allocated_value())
@@ -226,7 +246,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
         };
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
-            let plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
+            let mut plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
                 tracing::warn!(devices = ?c.devices_ids, error = %e, "allocate refused");
             })?;
             if let Some(a) = &self.assigned {
@@ -237,14 +257,15 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                 // Marked before the allocation is made: the next request
                 // must not take this pod again, and a pod whose allocation
                 // then fails is not admitted anyway.
-                if let Some(p) = a
+                let known = a
                     .for_request(&c.devices_ids, &snap)
                     .await
-                    .map_err(refused)?
-                {
-                    a.mark(&p).await.map_err(refused)?;
+                    .map_err(refused)?;
+                if let Some(p) = &known {
+                    a.mark(p).await.map_err(refused)?;
                     tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the scheduler extender's assignment");
                 }
+                a.lay_exact_limits(&mut plan, known.as_ref()).await;
             }
             let alloc = allocate::create(self.manager.as_ref(), &plan)
                 .await
