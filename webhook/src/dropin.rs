@@ -97,6 +97,10 @@ pub struct ContainerPlan {
     /// ConfigMap its binder writes its GPU choice into. Tessera's device plugin names the
     /// GPU; a pod's own plain value stays (and is refused as for any slice container).
     pub remove_env: Vec<String>,
+    /// ConfigMaps to take off its `envFrom`: the one KAI-Scheduler's admission added
+    /// (`<prefix>-<n>-evar`), which only KAI's binder creates, so the container could
+    /// never start.
+    pub remove_env_from: Vec<String>,
 }
 
 /// A container's exact ask, where it is below what its whole slices give. `None`: the
@@ -127,6 +131,9 @@ pub struct Translation {
     pub cap_compute: bool,
     /// Pod annotations to take off (KAI's: left on, KAI would reserve a GPU for them).
     pub remove_annotations: Vec<String>,
+    /// Pod volumes to take off (with their mounts): the ConfigMap volume KAI-Scheduler's
+    /// admission added (`<prefix>-<n>-vol`), whose ConfigMap only KAI's binder creates.
+    pub remove_volumes: Vec<String>,
     /// The original words, for [`ANNOTATION_ORIGINAL`].
     pub original: Value,
     /// What the user should know: rounding, policies Tessera's placement decides.
@@ -202,6 +209,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         priority: None,
         cap_compute: false,
         remove_annotations: Vec::new(),
+        remove_volumes: Vec::new(),
         original: Value::Null,
         warnings: Vec::new(),
         vendor: None,
@@ -213,6 +221,25 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         Dialect::Hami => hami_pod(&containers, annotations, config, &mut t, &mut refusals),
         Dialect::Volcano => volcano_pod(&containers, config, &mut t, &mut refusals),
         Dialect::Kai => kai_pod(&containers, annotations, config, &mut t, &mut refusals),
+    }
+    // KAI's admission's ConfigMap volume (`<its prefix>-<n>-vol` of ConfigMap
+    // `<prefix>-<n>`): only KAI's binder creates that ConfigMap, and a pod whose volume's
+    // ConfigMap never comes never starts.
+    if dialect == Dialect::Kai
+        && let Some(p) = annotations.get(KAI_CONFIGMAP_ANNOTATION)
+    {
+        let prefix = format!("{p}-");
+        t.remove_volumes = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| {
+                v.config_map.as_ref().is_some_and(|c| {
+                    c.name.starts_with(&prefix) && v.name == format!("{}-vol", c.name)
+                })
+            })
+            .map(|v| v.name.clone())
+            .collect();
     }
     let policy_key = tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
     if t.cap_compute
@@ -617,6 +644,7 @@ fn hami_pod(
                     .map(str::to_owned)
                     .collect(),
                 remove_env: Vec::new(),
+                remove_env_from: Vec::new(),
             }),
             Err(e) => refusals.push(e),
         }
@@ -720,6 +748,7 @@ fn volcano_pod(
                     .map(str::to_owned)
                     .collect(),
                 remove_env: Vec::new(),
+                remove_env_from: Vec::new(),
             }),
             Err(e) => refusals.push(e),
         }
@@ -832,6 +861,12 @@ fn kai_pod(
         gpus,
         gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
     };
+    // What KAI's admission added for its binder's ConfigMaps (named from the prefix in
+    // its annotation), which no binder will create for a translated pod.
+    let prefix = annotations
+        .get(KAI_CONFIGMAP_ANNOTATION)
+        .map(|p| format!("{p}-"));
+    let kais = |name: &str| prefix.as_deref().is_some_and(|p| name.starts_with(p));
     match slices_for(&ask, config, &mut t.warnings) {
         Ok((slices, exact)) => t.containers.push(ContainerPlan {
             init,
@@ -840,15 +875,25 @@ fn kai_pod(
             slices,
             exact,
             remove: Vec::new(),
-            remove_env: kai_env(c),
+            remove_env: kai_env(c, &kais),
+            remove_env_from: c
+                .env_from
+                .iter()
+                .flatten()
+                .filter_map(|e| e.config_map_ref.as_ref())
+                .map(|r| r.name.clone())
+                .filter(|n| kais(n) && n.ends_with("-evar"))
+                .collect(),
         }),
         Err(e) => refusals.push(e),
     }
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
-/// `NVIDIA_VISIBLE_DEVICES` from KAI's key, or one of KAI's own names.
-fn kai_env(c: &Container) -> Vec<String> {
+/// `NVIDIA_VISIBLE_DEVICES` from KAI's older key (`RUNAI-VISIBLE-DEVICES`) or, from KAI's
+/// own ConfigMap (`kais`), its current one (`NVIDIA_VISIBLE_DEVICES`), or one of KAI's
+/// own names.
+fn kai_env(c: &Container, kais: &dyn Fn(&str) -> bool) -> Vec<String> {
     c.env
         .iter()
         .flatten()
@@ -860,8 +905,9 @@ fn kai_env(c: &Container) -> Vec<String> {
             else {
                 return false;
             };
-            (e.name == tessera_contract::env::NVIDIA_VISIBLE_DEVICES
-                && r.key == KAI_VISIBLE_DEVICES_KEY)
+            let visible = tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
+            (e.name == visible
+                && (r.key == KAI_VISIBLE_DEVICES_KEY || (r.key == visible && kais(&r.name))))
                 || KAI_ENV.contains(&e.name.as_str())
         })
         .map(|e| e.name.clone())
@@ -889,6 +935,17 @@ pub fn apply(raw: &mut Value, t: &Translation) {
                 !(plan.remove_env.iter().any(|n| n == name) && e.get("valueFrom").is_some())
             });
         }
+        if let Some(from) = c["envFrom"].as_array_mut() {
+            from.retain(|e| {
+                let cm = e["configMapRef"]["name"].as_str().unwrap_or_default();
+                !plan.remove_env_from.iter().any(|n| n == cm)
+            });
+            if from.is_empty()
+                && let Some(o) = c.as_object_mut()
+            {
+                o.remove("envFrom");
+            }
+        }
         let res = &mut c["resources"];
         let had_requests = res["requests"]
             .as_object()
@@ -913,6 +970,23 @@ pub fn apply(raw: &mut Value, t: &Translation) {
                 .is_some_and(Map::is_empty)
         {
             r.remove("requests");
+        }
+    }
+    if !t.remove_volumes.is_empty() {
+        let gone = |v: &Value| {
+            t.remove_volumes
+                .iter()
+                .any(|n| v["name"].as_str() == Some(n.as_str()))
+        };
+        if let Some(vols) = raw["spec"]["volumes"].as_array_mut() {
+            vols.retain(|v| !gone(v));
+        }
+        for list in ["initContainers", "containers"] {
+            for c in raw["spec"][list].as_array_mut().into_iter().flatten() {
+                if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+                    mounts.retain(|m| !gone(m));
+                }
+            }
         }
     }
     // Nothing rewritten (a pod in Tessera's words that also carries, say, HAMi's
@@ -1538,24 +1612,70 @@ mod tests {
     fn kais_own_gpu_env_comes_off_the_translated_container() {
         let from =
             |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
-        let raw = json!({
+        // KAI's older key, and its current one (NVIDIA_VISIBLE_DEVICES from its own
+        // ConfigMap), with the envFrom and the ConfigMap volume its admission adds
+        // (pkg/binder/common in KAI-Scheduler).
+        for key in [KAI_VISIBLE_DEVICES_KEY, "NVIDIA_VISIBLE_DEVICES"] {
+            let raw = json!({
+                "metadata": {"name": "p", "annotations": {
+                    KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+                "spec": {"containers": [{"name": "main", "image": "x", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(key)},
+                    {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+                    {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
+                    {"name": "HOME", "value": "/root"}
+                ], "envFrom": [
+                    {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}},
+                    {"configMapRef": {"name": "mine"}}
+                ], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "volumes": [
+                    {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}},
+                    {"name": "data", "emptyDir": {}}
+                ]}
+            });
+            let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
+            let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+            let mut out = raw.clone();
+            apply(&mut out, &t);
+            let c = &out["spec"]["containers"][0];
+            assert_eq!(
+                c["env"],
+                json!([{"name": "HOME", "value": "/root"}]),
+                "{key}"
+            );
+            assert_eq!(c["envFrom"], json!([{"configMapRef": {"name": "mine"}}]));
+            assert_eq!(
+                out["spec"]["volumes"],
+                json!([{"name": "data", "emptyDir": {}}])
+            );
+            assert_eq!(c["volumeMounts"].as_array().map(Vec::len), Some(1));
+            // And the whole admission takes it (before, KAI's current key was left on
+            // and refused as a pod's own NVIDIA_VISIBLE_DEVICES).
+            if let Err(e) = crate::admission::mutate_pod(&raw) {
+                panic!("{key}: refused: {e:?}");
+            }
+        }
+        // A pod's own NVIDIA_VISIBLE_DEVICES from its own ConfigMap stays (and is refused
+        // as for any slice container).
+        let own = json!({
             "metadata": {"name": "p", "annotations": {
                 KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
             "spec": {"containers": [{"name": "main", "image": "x", "env": [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(KAI_VISIBLE_DEVICES_KEY)},
-                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
-                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
-                {"name": "HOME", "value": "/root"}
+                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "mine", "key": "NVIDIA_VISIBLE_DEVICES"}}}
             ]}]}
+        });
+        let p: Pod = serde_json::from_value(own).expect("pod");
+        let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+        assert!(t.containers[0].remove_env.is_empty());
+        let raw = json!({
+            "metadata": {"name": "p", "annotations": {
+                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+            "spec": {"containers": [{"name": "main", "image": "x"}]}
         });
         let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
         let t = translate(&p, &Config::default()).expect("ok").expect("kai");
         let mut out = raw.clone();
         apply(&mut out, &t);
-        assert_eq!(
-            out["spec"]["containers"][0]["env"],
-            json!([{"name": "HOME", "value": "/root"}])
-        );
         let ann = out["metadata"]["annotations"]
             .as_object()
             .expect("annotations");
