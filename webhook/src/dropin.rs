@@ -494,6 +494,53 @@ fn slices_for(
     Ok((per_gpu_slices * ask.gpus, exact))
 }
 
+/// What a translation takes off a container: resources, env variables, `envFrom`
+/// ConfigMaps (see [`ContainerPlan`]).
+#[derive(Debug, Default)]
+struct Off {
+    resources: Vec<String>,
+    env: Vec<String>,
+    env_from: Vec<String>,
+}
+
+/// Plans container `c` for the slices `ask` comes to (every dialect's last step), or
+/// refuses it; `off` is what the translation takes off it.
+fn plan(
+    (init, index, c): (bool, usize, &Container),
+    ask: &Ask<'_>,
+    off: Off,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    t.cap_compute |= ask.cores.is_some();
+    match slices_for(ask, config, &mut t.warnings) {
+        Ok((slices, exact)) => t.containers.push(ContainerPlan {
+            init,
+            index,
+            name: c.name.clone(),
+            slices,
+            exact,
+            remove: off.resources,
+            remove_env: off.env,
+            remove_env_from: off.env_from,
+        }),
+        Err(e) => refusals.push(e),
+    }
+}
+
+/// The refusal of a container that asks for Tessera's own resource beside another
+/// project's words for a GPU (`theirs`): two requests for one GPU share.
+fn asks_both(c: &Container, theirs: &str) -> Option<String> {
+    word(c, tessera_contract::labels::RESOURCE).map(|_| {
+        format!(
+            "container {:?} asks both for {} and for {theirs}; use one",
+            c.name,
+            tessera_contract::labels::RESOURCE
+        )
+    })
+}
+
 /// A whole number in a resource or annotation, with the refusal naming `field`.
 fn whole(
     who: &str,
@@ -553,11 +600,8 @@ fn hami_pod(
         }
         let who = format!("container {:?}", c.name);
         let before = refusals.len();
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for HAMi's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "HAMi's resources") {
+            refusals.push(e);
             continue;
         }
         let words = match hami_words(c) {
@@ -630,24 +674,22 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(words.gpu),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok((slices, exact)) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                exact,
-                remove: words
-                    .all()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-                remove_env_from: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = words
+            .all()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            Off {
+                resources: remove,
+                ..Off::default()
+            },
+            config,
+            t,
+            refusals,
+        );
     }
     // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
@@ -681,11 +723,8 @@ fn volcano_pod(
             continue;
         }
         let who = format!("container {:?}", c.name);
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for Volcano's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "Volcano's resources") {
+            refusals.push(e);
             continue;
         }
         let before = refusals.len();
@@ -734,24 +773,22 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok((slices, exact)) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                exact,
-                remove: VOLCANO_RESOURCES
-                    .into_iter()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-                remove_env_from: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = VOLCANO_RESOURCES
+            .into_iter()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            Off {
+                resources: remove,
+                ..Off::default()
+            },
+            config,
+            t,
+            refusals,
+        );
     }
 }
 
@@ -783,13 +820,9 @@ fn kai_pod(
             None => return,
         },
     };
-    let (init, index, c) = target;
-    let who = format!("container {:?}", c.name);
-    if word(c, tessera_contract::labels::RESOURCE).is_some() {
-        refusals.push(format!(
-            "{who} asks both for {} and for a KAI-Scheduler GPU share; use one",
-            tessera_contract::labels::RESOURCE
-        ));
+    let c = target.2;
+    if let Some(e) = asks_both(c, "a KAI-Scheduler GPU share") {
+        refusals.push(e);
         return;
     }
     let fraction = annotations.get(KAI_GPU_FRACTION);
@@ -867,26 +900,20 @@ fn kai_pod(
         .get(KAI_CONFIGMAP_ANNOTATION)
         .map(|p| format!("{p}-"));
     let kais = |name: &str| prefix.as_deref().is_some_and(|p| name.starts_with(p));
-    match slices_for(&ask, config, &mut t.warnings) {
-        Ok((slices, exact)) => t.containers.push(ContainerPlan {
-            init,
-            index,
-            name: c.name.clone(),
-            slices,
-            exact,
-            remove: Vec::new(),
-            remove_env: kai_env(c, &kais),
-            remove_env_from: c
-                .env_from
-                .iter()
-                .flatten()
-                .filter_map(|e| e.config_map_ref.as_ref())
-                .map(|r| r.name.clone())
-                .filter(|n| kais(n) && n.ends_with("-evar"))
-                .collect(),
-        }),
-        Err(e) => refusals.push(e),
-    }
+    let env_from = c
+        .env_from
+        .iter()
+        .flatten()
+        .filter_map(|e| e.config_map_ref.as_ref())
+        .map(|r| r.name.clone())
+        .filter(|n| kais(n) && n.ends_with("-evar"))
+        .collect();
+    let off = Off {
+        resources: Vec::new(),
+        env: kai_env(c, &kais),
+        env_from,
+    };
+    plan(target, &ask, off, config, t, refusals);
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
