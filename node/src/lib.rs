@@ -12,6 +12,8 @@
 //!   their container edits, written atomically to a spec directory.
 //! - [`edits`]: a container's environment and mounts for one allocation,
 //!   from the manager's answer (both plugins' one way to build them).
+//! - [`exact`]: a translated pod's exact limits (`tessera.dev/dropin-limits`), laid
+//!   over its slices' limits, only ever lower.
 //! - [`reload`]: the node config file read again when it changes (both
 //!   plugins' one hot-reload, one set of rules).
 //! - [`kube`]: the Kubernetes client both plugins build, one way.
@@ -28,6 +30,7 @@ pub mod args;
 pub mod cdi;
 pub mod config;
 pub mod edits;
+pub mod exact;
 pub mod kube;
 pub mod manager;
 pub mod reload;

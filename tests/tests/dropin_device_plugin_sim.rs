@@ -1,4 +1,4 @@
-//! The drop-in pods (five per project, `dropin_support`) through the webhook's
+//! The drop-in pods (five or more per project, `dropin_support`) through the webhook's
 //! translation and the real device plugin, on a simulated node with the real manager:
 //! the device-plugin route of docs/dropin.md, down to the processes.
 //!
@@ -7,7 +7,9 @@
 //! over the simulated driver. For each pod: the translation's slices are allocated as
 //! the kubelet would; the kubelet's PodResources then names the pod as their owner and
 //! the pod's annotations (from the translation) are what the API would show, so the
-//! plugin's next pass gives the allocation the pod's policy and priority. A process
+//! plugin's next pass gives the allocation the pod's policy and priority, and lowers it
+//! to the pod's exact limits where its ask is below its slices (never raises it to a
+//! tenant's edit of them: `RAISED`). A process
 //! started with the Allocate answer's env (and the `LD_PRELOAD` the webhook injects)
 //! sees exactly the pod's memory in `cuMemGetInfo` and in NVML, gets all of it and is
 //! refused the next byte. Then the pod goes, and so does its allocation.
@@ -109,7 +111,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         // The kubelet lists the pod as the slices' owner (set before Allocate: with no
         // orphan grace, a pass between the two would take the allocation for an orphan);
         // the API has the translated pod's annotations.
-        let notes = annotations(&translated);
+        let notes = annotations(&as_stored(&translated));
         let notes: Vec<(&str, &str)> = notes
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -132,15 +134,24 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
                 .expect("a PodResources pass");
             let all = allocations(&m.socket);
             assert_eq!(all.len(), 1, "{name}: one allocation: {all:?}");
-            if all[0].pod == name && all[0].priority == want.priority && all[0].policy() == policy {
+            // The exact limits too: the kubelet's Allocate names slices, not the pod,
+            // so a pod's ask below its slices is applied once the pass knows the owner.
+            if all[0].pod == name
+                && all[0].priority == want.priority
+                && all[0].policy() == policy
+                && all[0].devices[0].memory_limit_bytes == want.memory
+                && all[0].devices[0].compute_share_ppm == want.compute_ppm
+            {
                 owned = Some(all.into_iter().next().expect("one"));
                 break;
             }
         }
         let a = owned.unwrap_or_else(|| {
             panic!(
-                "{name}: the pod's owner, policy {policy:?} and priority {} never reached its allocation: {:?}",
+                "{name}: the pod's owner, policy {policy:?}, priority {} and limits ({} bytes, {} ppm) never reached its allocation: {:?}",
                 want.priority,
+                want.memory,
+                want.compute_ppm,
                 allocations(&m.socket)
             )
         });
@@ -171,7 +182,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         }
         assert!(gone, "{name}: its allocation outlived the pod");
     }
-    assert_eq!(cases.len(), 15);
+    assert_eq!(cases.len(), 18);
     let _ = stop.send(());
     tokio::time::timeout(T, plugin)
         .await

@@ -1,4 +1,4 @@
-//! Pods in HAMi's, KAI-Scheduler's and Volcano's words (five per project, in the
+//! Pods in HAMi's, KAI-Scheduler's and Volcano's words (five or more per project, in the
 //! shapes of each project's documented examples, written here afresh) through the
 //! webhook's translation and then Tessera's DRA driver, on a simulated node with the
 //! real manager: the DRA route of docs/dropin.md.
@@ -9,7 +9,8 @@
 //! test writes that claim as the scheduler would (N slices of one GPU, reserved for the
 //! pod, no config of its own) into a fake API server beside the translated pod, and
 //! drives the real DRA plugin as the kubelet does. Each claim becomes one allocation
-//! whose memory and compute share are the pod's ask, with the policy and priority the
+//! whose memory and compute share are the pod's ask (exactly, where the ask is less
+//! than whole slices: `tessera.dev/dropin-limits`), with the policy and priority the
 //! translation wrote on the pod; a process started with the claim's CDI edits sees
 //! exactly that memory in `cuMemGetInfo` and in NVML, gets all of it, and is refused
 //! the next byte.
@@ -87,7 +88,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         let (_, slices) = slices_of(&translated);
         // The pod as the API server holds it after admission, with its uid.
         let pod_uid = format!("{i:08x}-0000-4000-8000-00000000beef");
-        let mut stored = translated.clone();
+        let mut stored = as_stored(&translated);
         stored["metadata"]["uid"] = json!(pod_uid);
         api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
         let uid = format!("{i:08x}-0000-4000-8000-00000000c1a1");
@@ -157,5 +158,5 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
             .into_inner();
         assert_eq!(gone.claims[&uid].error, "", "{name}");
     }
-    assert_eq!(cases.len(), 15);
+    assert_eq!(cases.len(), 18);
 }
