@@ -145,6 +145,14 @@ pub const HAMI_VENDORS: [HamiVendorWords; 2] = [HAMI_AMD, HAMI_HYGON];
 /// decide anything, which is why a copy a user wrote is harmless.
 pub const ANNOTATION_ORIGINAL: &str = "tessera.dev/dropin-original";
 
+/// Pod annotation the webhook writes on a translated pod whose ask is not a whole number
+/// of slices: per container, the slices it was given and the exact memory (MiB) and
+/// compute (percent of a GPU) it asked for, as JSON:
+/// `{"main":{"slices":1,"memoryMiB":3000,"computePercent":30}}` (either limit may be
+/// absent: that one is the slices'). The node enforces the smaller of this and the
+/// granted slices, so a copy a tenant writes or edits can only lower its own limits.
+pub const ANNOTATION_EXACT_LIMITS: &str = "tessera.dev/dropin-limits";
+
 /// HAMi-core's variables. The shim reads none of them (it reads only
 /// `TESSERA_*` and the control file); the webhook warns when a pod sets one.
 pub const HAMI_CORE_ENV: [&str; 4] = [

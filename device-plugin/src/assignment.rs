@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
+use tessera_node::exact::ExactLimit;
 use tessera_node::scheduling::{Assignment, GpuTake};
 
 use crate::device_id::DeviceId;
@@ -367,10 +368,100 @@ pub fn prefer(
     None
 }
 
+/// The exact limits (`tessera.dev/dropin-limits`) to lay over an Allocate of `n`
+/// slices: those of `known` (namespace, pod, container) when the request's pod is known
+/// (the extender's assignment), else those every pending container of `n` slices on
+/// `node` agrees on. None when any candidate has none, or two differ: the kubelet names
+/// devices, not pods, and a guess could hold another pod below its ask; the owner's
+/// limits then come at the PodResources pass (`pod_resources::plan_exact`).
+pub fn exact_for_request(
+    pods: &[PodInfo],
+    node: &str,
+    n: u64,
+    known: Option<(&str, &str, &str)>,
+) -> Option<ExactLimit> {
+    let exact_of = |p: &PodInfo, container: &str| {
+        tessera_node::exact::from_annotations(&p.annotations)
+            .ok()?
+            .remove(container)
+            .filter(|e| u64::from(e.slices) == n)
+    };
+    if let Some((ns, name, container)) = known {
+        let p = pods.iter().find(|p| p.namespace == ns && p.name == name)?;
+        return exact_of(p, container);
+    }
+    let mut agreed: Option<Option<ExactLimit>> = None;
+    for p in pods
+        .iter()
+        .filter(|p| p.node == node && is_pending(&p.phase))
+    {
+        for (c, _) in p.containers.iter().filter(|(_, limit)| *limit == n) {
+            let e = exact_of(p, c);
+            match &agreed {
+                None => agreed = Some(e),
+                Some(a) if *a == e => {}
+                Some(_) => return None,
+            }
+        }
+    }
+    agreed.flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tessera_node::scheduling::{ContainerAssignment, FORMAT_VERSION};
+
+    #[test]
+    fn exact_limits_at_allocate_are_the_known_pods_or_all_candidates() {
+        let exact = |mib: u64| format!(r#"{{"cuda":{{"slices":1,"memoryMiB":{mib}}}}}"#);
+        let p = |name: &str, phase: &str, limits: Option<String>| PodInfo {
+            namespace: "ns".into(),
+            name: name.into(),
+            node: "n".into(),
+            phase: phase.into(),
+            containers: vec![("cuda".into(), 1)],
+            annotations: limits
+                .map(|v| [(tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(), v)].into())
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let mib = |e: Option<ExactLimit>| e.and_then(|e| e.memory_mib);
+        // One candidate: its words.
+        let one = [
+            p("a", "Pending", Some(exact(3000))),
+            p("old", "Running", None),
+        ];
+        assert_eq!(mib(exact_for_request(&one, "n", 1, None)), Some(3000));
+        // Not for another slice count.
+        assert_eq!(exact_for_request(&one, "n", 2, None), None);
+        // Two that differ, or one without: none (the pass applies the owner's).
+        let two = [
+            p("a", "Pending", Some(exact(3000))),
+            p("b", "", Some(exact(2000))),
+        ];
+        assert_eq!(exact_for_request(&two, "n", 1, None), None);
+        let plain = [
+            p("a", "Pending", Some(exact(3000))),
+            p("b", "Pending", None),
+        ];
+        assert_eq!(exact_for_request(&plain, "n", 1, None), None);
+        // Two that agree: theirs.
+        let same = [
+            p("a", "Pending", Some(exact(3000))),
+            p("b", "", Some(exact(3000))),
+        ];
+        assert_eq!(mib(exact_for_request(&same, "n", 1, None)), Some(3000));
+        // The pod known: its own, whatever the others.
+        assert_eq!(
+            mib(exact_for_request(&two, "n", 1, Some(("ns", "b", "cuda")))),
+            Some(2000)
+        );
+        assert_eq!(
+            exact_for_request(&two, "n", 1, Some(("ns", "b", "other"))),
+            None
+        );
+    }
 
     fn assignment(node: &str, containers: &[(&str, &[(&str, u32)])]) -> String {
         Assignment {

@@ -15,8 +15,10 @@
 //! `ResizeAllocation`, and applied again whenever it changes: the pods are
 //! read every pass for that, and the call is made only when the value
 //! differs from the one last applied. A pod's memory limit and compute share
-//! come from its slice count and change only by scheduling it again, so the
-//! priority is the one live change a pod asks for.
+//! come from its slice count, lowered to its exact limits
+//! (`tessera.dev/dropin-limits`, a translated pod's ask below whole slices)
+//! where Allocate did not already (only ever lowered: see
+//! [`plan_exact`]); the priority is the one live change a pod asks for.
 //!
 //! Everything here goes through traits (`PodResourcesApi`, `PodApi`, the
 //! manager's `ManagerApi`); their real adapters, tonic and kube, are in
@@ -35,6 +37,7 @@ use tonic::Status;
 use crate::allocate::{SOURCE_DEVICE_PLUGIN, SOURCE_LABEL};
 use crate::node_labels::NodeApiError;
 use tessera_contract::Policy;
+use tessera_node::exact::ExactLimit;
 use tessera_node::manager::ManagerApi;
 
 /// The pod annotation asking for a compute policy (`guaranteed` | `burst`).
@@ -333,11 +336,48 @@ pub fn plan_priorities(
     out
 }
 
+/// (namespace, pod) → its containers' exact limits (`tessera.dev/dropin-limits`, a
+/// translated pod's ask below its whole slices); pods missing here have none, an
+/// unreadable value, or were not read.
+pub type PodExact = HashMap<(String, String), BTreeMap<String, ExactLimit>>;
+
+/// The limits to lower, (allocation id, its GPUs with the lowered values): for each of
+/// our allocations whose owner container has exact limits below the allocation's. Only
+/// ever lower: an allocation already at or below them is left, and a raise a tenant
+/// writes into its pod after admission is no raise (`tessera_node::exact::cap`).
+pub fn plan_exact(
+    pods: &pr::ListPodResourcesResponse,
+    allocations: &[mgr::Allocation],
+    resource: &str,
+    exact: &PodExact,
+) -> Vec<(String, Vec<mgr::DeviceRequest>)> {
+    let owners = owners(pods, resource);
+    let mut out = Vec::new();
+    for a in allocations.iter().filter(|a| is_ours(a)) {
+        let Some(o) = owner_of(a, &owners) else {
+            continue;
+        };
+        let Some(e) = exact
+            .get(&(o.namespace, o.pod))
+            .and_then(|m| m.get(&o.container))
+        else {
+            continue;
+        };
+        let mut devices = a.devices.clone();
+        if tessera_node::exact::cap(&mut devices, e) && devices != a.devices {
+            out.push((a.id.clone(), devices));
+        }
+    }
+    out
+}
+
 /// Counts of what one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SyncReport {
     pub owners_set: usize,
     pub priorities_set: usize,
+    /// Allocations lowered to their pod's exact limits.
+    pub limits_lowered: usize,
     pub deleted: usize,
     pub failed: usize,
 }
@@ -360,9 +400,10 @@ async fn look_up_annotations<A: PodApi>(
     api: &A,
     wanted: Vec<(String, String)>,
     tracker: &mut OrphanTracker,
-) -> (PodPolicies, PodPriorities) {
+) -> (PodPolicies, PodPriorities, PodExact) {
     let mut policies = PodPolicies::new();
     let mut priorities = PodPriorities::new();
+    let mut exact = PodExact::new();
     tracker
         .warned
         .retain(|(ns, pod, _)| wanted.iter().any(|(n, p)| n == ns && p == pod));
@@ -380,6 +421,18 @@ async fn look_up_annotations<A: PodApi>(
                     Ok(None) => {}
                     Err(e) => warn_once(tracker, &namespace, &pod, e),
                 }
+                match tessera_node::exact::from_annotations(&ann) {
+                    Ok(m) if m.is_empty() => {}
+                    Ok(m) => {
+                        exact.insert((namespace.clone(), pod.clone()), m);
+                    }
+                    Err(e) => warn_once(
+                        tracker,
+                        &namespace,
+                        &pod,
+                        format!("{e}; the pod keeps its slices' limits"),
+                    ),
+                }
                 policies.insert((namespace, pod), policy);
             }
             Err(e) => {
@@ -387,7 +440,7 @@ async fn look_up_annotations<A: PodApi>(
             }
         }
     }
-    (policies, priorities)
+    (policies, priorities, exact)
 }
 
 /// One pass: list, plan, apply. Nothing is deleted when either list fails.
@@ -402,12 +455,12 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
 ) -> Result<SyncReport, Status> {
     let listed = pods.list().await?;
     let allocations = manager.list_allocations().await?;
-    let (policies, priorities) = match pod_api {
+    let (policies, priorities, exact) = match pod_api {
         Some(api) => {
             let wanted = pods_to_look_up(&listed, &allocations, resource);
             look_up_annotations(api, wanted, tracker).await
         }
-        None => (PodPolicies::new(), PodPriorities::new()),
+        None => (PodPolicies::new(), PodPriorities::new(), PodExact::new()),
     };
     let mut report = SyncReport::default();
     for action in plan(
@@ -468,6 +521,40 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
                     report.failed += 1;
                 }
             },
+        }
+    }
+    // A translated pod's exact limits, where Allocate could not tell its pod (the kubelet
+    // names devices, not pods): lowered once the kubelet names the owner. The manager
+    // refuses a limit below what the allocation already holds; that is logged and tried
+    // again each pass.
+    for (id, devices) in plan_exact(&listed, &allocations, resource, &exact) {
+        let req = mgr::ResizeAllocationRequest {
+            id: id.clone(),
+            devices: devices.clone(),
+            priority: None,
+        };
+        match manager.resize_allocation(req).await {
+            Ok(_) => {
+                tracing::info!(%id, limits = ?devices, "allocation lowered to its pod's exact limits");
+                report.limits_lowered += 1;
+            }
+            Err(e) => {
+                let pod = allocations
+                    .iter()
+                    .find(|a| a.id == id)
+                    .map(|a| (a.namespace.clone(), a.pod.clone()))
+                    .unwrap_or_default();
+                warn_once(
+                    tracker,
+                    &pod.0,
+                    &pod.1,
+                    format!(
+                        "cannot lower allocation {id} to the pod's exact limits: {}",
+                        e.message()
+                    ),
+                );
+                report.failed += 1;
+            }
         }
     }
     for (id, priority) in plan_priorities(&listed, &allocations, resource, &priorities, tracker) {
@@ -538,6 +625,68 @@ mod tests {
             labels: [(SOURCE_LABEL.to_owned(), source.to_owned())].into(),
             ..Default::default()
         }
+    }
+
+    /// A pod's exact limits lower its allocation, once its owner is known, and only its
+    /// own container's, only ever down, only for its slice count.
+    #[test]
+    fn exact_limits_lower_the_owners_allocation_and_never_raise_it() {
+        const GI: u64 = 1 << 30;
+        let one_slice = |id: &str, dev: &str| {
+            let mut a = alloc(id, &[dev], "device-plugin");
+            a.devices = vec![mgr::DeviceRequest {
+                gpu_uuid: "GPU-a".into(),
+                memory_limit_bytes: 4 * GI,
+                compute_share_ppm: 125_000,
+                slices: 1,
+            }];
+            a
+        };
+        let allocations = vec![
+            one_slice("a", "GPU-a::0"),
+            one_slice("b", "GPU-a::1"),
+            one_slice("c", "GPU-a::2"),
+            one_slice("orphan", "GPU-a::3"),
+        ];
+        let listed = pods(&[
+            ("ns", "a", "cuda", RES, &["GPU-a::0"]),
+            ("ns", "b", "cuda", RES, &["GPU-a::1"]),
+            ("ns", "c", "cuda", RES, &["GPU-a::2"]),
+        ]);
+        let limits = |v: &str| {
+            let ann = BTreeMap::from([(
+                tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(),
+                v.to_owned(),
+            )]);
+            tessera_node::exact::from_annotations(&ann).expect("parses")
+        };
+        let exact: PodExact = [
+            // Its own container: lowered.
+            (
+                ("ns".to_owned(), "a".to_owned()),
+                limits(r#"{"cuda":{"slices":1,"memoryMiB":3000,"computePercent":10}}"#),
+            ),
+            // A tenant's raise: nothing to do.
+            (
+                ("ns".to_owned(), "b".to_owned()),
+                limits(r#"{"cuda":{"slices":1,"memoryMiB":65536,"computePercent":100}}"#),
+            ),
+            // Another container's words: not this allocation's.
+            (
+                ("ns".to_owned(), "c".to_owned()),
+                limits(r#"{"other":{"slices":1,"memoryMiB":1000}}"#),
+            ),
+        ]
+        .into();
+        let plan = plan_exact(&listed, &allocations, RES, &exact);
+        assert_eq!(plan.len(), 1, "{plan:?}");
+        assert_eq!(plan[0].0, "a");
+        assert_eq!(plan[0].1[0].memory_limit_bytes, 3000 << 20);
+        assert_eq!(plan[0].1[0].compute_share_ppm, 100_000);
+        // Once lowered, the next pass has nothing to do.
+        let mut lowered = allocations.clone();
+        lowered[0].devices = plan[0].1.clone();
+        assert!(plan_exact(&listed, &lowered, RES, &exact).is_empty());
     }
 
     fn owner(ns: &str, pod: &str, ctr: &str) -> Owner {

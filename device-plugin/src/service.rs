@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::allocate;
-use crate::assignment::{self, AssignmentError, Match, Pending, PodsOnNode};
+use crate::assignment::{self, AssignmentError, Match, Pending, PodInfo, PodsOnNode};
 use crate::device_id::DeviceId;
 use crate::placement::{self, GpuLoad, Policy};
 use crate::state::{PluginState, Snapshot};
@@ -47,27 +47,31 @@ impl<P: PodsOnNode> Assigned<P> {
         }
     }
 
+    /// The pods bound to this node, read once per request.
+    async fn pods(&self) -> Result<Vec<PodInfo>, AssignmentError> {
+        self.api
+            .pods_on_node(&self.node)
+            .await
+            .map_err(|e| AssignmentError::Lookup {
+                node: self.node.clone(),
+                reason: e.to_string(),
+            })
+    }
+
     async fn pending(&self) -> Result<Vec<Pending>, AssignmentError> {
-        let pods =
-            self.api
-                .pods_on_node(&self.node)
-                .await
-                .map_err(|e| AssignmentError::Lookup {
-                    node: self.node.clone(),
-                    reason: e.to_string(),
-                })?;
-        Ok(assignment::pending(&pods, &self.node))
+        Ok(assignment::pending(&self.pods().await?, &self.node))
     }
 
     /// The pending container these (already checked) device IDs serve, if
-    /// any: an error when they are not the GPUs it was assigned, or its
-    /// assignment does not hold on this node.
-    async fn for_request(
+    /// any, among `pods`: an error when they are not the GPUs it was
+    /// assigned, or its assignment does not hold on this node.
+    fn for_request(
         &self,
+        pods: &[PodInfo],
         ids: &[String],
         snap: &Snapshot,
     ) -> Result<Option<Pending>, AssignmentError> {
-        let mut pending = self.pending().await?;
+        let mut pending = assignment::pending(pods, &self.node);
         let ids: Vec<DeviceId> = ids.iter().filter_map(|s| DeviceId::parse(s).ok()).collect();
         match assignment::find(&pending, &ids) {
             Match::Exact(i) => {
@@ -77,6 +81,24 @@ impl<P: PodsOnNode> Assigned<P> {
             }
             Match::Other(i) => Err(assignment::disagreement(&pending[i], &ids, snap)),
             Match::None => Ok(None),
+        }
+    }
+
+    /// Lowers `plan` to the exact limits of the pod it is for, where `pods` tell
+    /// it for certain (`assignment::exact_for_request`); otherwise the PodResources
+    /// pass lowers the allocation once the kubelet names its owner.
+    fn lay_exact_limits(
+        &self,
+        pods: &[PodInfo],
+        plan: &mut allocate::Plan,
+        known: Option<&Pending>,
+    ) {
+        let n = plan.device_ids.len() as u64;
+        let known = known.map(|p| (p.namespace.as_str(), p.name.as_str(), p.container.as_str()));
+        if let Some(e) = assignment::exact_for_request(pods, &self.node, n, known)
+            && tessera_node::exact::cap(&mut plan.devices, &e)
+        {
+            tracing::info!(id = %plan.id, limits = ?plan.devices, "exact limits of the pod's words");
         }
     }
 
@@ -226,7 +248,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
         };
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
-            let plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
+            let mut plan = allocate::plan(&c.devices_ids, &snap).inspect_err(|e| {
                 tracing::warn!(devices = ?c.devices_ids, error = %e, "allocate refused");
             })?;
             if let Some(a) = &self.assigned {
@@ -237,14 +259,17 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                 // Marked before the allocation is made: the next request
                 // must not take this pod again, and a pod whose allocation
                 // then fails is not admitted anyway.
-                if let Some(p) = a
-                    .for_request(&c.devices_ids, &snap)
-                    .await
-                    .map_err(refused)?
-                {
-                    a.mark(&p).await.map_err(refused)?;
+                // One read of the node's pods serves the assignment and the exact
+                // limits; without it nothing is served (as before).
+                let pods = a.pods().await.map_err(refused)?;
+                let known = a
+                    .for_request(&pods, &c.devices_ids, &snap)
+                    .map_err(refused)?;
+                if let Some(p) = &known {
+                    a.mark(p).await.map_err(refused)?;
                     tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the scheduler extender's assignment");
                 }
+                a.lay_exact_limits(&pods, &mut plan, known.as_ref());
             }
             let alloc = allocate::create(self.manager.as_ref(), &plan)
                 .await

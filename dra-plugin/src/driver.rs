@@ -100,6 +100,10 @@ impl ClaimSource for KubeClaims {
 struct PodAsks {
     guaranteed: bool,
     priority: Option<i32>,
+    /// A translated pod's exact limits (`tessera.dev/dropin-limits`), when it names one
+    /// container: the claim kube-scheduler writes for a pod is one for all its
+    /// containers, so only a pod with one such container says what the claim's are.
+    exact: Option<tessera_node::exact::ExactLimit>,
 }
 
 /// The pod a claim is reserved for, when it is reserved for exactly one
@@ -120,7 +124,7 @@ fn sole_consumer(claim: &ResourceClaim) -> Option<(String, String)> {
 /// The asks in a pod's annotations. A value that is not one is logged and
 /// left out (the webhook refuses those at admission; one here was written
 /// after it), as the device plugin does.
-fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> PodAsks {
+fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> Result<PodAsks, String> {
     let guaranteed = match annotations.get(ANNOTATION_COMPUTE_POLICY) {
         None => false,
         Some(v) => match Policy::parse(v) {
@@ -140,10 +144,23 @@ fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> PodAsks {
                 None
             }
         });
-    PodAsks {
+    // Unlike a bad policy or priority (which leave the node's), an unreadable exact limit
+    // fails the prepare: run on its slices, the pod would get more than its words.
+    let exact = tessera_node::exact::from_annotations(annotations)
+        .map_err(|e| format!("pod {pod}: {e}"))?;
+    let exact = match exact.len() {
+        1 => exact.into_values().next(),
+        0 => None,
+        n => {
+            tracing::warn!(%pod, "annotation {}: {n} containers have exact limits and one claim serves them all; the claim keeps its slices' limits", tessera_node::exact::ANNOTATION_EXACT_LIMITS);
+            None
+        }
+    };
+    Ok(PodAsks {
         guaranteed,
         priority,
-    }
+        exact,
+    })
 }
 
 /// The node config in force, read again from its file when it changes
@@ -451,6 +468,11 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
         if plan.priority.is_none() {
             plan.priority = asks.priority;
         }
+        if let Some(e) = &asks.exact
+            && !tessera_node::exact::cap(&mut plan.limits, e)
+        {
+            tracing::warn!(claim = %want, "the pod's exact limits are for {} slices on one GPU; the claim keeps its slices' limits", e.slices);
+        }
 
         let mut made = Made::new(self.manager.as_ref(), &self.opts.cdi_dir, &want.uid);
         match self.make(&mut made, store, &want, &plan, &view.node).await {
@@ -484,12 +506,10 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             return Ok(PodAsks::default());
         };
         let pod = format!("{namespace}/{name}");
-        Ok(self
-            .claims
-            .pod_annotations(namespace, &name, &uid)
-            .await?
-            .map(|a| pod_asks(&a, &pod))
-            .unwrap_or_default())
+        match self.claims.pod_annotations(namespace, &name, &uid).await? {
+            Some(a) => pod_asks(&a, &pod),
+            None => Ok(PodAsks::default()),
+        }
     }
 
     /// The steps of a prepare, in order; the checkpoint last, so that a
@@ -842,15 +862,40 @@ mod tests {
                 ]),
                 "ns/p"
             ),
-            PodAsks {
+            Ok(PodAsks {
                 guaranteed: true,
-                priority: Some(100)
-            }
+                priority: Some(100),
+                exact: None,
+            })
         );
         assert_eq!(
             pod_asks(&a(&[(ANNOTATION_COMPUTE_POLICY, "burst")]), "ns/p"),
-            PodAsks::default()
+            Ok(PodAsks::default())
         );
+        let exact = tessera_node::exact::ANNOTATION_EXACT_LIMITS;
+        assert_eq!(
+            pod_asks(
+                &a(&[(exact, r#"{"main":{"slices":1,"memoryMiB":3000}}"#)]),
+                "ns/p"
+            )
+            .map(|p| p.exact.and_then(|e| e.memory_mib)),
+            Ok(Some(3000)),
+            "one container's exact limits are the claim's"
+        );
+        assert_eq!(
+            pod_asks(
+                &a(&[(
+                    exact,
+                    r#"{"a":{"slices":1,"memoryMiB":3000},"b":{"slices":1}}"#
+                )]),
+                "ns/p"
+            )
+            .map(|p| p.exact),
+            Ok(None),
+            "two containers share the claim: neither's words are its limits"
+        );
+        let e = pod_asks(&a(&[(exact, "lots")]), "ns/p").expect_err("unreadable");
+        assert!(e.contains("ns/p") && e.contains(exact), "{e}");
         assert_eq!(
             pod_asks(
                 &a(&[
@@ -859,7 +904,7 @@ mod tests {
                 ]),
                 "ns/p"
             ),
-            PodAsks::default(),
+            Ok(PodAsks::default()),
             "values the webhook refuses are not asks"
         );
     }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
-use crate::hip::types::*;
+use tessera_ffi::hip::*;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -441,6 +441,19 @@ symbols! {
         hip fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: hipStream_t) -> hipError_t ["hipMallocAsync" @ 0];
         hip fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: hipMemPool_t, stream: hipStream_t) -> hipError_t ["hipMallocFromPoolAsync" @ 0];
         hip fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> hipError_t ["hipFreeAsync" @ 0];
+        hip fn hipMemPoolCreate(pool: *mut hipMemPool_t, props: *const c_void) -> hipError_t ["hipMemPoolCreate" @ 0];
+        hip fn hipMemPoolDestroy(pool: hipMemPool_t) -> hipError_t ["hipMemPoolDestroy" @ 0];
+        hip fn hipMemPoolTrimTo(pool: hipMemPool_t, keep: usize) -> hipError_t ["hipMemPoolTrimTo" @ 0];
+        hip fn hipMemPoolSetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t ["hipMemPoolSetAttribute" @ 0];
+        hip fn hipDeviceGetDefaultMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetDefaultMemPool" @ 0];
+        hip fn hipDeviceGetMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetMemPool" @ 0];
+        hip fn hipIpcGetMemHandle(handle: *mut hipIpcMemHandle_t, ptr: *mut c_void) -> hipError_t ["hipIpcGetMemHandle" @ 0];
+        hip fn hipIpcOpenMemHandle(ptr: *mut *mut c_void, handle: hipIpcMemHandle_t, flags: c_uint) -> hipError_t ["hipIpcOpenMemHandle" @ 0];
+        hip fn hipIpcCloseMemHandle(ptr: *mut c_void) -> hipError_t ["hipIpcCloseMemHandle" @ 0];
+        // Synchronisations: pools give back beyond their release threshold.
+        hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
+        hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];
+        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t ["hipEventSynchronize" @ 0];
         hip fn hipMemCreate(handle: *mut hipMemGenericAllocationHandle_t, size: usize, prop: *const hipMemAllocationProp, flags: c_ulonglong) -> hipError_t ["hipMemCreate" @ 0];
         hip fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> hipError_t ["hipMemRelease" @ 0];
         hip fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: hipMemGenericAllocationHandle_t, flags: c_ulonglong) -> hipError_t ["hipMemMap" @ 0];
@@ -474,7 +487,7 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
-        // The queue bound (pace.rs): a marker event after each governed launch.
+        // The queue bound (pacer.rs): a marker event after each governed launch.
         cuda fn cuEventCreate(ev: *mut CUevent, flags: c_uint) -> CUresult;
         cuda fn cuEventRecord(ev: CUevent, stream: CUstream) -> CUresult;
         cuda fn cuEventQuery(ev: CUevent) -> CUresult;
@@ -496,13 +509,12 @@ symbols! {
         hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
         hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
         hip fn hipSetDevice(dev: c_int) -> hipError_t;
-        hip fn hipDeviceSynchronize() -> hipError_t;
+        hip fn hipMemPoolGetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
         // The queue bound's markers (hip/pace.rs).
         hip fn hipEventCreate(ev: *mut hipEvent_t) -> hipError_t;
         hip fn hipEventRecord(ev: hipEvent_t, stream: hipStream_t) -> hipError_t;
         hip fn hipEventQuery(ev: hipEvent_t) -> hipError_t;
-        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t;
         hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
         hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
         hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;

@@ -2,6 +2,8 @@
 //! (`tessera-device-plugin`) and the DRA plugin both read the same node
 //! config, write CDI specs that carry the shim, and talk to the same manager.
 //!
+//! - [`args`]: the command-line flags both plugins take for the node (its
+//!   name, config file, manager socket, the shim's host paths, CDI dir).
 //! - [`config`]: the node config file (`default`, `overrides` chosen by node
 //!   name and labels, `gpuClasses`), parsed and validated with errors that
 //!   name the field, and resolved for one node ([`config::Config::resolve`]).
@@ -10,6 +12,8 @@
 //!   their container edits, written atomically to a spec directory.
 //! - [`edits`]: a container's environment and mounts for one allocation,
 //!   from the manager's answer (both plugins' one way to build them).
+//! - [`exact`]: a translated pod's exact limits (`tessera.dev/dropin-limits`), laid
+//!   over its slices' limits, only ever lower.
 //! - [`reload`]: the node config file read again when it changes (both
 //!   plugins' one hot-reload, one set of rules).
 //! - [`kube`]: the Kubernetes client both plugins build, one way.
@@ -22,9 +26,11 @@
 //! `config`, `selector` and the spec building in `cdi` do no I/O but
 //! [`config::Config::load`] and the spec file functions.
 
+pub mod args;
 pub mod cdi;
 pub mod config;
 pub mod edits;
+pub mod exact;
 pub mod kube;
 pub mod manager;
 pub mod reload;

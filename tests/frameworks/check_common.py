@@ -1,7 +1,9 @@
-"""What the framework checks (check_core.py, check_cupy.py, check_cudart.py) share: the
-`key value` lines tests/tests/frameworks.rs reads, the `error <step> <type>: <message>`
-line of a failed step, and the main that runs one mode. Each script imports it from its
-own directory (Python puts a script's directory first on its path).
+"""What the framework checks share. For check_core.py, check_cupy.py and check_cudart.py:
+the `key value` lines tests/tests/frameworks.rs reads, the `error <step> <type>: <message>`
+line of a failed step, and the main that runs one mode. For the ROCm checks that
+run-cupy-rocm.sh runs (cupy_rocm_check.py, hip_python_check.py): the `ok <what> ...` /
+`fail <what> ...` lines and their main, given the expected total memory. Each script
+imports it from its own directory (Python puts a script's directory first on its path).
 """
 
 import sys
@@ -42,3 +44,25 @@ def run(checks, load, usage):
         return 1
     say("done", mode)
     return 0
+
+
+# The checks that failed, by name (the ROCm checks' `check`).
+failures = []
+
+
+def check(what, good, *details):
+    """Prints `ok <what> ...` or `fail <what> ...` and remembers a failure."""
+    print("ok" if good else "fail", what, *details, flush=True)
+    if not good:
+        failures.append(what)
+
+
+def run_expecting_total(body, usage):
+    """The ROCm checks' main: `body(expected)` with the one argument, the total memory in
+    bytes the runtime must report. The exit status: 0; 1 when a check failed; 2 (with
+    `usage` on stderr) when the argument is missing or not a number."""
+    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+        print(usage, file=sys.stderr)
+        return 2
+    body(int(sys.argv[1]))
+    return 1 if failures else 0

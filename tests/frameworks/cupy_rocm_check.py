@@ -16,20 +16,10 @@ Checks, each printed as `ok <what> ...` or `fail <what> ...`; exits 1 if any fai
 
 import sys
 
-failures = []
+from check_common import check, run_expecting_total
 
 
-def check(what, good, *details):
-    print("ok" if good else "fail", what, *details, flush=True)
-    if not good:
-        failures.append(what)
-
-
-def main():
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print(__doc__, file=sys.stderr)
-        return 2
-    expected = int(sys.argv[1])
+def main(expected):
     import cupy
 
     rt = cupy.cuda.runtime
@@ -76,8 +66,7 @@ def main():
     check("kernel", y.shape == x.shape and ms >= modelled_ms, f"elapsed_ms={ms:.3f}", f"modelled_ms={modelled_ms:.3f}")
     del x, y
     pool.free_all_blocks()
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_expecting_total(main, __doc__))

@@ -12,20 +12,10 @@ hip-python opens `libamdhip64.so` itself and looks each function up on that hand
 
 import sys
 
-failures = []
+from check_common import check, run_expecting_total
 
 
-def check(what, good, *details):
-    print("ok" if good else "fail", what, *details, flush=True)
-    if not good:
-        failures.append(what)
-
-
-def main():
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print(__doc__, file=sys.stderr)
-        return 2
-    expected = int(sys.argv[1])
+def main(expected):
     from hip import hip
 
     err, n = hip.hipGetDeviceCount()
@@ -40,8 +30,7 @@ def main():
     if err == hip.hipError_t.hipSuccess:
         (err,) = hip.hipFree(ptr)
         check("free", err == hip.hipError_t.hipSuccess, f"error={err}")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_expecting_total(main, __doc__))

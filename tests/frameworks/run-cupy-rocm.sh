@@ -56,14 +56,9 @@ install
     -p tessera-sim-nvml -p tessera-sim-rocm-smi -p tessera-hook -p tessera-cli)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-cupy-rocm.XXXXXX")
-manager_pid=
-cleanup() {
-    if [[ -n $manager_pid ]]; then
-        kill "$manager_pid" 2>/dev/null || true
-        wait "$manager_pid" 2>/dev/null || true
-    fi
-    rm -rf "$work"
-}
+# cleanup and start_manager; this script installs its own venv (two requirements in one
+# stamp) and node (the HIP runtime, not sim_node's CUDA driver).
+source "$root/tests/frameworks/sim-node.sh"
 trap cleanup EXIT
 
 # The runtime's names, copied (a concurrent build may rewrite target/). One stub library
@@ -113,22 +108,8 @@ cp "$bin/deps/libtessera_sim_rocm_smi.so" "$work/lib/librocm_smi64.so.5"
 cp "$bin/libtessera.so" "$work/lib/libtessera.so"
 export TESSERA_SIM_STATE=$work/node-run TESSERA_SIM_GPUS=nvidia,amd
 export TESSERA_SIM_CONTEXT_MEMORY=64Mi
-mkdir -p "$work/state"
-"$bin/tessera" manager --state-dir "$work/state" --socket "$work/manager.sock" \
-    --nvml-library "$work/lib/libnvidia-ml.so.1" \
-    --rocm-smi-library "$work/lib/librocm_smi64.so.5" \
-    --hook-library "$work/lib/libtessera.so" --context-overhead 64Mi \
-    --metrics-addr off --hostname cupy-rocm-check >"$work/manager.log" 2>&1 &
-manager_pid=$!
-for _ in $(seq 100); do
-    [[ -S $work/manager.sock ]] && break
-    sleep 0.1
-done
-if [[ ! -S $work/manager.sock ]]; then
-    echo "the manager did not start:" >&2
-    cat "$work/manager.log" >&2
-    exit 1
-fi
+start_manager cupy-rocm-check --rocm-smi-library "$work/lib/librocm_smi64.so.5" \
+    --context-overhead 64Mi
 for check in cupy_rocm_check.py hip_python_check.py; do
     run_check "${check%_check.py} under tessera run --gpu 1 --memory 1Gi" "$check" $((1 << 30)) \
         "$bin/tessera" run --socket "$work/manager.sock" --gpu 1 --memory 1Gi --

@@ -1,5 +1,6 @@
-# Sourced by run-torch.sh and run-jax.sh: what running a framework on the simulated node
-# takes, written once. The caller sets `root`, `venv`, `python`, `spec` and `bin` first.
+# Sourced by run-torch.sh, run-jax.sh and run-cupy-rocm.sh: what running a framework on
+# the simulated node takes, written once. The caller sets `root`, `venv`, `python`, `spec`
+# and `bin` first.
 #
 #   venv_install NAME VERSION_CMD [--upgrade-pip] PACKAGE...
 #       makes the virtual environment (idempotent: a stamp of the requirement; concurrent
@@ -9,8 +10,11 @@
 #       builds the simulated driver, the shim and the CLI, copies them into a work folder
 #       (removed at exit), points the process at them with the driver version the
 #       framework's CUDA runtime needs, and measures one context's size into `context`.
-#   start_manager HOSTNAME
-#       starts a manager on that node (stopped at exit); its socket is $work/manager.sock.
+#   start_manager HOSTNAME [FLAG...]
+#       starts a manager on that node (stopped at exit), with the NVML library and the
+#       shim from $work/lib and any further flags; its socket is $work/manager.sock.
+#   cleanup
+#       stops that manager and removes $work (sim_node traps it at exit).
 #   check TITLE COMMAND...
 #       runs one check with its title; a failure sets `failed=1` and the run goes on. Its
 #       stderr goes through `filter` (the caller may redefine it; by default unchanged).
@@ -92,7 +96,7 @@ start_manager() {
     mkdir -p "$work/state"
     "$bin/tessera" manager --state-dir "$work/state" --socket "$work/manager.sock" \
         --nvml-library "$work/lib/libnvidia-ml.so.1" --hook-library "$work/lib/libtessera.so" \
-        --metrics-addr off --hostname "$1" >"$work/manager.log" 2>&1 &
+        --metrics-addr off --hostname "$1" "${@:2}" >"$work/manager.log" 2>&1 &
     manager_pid=$!
     for _ in $(seq 100); do
         [[ -S $work/manager.sock ]] && return

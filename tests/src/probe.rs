@@ -113,6 +113,13 @@ pub struct Line {
 }
 
 impl Line {
+    /// Asserts that the call was refused with `error` (`CUDA_ERROR_OUT_OF_MEMORY`, ...),
+    /// showing the whole line when it was not.
+    #[track_caller]
+    pub fn assert_refused(&self, error: &str) {
+        assert_eq!(self.error.as_deref(), Some(error), "{}", self.raw);
+    }
+
     /// Parses `ok <cmd> k=v ...` or `err <cmd> <ERROR> k=v ...`. A `name=` field takes the
     /// rest of the line (device names have spaces).
     pub fn parse(raw: &str) -> Option<Line> {

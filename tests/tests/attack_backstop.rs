@@ -731,12 +731,7 @@ fn a_pytorch_style_process_at_its_limit_runs_a_minute_without_a_stop() {
     let fill = |p: &mut ProbeChild, segments: &mut Vec<u64>| loop {
         let l = p.cmd("alloc 20971520", T);
         if !l.ok {
-            assert_eq!(
-                l.error.as_deref(),
-                Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                "{}",
-                l.raw
-            );
+            l.assert_refused("CUDA_ERROR_OUT_OF_MEMORY");
             return;
         }
         segments.push(l.u64("h"));
@@ -787,13 +782,7 @@ const FORKING: &str = r#"
 #include <stdlib.h>
 #include <unistd.h>
 #include <sys/wait.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+#include "cuda_abi.h"
 /* Blocks until the launcher's stdin (inherited by all) reaches its end. */
 static void hold(void) {
     char c;

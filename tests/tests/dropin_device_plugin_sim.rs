@@ -1,4 +1,4 @@
-//! The drop-in pods (five per project, `dropin_support`) through the webhook's
+//! The drop-in pods (five or more per project, `dropin_support`) through the webhook's
 //! translation and the real device plugin, on a simulated node with the real manager:
 //! the device-plugin route of docs/dropin.md, down to the processes.
 //!
@@ -7,7 +7,9 @@
 //! over the simulated driver. For each pod: the translation's slices are allocated as
 //! the kubelet would; the kubelet's PodResources then names the pod as their owner and
 //! the pod's annotations (from the translation) are what the API would show, so the
-//! plugin's next pass gives the allocation the pod's policy and priority. A process
+//! plugin's next pass gives the allocation the pod's policy and priority, and lowers it
+//! to the pod's exact limits where its ask is below its slices (never raises it to a
+//! tenant's edit of them: `RAISED`). A process
 //! started with the Allocate answer's env (and the `LD_PRELOAD` the webhook injects)
 //! sees exactly the pod's memory in `cuMemGetInfo` and in NVML, gets all of it and is
 //! refused the next byte. Then the pod goes, and so does its allocation.
@@ -27,8 +29,8 @@ use tessera_device_plugin::allocate::host_env;
 use tessera_device_plugin::passes::Pass;
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, FakePods};
 use tessera_device_plugin::{Options, run_with_pods};
+use tessera_e2e::kubelet::{allocate, preferred};
 use tessera_e2e::{Mode, ProbeChild};
-use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
@@ -105,41 +107,18 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
             .unwrap_or_else(|e| panic!("{name}: refused: {e}"));
         let (container, slices) = slices_of(&translated);
 
-        let chosen = c
-            .get_preferred_allocation(dp::PreferredAllocationRequest {
-                container_requests: vec![dp::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: every.clone(),
-                    must_include_device_i_ds: vec![],
-                    allocation_size: i32::try_from(slices).expect("few"),
-                }],
-            })
-            .await
-            .expect("preferred")
-            .into_inner()
-            .container_responses[0]
-            .device_i_ds
-            .clone();
+        let chosen = preferred(&mut c, every.clone(), slices).await;
         // The kubelet lists the pod as the slices' owner (set before Allocate: with no
         // orphan grace, a pass between the two would take the allocation for an orphan);
         // the API has the translated pod's annotations.
-        let notes = annotations(&translated);
+        let notes = annotations(&as_stored(&translated));
         let notes: Vec<(&str, &str)> = notes
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         api_pods.set("team", name, &notes);
         pod_resources.set_pods(&[("team", name, &container, RESOURCE, chosen.clone())]);
-        let answer = c
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: chosen.clone(),
-                }],
-            })
-            .await
-            .expect("allocate")
-            .into_inner()
-            .container_responses
-            .remove(0);
+        let answer = allocate(&mut c, chosen.clone()).await;
 
         let policy = if want.guaranteed {
             mgr::ComputePolicy::Guaranteed
@@ -155,15 +134,24 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
                 .expect("a PodResources pass");
             let all = allocations(&m.socket);
             assert_eq!(all.len(), 1, "{name}: one allocation: {all:?}");
-            if all[0].pod == name && all[0].priority == want.priority && all[0].policy() == policy {
+            // The exact limits too: the kubelet's Allocate names slices, not the pod,
+            // so a pod's ask below its slices is applied once the pass knows the owner.
+            if all[0].pod == name
+                && all[0].priority == want.priority
+                && all[0].policy() == policy
+                && all[0].devices[0].memory_limit_bytes == want.memory
+                && all[0].devices[0].compute_share_ppm == want.compute_ppm
+            {
                 owned = Some(all.into_iter().next().expect("one"));
                 break;
             }
         }
         let a = owned.unwrap_or_else(|| {
             panic!(
-                "{name}: the pod's owner, policy {policy:?} and priority {} never reached its allocation: {:?}",
+                "{name}: the pod's owner, policy {policy:?}, priority {} and limits ({} bytes, {} ppm) never reached its allocation: {:?}",
                 want.priority,
+                want.memory,
+                want.compute_ppm,
                 allocations(&m.socket)
             )
         });
@@ -176,23 +164,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         let mut cmd = n.probe(Mode::Dlopen, &[]);
         cmd.envs(&env).env("LD_PRELOAD", hook());
         let mut p = ProbeChild::start(cmd);
-        for step in ["init", "ctx", "nvml-init"] {
-            let l = p.cmd(step, T);
-            assert!(l.ok, "{name}: {}", l.raw);
-        }
-        assert_eq!(p.cmd("meminfo", T).u64("total"), want.memory, "{name}");
-        assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), want.memory, "{name}");
-        let all = p.cmd(&format!("alloc {}", want.memory), T);
-        assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
-        let one = p.cmd("alloc 1", T);
-        assert_eq!(
-            one.error.as_deref(),
-            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-            "{name}: {}",
-            one.raw
-        );
-        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-        assert_eq!(truth[0], want.memory, "{name}: ground truth");
+        assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
         // The pod ends: its allocation goes at a following pass.
@@ -210,7 +182,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         }
         assert!(gone, "{name}: its allocation outlived the pod");
     }
-    assert_eq!(cases.len(), 15);
+    assert_eq!(cases.len(), 18);
     let _ = stop.send(());
     tokio::time::timeout(T, plugin)
         .await

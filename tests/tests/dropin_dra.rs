@@ -1,4 +1,4 @@
-//! Pods in HAMi's, KAI-Scheduler's and Volcano's words (five per project, in the
+//! Pods in HAMi's, KAI-Scheduler's and Volcano's words (five or more per project, in the
 //! shapes of each project's documented examples, written here afresh) through the
 //! webhook's translation and then Tessera's DRA driver, on a simulated node with the
 //! real manager: the DRA route of docs/dropin.md.
@@ -9,7 +9,8 @@
 //! test writes that claim as the scheduler would (N slices of one GPU, reserved for the
 //! pod, no config of its own) into a fake API server beside the translated pod, and
 //! drives the real DRA plugin as the kubelet does. Each claim becomes one allocation
-//! whose memory and compute share are the pod's ask, with the policy and priority the
+//! whose memory and compute share are the pod's ask (exactly, where the ask is less
+//! than whole slices: `tessera.dev/dropin-limits`), with the policy and priority the
 //! translation wrote on the pod; a process started with the claim's CDI edits sees
 //! exactly that memory in `cuMemGetInfo` and in NVML, gets all of it, and is refused
 //! the next byte.
@@ -20,28 +21,21 @@ mod dropin_support;
 #[allow(unused_macros, unused_imports)]
 mod manager_support;
 
-use std::path::Path;
 use std::time::Duration;
 
-use dra_support::{NODE, Plugin, plugin_args};
+use dra_support::{NODE, Plugin, plugin_args, probe_with_claim};
 use dropin_support::*;
 use manager_support::*;
 use serde_json::{Value, json};
+use tessera_dra_plugin::DRIVER_NAME;
 use tessera_dra_plugin::names::slice_device;
 use tessera_dra_plugin::testing::{FakeApiServer, register};
-use tessera_dra_plugin::{DRIVER_NAME, cdi};
-use tessera_e2e::{Mode, ProbeChild, SimNode};
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
 
-/// The test executable's helper processes (`dra_support::role`).
-#[test]
-#[ignore = "helper: the manager or DRA plugin process the other tests start"]
-fn role() {
-    dra_support::role();
-}
+dra_role_test!();
 
 /// The claim kube-scheduler writes for a pod's extended resource served by DRA: one
 /// request of `slices` devices of the class, allocated here on one GPU (the test's
@@ -70,24 +64,6 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| s.spawn(f).join().expect("helper thread"))
 }
 
-/// A probe started as a runtime starts a container with the claim's CDI device.
-fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
-    let (_, uid) = cdi_id.split_once('=').expect("qualified CDI name");
-    let spec: Value = serde_json::from_str(
-        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
-    )
-    .expect("spec JSON");
-    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
-    let mut c = n.probe(Mode::Dlopen, &[]);
-    for (k, v) in &env {
-        c.env(k, v);
-        if k == "NVIDIA_VISIBLE_DEVICES" {
-            c.env("CUDA_VISIBLE_DEVICES", v);
-        }
-    }
-    ProbeChild::start(c)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
     let n = sim_node(0xd40d);
@@ -112,7 +88,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         let (_, slices) = slices_of(&translated);
         // The pod as the API server holds it after admission, with its uid.
         let pod_uid = format!("{i:08x}-0000-4000-8000-00000000beef");
-        let mut stored = translated.clone();
+        let mut stored = as_stored(&translated);
         stored["metadata"]["uid"] = json!(pod_uid);
         api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
         let uid = format!("{i:08x}-0000-4000-8000-00000000c1a1");
@@ -170,23 +146,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
 
         // A process of the pod sees its memory, both ways, gets all of it and no more.
         let mut p = probe_with_claim(&n, &dir.join("cdi"), &prepared.devices[0].cdi_device_ids[0]);
-        for cmd in ["init", "ctx", "nvml-init"] {
-            let l = p.cmd(cmd, T);
-            assert!(l.ok, "{name}: {}", l.raw);
-        }
-        assert_eq!(p.cmd("meminfo", T).u64("total"), want.memory, "{name}");
-        assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), want.memory, "{name}");
-        let all = p.cmd(&format!("alloc {}", want.memory), T);
-        assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
-        let one = p.cmd("alloc 1", T);
-        assert_eq!(
-            one.error.as_deref(),
-            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-            "{name}: {}",
-            one.raw
-        );
-        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-        assert_eq!(truth[0], want.memory, "{name}: ground truth");
+        assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
         let gone = kubelet
@@ -198,5 +158,5 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
             .into_inner();
         assert_eq!(gone.claims[&uid].error, "", "{name}");
     }
-    assert_eq!(cases.len(), 15);
+    assert_eq!(cases.len(), 18);
 }

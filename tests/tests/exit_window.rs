@@ -148,12 +148,7 @@ fn processes_exiting_one_at_a_time_never_let_the_others_past_the_limit() {
         peak = peak.max(over.check(&n, format!("round {round}: survivor alloc {share}")));
         let survivor_got = l.ok.then(|| l.u64("h"));
         if !l.ok {
-            assert_eq!(
-                l.error.as_deref(),
-                Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                "{}",
-                l.raw
-            );
+            l.assert_refused("CUDA_ERROR_OUT_OF_MEMORY");
         }
         // A newcomer asks for a context and as much.
         let mut newcomer = governed_probe(&n, &control, &state_path);
@@ -164,12 +159,7 @@ fn processes_exiting_one_at_a_time_never_let_the_others_past_the_limit() {
             if l.ok {
                 newcomer_has.push(c.to_owned());
             } else {
-                assert_eq!(
-                    l.error.as_deref(),
-                    Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                    "{}",
-                    l.raw
-                );
+                l.assert_refused("CUDA_ERROR_OUT_OF_MEMORY");
                 break;
             }
         }

@@ -62,14 +62,7 @@ const FORK: &str = r#"
 #include <stdio.h>
 #include <unistd.h>
 #include <sys/wait.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
+#include "cuda_abi.h"
 static int setup(void) {
     CUcontext c;
     int r = cuInit(0);

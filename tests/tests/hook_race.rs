@@ -47,12 +47,7 @@ impl Counts {
             live.push(l.u64("h"));
             self.ok.fetch_add(1, Ordering::Relaxed);
         } else {
-            assert_eq!(
-                l.error.as_deref(),
-                Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                "{}",
-                l.raw
-            );
+            l.assert_refused("CUDA_ERROR_OUT_OF_MEMORY");
             self.oom.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -116,6 +111,27 @@ fn stand_in(sim: &Arc<Sim>, racers: &Arc<Racers>) -> StandIn {
     })
 }
 
+/// Runs `processes` racers, `race(id, &counts)` each on a thread of its own, until every
+/// one has ended (a racer's panic fails the test); then stops the sampler (`done`) and
+/// the reaper. What the racers counted.
+fn race_to_the_end(
+    processes: usize,
+    done: &AtomicBool,
+    reaper: StandIn,
+    race: impl Fn(usize, &Counts) + Sync,
+) -> Counts {
+    let counts = Counts::default();
+    std::thread::scope(|s| {
+        for id in 0..processes {
+            let (race, counts) = (&race, &counts);
+            s.spawn(move || race(id, counts));
+        }
+    });
+    done.store(true, Ordering::Relaxed);
+    drop(reaper);
+    counts
+}
+
 /// Stops every racer, waits until each of their threads is stopped (or
 /// gone), returns the device's ground truth and the allocation's reserved
 /// total at that instant, and lets them run again.
@@ -150,19 +166,10 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
             (max, samples, over)
         })
     };
-    let counts = Arc::new(Counts::default());
     let end = Instant::now() + DURATION;
-    let workers: Vec<_> = (0..PROCESSES)
-        .map(|id| {
-            let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
-            std::thread::spawn(move || worker(&sim, id, seed, end, &counts, &racers))
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
-    done.store(true, Ordering::Relaxed);
-    drop(reaper);
+    let counts = race_to_the_end(PROCESSES, &done, reaper, |id, counts| {
+        worker(&sim, id, seed, end, counts, &racers)
+    });
     let (max, samples, over) = sampler.join().unwrap();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
@@ -262,12 +269,7 @@ fn pool_worker(
                         live.push((l.u64("h"), Some(d)));
                         counts.ok.fetch_add(1, Ordering::Relaxed);
                     } else {
-                        assert_eq!(
-                            l2.error.as_deref(),
-                            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-                            "{}",
-                            l2.raw
-                        );
+                        l2.assert_refused("CUDA_ERROR_OUT_OF_MEMORY");
                         counts.oom.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -337,19 +339,10 @@ fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
             (max, over, samples)
         })
     };
-    let counts = Arc::new(Counts::default());
     let end = Instant::now() + DURATION;
-    let workers: Vec<_> = (0..PROCESSES / 2)
-        .map(|id| {
-            let (sim, counts, racers) = (sim.clone(), counts.clone(), racers.clone());
-            std::thread::spawn(move || pool_worker(&sim, n as u64, id, seed, end, &counts, &racers))
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
-    done.store(true, Ordering::Relaxed);
-    drop(reaper);
+    let counts = race_to_the_end(PROCESSES / 2, &done, reaper, |id, counts| {
+        pool_worker(&sim, n as u64, id, seed, end, counts, &racers)
+    });
     let (max, over, samples) = sampler.join().unwrap();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);

@@ -56,9 +56,14 @@ const USER_ANNOTATIONS: [&str; 4] = [
 ];
 
 /// Annotations under `tessera.dev/` the webhook itself writes: the original words of a
-/// translated pod. Informational only (nothing decides anything from it), so a copy a
-/// user wrote can mislead a reader at most, never the node.
-const WEBHOOK_ANNOTATIONS: [&str; 1] = [tessera_contract::dropin::ANNOTATION_ORIGINAL];
+/// translated pod, informational only (nothing decides anything from it), and its exact
+/// limits, which the node enforces only as the smaller of them and the pod's slices. So a
+/// copy a user wrote can mislead a reader, or lower the user's own limits, never more. A
+/// translated pod's are always the webhook's (written over, or taken off).
+const WEBHOOK_ANNOTATIONS: [&str; 2] = [
+    tessera_contract::dropin::ANNOTATION_ORIGINAL,
+    tessera_contract::dropin::ANNOTATION_EXACT_LIMITS,
+];
 
 /// Why a pod is refused. Each message names the container (or annotation) and says what
 /// to change, because it is what `kubectl apply` prints.

@@ -90,10 +90,32 @@ pub struct ContainerPlan {
     pub slices: u32,
     /// The resource names to take off its limits and requests.
     pub remove: Vec<String>,
+    /// What it asked for where that is less than its slices (a 3000 MiB ask on 4 GiB
+    /// slices), for [`ANNOTATION_EXACT_LIMITS`]: the node enforces exactly this.
+    pub exact: Exact,
     /// Variables to take off its env: those KAI-Scheduler's admission pointed at the
     /// ConfigMap its binder writes its GPU choice into. Tessera's device plugin names the
     /// GPU; a pod's own plain value stays (and is refused as for any slice container).
     pub remove_env: Vec<String>,
+    /// ConfigMaps to take off its `envFrom`: the one KAI-Scheduler's admission added
+    /// (`<prefix>-<n>-evar`), which only KAI's binder creates, so the container could
+    /// never start.
+    pub remove_env_from: Vec<String>,
+}
+
+/// A container's exact ask, where it is below what its whole slices give. `None`: the
+/// slices' own value is the ask (or the ask is a share of the card, whose size only the
+/// node knows, and is given as whole slices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exact {
+    pub memory_mib: Option<u64>,
+    pub compute_percent: Option<u64>,
+}
+
+impl Exact {
+    fn is_none(&self) -> bool {
+        self.memory_mib.is_none() && self.compute_percent.is_none()
+    }
 }
 
 /// A pod's translation.
@@ -109,6 +131,9 @@ pub struct Translation {
     pub cap_compute: bool,
     /// Pod annotations to take off (KAI's: left on, KAI would reserve a GPU for them).
     pub remove_annotations: Vec<String>,
+    /// Pod volumes to take off (with their mounts): the ConfigMap volume KAI-Scheduler's
+    /// admission added (`<prefix>-<n>-vol`), whose ConfigMap only KAI's binder creates.
+    pub remove_volumes: Vec<String>,
     /// The original words, for [`ANNOTATION_ORIGINAL`].
     pub original: Value,
     /// What the user should know: rounding, policies Tessera's placement decides.
@@ -184,6 +209,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         priority: None,
         cap_compute: false,
         remove_annotations: Vec::new(),
+        remove_volumes: Vec::new(),
         original: Value::Null,
         warnings: Vec::new(),
         vendor: None,
@@ -195,6 +221,25 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         Dialect::Hami => hami_pod(&containers, annotations, config, &mut t, &mut refusals),
         Dialect::Volcano => volcano_pod(&containers, config, &mut t, &mut refusals),
         Dialect::Kai => kai_pod(&containers, annotations, config, &mut t, &mut refusals),
+    }
+    // KAI's admission's ConfigMap volume (`<its prefix>-<n>-vol` of ConfigMap
+    // `<prefix>-<n>`): only KAI's binder creates that ConfigMap, and a pod whose volume's
+    // ConfigMap never comes never starts.
+    if dialect == Dialect::Kai
+        && let Some(p) = annotations.get(KAI_CONFIGMAP_ANNOTATION)
+    {
+        let prefix = format!("{p}-");
+        t.remove_volumes = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| {
+                v.config_map.as_ref().is_some_and(|c| {
+                    c.name.starts_with(&prefix) && v.name == format!("{}-vol", c.name)
+                })
+            })
+            .map(|v| v.name.clone())
+            .collect();
     }
     let policy_key = tessera_contract::labels::ANNOTATION_COMPUTE_POLICY;
     if t.cap_compute
@@ -366,8 +411,13 @@ struct Ask<'a> {
     gpus_field: Option<&'a str>,
 }
 
-/// Slices for an ask, or the refusal. Rounding warnings go to `warnings`.
-fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Result<u32, String> {
+/// Slices for an ask and the exact limits below them, or the refusal. Rounding warnings
+/// go to `warnings`.
+fn slices_for(
+    ask: &Ask<'_>,
+    config: &Config,
+    warnings: &mut Vec<String>,
+) -> Result<(u32, Exact), String> {
     let shape = config.slice;
     let per_gpu = f64::from(shape.per_gpu);
     let who = format!("container {:?}", ask.container);
@@ -413,7 +463,7 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
                 ));
             }
             Rounding::Up => warnings.push(format!(
-                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU); {slice}",
+                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU) for scheduling; {slice}; the limits are exactly the words where they are MiB or a compute percentage, the whole slices where they are a share of the card's memory",
                 u64::from(per_gpu_slices) * shape.memory_mib,
                 f64::from(per_gpu_slices) * 100.0 / per_gpu
             )),
@@ -426,7 +476,69 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
             ask.gpus, ask.gpus
         ));
     }
-    Ok(per_gpu_slices * ask.gpus)
+    // Below its whole slices only on one GPU (several GPUs are whole cards, above): the
+    // pod is scheduled and accounted as its slices, and limited to exactly its words.
+    let mut exact = Exact::default();
+    if ask.gpus == 1 {
+        if let Memory::Mib(m) = ask.memory
+            && m < u64::from(per_gpu_slices) * shape.memory_mib
+        {
+            exact.memory_mib = Some(m);
+        }
+        if let Some((_, c)) = ask.cores
+            && (c as f64) * per_gpu / 100.0 < whole - 1e-9
+        {
+            exact.compute_percent = Some(c);
+        }
+    }
+    Ok((per_gpu_slices * ask.gpus, exact))
+}
+
+/// What a translation takes off a container: resources, env variables, `envFrom`
+/// ConfigMaps (see [`ContainerPlan`]).
+#[derive(Debug, Default)]
+struct Off {
+    resources: Vec<String>,
+    env: Vec<String>,
+    env_from: Vec<String>,
+}
+
+/// Plans container `c` for the slices `ask` comes to (every dialect's last step), or
+/// refuses it; `off` is what the translation takes off it.
+fn plan(
+    (init, index, c): (bool, usize, &Container),
+    ask: &Ask<'_>,
+    off: Off,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    t.cap_compute |= ask.cores.is_some();
+    match slices_for(ask, config, &mut t.warnings) {
+        Ok((slices, exact)) => t.containers.push(ContainerPlan {
+            init,
+            index,
+            name: c.name.clone(),
+            slices,
+            exact,
+            remove: off.resources,
+            remove_env: off.env,
+            remove_env_from: off.env_from,
+        }),
+        Err(e) => refusals.push(e),
+    }
+}
+
+/// The refusal of a container that asks for Tessera's own resource beside another
+/// project's words for a GPU (`theirs`): two requests for one GPU share.
+fn asks_both(c: &Container, theirs: &str) -> Option<String> {
+    word(c, tessera_contract::labels::RESOURCE).map(|_| {
+        format!(
+            "container {:?} asks both for {} and for {theirs}; use one",
+            c.name,
+            tessera_contract::labels::RESOURCE
+        )
+    })
 }
 
 /// A whole number in a resource or annotation, with the refusal naming `field`.
@@ -488,11 +600,8 @@ fn hami_pod(
         }
         let who = format!("container {:?}", c.name);
         let before = refusals.len();
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for HAMi's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "HAMi's resources") {
+            refusals.push(e);
             continue;
         }
         let words = match hami_words(c) {
@@ -565,22 +674,22 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(words.gpu),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                remove: words
-                    .all()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = words
+            .all()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            Off {
+                resources: remove,
+                ..Off::default()
+            },
+            config,
+            t,
+            refusals,
+        );
     }
     // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
@@ -614,11 +723,8 @@ fn volcano_pod(
             continue;
         }
         let who = format!("container {:?}", c.name);
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for Volcano's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "Volcano's resources") {
+            refusals.push(e);
             continue;
         }
         let before = refusals.len();
@@ -667,22 +773,22 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                remove: VOLCANO_RESOURCES
-                    .into_iter()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = VOLCANO_RESOURCES
+            .into_iter()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            Off {
+                resources: remove,
+                ..Off::default()
+            },
+            config,
+            t,
+            refusals,
+        );
     }
 }
 
@@ -714,13 +820,9 @@ fn kai_pod(
             None => return,
         },
     };
-    let (init, index, c) = target;
-    let who = format!("container {:?}", c.name);
-    if word(c, tessera_contract::labels::RESOURCE).is_some() {
-        refusals.push(format!(
-            "{who} asks both for {} and for a KAI-Scheduler GPU share; use one",
-            tessera_contract::labels::RESOURCE
-        ));
+    let c = target.2;
+    if let Some(e) = asks_both(c, "a KAI-Scheduler GPU share") {
+        refusals.push(e);
         return;
     }
     let fraction = annotations.get(KAI_GPU_FRACTION);
@@ -792,22 +894,33 @@ fn kai_pod(
         gpus,
         gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
     };
-    match slices_for(&ask, config, &mut t.warnings) {
-        Ok(slices) => t.containers.push(ContainerPlan {
-            init,
-            index,
-            name: c.name.clone(),
-            slices,
-            remove: Vec::new(),
-            remove_env: kai_env(c),
-        }),
-        Err(e) => refusals.push(e),
-    }
+    // What KAI's admission added for its binder's ConfigMaps (named from the prefix in
+    // its annotation), which no binder will create for a translated pod.
+    let prefix = annotations
+        .get(KAI_CONFIGMAP_ANNOTATION)
+        .map(|p| format!("{p}-"));
+    let kais = |name: &str| prefix.as_deref().is_some_and(|p| name.starts_with(p));
+    let env_from = c
+        .env_from
+        .iter()
+        .flatten()
+        .filter_map(|e| e.config_map_ref.as_ref())
+        .map(|r| r.name.clone())
+        .filter(|n| kais(n) && n.ends_with("-evar"))
+        .collect();
+    let off = Off {
+        resources: Vec::new(),
+        env: kai_env(c, &kais),
+        env_from,
+    };
+    plan(target, &ask, off, config, t, refusals);
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
-/// `NVIDIA_VISIBLE_DEVICES` from KAI's key, or one of KAI's own names.
-fn kai_env(c: &Container) -> Vec<String> {
+/// `NVIDIA_VISIBLE_DEVICES` from KAI's older key (`RUNAI-VISIBLE-DEVICES`) or, from KAI's
+/// own ConfigMap (`kais`), its current one (`NVIDIA_VISIBLE_DEVICES`), or one of KAI's
+/// own names.
+fn kai_env(c: &Container, kais: &dyn Fn(&str) -> bool) -> Vec<String> {
     c.env
         .iter()
         .flatten()
@@ -819,8 +932,9 @@ fn kai_env(c: &Container) -> Vec<String> {
             else {
                 return false;
             };
-            (e.name == tessera_contract::env::NVIDIA_VISIBLE_DEVICES
-                && r.key == KAI_VISIBLE_DEVICES_KEY)
+            let visible = tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
+            (e.name == visible
+                && (r.key == KAI_VISIBLE_DEVICES_KEY || (r.key == visible && kais(&r.name))))
                 || KAI_ENV.contains(&e.name.as_str())
         })
         .map(|e| e.name.clone())
@@ -848,6 +962,17 @@ pub fn apply(raw: &mut Value, t: &Translation) {
                 !(plan.remove_env.iter().any(|n| n == name) && e.get("valueFrom").is_some())
             });
         }
+        if let Some(from) = c["envFrom"].as_array_mut() {
+            from.retain(|e| {
+                let cm = e["configMapRef"]["name"].as_str().unwrap_or_default();
+                !plan.remove_env_from.iter().any(|n| n == cm)
+            });
+            if from.is_empty()
+                && let Some(o) = c.as_object_mut()
+            {
+                o.remove("envFrom");
+            }
+        }
         let res = &mut c["resources"];
         let had_requests = res["requests"]
             .as_object()
@@ -874,6 +999,23 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             r.remove("requests");
         }
     }
+    if !t.remove_volumes.is_empty() {
+        let gone = |v: &Value| {
+            t.remove_volumes
+                .iter()
+                .any(|n| v["name"].as_str() == Some(n.as_str()))
+        };
+        if let Some(vols) = raw["spec"]["volumes"].as_array_mut() {
+            vols.retain(|v| !gone(v));
+        }
+        for list in ["initContainers", "containers"] {
+            for c in raw["spec"][list].as_array_mut().into_iter().flatten() {
+                if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+                    mounts.retain(|m| !gone(m));
+                }
+            }
+        }
+    }
     // Nothing rewritten (a pod in Tessera's words that also carries, say, HAMi's
     // scheduler-policy annotation): nothing to record, and a second pass must find
     // nothing to change.
@@ -889,6 +1031,11 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             map.remove(k);
         }
         map.insert(ANNOTATION_ORIGINAL.into(), json!(t.original.to_string()));
+        // Always the webhook's on a translated pod: what the tenant wrote there goes.
+        match exact_limits(t) {
+            Some(v) => map.insert(ANNOTATION_EXACT_LIMITS.into(), json!(v)),
+            None => map.remove(ANNOTATION_EXACT_LIMITS),
+        };
         if t.cap_compute {
             map.insert(
                 tessera_contract::labels::ANNOTATION_COMPUTE_POLICY.into(),
@@ -908,6 +1055,24 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             );
         }
     }
+}
+
+/// The value of [`ANNOTATION_EXACT_LIMITS`]: the containers whose ask is below their
+/// slices; `None` when there are none.
+pub fn exact_limits(t: &Translation) -> Option<String> {
+    let mut m = Map::new();
+    for plan in t.containers.iter().filter(|p| !p.exact.is_none()) {
+        let mut e = Map::new();
+        e.insert("slices".into(), json!(plan.slices));
+        if let Some(v) = plan.exact.memory_mib {
+            e.insert("memoryMiB".into(), json!(v));
+        }
+        if let Some(v) = plan.exact.compute_percent {
+            e.insert("computePercent".into(), json!(v));
+        }
+        m.insert(plan.name.clone(), Value::Object(e));
+    }
+    (!m.is_empty()).then(|| Value::Object(m).to_string())
 }
 
 /// Warnings for containers that set HAMi-core's variables: Tessera reads none of them.
@@ -1126,6 +1291,82 @@ mod tests {
             slices(&pod(&[(HAMI_GPUMEM, "8192")], &[]), &strict).0[0].1,
             2
         );
+    }
+
+    #[test]
+    fn asks_below_their_slices_are_recorded_exactly_and_the_tenants_copy_is_replaced() {
+        let c = Config::default();
+        let exact = |p: &Pod| {
+            let t = translate(p, &c).expect("ok").expect("translated");
+            t.containers
+                .iter()
+                .map(|p| (p.slices, p.exact))
+                .collect::<Vec<_>>()
+        };
+        let e = |m: Option<u64>, c: Option<u64>| Exact {
+            memory_mib: m,
+            compute_percent: c,
+        };
+        // 3000 MiB: one 4 GiB slice, limited to 3000 MiB.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "3000")], &[])),
+            vec![(1, e(Some(3000), None))]
+        );
+        // 3000 MiB and 30%: three slices for the compute (37.5%), both exact.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "3000"), (HAMI_GPUCORES, "30")], &[])),
+            vec![(3, e(Some(3000), Some(30)))]
+        );
+        // Whole slices: nothing to record.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM, "8192"), (HAMI_GPUCORES, "25")], &[])),
+            vec![(2, e(None, None))]
+        );
+        // A share of the card's memory is whole slices (only the node knows the card).
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM_PERCENTAGE, "30")], &[])),
+            vec![(3, e(None, None))]
+        );
+        assert_eq!(
+            exact(&pod(
+                &[(VOLCANO_VGPU_MEMORY, "5000"), (VOLCANO_VGPU_CORES, "20")],
+                &[]
+            )),
+            vec![(2, e(Some(5000), Some(20)))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_MEMORY, "7000")])),
+            vec![(2, e(Some(7000), None))]
+        );
+        // Several GPUs are whole cards: no exact limit.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPU, "2"), (HAMI_GPUMEM, "32768")], &[])),
+            vec![(16, e(None, None))]
+        );
+
+        // apply: the webhook's value goes on, over what the tenant wrote; a pod with
+        // nothing below its slices loses the tenant's copy.
+        let applied = |limits: &[(&str, &str)]| {
+            let p = pod(
+                limits,
+                &[(
+                    ANNOTATION_EXACT_LIMITS,
+                    r#"{"main":{"slices":1,"memoryMiB":999999}}"#,
+                )],
+            );
+            let t = translate(&p, &c).expect("ok").expect("translated");
+            let mut raw = serde_json::to_value(&p).expect("json");
+            apply(&mut raw, &t);
+            raw["metadata"]["annotations"][ANNOTATION_EXACT_LIMITS].clone()
+        };
+        let v: Value = serde_json::from_str(
+            applied(&[(HAMI_GPUMEM, "3000")])
+                .as_str()
+                .expect("a string"),
+        )
+        .expect("JSON");
+        assert_eq!(v, json!({"main": {"slices": 1, "memoryMiB": 3000}}));
+        assert_eq!(applied(&[(HAMI_GPUMEM, "4096")]), Value::Null);
     }
 
     #[test]
@@ -1398,24 +1639,70 @@ mod tests {
     fn kais_own_gpu_env_comes_off_the_translated_container() {
         let from =
             |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
-        let raw = json!({
+        // KAI's older key, and its current one (NVIDIA_VISIBLE_DEVICES from its own
+        // ConfigMap), with the envFrom and the ConfigMap volume its admission adds
+        // (pkg/binder/common in KAI-Scheduler).
+        for key in [KAI_VISIBLE_DEVICES_KEY, "NVIDIA_VISIBLE_DEVICES"] {
+            let raw = json!({
+                "metadata": {"name": "p", "annotations": {
+                    KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+                "spec": {"containers": [{"name": "main", "image": "x", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(key)},
+                    {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+                    {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
+                    {"name": "HOME", "value": "/root"}
+                ], "envFrom": [
+                    {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}},
+                    {"configMapRef": {"name": "mine"}}
+                ], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "volumes": [
+                    {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}},
+                    {"name": "data", "emptyDir": {}}
+                ]}
+            });
+            let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
+            let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+            let mut out = raw.clone();
+            apply(&mut out, &t);
+            let c = &out["spec"]["containers"][0];
+            assert_eq!(
+                c["env"],
+                json!([{"name": "HOME", "value": "/root"}]),
+                "{key}"
+            );
+            assert_eq!(c["envFrom"], json!([{"configMapRef": {"name": "mine"}}]));
+            assert_eq!(
+                out["spec"]["volumes"],
+                json!([{"name": "data", "emptyDir": {}}])
+            );
+            assert_eq!(c["volumeMounts"].as_array().map(Vec::len), Some(1));
+            // And the whole admission takes it (before, KAI's current key was left on
+            // and refused as a pod's own NVIDIA_VISIBLE_DEVICES).
+            if let Err(e) = crate::admission::mutate_pod(&raw) {
+                panic!("{key}: refused: {e:?}");
+            }
+        }
+        // A pod's own NVIDIA_VISIBLE_DEVICES from its own ConfigMap stays (and is refused
+        // as for any slice container).
+        let own = json!({
             "metadata": {"name": "p", "annotations": {
                 KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
             "spec": {"containers": [{"name": "main", "image": "x", "env": [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(KAI_VISIBLE_DEVICES_KEY)},
-                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
-                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
-                {"name": "HOME", "value": "/root"}
+                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "mine", "key": "NVIDIA_VISIBLE_DEVICES"}}}
             ]}]}
+        });
+        let p: Pod = serde_json::from_value(own).expect("pod");
+        let t = translate(&p, &Config::default()).expect("ok").expect("kai");
+        assert!(t.containers[0].remove_env.is_empty());
+        let raw = json!({
+            "metadata": {"name": "p", "annotations": {
+                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+            "spec": {"containers": [{"name": "main", "image": "x"}]}
         });
         let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
         let t = translate(&p, &Config::default()).expect("ok").expect("kai");
         let mut out = raw.clone();
         apply(&mut out, &t);
-        assert_eq!(
-            out["spec"]["containers"][0]["env"],
-            json!([{"name": "HOME", "value": "/root"}])
-        );
         let ann = out["metadata"]["annotations"]
             .as_object()
             .expect("annotations");

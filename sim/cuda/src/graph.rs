@@ -816,8 +816,7 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let rt = rt()?;
-        let m = graph_mem_of(rt.device(device)?.index);
+        let m = graph_mem_of(rt()?.device(device)?.index);
         use CUgraphMem_attribute as A;
         let v = match attr {
             A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT => m.used,
@@ -842,8 +841,7 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     value: *mut c_void,
 ) -> CUresult {
     guard(|| {
-        let rt = rt()?;
-        let d = rt.device(device)?.index;
+        let d = rt()?.device(device)?.index;
         // SAFETY: the caller passes null (rejected) or a valid cuuint64_t.
         let v = *unsafe { get(value.cast::<u64>()) }?;
         if v != 0 {

@@ -12,6 +12,16 @@ use tessera_ffi::cuda::*;
 use crate::runtime::rt;
 use crate::{CuResult, guard};
 
+/// A 32-bit stream memory operation's operands, as both calls take them (`pt`: the
+/// per-thread default stream's ABI).
+struct Value32 {
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: c_uint,
+    pt: bool,
+}
+
 /// Checks that `addr` is 4 aligned bytes of device memory, then waits until the work
 /// queued on `stream` so far has ended: the start of a stream memory operation.
 fn after_stream_work(stream: CUstream, addr: CUdeviceptr, pt: bool) -> CuResult<()> {
@@ -26,21 +36,15 @@ fn after_stream_work(stream: CUstream, addr: CUdeviceptr, pt: bool) -> CuResult<
 
 /// `cuStreamWriteValue32`: writes `value` at `addr` once the stream's earlier work has
 /// ended (the calling thread waits for that, as `cuLaunchHostFunc` does here).
-fn write_value32(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: c_uint,
-    pt: bool,
-) -> CuResult<()> {
+fn write_value32(op: Value32) -> CuResult<()> {
     rt()?;
-    if flags & !1 != 0 {
+    if op.flags & !1 != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    after_stream_work(stream, addr, pt)?;
+    after_stream_work(op.stream, op.addr, op.pt)?;
     // SAFETY: 4 aligned bytes of live device memory (checked above), mapped read-write in
     // this process.
-    unsafe { (addr as *mut u32).write_volatile(value) };
+    unsafe { (op.addr as *mut u32).write_volatile(op.value) };
     Ok(())
 }
 
@@ -54,7 +58,7 @@ macro_rules! value32 {
         /// No pointer arguments are dereferenced unchecked.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint) -> CUresult {
-            guard(|| $op(stream, addr, value, flags, $pt))
+            guard(|| $op(Value32 { stream, addr, value, flags, pt: $pt }))
         }
     )*};
 }
@@ -71,28 +75,22 @@ value32! {
 /// waits until the 32-bit value at `addr` satisfies the condition (`>=`, `==`, `& != 0`,
 /// `!(a | b)`), as a stream would before running later work; at most 10 s, then
 /// `CUDA_ERROR_TIMEOUT` (a real stream would hang; a host thread here must not).
-fn wait_value32(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: c_uint,
-    pt: bool,
-) -> CuResult<()> {
+fn wait_value32(op: Value32) -> CuResult<()> {
     rt()?;
-    let cond = flags & !(1 << 30);
+    let cond = op.flags & !(1 << 30);
     if cond > 3 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    after_stream_work(stream, addr, pt)?;
+    after_stream_work(op.stream, op.addr, op.pt)?;
     let holds = || {
         // SAFETY: 4 aligned bytes of live device memory (checked above), mapped in this
         // process; another thread or process may write them, hence volatile.
-        let v = unsafe { (addr as *const u32).read_volatile() };
+        let v = unsafe { (op.addr as *const u32).read_volatile() };
         match cond {
-            0 => (v as i32).wrapping_sub(value as i32) >= 0,
-            1 => v == value,
-            2 => v & value != 0,
-            _ => !(v | value) != 0,
+            0 => (v as i32).wrapping_sub(op.value as i32) >= 0,
+            1 => v == op.value,
+            2 => v & op.value != 0,
+            _ => !(v | op.value) != 0,
         }
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

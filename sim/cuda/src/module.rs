@@ -721,41 +721,40 @@ fn library_load(library: *mut CUlibrary, raw: CuResult<Raw>) -> CuResult<()> {
     Ok(())
 }
 
-/// `cuLibraryLoadData`: a context-independent library (any image `cuModuleLoadData`
-/// takes); its kernels run on the device of the stream they are launched on.
-///
-/// # Safety
-/// `library` must be null or writable; `code` null or an image.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryLoadData(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    _jitOptions: *mut CUjit_option,
-    _jitOptionsValues: *mut *mut c_void,
-    _numJitOptions: c_uint,
-    _libraryOptions: *mut CUlibraryOption,
-    _libraryOptionValues: *mut *mut c_void,
-    _numLibraryOptions: c_uint,
-) -> CUresult {
-    guard(|| library_load(library, read_image(code)))
+/// The library loaders, which differ only in where the image comes from (`$read` of
+/// `$src`): their JIT and library options, which the simulator ignores, written once.
+macro_rules! library_loaders {
+    ($($(#[$attr:meta])* fn $name:ident($src:ident: $ty:ty) => $read:ident;)*) => {$(
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            library: *mut CUlibrary,
+            $src: $ty,
+            _jitOptions: *mut CUjit_option,
+            _jitOptionsValues: *mut *mut c_void,
+            _numJitOptions: c_uint,
+            _libraryOptions: *mut CUlibraryOption,
+            _libraryOptionValues: *mut *mut c_void,
+            _numLibraryOptions: c_uint,
+        ) -> CUresult {
+            guard(|| library_load(library, $read($src)))
+        }
+    )*};
 }
 
-/// `cuLibraryLoadFromFile`.
-///
-/// # Safety
-/// `library` must be null or writable; `fileName` null or a C string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLibraryLoadFromFile(
-    library: *mut CUlibrary,
-    fileName: *const c_char,
-    _jitOptions: *mut CUjit_option,
-    _jitOptionsValues: *mut *mut c_void,
-    _numJitOptions: c_uint,
-    _libraryOptions: *mut CUlibraryOption,
-    _libraryOptionValues: *mut *mut c_void,
-    _numLibraryOptions: c_uint,
-) -> CUresult {
-    guard(|| library_load(library, read_file(fileName)))
+library_loaders! {
+    /// `cuLibraryLoadData`: a context-independent library (any image `cuModuleLoadData`
+    /// takes); its kernels run on the device of the stream they are launched on.
+    ///
+    /// # Safety
+    /// `library` must be null or writable; `code` null or an image.
+    fn cuLibraryLoadData(code: *const c_void) => read_image;
+
+    /// `cuLibraryLoadFromFile`.
+    ///
+    /// # Safety
+    /// `library` must be null or writable; `fileName` null or a C string.
+    fn cuLibraryLoadFromFile(fileName: *const c_char) => read_file;
 }
 
 /// `cuLibraryUnload`: its kernels and per-context modules go with it.

@@ -254,57 +254,49 @@ fn potential_block_size(
     Ok(())
 }
 
-/// `cuOccupancyMaxPotentialBlockSize`: the block size with the most resident threads per
-/// SM, and the grid that fills the device with it.
-///
-/// # Safety
-/// `minGridSize` and `blockSize` must be null or writable; the callback, if any, callable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
-    minGridSize: *mut c_int,
-    blockSize: *mut c_int,
-    func: CUfunction,
-    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
-    dynamicSMemSize: usize,
-    blockSizeLimit: c_int,
-) -> CUresult {
-    guard(|| {
-        potential_block_size(
-            minGridSize,
-            blockSize,
-            func,
-            blockSizeToDynamicSMemSize,
-            dynamicSMemSize,
-            blockSizeLimit,
-        )
-    })
+/// `cuOccupancyMaxPotentialBlockSize` and its `WithFlags` twin: one parameter list and
+/// one body (`potential_block_size`); the flags change nothing here.
+macro_rules! potential_block_size_exports {
+    ($($(#[$attr:meta])* fn $name:ident($($flags:ident: $fty:ty)?);)*) => {$(
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            minGridSize: *mut c_int,
+            blockSize: *mut c_int,
+            func: CUfunction,
+            blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
+            dynamicSMemSize: usize,
+            blockSizeLimit: c_int,
+            $($flags: $fty,)?
+        ) -> CUresult {
+            guard(|| {
+                potential_block_size(
+                    minGridSize,
+                    blockSize,
+                    func,
+                    blockSizeToDynamicSMemSize,
+                    dynamicSMemSize,
+                    blockSizeLimit,
+                )
+            })
+        }
+    )*};
 }
 
-/// `cuOccupancyMaxPotentialBlockSizeWithFlags`.
-///
-/// # Safety
-/// As `cuOccupancyMaxPotentialBlockSize`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-    minGridSize: *mut c_int,
-    blockSize: *mut c_int,
-    func: CUfunction,
-    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
-    dynamicSMemSize: usize,
-    blockSizeLimit: c_int,
-    _flags: c_uint,
-) -> CUresult {
-    // SAFETY: the same contract; the flags change nothing here.
-    unsafe {
-        cuOccupancyMaxPotentialBlockSize(
-            minGridSize,
-            blockSize,
-            func,
-            blockSizeToDynamicSMemSize,
-            dynamicSMemSize,
-            blockSizeLimit,
-        )
-    }
+potential_block_size_exports! {
+    /// `cuOccupancyMaxPotentialBlockSize`: the block size with the most resident threads
+    /// per SM, and the grid that fills the device with it.
+    ///
+    /// # Safety
+    /// `minGridSize` and `blockSize` must be null or writable; the callback, if any,
+    /// callable.
+    fn cuOccupancyMaxPotentialBlockSize();
+
+    /// `cuOccupancyMaxPotentialBlockSizeWithFlags`.
+    ///
+    /// # Safety
+    /// As `cuOccupancyMaxPotentialBlockSize`.
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(_flags: c_uint);
 }
 
 /// `cuOccupancyAvailableDynamicSMemPerBlock`.

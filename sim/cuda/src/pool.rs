@@ -339,36 +339,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     attr: CUmemPool_attribute,
     value: *mut c_void,
 ) -> CUresult {
-    guard(|| {
-        let p = attribute_target(pool, value)?;
-        use CUmemPool_attribute as A;
-        let mut s = p.lock();
-        match attr {
-            A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
-            | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
-            | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
-                // SAFETY: non-null; these attributes are ints.
-                s.reuse[attr.0 as usize - 1] = unsafe { value.cast::<i32>().read() };
-            }
-            A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
-                // SAFETY: non-null; the threshold is a cuuint64_t.
-                s.release_threshold = unsafe { value.cast::<u64>().read() };
-            }
-            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => {
-                // SAFETY: non-null; high watermarks are cuuint64_t and may only be reset to 0.
-                if unsafe { value.cast::<u64>().read() } != 0 {
-                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-                }
-                if attr == A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH {
-                    s.reserved_high = s.reserved;
-                } else {
-                    s.used_high = s.used;
-                }
-            }
-            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        }
-        Ok(())
-    })
+    guard(|| set_attribute(&mut attribute_target(pool, value)?.lock(), attr, value))
 }
 
 /// `cuMemPoolGetAttribute`.
@@ -381,29 +352,62 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     attr: CUmemPool_attribute,
     value: *mut c_void,
 ) -> CUresult {
-    guard(|| {
-        let p = attribute_target(pool, value)?;
-        use CUmemPool_attribute as A;
-        let s = p.lock();
-        let v64 = match attr {
-            A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
-            | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
-            | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
-                // SAFETY: non-null; these attributes are ints.
-                unsafe { value.cast::<i32>().write(s.reuse[attr.0 as usize - 1]) };
-                return Ok(());
+    guard(|| get_attribute(&attribute_target(pool, value)?.lock(), attr, value))
+}
+
+/// `cuMemPoolSetAttribute`'s body: `value` is non-null (`attribute_target`) and, by the
+/// export's contract, points to the attribute's type.
+fn set_attribute(s: &mut PoolState, attr: CUmemPool_attribute, value: *mut c_void) -> CuResult<()> {
+    use CUmemPool_attribute as A;
+    match attr {
+        A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+        | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+        | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+            // SAFETY: non-null; these attributes are ints.
+            s.reuse[attr.0 as usize - 1] = unsafe { value.cast::<i32>().read() };
+        }
+        A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+            // SAFETY: non-null; the threshold is a cuuint64_t.
+            s.release_threshold = unsafe { value.cast::<u64>().read() };
+        }
+        A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => {
+            // SAFETY: non-null; high watermarks are cuuint64_t and may only be reset to 0.
+            if unsafe { value.cast::<u64>().read() } != 0 {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
-            A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => s.release_threshold,
-            A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => s.reserved,
-            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => s.reserved_high,
-            A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT => s.used,
-            A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => s.used_high,
-            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        };
-        // SAFETY: non-null; the remaining attributes are cuuint64_t.
-        unsafe { value.cast::<u64>().write(v64) };
-        Ok(())
-    })
+            if attr == A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH {
+                s.reserved_high = s.reserved;
+            } else {
+                s.used_high = s.used;
+            }
+        }
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
+}
+
+/// `cuMemPoolGetAttribute`'s body: `value` is non-null (`attribute_target`) and, by the
+/// export's contract, writable for the attribute's type.
+fn get_attribute(s: &PoolState, attr: CUmemPool_attribute, value: *mut c_void) -> CuResult<()> {
+    use CUmemPool_attribute as A;
+    let v64 = match attr {
+        A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+        | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+        | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+            // SAFETY: non-null; these attributes are ints.
+            unsafe { value.cast::<i32>().write(s.reuse[attr.0 as usize - 1]) };
+            return Ok(());
+        }
+        A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => s.release_threshold,
+        A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => s.reserved,
+        A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => s.reserved_high,
+        A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT => s.used,
+        A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => s.used_high,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    };
+    // SAFETY: non-null; the remaining attributes are cuuint64_t.
+    unsafe { value.cast::<u64>().write(v64) };
+    Ok(())
 }
 
 /// `cuMemPoolSetAccess`: every device may use every pool here, so this only validates.

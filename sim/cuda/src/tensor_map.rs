@@ -28,57 +28,54 @@ unsafe fn put_tensor_map(
     unsafe { put(tensorMap, map) }
 }
 
-/// `cuTensorMapEncodeTiled`: checks the rank and writes an opaque descriptor (zeros with
-/// the address first); kernels never read it here.
-///
-/// # Safety
-/// `tensorMap` must be null or writable; the array arguments are not read.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuTensorMapEncodeTiled(
-    tensorMap: *mut CUtensorMap,
-    _tensorDataType: CUtensorMapDataType,
-    tensorRank: cuuint32_t,
-    globalAddress: *mut c_void,
-    _globalDim: *const cuuint64_t,
-    _globalStrides: *const cuuint64_t,
-    _boxDim: *const cuuint32_t,
-    _elementStrides: *const cuuint32_t,
-    _interleave: CUtensorMapInterleave,
-    _swizzle: CUtensorMapSwizzle,
-    _l2Promotion: CUtensorMapL2promotion,
-    _oobFill: CUtensorMapFloatOOBfill,
-) -> CUresult {
-    // SAFETY: the caller's contract.
-    guard(|| unsafe { put_tensor_map(tensorMap, tensorRank, 1, globalAddress) })
+/// The tensor-map encoders: the parameters they share (the descriptor, element type,
+/// rank, address and global shape first; element strides and the layout enums last)
+/// written once, each encoder's own box parameters between them. None but the rank and
+/// the address is read: the descriptor is opaque and kernels never read it here.
+macro_rules! tensor_map_encoders {
+    ($($(#[$attr:meta])* fn $name:ident($($own:ident: $oty:ty),*) min_rank $min:literal;)*) => {$(
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            tensorMap: *mut CUtensorMap,
+            _tensorDataType: CUtensorMapDataType,
+            tensorRank: cuuint32_t,
+            globalAddress: *mut c_void,
+            _globalDim: *const cuuint64_t,
+            _globalStrides: *const cuuint64_t,
+            $($own: $oty,)*
+            _elementStrides: *const cuuint32_t,
+            _interleave: CUtensorMapInterleave,
+            _swizzle: CUtensorMapSwizzle,
+            _l2Promotion: CUtensorMapL2promotion,
+            _oobFill: CUtensorMapFloatOOBfill,
+        ) -> CUresult {
+            // SAFETY: the caller's contract.
+            guard(|| unsafe { put_tensor_map(tensorMap, tensorRank, $min, globalAddress) })
+        }
+    )*};
 }
 
-/// `cuTensorMapEncodeIm2col`: as `cuTensorMapEncodeTiled`, an opaque descriptor holding
-/// the address (rank 3 to 5).
-///
-/// # Safety
-/// `tensorMap` must be null or writable; the array arguments are not read.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuTensorMapEncodeIm2col(
-    tensorMap: *mut CUtensorMap,
-    _tensorDataType: CUtensorMapDataType,
-    tensorRank: cuuint32_t,
-    globalAddress: *mut c_void,
-    _globalDim: *const cuuint64_t,
-    _globalStrides: *const cuuint64_t,
-    _pixelBoxLowerCorner: *const c_int,
-    _pixelBoxUpperCorner: *const c_int,
-    _channelsPerPixel: cuuint32_t,
-    _pixelsPerColumn: cuuint32_t,
-    _elementStrides: *const cuuint32_t,
-    _interleave: CUtensorMapInterleave,
-    _swizzle: CUtensorMapSwizzle,
-    _l2Promotion: CUtensorMapL2promotion,
-    _oobFill: CUtensorMapFloatOOBfill,
-) -> CUresult {
-    // SAFETY: the caller's contract.
-    guard(|| unsafe { put_tensor_map(tensorMap, tensorRank, 3, globalAddress) })
+tensor_map_encoders! {
+    /// `cuTensorMapEncodeTiled`: checks the rank and writes an opaque descriptor (zeros
+    /// with the address first); kernels never read it here.
+    ///
+    /// # Safety
+    /// `tensorMap` must be null or writable; the array arguments are not read.
+    fn cuTensorMapEncodeTiled(_boxDim: *const cuuint32_t) min_rank 1;
+
+    /// `cuTensorMapEncodeIm2col`: as `cuTensorMapEncodeTiled`, an opaque descriptor
+    /// holding the address (rank 3 to 5).
+    ///
+    /// # Safety
+    /// `tensorMap` must be null or writable; the array arguments are not read.
+    fn cuTensorMapEncodeIm2col(
+        _pixelBoxLowerCorner: *const c_int,
+        _pixelBoxUpperCorner: *const c_int,
+        _channelsPerPixel: cuuint32_t,
+        _pixelsPerColumn: cuuint32_t
+    ) min_rank 3;
 }
 
 /// `cuTensorMapReplaceAddress`: rewrites the address in a descriptor made here.

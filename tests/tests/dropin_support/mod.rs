@@ -67,9 +67,18 @@ pub fn want(memory: u64, compute_ppm: u32, guaranteed: bool, priority: i32) -> W
     }
 }
 
-/// Fifteen pods, five per project, each with what it must get. All ask for whole
-/// slices (a 4 GiB multiple, an eighth of the card), so "exactly its ask" is exact;
-/// one HAMi pod asks 3000 MiB and gets the documented rounding up, one slice.
+pub const MI: u64 = 1 << 20;
+
+/// The pod whose tenant, after admission, edits its exact limits
+/// (`tessera.dev/dropin-limits`) to ask for the whole card: see [`as_stored`].
+pub const RAISED: &str = "hami-3000m-raised";
+
+/// Eighteen pods, five or more per project, each with what it must get: exactly its
+/// ask. Most ask for whole slices (a 4 GiB multiple, an eighth of the card); a HAMi
+/// pod of 3000 MiB, a Volcano one of 5000 MiB capped at 30 % and a KAI one of 7000 MiB
+/// are scheduled as whole slices (1, 3, 2) and limited to exactly their words; one
+/// more 3000 MiB pod's tenant raises its limits on the pod after admission and gets
+/// no more than its slices ([`RAISED`]).
 pub fn pods() -> Vec<(Value, Want)> {
     let none = json!({});
     vec![
@@ -128,10 +137,24 @@ pub fn pods() -> Vec<(Value, Want)> {
             ),
             want(12 * GI, 375_000, false, 0),
         ),
-        // HAMi: 3000 MiB, not whole slices: rounded up to one (4 GiB), with a warning.
+        // HAMi: 3000 MiB, not whole slices: scheduled as one (4 GiB), limited to 3000 MiB.
         (
             pod(
                 "hami-3000m",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+                )],
+                none.clone(),
+            ),
+            want(3000 * MI, 125_000, false, 0),
+        ),
+        // The same, whose tenant then writes the whole card into its exact limits: the
+        // node holds it to its one slice.
+        (
+            pod(
+                RAISED,
                 none.clone(),
                 &[(
                     "cuda",
@@ -170,6 +193,16 @@ pub fn pods() -> Vec<(Value, Want)> {
                 json!({"schedulerName": "kai-scheduler"}),
             ),
             want(4 * GI, 125_000, false, 0),
+        ),
+        // KAI: 7000 MiB: two slices, limited to 7000 MiB.
+        (
+            pod(
+                "kai-7000m",
+                json!({"gpu-memory": "7000"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(7000 * MI, 250_000, false, 0),
         ),
         // KAI: 20 GiB, for the named container of two.
         (
@@ -243,6 +276,20 @@ pub fn pods() -> Vec<(Value, Want)> {
             ),
             want(24 * GI, 750_000, true, 0),
         ),
+        // Volcano: 5000 MiB capped at 30 %: three slices for the compute (37.5 %),
+        // limited to exactly 5000 MiB and 30 %.
+        (
+            pod(
+                "volcano-5000m-30",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "5000", "volcano.sh/vgpu-cores": "30"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(5000 * MI, 300_000, true, 0),
+        ),
         // Volcano: one vGPU and nothing else, the whole card.
         (
             pod(
@@ -272,4 +319,50 @@ pub fn slices_of(translated: &Value) -> (String, u32) {
         .collect();
     assert_eq!(with.len(), 1, "one container with slices: {translated:#}");
     with.into_iter().next().expect("one")
+}
+
+/// The translated pod as the API server holds it when the node reads it: as admitted,
+/// except [`RAISED`], whose tenant has since rewritten its exact limits to the whole
+/// card (a pod's annotations can be edited after admission, where no webhook looks).
+pub fn as_stored(translated: &Value) -> Value {
+    let mut stored = translated.clone();
+    if translated["metadata"]["name"] == RAISED {
+        let key = tessera_contract::dropin::ANNOTATION_EXACT_LIMITS;
+        assert!(
+            stored["metadata"]["annotations"][key].is_string(),
+            "the webhook wrote exact limits: {translated:#}"
+        );
+        stored["metadata"]["annotations"][key] =
+            json!(r#"{"cuda":{"slices":1,"memoryMiB":32768,"computePercent":100}}"#);
+    }
+    stored
+}
+
+/// A process of a drop-in pod, started by either route, sees its ask as its memory both
+/// ways (CUDA and NVML), gets all of it and not a byte more, and the node's ground truth
+/// holds exactly that for it.
+pub fn assert_pod_holds_exactly(
+    n: &tessera_e2e::SimNode,
+    p: &mut tessera_e2e::ProbeChild,
+    memory: u64,
+    name: &str,
+) {
+    const T: std::time::Duration = std::time::Duration::from_secs(15);
+    for step in ["init", "ctx", "nvml-init"] {
+        let l = p.cmd(step, T);
+        assert!(l.ok, "{name}: {}", l.raw);
+    }
+    assert_eq!(p.cmd("meminfo", T).u64("total"), memory, "{name}");
+    assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), memory, "{name}");
+    let all = p.cmd(&format!("alloc {memory}"), T);
+    assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
+    let one = p.cmd("alloc 1", T);
+    assert_eq!(
+        one.error.as_deref(),
+        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{name}: {}",
+        one.raw
+    );
+    let truth = n.node().process(p.pid()).expect("probe on the node").memory;
+    assert_eq!(truth[0], memory, "{name}: ground truth");
 }

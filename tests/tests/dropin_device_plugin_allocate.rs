@@ -1,0 +1,126 @@
+//! A translated pod's exact limits (`tessera.dev/dropin-limits`) laid at Allocate, so
+//! that its process never starts above its ask: the real device plugin reads the pods
+//! bound to its node from a fake API server speaking the real JSON (through kube), the
+//! fake kubelet's Allocate goes over real gRPC, and the real manager makes the
+//! allocation. Asserted on the allocation as Allocate made it, before any PodResources
+//! pass: a lone pending pod's exact limits are in it; two pending pods of the same size
+//! with different asks (the kubelet names devices, not pods) leave it at its slices,
+//! for the pass to lower; a tenant's raise is no raise.
+
+mod device_plugin_support;
+
+use device_plugin_support::*;
+use serde_json::{Value, json};
+use tessera_dra_plugin::testing::FakeApiServer;
+use tessera_proto::deviceplugin::v1beta1 as dp;
+
+/// Four slices of each 80 GiB GPU: 20 GiB and 25 % each.
+const CONFIG: &str = "default:\n  slice: {slicesPerGpu: 4}\n  deviceListStrategy: envvar\n";
+const EXACT: &str = "tessera.dev/dropin-limits";
+
+fn pod_path(name: &str) -> String {
+    format!("/api/v1/namespaces/team-a/pods/{name}")
+}
+
+/// A translated pod bound to node-1 and still pending, its container `main` asking for
+/// one slice, with exact limits `exact` (the webhook's JSON) if any.
+fn pod(name: &str, exact: Option<&str>) -> Value {
+    let mut annotations = json!({"tessera.dev/dropin-original": "{}"});
+    if let Some(e) = exact {
+        annotations[EXACT] = json!(e);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
+                     "resourceVersion": "7", "creationTimestamp": "2026-12-02T03:00:00Z",
+                     "annotations": annotations},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [{"name": "main", "image": "cuda:12",
+                            "resources": {"limits": {"tessera.dev/vgpu": "1"}}}]
+        },
+        "status": {"phase": "Pending"}
+    })
+}
+
+async fn allocate(node: &Node, id: &str) -> dp::ContainerAllocateResponse {
+    let mut r = node
+        .client()
+        .await
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec![id.to_owned()],
+            }],
+        })
+        .await
+        .expect("allocate")
+        .into_inner();
+    r.container_responses.remove(0)
+}
+
+/// The allocation the manager holds for device `id`: (memory bytes, compute ppm).
+fn limits_of(node: &Node, id: &str) -> (u64, u32) {
+    let all = node.allocations();
+    let a = all
+        .iter()
+        .find(|a| a.device_ids == [id])
+        .unwrap_or_else(|| panic!("no allocation of {id}: {all:?}"));
+    (
+        a.devices[0].memory_limit_bytes,
+        a.devices[0].compute_share_ppm,
+    )
+}
+
+#[tokio::test]
+async fn exact_limits_are_laid_at_allocate_when_the_pod_is_certain() {
+    let api = FakeApiServer::start().await.expect("API server");
+    api.put(
+        "/api/v1/nodes/node-1",
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "node-1", "resourceVersion": "1", "labels": {}}}),
+    );
+    let url = format!("http://{}", api.addr);
+    let mut node = Node::start_with(fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]), CONFIG, |o| {
+        o.use_kube = true;
+        o.kube_url = Some(url);
+    })
+    .await;
+    node.wait_devices("4 healthy slices", |d| d.len() == 4 && healthy(d) == 4)
+        .await;
+
+    // One pending pod of one slice: its 3000 MiB and 10 % from the start.
+    api.put(
+        &pod_path("lone"),
+        pod(
+            "lone",
+            Some(r#"{"main":{"slices":1,"memoryMiB":3000,"computePercent":10}}"#),
+        ),
+    );
+    allocate(&node, "GPU-a::0").await;
+    assert_eq!(limits_of(&node, "GPU-a::0"), (3000 << 20, 100_000));
+
+    // Two pending pods of one slice asking differently: Allocate cannot tell which this
+    // is, so neither's words are laid (the PodResources pass lowers it for its owner).
+    api.remove(&pod_path("lone"));
+    api.put(
+        &pod_path("first"),
+        pod("first", Some(r#"{"main":{"slices":1,"memoryMiB":3000}}"#)),
+    );
+    api.put(&pod_path("second"), pod("second", None));
+    allocate(&node, "GPU-a::1").await;
+    assert_eq!(limits_of(&node, "GPU-a::1"), (20 * GI, 250_000));
+
+    // A tenant who wrote the whole card into its exact limits gets its slice.
+    api.remove(&pod_path("first"));
+    api.remove(&pod_path("second"));
+    api.put(
+        &pod_path("greedy"),
+        pod(
+            "greedy",
+            Some(r#"{"main":{"slices":1,"memoryMiB":81920,"computePercent":100}}"#),
+        ),
+    );
+    allocate(&node, "GPU-a::2").await;
+    assert_eq!(limits_of(&node, "GPU-a::2"), (20 * GI, 250_000));
+    node.stop().await;
+}
