@@ -429,29 +429,38 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
     Ok(per_gpu_slices * ask.gpus)
 }
 
-/// A whole number in a resource or annotation, with the refusal naming `field`.
 /// Plans container `c` for the slices `ask` comes to (every dialect's last step), or
-/// refuses it; `remove` and `remove_env` are what the translation takes off it.
-fn plan(
+/// refuses it; the translation takes off it those of the dialect's resource `words` it
+/// sets. The plan is handed back for what a dialect adds (KAI's variables).
+fn plan<'t>(
     (init, index, c): (bool, usize, &Container),
     ask: &Ask<'_>,
-    remove: Vec<String>,
-    remove_env: Vec<String>,
+    words: impl IntoIterator<Item = &'static str>,
     config: &Config,
-    t: &mut Translation,
+    t: &'t mut Translation,
     refusals: &mut Vec<String>,
-) {
+) -> Option<&'t mut ContainerPlan> {
     t.cap_compute |= ask.cores.is_some();
     match slices_for(ask, config, &mut t.warnings) {
-        Ok(slices) => t.containers.push(ContainerPlan {
-            init,
-            index,
-            name: c.name.clone(),
-            slices,
-            remove,
-            remove_env,
-        }),
-        Err(e) => refusals.push(e),
+        Ok(slices) => {
+            t.containers.push(ContainerPlan {
+                init,
+                index,
+                name: c.name.clone(),
+                slices,
+                remove: words
+                    .into_iter()
+                    .filter(|r| word(c, r).is_some())
+                    .map(str::to_owned)
+                    .collect(),
+                remove_env: Vec::new(),
+            });
+            t.containers.last_mut()
+        }
+        Err(e) => {
+            refusals.push(e);
+            None
+        }
     }
 }
 
@@ -467,6 +476,7 @@ fn asks_both(c: &Container, theirs: &str) -> Option<String> {
     })
 }
 
+/// A whole number in a resource or annotation, with the refusal naming `field`.
 fn whole(
     who: &str,
     field: &str,
@@ -519,7 +529,8 @@ fn hami_pod(
         }
     }
     let mut priorities = BTreeSet::new();
-    for &(init, index, c) in containers {
+    for &entry in containers {
+        let (_, _, c) = entry;
         if !is_hami(c) {
             continue;
         }
@@ -599,20 +610,7 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(words.gpu),
         };
-        let remove = words
-            .all()
-            .filter(|r| word(c, r).is_some())
-            .map(str::to_owned)
-            .collect();
-        plan(
-            (init, index, c),
-            &ask,
-            remove,
-            Vec::new(),
-            config,
-            t,
-            refusals,
-        );
+        plan(entry, &ask, words.all(), config, t, refusals);
     }
     // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
@@ -641,7 +639,8 @@ fn volcano_pod(
     t: &mut Translation,
     refusals: &mut Vec<String>,
 ) {
-    for &(init, index, c) in containers {
+    for &entry in containers {
+        let (_, _, c) = entry;
         if !VOLCANO_RESOURCES.iter().any(|r| word(c, r).is_some()) {
             continue;
         }
@@ -696,20 +695,7 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
-        let remove = VOLCANO_RESOURCES
-            .into_iter()
-            .filter(|r| word(c, r).is_some())
-            .map(str::to_owned)
-            .collect();
-        plan(
-            (init, index, c),
-            &ask,
-            remove,
-            Vec::new(),
-            config,
-            t,
-            refusals,
-        );
+        plan(entry, &ask, VOLCANO_RESOURCES, config, t, refusals);
     }
 }
 
@@ -815,7 +801,9 @@ fn kai_pod(
         gpus,
         gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
     };
-    plan(target, &ask, Vec::new(), kai_env(c), config, t, refusals);
+    if let Some(p) = plan(target, &ask, [], config, t, refusals) {
+        p.remove_env = kai_env(c);
+    }
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
