@@ -323,21 +323,12 @@ pub(crate) fn run(
                  files held open elsewhere, or the driver stuck); counted against its \
                  allocation, nothing to stop"
             );
-        } else if f.reason == Reason::NoShim {
-            // Why it could not be placed, so a surprise on a real node is
-            // diagnosable from this line alone.
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = "",
-                pod = "",
-                kill = core.config.backstop_kill,
-                why = %identity::diagnose(view, f.pid, &claims),
-                "process escapes its GPU allocation"
-            );
         } else {
+            // For a process in no allocation, why it could not be placed, so
+            // that a surprise on a real node is diagnosable from this line
+            // alone (its allocation and pod are empty: it has none).
+            let why =
+                (f.reason == Reason::NoShim).then(|| identity::diagnose(view, f.pid, &claims));
             tracing::warn!(
                 gpu = %f.gpu_uuid,
                 pid = f.pid,
@@ -346,6 +337,7 @@ pub(crate) fn run(
                 allocation = f.alloc_id.as_deref().unwrap_or(""),
                 pod = %who(f.alloc_id.as_deref()),
                 kill = core.config.backstop_kill,
+                why = why.as_ref().map(tracing::field::display),
                 "process escapes its GPU allocation"
             );
         }
