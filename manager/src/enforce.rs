@@ -310,37 +310,41 @@ pub(crate) fn run(
         }
     }
     for f in &new {
-        if f.exited {
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = f.alloc_id.as_deref().unwrap_or(""),
-                pod = %who(f.alloc_id.as_deref()),
-                grace_s = EXIT_GRACE.as_secs(),
+        // One line per finding, with the same fields whatever it is. An
+        // exited process is only reported (its grace is named; nothing is
+        // stopped); one in no allocation says why it could not be placed, so
+        // that a surprise on a real node is diagnosable from this line alone.
+        let (what, grace_s, kill, why) = if f.exited {
+            (
                 "a process that has exited still holds GPU memory past the grace (its device \
                  files held open elsewhere, or the driver stuck); counted against its \
-                 allocation, nothing to stop"
-            );
+                 allocation, nothing to stop",
+                Some(EXIT_GRACE.as_secs()),
+                None,
+                None,
+            )
         } else {
-            // For a process in no allocation, why it could not be placed, so
-            // that a surprise on a real node is diagnosable from this line
-            // alone (its allocation and pod are empty: it has none).
             let why =
                 (f.reason == Reason::NoShim).then(|| identity::diagnose(view, f.pid, &claims));
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = f.alloc_id.as_deref().unwrap_or(""),
-                pod = %who(f.alloc_id.as_deref()),
-                kill = core.config.backstop_kill,
-                why = why.as_ref().map(tracing::field::display),
-                "process escapes its GPU allocation"
-            );
-        }
+            (
+                "process escapes its GPU allocation",
+                None,
+                Some(core.config.backstop_kill),
+                why,
+            )
+        };
+        tracing::warn!(
+            gpu = %f.gpu_uuid,
+            pid = f.pid,
+            used_bytes = f.used_bytes,
+            reason = f.reason.label(),
+            allocation = f.alloc_id.as_deref().unwrap_or(""),
+            pod = %who(f.alloc_id.as_deref()),
+            grace_s,
+            kill,
+            why = why.as_ref().map(tracing::field::display),
+            "{what}"
+        );
     }
     if core.config.backstop_kill {
         let own = std::process::id();
