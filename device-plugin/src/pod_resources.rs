@@ -594,6 +594,7 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_node::testing::{FakeManager, Method};
 
     const RES: &str = tessera_contract::labels::RESOURCE;
 
@@ -878,80 +879,22 @@ mod tests {
         assert!(t.is_settled("x"), "no policy asked for: none is sent");
     }
 
-    /// A manager that keeps allocations in memory and records every
-    /// ResizeAllocation.
-    #[derive(Default)]
-    struct RecordingManager {
-        allocs: std::sync::Mutex<Vec<mgr::Allocation>>,
-        resizes: std::sync::Mutex<Vec<(String, i32)>>,
+    /// The ids the plugin sent ResizeAllocation for, in order.
+    fn resized(m: &FakeManager) -> Vec<String> {
+        m.calls()
+            .into_iter()
+            .filter(|(method, _)| *method == Method::Resize)
+            .map(|(_, id)| id)
+            .collect()
     }
 
-    impl RecordingManager {
-        fn resizes(&self) -> Vec<(String, i32)> {
-            self.resizes.lock().expect("lock").clone()
-        }
-        fn priority(&self, id: &str) -> i32 {
-            self.allocs
-                .lock()
-                .expect("lock")
-                .iter()
-                .find(|a| a.id == id)
-                .expect("allocation")
-                .priority
-        }
-    }
-
-    impl ManagerApi for RecordingManager {
-        async fn create_allocation(
-            &self,
-            _req: mgr::CreateAllocationRequest,
-        ) -> Result<mgr::Allocation, Status> {
-            Err(Status::unimplemented("not here"))
-        }
-        async fn list_allocations(&self) -> Result<Vec<mgr::Allocation>, Status> {
-            Ok(self.allocs.lock().expect("lock").clone())
-        }
-        async fn delete_allocation(&self, _id: String) -> Result<(), Status> {
-            Err(Status::unimplemented("not here"))
-        }
-        async fn set_allocation_owner(
-            &self,
-            req: mgr::SetAllocationOwnerRequest,
-        ) -> Result<mgr::Allocation, Status> {
-            let mut all = self.allocs.lock().expect("lock");
-            let a = all
-                .iter_mut()
-                .find(|a| a.id == req.id)
-                .ok_or_else(|| Status::not_found("no"))?;
-            a.namespace = req.namespace;
-            a.pod = req.pod;
-            a.container = req.container;
-            Ok(a.clone())
-        }
-        async fn resize_allocation(
-            &self,
-            req: mgr::ResizeAllocationRequest,
-        ) -> Result<mgr::Allocation, Status> {
-            assert!(req.devices.is_empty(), "the plugin resizes a priority only");
-            let p = req.priority.expect("a priority");
-            self.resizes.lock().expect("lock").push((req.id.clone(), p));
-            let mut all = self.allocs.lock().expect("lock");
-            let a = all
-                .iter_mut()
-                .find(|a| a.id == req.id)
-                .ok_or_else(|| Status::not_found("no"))?;
-            a.priority = p;
-            Ok(a.clone())
-        }
-        async fn node_status(&self) -> Result<mgr::NodeStatus, Status> {
-            Err(Status::unimplemented("not here"))
-        }
-        async fn watch_node_status(
-            &self,
-            _interval_ms: u32,
-        ) -> Result<tessera_node::manager::StatusStream, Status> {
-            Err(Status::unimplemented("not here"))
-        }
+    /// The priority allocation `id` has now.
+    fn priority(m: &FakeManager, id: &str) -> i32 {
+        m.allocations()
+            .into_iter()
+            .find(|a| a.id == id)
+            .expect("allocation")
+            .priority
     }
 
     struct StaticPods(pr::ListPodResourcesResponse);
@@ -963,7 +906,7 @@ mod tests {
     }
 
     async fn pass(
-        m: &RecordingManager,
+        m: &FakeManager,
         kubelet: &StaticPods,
         api: &crate::testing::FakePods,
         t: &mut OrphanTracker,
@@ -975,11 +918,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_priority_annotation_is_applied_once_and_again_when_it_changes() {
-        let m = RecordingManager::default();
-        m.allocs.lock().expect("lock").extend([
-            alloc("x", &["G::0"], "device-plugin"),
-            alloc("cli", &["G::1"], "cli"),
-        ]);
+        let m = FakeManager::default();
+        m.insert(alloc("x", &["G::0"], "device-plugin"));
+        m.insert(alloc("cli", &["G::1"], "cli"));
         let kubelet = StaticPods(pods(&[
             ("ns", "a", "main", RES, &["G::0"]),
             ("ns", "b", "main", RES, &["G::1"]),
@@ -991,46 +932,43 @@ mod tests {
 
         let r = pass(&m, &kubelet, &api, &mut t).await;
         assert_eq!(r.priorities_set, 1);
-        assert_eq!(
-            m.resizes(),
-            vec![("x".to_owned(), 10)],
-            "the CLI's allocation is never touched"
-        );
-        assert_eq!(m.priority("x"), 10);
+        assert_eq!(resized(&m), ["x"], "the CLI's allocation is never touched");
+        assert_eq!(priority(&m, "x"), 10);
         for _ in 0..3 {
             pass(&m, &kubelet, &api, &mut t).await;
         }
-        assert_eq!(m.resizes().len(), 1, "unchanged: not sent again");
+        assert_eq!(resized(&m).len(), 1, "unchanged: not sent again");
 
         // The annotation changes: the next pass applies it, once.
         api.set("ns", "a", &[(ANNOTATION_PRIORITY, "-5")]);
         pass(&m, &kubelet, &api, &mut t).await;
         pass(&m, &kubelet, &api, &mut t).await;
-        assert_eq!(
-            m.resizes(),
-            vec![("x".to_owned(), 10), ("x".to_owned(), -5)]
-        );
-        assert_eq!(m.priority("x"), -5);
+        assert_eq!(resized(&m), ["x", "x"]);
+        assert_eq!(priority(&m, "x"), -5);
 
         // An operator's tessera resize --priority stands until the
         // annotation changes again.
-        m.allocs.lock().expect("lock")[0].priority = 7;
+        let mut x = m
+            .allocations()
+            .into_iter()
+            .find(|a| a.id == "x")
+            .expect("x");
+        x.priority = 7;
+        m.insert(x);
         pass(&m, &kubelet, &api, &mut t).await;
-        assert_eq!(m.resizes().len(), 2);
-        assert_eq!(m.priority("x"), 7);
+        assert_eq!(resized(&m).len(), 2);
+        assert_eq!(priority(&m, "x"), 7);
         api.set("ns", "a", &[(ANNOTATION_PRIORITY, "0")]);
         pass(&m, &kubelet, &api, &mut t).await;
-        assert_eq!(m.priority("x"), 0);
-        assert_eq!(m.resizes().len(), 3);
+        assert_eq!(priority(&m, "x"), 0);
+        assert_eq!(resized(&m).len(), 3);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_bad_or_already_applied_priority_makes_no_call() {
-        let m = RecordingManager::default();
-        m.allocs.lock().expect("lock").extend([
-            alloc("x", &["G::0"], "device-plugin"),
-            alloc("y", &["G::1"], "device-plugin"),
-        ]);
+        let m = FakeManager::default();
+        m.insert(alloc("x", &["G::0"], "device-plugin"));
+        m.insert(alloc("y", &["G::1"], "device-plugin"));
         let kubelet = StaticPods(pods(&[
             ("ns", "bad", "main", RES, &["G::0"]),
             ("ns", "zero", "main", RES, &["G::1"]),
@@ -1050,8 +988,8 @@ mod tests {
             let r = pass(&m, &kubelet, &api, &mut t).await;
             assert_eq!(r.failed, 0);
         }
-        assert!(m.resizes().is_empty(), "out of range, or already in force");
-        assert_eq!(m.priority("x"), 0);
+        assert!(resized(&m).is_empty(), "out of range, or already in force");
+        assert_eq!(priority(&m, "x"), 0);
         assert_eq!(t.priority_applied("y"), Some(0), "found in force");
         assert_eq!(t.priority_applied("x"), None);
         // The bad value is logged once, not every pass.
@@ -1059,7 +997,8 @@ mod tests {
         // Fixed: applied.
         api.set("ns", "bad", &[(ANNOTATION_PRIORITY, "1000")]);
         pass(&m, &kubelet, &api, &mut t).await;
-        assert_eq!(m.resizes(), vec![("x".to_owned(), 1000)]);
+        assert_eq!(resized(&m), ["x"]);
+        assert_eq!(priority(&m, "x"), 1000);
     }
 
     #[test]

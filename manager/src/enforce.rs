@@ -310,45 +310,41 @@ pub(crate) fn run(
         }
     }
     for f in &new {
-        if f.exited {
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = f.alloc_id.as_deref().unwrap_or(""),
-                pod = %who(f.alloc_id.as_deref()),
-                grace_s = EXIT_GRACE.as_secs(),
+        // One line per finding, with the same fields whatever it is. An
+        // exited process is only reported (its grace is named; nothing is
+        // stopped); one in no allocation says why it could not be placed, so
+        // that a surprise on a real node is diagnosable from this line alone.
+        let (what, grace_s, kill, why) = if f.exited {
+            (
                 "a process that has exited still holds GPU memory past the grace (its device \
                  files held open elsewhere, or the driver stuck); counted against its \
-                 allocation, nothing to stop"
-            );
-        } else if f.reason == Reason::NoShim {
-            // Why it could not be placed, so a surprise on a real node is
-            // diagnosable from this line alone.
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = "",
-                pod = "",
-                kill = core.config.backstop_kill,
-                why = %identity::diagnose(view, f.pid, &claims),
-                "process escapes its GPU allocation"
-            );
+                 allocation, nothing to stop",
+                Some(EXIT_GRACE.as_secs()),
+                None,
+                None,
+            )
         } else {
-            tracing::warn!(
-                gpu = %f.gpu_uuid,
-                pid = f.pid,
-                used_bytes = f.used_bytes,
-                reason = f.reason.label(),
-                allocation = f.alloc_id.as_deref().unwrap_or(""),
-                pod = %who(f.alloc_id.as_deref()),
-                kill = core.config.backstop_kill,
-                "process escapes its GPU allocation"
-            );
-        }
+            let why =
+                (f.reason == Reason::NoShim).then(|| identity::diagnose(view, f.pid, &claims));
+            (
+                "process escapes its GPU allocation",
+                None,
+                Some(core.config.backstop_kill),
+                why,
+            )
+        };
+        tracing::warn!(
+            gpu = %f.gpu_uuid,
+            pid = f.pid,
+            used_bytes = f.used_bytes,
+            reason = f.reason.label(),
+            allocation = f.alloc_id.as_deref().unwrap_or(""),
+            pod = %who(f.alloc_id.as_deref()),
+            grace_s,
+            kill,
+            why = why.as_ref().map(tracing::field::display),
+            "{what}"
+        );
     }
     if core.config.backstop_kill {
         let own = std::process::id();

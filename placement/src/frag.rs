@@ -57,6 +57,39 @@ pub struct TaskMix {
     pub types: Vec<MixEntry>,
 }
 
+/// Task types with their counts, the most frequent first; ties broken by the
+/// type itself, so that the order does not depend on a hash map's.
+fn by_frequency(counts: HashMap<TaskType, u64>) -> Vec<(TaskType, u64)> {
+    let mut all: Vec<(TaskType, u64)> = counts.into_iter().collect();
+    all.sort_by(|a, b| {
+        b.1.cmp(&a.1).then_with(|| {
+            (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
+                b.0.gpus,
+                b.0.milli,
+                b.0.cpu_milli,
+                &b.0.models,
+            ))
+        })
+    });
+    all
+}
+
+/// The head of `sorted` (most frequent first) that covers at least
+/// `coverage` (0..=1) of `total`, and never less than one entry.
+fn covering<K>(sorted: Vec<(K, u64)>, total: u64, coverage: f64) -> Vec<(K, u64)> {
+    let need = (coverage.clamp(0.0, 1.0) * total as f64).ceil() as u64;
+    let mut kept = Vec::new();
+    let mut covered = 0u64;
+    for (k, n) in sorted {
+        if covered >= need && !kept.is_empty() {
+            break;
+        }
+        covered += n;
+        kept.push((k, n));
+    }
+    kept
+}
+
 impl TaskMix {
     /// The most frequent task types among `requests` that together cover at
     /// least `coverage` (0..=1) of them, weighted by frequency. Ties in
@@ -72,28 +105,7 @@ impl TaskMix {
             *counts.entry(TaskType::of(r)).or_default() += 1;
             total += 1;
         }
-        let mut all: Vec<(TaskType, u64)> = counts.into_iter().collect();
-        all.sort_by(|a, b| {
-            b.1.cmp(&a.1).then_with(|| {
-                (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
-                    b.0.gpus,
-                    b.0.milli,
-                    b.0.cpu_milli,
-                    &b.0.models,
-                ))
-            })
-        });
-        let need = (coverage.clamp(0.0, 1.0) * total as f64).ceil() as u64;
-        let mut kept = Vec::new();
-        let mut covered = 0u64;
-        for (t, n) in all {
-            if covered >= need && !kept.is_empty() {
-                break;
-            }
-            covered += n;
-            kept.push((t, n));
-        }
-        TaskMix::weighted(kept)
+        TaskMix::weighted(covering(by_frequency(counts), total, coverage))
     }
 
     /// The task types among `requests` whose *shape* (CPU, GPUs, share per
@@ -114,34 +126,18 @@ impl TaskMix {
         }
         let mut order: Vec<((u32, u32, u64), u64)> = shapes.into_iter().collect();
         order.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let need = (coverage.clamp(0.0, 1.0) * types.len() as f64).ceil() as u64;
-        let mut kept = std::collections::HashSet::new();
-        let mut covered = 0u64;
-        for (s, n) in order {
-            if covered >= need && !kept.is_empty() {
-                break;
-            }
-            covered += n;
-            kept.insert(s);
-        }
+        let kept: std::collections::HashSet<(u32, u32, u64)> =
+            covering(order, types.len() as u64, coverage)
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
         let mut counts: HashMap<TaskType, u64> = HashMap::new();
         for t in types {
             if kept.contains(&shape(&t)) {
                 *counts.entry(t).or_default() += 1;
             }
         }
-        let mut all: Vec<(TaskType, u64)> = counts.into_iter().collect();
-        all.sort_by(|a, b| {
-            b.1.cmp(&a.1).then_with(|| {
-                (a.0.gpus, a.0.milli, a.0.cpu_milli, &a.0.models).cmp(&(
-                    b.0.gpus,
-                    b.0.milli,
-                    b.0.cpu_milli,
-                    &b.0.models,
-                ))
-            })
-        });
-        TaskMix::weighted(all)
+        TaskMix::weighted(by_frequency(counts))
     }
 
     /// The types with weights proportional to their counts.

@@ -503,6 +503,20 @@ struct Off {
     env_from: Vec<String>,
 }
 
+impl Off {
+    /// Takes off `c` those of a dialect's resource `words` it sets (HAMi's, Volcano's).
+    fn resources(c: &Container, words: impl IntoIterator<Item = &'static str>) -> Self {
+        Off {
+            resources: words
+                .into_iter()
+                .filter(|r| word(c, r).is_some())
+                .map(str::to_owned)
+                .collect(),
+            ..Off::default()
+        }
+    }
+}
+
 /// Plans container `c` for the slices `ask` comes to (every dialect's last step), or
 /// refuses it; `off` is what the translation takes off it.
 fn plan(
@@ -674,22 +688,8 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(words.gpu),
         };
-        let remove = words
-            .all()
-            .filter(|r| word(c, r).is_some())
-            .map(str::to_owned)
-            .collect();
-        plan(
-            (init, index, c),
-            &ask,
-            Off {
-                resources: remove,
-                ..Off::default()
-            },
-            config,
-            t,
-            refusals,
-        );
+        let off = Off::resources(c, words.all());
+        plan((init, index, c), &ask, off, config, t, refusals);
     }
     // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
@@ -773,22 +773,8 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
-        let remove = VOLCANO_RESOURCES
-            .into_iter()
-            .filter(|r| word(c, r).is_some())
-            .map(str::to_owned)
-            .collect();
-        plan(
-            (init, index, c),
-            &ask,
-            Off {
-                resources: remove,
-                ..Off::default()
-            },
-            config,
-            t,
-            refusals,
-        );
+        let off = Off::resources(c, VOLCANO_RESOURCES);
+        plan((init, index, c), &ask, off, config, t, refusals);
     }
 }
 
