@@ -53,6 +53,11 @@ impl FfiResult for hip::types::hipError_t {
     const MISSING: Self = Self::NOT_FOUND;
 }
 
+impl FfiResult for hip::rsmi_status_t {
+    const PANICKED: Self = Self::INTERNAL_EXCEPTION;
+    const MISSING: Self = Self::NOT_SUPPORTED;
+}
+
 impl FfiResult for nvmlReturn_t {
     const PANICKED: Self = nvmlReturn_t::NVML_ERROR_UNKNOWN;
     const MISSING: Self = nvmlReturn_t::NVML_ERROR_FUNCTION_NOT_FOUND;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::driver;
 use crate::hip::hipIpcMemHandle_t;
 use crate::hip::types::*;
+use crate::hip::{rsmi_process_info_t, rsmi_status_t};
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -38,6 +39,9 @@ pub enum Lib {
     Nvml,
     /// AMD's HIP runtime (or Hygon's, which speaks the same API).
     Hip,
+    /// AMD's ROCm SMI: what the driver holds for this process (settling a
+    /// HIP context's charge, hip/context.rs).
+    Rsmi,
 }
 
 impl Lib {
@@ -47,6 +51,7 @@ impl Lib {
             Lib::Cuda => c"libcuda.so.1",
             Lib::Nvml => c"libnvidia-ml.so.1",
             Lib::Hip => c"libamdhip64.so.5",
+            Lib::Rsmi => c"librocm_smi64.so.5",
         }
     }
 
@@ -57,6 +62,7 @@ impl Lib {
             Lib::Cuda => &[c"libcuda.so.1"],
             Lib::Nvml => &[c"libnvidia-ml.so.1"],
             Lib::Hip => &[c"libamdhip64.so.5", c"libgalaxyhip.so.5"],
+            Lib::Rsmi => &[c"librocm_smi64.so.5"],
         }
     }
 }
@@ -70,6 +76,9 @@ macro_rules! lib_of {
     };
     (hip) => {
         Lib::Hip
+    };
+    (rsmi) => {
+        Lib::Rsmi
     };
 }
 
@@ -519,6 +528,13 @@ symbols! {
         hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
         hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
         hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;
+        // What the driver holds for a HIP process (hip/context.rs).
+        rsmi fn rsmi_init(flags: u64) -> rsmi_status_t;
+        rsmi fn rsmi_shut_down() -> rsmi_status_t;
+        rsmi fn rsmi_num_monitor_devices(n: *mut u32) -> rsmi_status_t;
+        rsmi fn rsmi_dev_unique_id_get(dv: u32, id: *mut u64) -> rsmi_status_t;
+        rsmi fn rsmi_compute_process_info_by_pid_get(pid: u32, info: *mut rsmi_process_info_t) -> rsmi_status_t;
+        rsmi fn rsmi_compute_process_info_by_device_get(pid: u32, dv: u32, info: *mut rsmi_process_info_t) -> rsmi_status_t;
     }
 }
 
@@ -553,6 +569,7 @@ unsafe impl Sync for Handle {}
 static CUDA: OnceLock<Option<Handle>> = OnceLock::new();
 static NVML: OnceLock<Option<Handle>> = OnceLock::new();
 static HIP: OnceLock<Option<Handle>> = OnceLock::new();
+static RSMI: OnceLock<Option<Handle>> = OnceLock::new();
 
 /// The real entry point of `sym`, or null. The hot path: one atomic load
 /// once the library is loaded.
@@ -580,6 +597,7 @@ pub fn library(lib: Lib) -> *mut c_void {
         Lib::Cuda => &CUDA,
         Lib::Nvml => &NVML,
         Lib::Hip => &HIP,
+        Lib::Rsmi => &RSMI,
     };
     cell.get_or_init(|| load(lib)).map_or(null_mut(), |h| h.0)
 }

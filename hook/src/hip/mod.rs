@@ -254,6 +254,7 @@ extern "C" fn fork_child() {
             }
             // The child has no device context of its own yet.
             CONTEXTS.store(0, Ordering::Release);
+            context::forget();
             ESTABLISH.force_unlock(Default::default());
         }
     });
@@ -382,7 +383,12 @@ fn admit(
         (OK, Some(dev)) if bytes > 0 => match key() {
             // Nothing handed out (a zero-byte request): nothing held.
             Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
-            k => record(g, k, Rec { dev, bytes, ctx: 0 }),
+            k => {
+                record(g, k, Rec { dev, bytes, ctx: 0 });
+                // The device's context exists now: its charge follows the
+                // driver (once).
+                context::settle(g, dev);
+            }
         },
         (OK, _) => {}
         _ => g.release(index, bytes),
@@ -464,6 +470,7 @@ unsafe fn out_ptr(p: *mut *mut c_void) -> Key {
 }
 
 mod arrays;
+mod context;
 mod gate;
 mod ipc;
 mod launch;
@@ -477,6 +484,7 @@ mod view;
 mod vmm;
 
 pub use arrays::*;
+pub use context::{rsmi_process_info_t, rsmi_status_t};
 pub use ipc::*;
 pub use launch::*;
 pub use memory::*;

@@ -30,7 +30,8 @@ pub const ALLOC_ID: &str = "hip-test";
 const CLIENT: &str = include_str!("hipclient.c");
 
 /// The simulated HIP runtime's directory: the built `libtessera_sim_hip.so`
-/// linked as `libamdhip64.so.5` (and `libamdhip64.so`), made once per test
+/// linked as `libamdhip64.so.5` (and `libamdhip64.so`), the simulated ROCm
+/// SMI as `librocm_smi64.so.5`, made once per test
 /// process, each link renamed into place.
 pub fn hip_lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -39,10 +40,17 @@ pub fn hip_lib_dir() -> &'static Path {
             .expect("the simulated HIP runtime is built with the tests");
         let dir = tessera_e2e::work_dir().join("hiplib");
         std::fs::create_dir_all(&dir).expect("the HIP library directory");
-        for name in ["libamdhip64.so.5", "libamdhip64.so"] {
+        // ROCm SMI beside it, as a ROCm image has it: the shim asks it what
+        // a context really holds.
+        let smi = tessera_e2e::sim_rocm_smi_library();
+        for (name, target) in [
+            ("libamdhip64.so.5", &built),
+            ("libamdhip64.so", &built),
+            ("librocm_smi64.so.5", &smi),
+        ] {
             let tmp = dir.join(format!(".{name}.{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&built, &tmp).expect("linking the runtime");
+            std::os::unix::fs::symlink(target, &tmp).expect("linking the runtime");
             std::fs::rename(&tmp, dir.join(name)).expect("placing the link");
         }
         dir
