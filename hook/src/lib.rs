@@ -13,7 +13,8 @@
 //!   allocation, failing closed, fork and exit;
 //! - [`ledger`], [`sizes`], [`devices`]: pure admission bookkeeping;
 //! - [`cuda`], [`nvml`], [`hip`]: the wrapper bodies; [`gate`]: the compute
-//!   gate's call site.
+//!   gate's call site; [`pace`], [`pacer`]: the queue bound (the decision,
+//!   and its event plumbing for either vendor).
 
 pub mod config;
 pub mod cuda;
@@ -27,6 +28,7 @@ pub mod ledger;
 pub mod log;
 pub mod nvml;
 pub mod pace;
+pub mod pacer;
 pub mod procaddr;
 pub mod sizes;
 pub mod table;
@@ -48,9 +50,9 @@ impl FfiResult for CUresult {
     const MISSING: Self = CUresult::CUDA_ERROR_NOT_FOUND;
 }
 
-impl FfiResult for hip::types::hipError_t {
-    const PANICKED: Self = Self::UNKNOWN;
-    const MISSING: Self = Self::NOT_FOUND;
+impl FfiResult for tessera_ffi::hip::hipError_t {
+    const PANICKED: Self = tessera_ffi::hip::hipErrorUnknown;
+    const MISSING: Self = tessera_ffi::hip::hipErrorNotFound;
 }
 
 impl FfiResult for hip::rsmi_status_t {

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
 use crate::hip::hipIpcMemHandle_t;
-use crate::hip::types::*;
 use crate::hip::{rsmi_process_info_t, rsmi_status_t};
+use tessera_ffi::hip::*;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -497,7 +497,7 @@ symbols! {
         // The compute gate's drainer (gate.rs).
         cuda fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         cuda fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult;
-        // The queue bound (pace.rs): a marker event after each governed launch.
+        // The queue bound (pacer.rs): a marker event after each governed launch.
         cuda fn cuEventCreate(ev: *mut CUevent, flags: c_uint) -> CUresult;
         cuda fn cuEventRecord(ev: CUevent, stream: CUstream) -> CUresult;
         cuda fn cuEventQuery(ev: CUevent) -> CUresult;

@@ -80,6 +80,14 @@ fn stream_of(stream: CUstream, ptsz: bool) -> CUstream {
 
 /// The graph being captured on `stream`, if capture is active there.
 pub(super) fn capturing(stream: CUstream) -> Option<CUgraph> {
+    capture_status(stream)
+        .filter(|(s, _)| *s == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        .map(|(_, graph)| graph)
+}
+
+/// `stream`'s capture status and graph, `None` when the driver cannot say
+/// (the pool admission and the pacer read it differently).
+pub(crate) fn capture_status(stream: CUstream) -> Option<(CUstreamCaptureStatus, CUgraph)> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: cuuint64_t = 0;
     let mut graph: CUgraph = std::ptr::null_mut();
@@ -93,7 +101,7 @@ pub(super) fn capturing(stream: CUstream) -> Option<CUgraph> {
         &mut deps,
         &mut n
     ));
-    (r == OK && status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE).then_some(graph)
+    (r == OK).then_some((status, graph))
 }
 
 /// Admission of a stream-ordered allocation from `pool` (the device's

@@ -1,7 +1,8 @@
 //! The compute gate's HIP side: the same `tessera_shm::gate` protocol and
 //! arbiter as CUDA; what HIP supplies is the device a launch goes to (the
 //! current one) and how to wait for this process's work on a device
-//! (`hipDeviceSynchronize` there); the queue bound is `pace.rs`.
+//! (`hipDeviceSynchronize` there); the queue bound is `crate::pacer` over
+//! HIP's events (`pace.rs`).
 
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use tessera_shm::gate::{Drain, Gate, GateEvent};
 
+use super::pace::PACER;
 use super::*;
 
 /// The process's HIP gate: a leaked `Box<Gate>`, never freed.
@@ -31,6 +33,7 @@ pub(super) fn on_join(g: &Governed) {
     let log = Arc::new(|e: &GateEvent| crate::log!(Level::Warn, "compute gate (HIP): {e}"));
     match Gate::new(&files.control, &files.state, member, Arc::new(drain), log) {
         Ok(gate) => {
+            crate::pacer::read_budget();
             let old = GATE.swap(Box::into_raw(Box::new(gate)), Ordering::AcqRel);
             // An earlier gate (of a slot this process left) stays leaked:
             // another thread may still be reading it.
@@ -60,7 +63,7 @@ impl Drain for HipDrain {
 }
 
 /// Before a launch on the current device (on `stream`, `None` for a launch
-/// that names none): paces it (see `pace.rs`), then waits for the
+/// that names none): paces it (see `crate::pacer`), then waits for the
 /// allocation's grant there. The hot path once joined: the governor's two
 /// loads, the pause word, the grant word, and the pacer's marker query.
 /// `Ok(Some(dev))`: the launch is paced on `dev`; pass it to [`after_submit`].
@@ -91,10 +94,10 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
     };
     // Pace first, the gate after: a launch held by the pacer is still
     // stopped at the gate if the grant was revoked meanwhile.
-    let paced = stream.is_some_and(|s| super::pace::before(gate, dev, s));
+    let paced = stream.is_some_and(|s| PACER.before(gate, dev, s));
     gate.before_submit(dev);
     if let (true, Some(s)) = (paced, stream) {
-        super::pace::start(dev, s);
+        PACER.start(dev, s);
     }
     Ok(paced.then_some(dev))
 }
@@ -104,7 +107,7 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
 #[inline]
 pub(super) fn after_submit(paced: Option<usize>, stream: Option<hipStream_t>) {
     if let (Some(dev), Some(s)) = (paced, stream) {
-        super::pace::after(dev, s);
+        PACER.after(dev, s);
     }
 }
 

@@ -18,6 +18,8 @@
 //! HIP side in `gate`), `procaddr` (`hipGetProcAddress`).
 
 #![allow(non_snake_case)]
+// HIP's error codes keep the header's names (`hipErrorNotFound`), also in patterns.
+#![allow(non_upper_case_globals)]
 #![allow(clippy::missing_safety_doc)]
 
 use std::cell::Cell;
@@ -34,11 +36,9 @@ use crate::ledger::{Key, Rec};
 use crate::log::Level;
 use crate::table::call_real;
 
-pub mod types;
+use tessera_ffi::hip::*;
 
-use types::*;
-
-const OK: hipError_t = hipError_t::SUCCESS;
+const OK: hipError_t = hipSuccess;
 
 /// The unit a HIP allocation holds device memory in: 4 KiB, the page the
 /// GPU's memory manager maps (the simulated runtime's model; not measured
@@ -57,7 +57,7 @@ pub fn hip_pages(bytes: u64) -> u64 {
 
 /// What every governed HIP entry point of a process that fails closed
 /// returns: what the runtime answers before it is initialised.
-pub const HIP_REFUSED: hipError_t = hipError_t::NOT_INITIALIZED;
+pub const HIP_REFUSED: hipError_t = hipErrorNotInitialized;
 
 thread_local! {
     /// How many real HIP calls made by a wrapper this thread is inside.
@@ -303,7 +303,7 @@ fn discover(files: &Files) -> Result<DeviceMap, hipError_t> {
         let mut uuid = hipUUID::default();
         match call_real!(hipDeviceGetUuid(&mut uuid, dev)) {
             OK => list.push((dev, uuid_string(&uuid.bytes, files))),
-            hipError_t::NOT_FOUND if n == 1 && files.control.n_devices() == 1 => {
+            hipErrorNotFound if n == 1 && files.control.n_devices() == 1 => {
                 let only = files.control.uuid(0).to_owned();
                 crate::log!(
                     Level::Warn,
@@ -311,7 +311,7 @@ fn discover(files: &Files) -> Result<DeviceMap, hipError_t> {
                 );
                 list.push((dev, only));
             }
-            hipError_t::NOT_FOUND => {
+            hipErrorNotFound => {
                 crate::log!(
                     Level::Warn,
                     "the HIP runtime has no hipDeviceGetUuid: device {dev} is outside the allocation"
@@ -331,9 +331,9 @@ fn check(r: hipError_t) -> Result<(), hipError_t> {
 /// The governor's CUDA-typed answer in HIP's words.
 fn hip_err(e: CUresult) -> hipError_t {
     match e {
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY => hipError_t::OUT_OF_MEMORY,
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => hipErrorOutOfMemory,
         governor::CUDA_REFUSED => HIP_REFUSED,
-        _ => hipError_t::UNKNOWN,
+        _ => hipErrorUnknown,
     }
 }
 
@@ -351,19 +351,6 @@ fn current(g: &Governed) -> Result<Option<usize>, hipError_t> {
         ensure_context(g, i)?;
     }
     Ok(index)
-}
-
-/// Records a live allocation. A key still recorded was freed by a route
-/// the shim did not see: its quota returns now.
-fn record(g: &Governed, key: Key, rec: Rec) {
-    if let Some(old) = g.ledger.insert(key, rec) {
-        crate::log!(
-            Level::Warn,
-            "{key:?} handed out again while recorded live ({} bytes); returning its quota",
-            old.bytes
-        );
-        g.release(Some(old.dev), old.bytes);
-    }
 }
 
 /// Admission of `bytes` (already in the driver's units) on device `index`:
@@ -384,7 +371,7 @@ fn admit(
             // Nothing handed out (a zero-byte request): nothing held.
             Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
             k => {
-                record(g, k, Rec { dev, bytes, ctx: 0 });
+                g.record(k, Rec { dev, bytes, ctx: 0 });
                 // The device's context exists now: its charge follows the
                 // driver (once).
                 context::settle(g, dev);

@@ -28,7 +28,7 @@ use crate::*;
 const MAGIC: u64 = u64::from_le_bytes(*b"TSHIPIPC");
 /// `hipErrorInvalidContext` (HIP 5.2.3's `hipError_t`).
 #[allow(non_upper_case_globals)]
-const hipErrorInvalidContext: hipError_t = 201;
+const hipErrorInvalidContext: hipError_t = hipError_t(201);
 
 /// `hipIpcMemHandle_t`: 64 opaque bytes, passed by value.
 #[repr(C)]

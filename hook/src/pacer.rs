@@ -1,0 +1,500 @@
+//! The queue bound applied to launches, for every vendor: the decision is
+//! `pace.rs` (pure); this module records the marker events it is fed with
+//! and waits where it says, through a small [`Events`] trait that each
+//! vendor implements (CUDA in `gate.rs`, HIP in `hip/pace.rs`). One copy of
+//! the plumbing, so a fix to how markers are kept, learned from or waited
+//! on is a fix for both vendors.
+//!
+//! Per allocation device, the markers of the latest launches, spare events,
+//! and the owner the events belong to (a CUDA context, a HIP device: an
+//! event marks only streams of its owner, so another current owner starts
+//! over).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tessera_shm::gate::Gate;
+use tessera_shm::layout::MAX_DEVICES;
+use tessera_shm::sys::monotonic_ns;
+
+use crate::log::Level;
+use crate::pace::{DEFAULT_BUDGET_NS, MAX_IN_FLIGHT, Pace, Step};
+
+/// What the pacer needs of a vendor's runtime: events recorded on streams,
+/// queried, timed and waited on, and what they belong to. Associated
+/// functions, not methods: each vendor's runtime is process-wide.
+///
+/// # Safety
+///
+/// `Event` handles are valid from any thread of the process (the pacer
+/// keeps them in process-wide state, used under a mutex).
+pub(crate) unsafe trait Events {
+    /// An event handle.
+    type Event: Copy;
+    /// A stream handle.
+    type Stream: Copy;
+    /// What events belong to: an event marks only streams of its owner.
+    type Owner: Copy + PartialEq;
+
+    /// The calling thread's current owner; `None`: the launch goes unpaced.
+    fn owner() -> Option<Self::Owner>;
+    /// Whether work on `stream` is being captured into a graph, or that is
+    /// unknown: then nothing is recorded there (a capture's work runs when
+    /// its graph is launched, and recording into a capture would break it).
+    fn capturing(stream: Self::Stream) -> bool;
+    /// A new event with timing on (lengths are learned from it).
+    fn create() -> Option<Self::Event>;
+    fn destroy(ev: Self::Event);
+    /// Records `ev` on `stream`; whether the runtime took it.
+    fn record(ev: Self::Event, stream: Self::Stream) -> bool;
+    /// Whether `ev` completed. Any answer but "not ready" (an error
+    /// included) is done: a marker the runtime cannot answer for must not
+    /// hold launches.
+    fn done(ev: Self::Event) -> bool;
+    /// The time from `from` to `to`, both completed, in ns; `None` when
+    /// the runtime cannot say or it is not positive.
+    fn elapsed_ns(from: Self::Event, to: Self::Event) -> Option<u64>;
+    /// Waits until `ev` completes.
+    fn synchronize(ev: Self::Event);
+}
+
+/// A launch's marker: an event recorded after it on its stream.
+struct Marker<E: Events> {
+    ev: E::Event,
+    /// Queued while the launch before it was in flight (back to back).
+    behind: bool,
+    /// Its length was learned already.
+    learned: bool,
+    /// An event recorded just before the launch when nothing of the
+    /// process's was in flight: the launch's length is then the time
+    /// between the two (a holder whose kernels outlast its quantum never
+    /// queues one behind another within a grant, so this is how it learns).
+    start: Option<E::Event>,
+}
+
+/// One device's pacing in this process: the decision, the markers of the
+/// latest launches (at most `MAX_IN_FLIGHT + 1`), spare events, and the
+/// owner they belong to.
+struct Paced<E: Events> {
+    pace: Pace,
+    markers: Vec<Marker<E>>,
+    spare: Vec<E::Event>,
+    owner: E::Owner,
+    /// The start event of the launch being submitted (see [`Marker::start`]).
+    pending_start: Option<E::Event>,
+}
+
+// SAFETY: the handles are valid from any thread of the process (the
+// `Events` contract); the struct is only used under its mutex.
+unsafe impl<E: Events> Send for Paced<E> {}
+
+impl<E: Events> Paced<E> {
+    /// A spare event of the owner's, or a new one.
+    fn take_event(&mut self) -> Option<E::Event> {
+        self.spare.pop().or_else(E::create)
+    }
+
+    /// Whether the latest launch is still in flight.
+    fn last_in_flight(&self) -> bool {
+        self.markers.last().is_some_and(|m| !E::done(m.ev))
+    }
+}
+
+/// A vendor's pacer: one slot per allocation device, in a `static`.
+pub(crate) struct Pacer<E: Events> {
+    slots: [Mutex<Option<Paced<E>>>; MAX_DEVICES],
+}
+
+impl<E: Events> Pacer<E> {
+    pub(crate) const fn new() -> Self {
+        Self {
+            slots: [const { Mutex::new(None) }; MAX_DEVICES],
+        }
+    }
+
+    /// Before a launch on `stream`, on allocation device `dev`: holds it
+    /// while the process has more queued than the budget allows (see
+    /// `pace.rs`). Returns whether the launch is paced: then [`Self::start`]
+    /// comes after the gate and [`Self::after`] once the runtime took it.
+    pub(crate) fn before(&self, gate: &Gate, dev: usize, stream: E::Stream) -> bool {
+        let budget = budget_ns();
+        if budget == 0 || dev >= MAX_DEVICES || E::capturing(stream) {
+            return false;
+        }
+        let Some(owner) = E::owner() else {
+            return false;
+        };
+        loop {
+            let mut guard = self.slots[dev].lock();
+            let p = guard.get_or_insert_with(|| Paced {
+                pace: Pace::new(budget),
+                markers: Vec::new(),
+                spare: Vec::new(),
+                owner,
+                pending_start: None,
+            });
+            if p.owner != owner {
+                // Another owner: its events cannot mark this one's streams.
+                for m in p.markers.drain(..) {
+                    E::destroy(m.ev);
+                    m.start.into_iter().for_each(E::destroy);
+                }
+                p.spare
+                    .drain(..)
+                    .chain(p.pending_start.take())
+                    .for_each(E::destroy);
+                p.owner = owner;
+            }
+            let done: Vec<bool> = p.markers.iter().map(|m| E::done(m.ev)).collect();
+            for (i, &finished) in done.iter().enumerate() {
+                let m = &p.markers[i];
+                if !finished || m.learned {
+                    continue;
+                }
+                let from = match (m.start, i.checked_sub(1)) {
+                    (Some(s), _) => Some(s),
+                    (None, Some(j)) if m.behind => Some(p.markers[j].ev),
+                    _ => None,
+                };
+                if let Some(from) = from {
+                    if let Some(ns) = E::elapsed_ns(from, p.markers[i].ev) {
+                        p.pace.learned(ns);
+                    }
+                    p.markers[i].learned = true;
+                }
+            }
+            let in_flight = done.iter().filter(|d| !**d).count();
+            match p
+                .pace
+                .before(monotonic_ns(), in_flight, gate.grant_until(dev))
+            {
+                Step::Go => return true,
+                Step::WaitOlder => {
+                    // Completion is in order (one engine, FIFO): the first
+                    // marker not done is the oldest launch in flight.
+                    let Some(i) = done.iter().position(|d| !*d) else {
+                        return true;
+                    };
+                    let ev = p.markers[i].ev;
+                    drop(guard);
+                    // Waiting on its own work: the holder keeps its grant.
+                    gate.syncing(Some(dev), || E::synchronize(ev));
+                }
+                Step::HoldUntil(t) => {
+                    drop(guard);
+                    gate.syncing(Some(dev), || hold_until(t));
+                }
+            }
+        }
+    }
+
+    /// Just before a paced launch on `dev`, after the gate: when nothing of
+    /// the process's is in flight there, records the start event the
+    /// launch's length will be measured from.
+    pub(crate) fn start(&self, dev: usize, stream: E::Stream) {
+        let mut guard = self.slots[dev].lock();
+        let Some(p) = guard.as_mut() else {
+            return;
+        };
+        if let Some(old) = p.pending_start.take() {
+            p.spare.push(old);
+        }
+        if p.last_in_flight() {
+            return;
+        }
+        let Some(ev) = p.take_event() else {
+            return;
+        };
+        if E::record(ev, stream) {
+            p.pending_start = Some(ev);
+        } else {
+            p.spare.push(ev);
+        }
+    }
+
+    /// After a paced launch on `dev`: records its marker on `stream`, and
+    /// whether the launch was queued behind the last one (judged now, after
+    /// the gate: a launch that waited there for a grant did not follow its
+    /// predecessor, and must not teach the pacer a length of that wait).
+    pub(crate) fn after(&self, dev: usize, stream: E::Stream) {
+        let mut guard = self.slots[dev].lock();
+        let Some(p) = guard.as_mut() else {
+            return;
+        };
+        let behind = p.last_in_flight();
+        p.pace.launched(monotonic_ns(), behind);
+        let start = p.pending_start.take();
+        let Some(ev) = p.take_event() else {
+            p.spare.extend(start);
+            return;
+        };
+        if !E::record(ev, stream) {
+            // A stream of another owner, say: this launch goes unmarked.
+            p.spare.push(ev);
+            p.spare.extend(start);
+            return;
+        }
+        p.markers.push(Marker {
+            ev,
+            behind,
+            learned: false,
+            start,
+        });
+        while p.markers.len() > MAX_IN_FLIGHT + 1 {
+            let m = p.markers.remove(0);
+            p.spare.push(m.ev);
+            p.spare.extend(m.start);
+        }
+    }
+}
+
+/// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
+/// 50 µs would eat a fifth of the budget), put back after.
+fn hold_until(t: u64) {
+    // SAFETY: PR_GET_TIMERSLACK takes no pointer and reads the thread's own slack.
+    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    tessera_shm::sys::set_timer_slack(1_000);
+    let now = monotonic_ns();
+    if t > now {
+        std::thread::sleep(std::time::Duration::from_nanos(t - now));
+    }
+    if old > 0 {
+        tessera_shm::sys::set_timer_slack(old as u64);
+    }
+}
+
+/// The pacer's budget, in the process's environment (`250us`, or `0` to
+/// turn the queue bound off): a tenant's setting, so it only changes how
+/// long the tenant's own drains take, which the arbiter charges to it.
+pub const ENV_QUEUE_BUDGET: &str = "TESSERA_QUEUE_BUDGET";
+
+/// The budget in force (ns); 0: launches are not paced.
+static BUDGET_NS: AtomicU64 = AtomicU64::new(DEFAULT_BUDGET_NS);
+
+fn budget_ns() -> u64 {
+    BUDGET_NS.load(Ordering::Relaxed)
+}
+
+/// Reads [`ENV_QUEUE_BUDGET`]: once per process, when it joins (either
+/// vendor's gate), never on a launch. A bad value is logged and the
+/// default stays.
+pub(crate) fn read_budget() {
+    let budget = std::env::var(ENV_QUEUE_BUDGET)
+        .ok()
+        .map(|v| parse_budget(&v));
+    match budget {
+        Some(Err(e)) => crate::log!(Level::Error, "{e}; the queue stays bounded"),
+        Some(Ok(ns)) => BUDGET_NS.store(ns, Ordering::Relaxed),
+        None => {}
+    }
+}
+
+fn parse_budget(v: &str) -> Result<u64, String> {
+    let t = v.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    tessera_contract::units::parse_duration(t)
+        .ok()
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .filter(|&ns| ns <= 1_000_000_000)
+        .ok_or_else(|| format!("{ENV_QUEUE_BUDGET}={v:?}: a duration up to 1s, or 0"))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The plumbing over a fake runtime, per test thread: events are
+    //! indices into a table that records what the pacer did with them.
+
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use tessera_shm::Member;
+    use tessera_shm::gate::{Drain, GateEvent};
+
+    use super::*;
+    use crate::governor::tests::leaked_files;
+
+    #[derive(Default)]
+    struct Fake {
+        /// Per event: alive, recorded (and when, fake ns), done.
+        events: Vec<(bool, Option<u64>, bool)>,
+        owner: u32,
+        clock: u64,
+        created: usize,
+        syncs: Vec<usize>,
+    }
+
+    thread_local! {
+        static FAKE: RefCell<Fake> = RefCell::new(Fake { owner: 1, ..Fake::default() });
+    }
+
+    fn fake<R>(f: impl FnOnce(&mut Fake) -> R) -> R {
+        FAKE.with(|c| f(&mut c.borrow_mut()))
+    }
+
+    struct FakeEvents;
+
+    // SAFETY: the handles are plain indices.
+    unsafe impl Events for FakeEvents {
+        type Event = usize;
+        type Stream = ();
+        type Owner = u32;
+
+        fn owner() -> Option<u32> {
+            Some(fake(|f| f.owner))
+        }
+        fn capturing((): ()) -> bool {
+            false
+        }
+        fn create() -> Option<usize> {
+            fake(|f| {
+                f.created += 1;
+                f.events.push((true, None, false));
+                Some(f.events.len() - 1)
+            })
+        }
+        fn destroy(ev: usize) {
+            fake(|f| f.events[ev].0 = false);
+        }
+        fn record(ev: usize, (): ()) -> bool {
+            fake(|f| {
+                assert!(f.events[ev].0, "recorded a destroyed event");
+                f.events[ev] = (true, Some(f.clock), false);
+            });
+            true
+        }
+        fn done(ev: usize) -> bool {
+            fake(|f| f.events[ev].2)
+        }
+        fn elapsed_ns(from: usize, to: usize) -> Option<u64> {
+            fake(|f| Some(f.events[to].1? - f.events[from].1?)).filter(|&ns| ns > 0)
+        }
+        fn synchronize(ev: usize) {
+            // One engine, in order: everything recorded up to `ev` is done.
+            fake(|f| {
+                f.syncs.push(ev);
+                let at = f.events[ev].1;
+                for e in f.events.iter_mut().filter(|e| e.1.is_some() && e.1 <= at) {
+                    e.2 = true;
+                }
+            });
+        }
+    }
+
+    struct NoDrain;
+    impl Drain for NoDrain {
+        fn drain(&self, _: usize) {}
+    }
+
+    /// A gate on a fresh allocation with no arbiter: no grant, so no
+    /// quantum's end; only the hard bound and the learned length apply.
+    fn gate() -> Gate {
+        let files = leaked_files(&[1 << 30]);
+        let member = Member {
+            slot: 0,
+            generation: 1,
+        };
+        let log = Arc::new(|_: &GateEvent| {});
+        Gate::new(&files.control, &files.state, member, Arc::new(NoDrain), log).unwrap()
+    }
+
+    /// One launch through the pacer, at fake time `t`; whether it was paced.
+    fn launch(p: &Pacer<FakeEvents>, gate: &Gate, t: u64) -> bool {
+        fake(|f| f.clock = t);
+        let paced = p.before(gate, 0, ());
+        if paced {
+            p.start(0, ());
+            p.after(0, ());
+        }
+        paced
+    }
+
+    fn finish_all() {
+        fake(|f| f.events.iter_mut().for_each(|e| e.2 = e.1.is_some()));
+    }
+
+    fn in_flight() -> usize {
+        fake(|f| {
+            f.events
+                .iter()
+                .filter(|e| e.0 && e.1.is_some() && !e.2)
+                .count()
+        })
+    }
+
+    #[test]
+    fn events_are_reused_and_the_markers_kept_are_bounded() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        for i in 0..200 {
+            assert!(launch(&p, &gate, i * 1000));
+            finish_all();
+        }
+        let created = fake(|f| f.created);
+        // The markers kept, each with its start event (every launch here
+        // found the device empty), and the pair being recorded.
+        assert!(
+            created <= 2 * (MAX_IN_FLIGHT + 1) + 2,
+            "{created} events for 200 launches"
+        );
+        assert!(p.slots[0].lock().as_ref().unwrap().markers.len() <= MAX_IN_FLIGHT + 1);
+    }
+
+    #[test]
+    fn a_third_launch_waits_for_the_oldest_and_learns_its_length() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        // Nothing in flight: the first launch gets a start event too.
+        assert!(launch(&p, &gate, 0));
+        assert!(launch(&p, &gate, 0));
+        assert_eq!(in_flight(), 3, "start, and two markers");
+        // The hard bound: two launches not done; the third waits on the
+        // oldest marker (which, done at fake time 0, teaches nothing).
+        fake(|f| f.clock = 5);
+        assert!(launch(&p, &gate, 5));
+        assert_eq!(fake(|f| f.syncs.len()), 1, "waited once, on the oldest");
+        assert!(in_flight() <= 2);
+        // A fourth launch, alone on an empty device after a later start:
+        // its length (start event to marker) is learned.
+        fake(|f| f.syncs.clear());
+        finish_all();
+        assert!(launch(&p, &gate, 1_000));
+        let (start, last) = {
+            let slot = p.slots[0].lock();
+            let m = slot.as_ref().unwrap().markers.last().unwrap();
+            (m.start.expect("a start event"), m.ev)
+        };
+        assert_ne!(start, last);
+        // The device ran it from 1 µs to 1.4 ms.
+        fake(|f| f.events[last] = (true, Some(1_400_000), true));
+        finish_all();
+        assert!(launch(&p, &gate, 2_000_000));
+        assert_eq!(
+            p.slots[0].lock().as_ref().unwrap().pace.estimate(),
+            1_399_000
+        );
+    }
+
+    #[test]
+    fn another_owner_starts_over_with_its_own_events() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        assert!(launch(&p, &gate, 0));
+        assert!(launch(&p, &gate, 0));
+        let old = fake(|f| f.created);
+        fake(|f| f.owner = 2);
+        assert!(launch(&p, &gate, 10));
+        // Every event of the first owner is destroyed; none is recorded
+        // again (the fake's `record` would fail the test).
+        fake(|f| {
+            assert!(f.events[..old].iter().all(|e| !e.0), "old events alive");
+            assert!(f.created > old, "the new owner's own events");
+        });
+    }
+
+    #[test]
+    fn the_budget_is_a_duration_up_to_a_second_or_zero() {
+        assert_eq!(parse_budget("0"), Ok(0));
+        assert_eq!(parse_budget(" 250us "), Ok(250_000));
+        assert!(parse_budget("2s").is_err());
+        assert!(parse_budget("fast").unwrap_err().contains(ENV_QUEUE_BUDGET));
+    }
+}
