@@ -431,6 +431,8 @@ symbols! {
 
         // HIP (hook/src/hip/): the view, memory admission, the gate.
         hip fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> hipError_t ["hipGetProcAddress" @ 0];
+        hip fn hipGetDeviceCount(n: *mut c_int) -> hipError_t ["hipGetDeviceCount" @ 0];
+        hip fn hipSetDevice(dev: c_int) -> hipError_t ["hipSetDevice" @ 0];
         hip fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> hipError_t ["hipMemGetInfo" @ 0];
         hip fn hipDeviceTotalMem(bytes: *mut usize, dev: hipDevice_t) -> hipError_t ["hipDeviceTotalMem" @ 0];
         hip fn hipGetDeviceProperties(prop: *mut c_void, dev: c_int) -> hipError_t ["hipGetDeviceProperties" @ 0];
@@ -515,10 +517,8 @@ symbols! {
         // Measuring what a context really holds (cuda/context.rs).
         nvml fn nvmlShutdown() -> nvmlReturn_t;
         // HIP: devices, their UUIDs, the granularity VMM charges in, drains.
-        hip fn hipGetDeviceCount(n: *mut c_int) -> hipError_t;
         hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
         hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
-        hip fn hipSetDevice(dev: c_int) -> hipError_t;
         hip fn hipMemPoolGetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
         // The queue bound's markers (hip/pace.rs).

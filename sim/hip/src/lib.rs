@@ -146,6 +146,39 @@ pub fn visible(amd: &[u32], spec: Option<&str>) -> Vec<usize> {
     out
 }
 
+/// The variable ROCm's lower layer (ROCr) reads first: the devices it exposes at all,
+/// by index or by UUID (`GPU-<unique id>`, the form `rocminfo` prints; AMD's ROCm
+/// documentation, "GPU isolation techniques"). `HIP_VISIBLE_DEVICES` then indexes what
+/// it left.
+pub const ROCR_VISIBLE_VAR: &str = "ROCR_VISIBLE_DEVICES";
+
+/// The AMD devices (physical indices) `ROCR_VISIBLE_DEVICES` exposes, in its order;
+/// `unique_id` gives a device's unique id. The list stops at the first entry that
+/// names no device, as `visible` does.
+pub fn rocr_visible(amd: &[u32], spec: Option<&str>, unique_id: impl Fn(u32) -> u64) -> Vec<u32> {
+    let Some(spec) = spec else {
+        return amd.to_vec();
+    };
+    let mut out = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = match entry.parse::<usize>() {
+            Ok(k) => amd.get(k).copied(),
+            Err(_) => {
+                let hex = entry
+                    .get(..4)
+                    .filter(|h| h.eq_ignore_ascii_case("GPU-"))
+                    .and_then(|_| u64::from_str_radix(&entry[4..], 16).ok());
+                hex.and_then(|id| amd.iter().copied().find(|&i| unique_id(i) == id))
+            }
+        };
+        match found {
+            Some(i) if !out.contains(&i) => out.push(i),
+            _ => break,
+        }
+    }
+    out
+}
+
 /// Set in a child forked after the runtime was set up: the child is not the process
 /// the node's slot belongs to, so every call fails there, as HIP fails in such a child.
 static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -178,6 +211,14 @@ pub(crate) fn rt() -> HipResult<&'static Runtime> {
                 hipErrorOutOfMemory
             })?;
             let amd = node.devices_of(Vendor::Amd);
+            let rocr = std::env::var(ROCR_VISIBLE_VAR).ok();
+            let amd = rocr_visible(&amd, rocr.as_deref(), |i| {
+                let mut head = [0u8; 8];
+                if let Ok(d) = node.device_info(i) {
+                    head.copy_from_slice(&d.uuid_bytes[..8]);
+                }
+                u64::from_be_bytes(head)
+            });
             let spec = std::env::var(VISIBLE_VAR).ok();
             let devices = visible(&amd, spec.as_deref());
             Ok(Runtime {

@@ -134,6 +134,8 @@ typedef struct { char reserved[64]; } hipIpcMemHandle_t;
 hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *, void *);
 hipError_t hipIpcOpenMemHandle(void **, hipIpcMemHandle_t, unsigned);
 hipError_t hipIpcCloseMemHandle(void *);
+hipError_t hipGetDeviceCount(int *);
+hipError_t hipSetDevice(int);
 static void *opened[MAX_KEPT];
 static int n_opened;
 
@@ -278,6 +280,14 @@ static int family(const char *c, char **argv, int argc, int *i) {
     } else if (!strcmp(c, "iclose")) {
         r = n_opened ? hipIpcCloseMemHandle(opened[--n_opened]) : -1;
         report(c, r, "opened=%d", n_opened);
+    } else if (!strcmp(c, "count")) {
+        int n = -1;
+        r = hipGetDeviceCount(&n);
+        report(c, r, "devices=%d", n);
+    } else if (!strcmp(c, "setdev") && *i + 1 < argc) {
+        int d = atoi(argv[++*i]);
+        r = hipSetDevice(d);
+        report(c, r, "device=%d", d);
     } else if (!strcmp(c, "freeall")) {
         r = 0;
         for (int k = 0; k < n_fam && !r; k++) {
