@@ -528,6 +528,8 @@ symbols! {
         hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
         hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
         hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;
+        // Which ABI the runtime has where ROCm 6 moved a field (hip/vmm.rs).
+        hip fn hipRuntimeGetVersion(v: *mut c_int) -> hipError_t;
         // What the driver holds for a HIP process (hip/context.rs).
         rsmi fn rsmi_init(flags: u64) -> rsmi_status_t;
         rsmi fn rsmi_shut_down() -> rsmi_status_t;
