@@ -55,6 +55,11 @@ impl FfiResult for tessera_ffi::hip::hipError_t {
     const MISSING: Self = tessera_ffi::hip::hipErrorNotFound;
 }
 
+impl FfiResult for hip::rsmi_status_t {
+    const PANICKED: Self = Self::INTERNAL_EXCEPTION;
+    const MISSING: Self = Self::NOT_SUPPORTED;
+}
+
 impl FfiResult for nvmlReturn_t {
     const PANICKED: Self = nvmlReturn_t::NVML_ERROR_UNKNOWN;
     const MISSING: Self = nvmlReturn_t::NVML_ERROR_FUNCTION_NOT_FOUND;

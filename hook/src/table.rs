@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
+use crate::hip::{rsmi_process_info_t, rsmi_status_t};
 use tessera_ffi::hip::*;
 
 use tessera_ffi::cuda::*;
@@ -37,6 +38,9 @@ pub enum Lib {
     Nvml,
     /// AMD's HIP runtime (or Hygon's, which speaks the same API).
     Hip,
+    /// AMD's ROCm SMI: what the driver holds for this process (settling a
+    /// HIP context's charge, hip/context.rs).
+    Rsmi,
 }
 
 impl Lib {
@@ -46,6 +50,7 @@ impl Lib {
             Lib::Cuda => c"libcuda.so.1",
             Lib::Nvml => c"libnvidia-ml.so.1",
             Lib::Hip => c"libamdhip64.so.5",
+            Lib::Rsmi => c"librocm_smi64.so.5",
         }
     }
 
@@ -56,6 +61,7 @@ impl Lib {
             Lib::Cuda => &[c"libcuda.so.1"],
             Lib::Nvml => &[c"libnvidia-ml.so.1"],
             Lib::Hip => &[c"libamdhip64.so.5", c"libgalaxyhip.so.5"],
+            Lib::Rsmi => &[c"librocm_smi64.so.5"],
         }
     }
 }
@@ -69,6 +75,9 @@ macro_rules! lib_of {
     };
     (hip) => {
         Lib::Hip
+    };
+    (rsmi) => {
+        Lib::Rsmi
     };
 }
 
@@ -421,6 +430,8 @@ symbols! {
 
         // HIP (hook/src/hip/): the view, memory admission, the gate.
         hip fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> hipError_t ["hipGetProcAddress" @ 0];
+        hip fn hipGetDeviceCount(n: *mut c_int) -> hipError_t ["hipGetDeviceCount" @ 0];
+        hip fn hipSetDevice(dev: c_int) -> hipError_t ["hipSetDevice" @ 0];
         hip fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> hipError_t ["hipMemGetInfo" @ 0];
         hip fn hipDeviceTotalMem(bytes: *mut usize, dev: hipDevice_t) -> hipError_t ["hipDeviceTotalMem" @ 0];
         hip fn hipGetDeviceProperties(prop: *mut c_void, dev: c_int) -> hipError_t ["hipGetDeviceProperties" @ 0];
@@ -505,10 +516,8 @@ symbols! {
         // Measuring what a context really holds (cuda/context.rs).
         nvml fn nvmlShutdown() -> nvmlReturn_t;
         // HIP: devices, their UUIDs, the granularity VMM charges in, drains.
-        hip fn hipGetDeviceCount(n: *mut c_int) -> hipError_t;
         hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
         hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
-        hip fn hipSetDevice(dev: c_int) -> hipError_t;
         hip fn hipMemPoolGetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
         // The queue bound's markers (hip/pace.rs).
@@ -518,6 +527,15 @@ symbols! {
         hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
         hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
         hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;
+        // Which ABI the runtime has where ROCm 6 moved a field (hip/vmm.rs).
+        hip fn hipRuntimeGetVersion(v: *mut c_int) -> hipError_t;
+        // What the driver holds for a HIP process (hip/context.rs).
+        rsmi fn rsmi_init(flags: u64) -> rsmi_status_t;
+        rsmi fn rsmi_shut_down() -> rsmi_status_t;
+        rsmi fn rsmi_num_monitor_devices(n: *mut u32) -> rsmi_status_t;
+        rsmi fn rsmi_dev_unique_id_get(dv: u32, id: *mut u64) -> rsmi_status_t;
+        rsmi fn rsmi_compute_process_info_by_pid_get(pid: u32, info: *mut rsmi_process_info_t) -> rsmi_status_t;
+        rsmi fn rsmi_compute_process_info_by_device_get(pid: u32, dv: u32, info: *mut rsmi_process_info_t) -> rsmi_status_t;
     }
 }
 
@@ -552,6 +570,7 @@ unsafe impl Sync for Handle {}
 static CUDA: OnceLock<Option<Handle>> = OnceLock::new();
 static NVML: OnceLock<Option<Handle>> = OnceLock::new();
 static HIP: OnceLock<Option<Handle>> = OnceLock::new();
+static RSMI: OnceLock<Option<Handle>> = OnceLock::new();
 
 /// The real entry point of `sym`, or null. The hot path: one atomic load
 /// once the library is loaded.
@@ -579,6 +598,7 @@ pub fn library(lib: Lib) -> *mut c_void {
         Lib::Cuda => &CUDA,
         Lib::Nvml => &NVML,
         Lib::Hip => &HIP,
+        Lib::Rsmi => &RSMI,
     };
     cell.get_or_init(|| load(lib)).map_or(null_mut(), |h| h.0)
 }

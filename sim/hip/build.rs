@@ -11,6 +11,9 @@ fn main() {
     let mut f = std::fs::File::create(&script).expect("creating the version script");
     let nodes = [
         "hip_4.2", "hip_4.3", "hip_4.4", "hip_4.5", "hip_5.0", "hip_5.1", "hip_5.2",
+        // ROCm 6's node, for its one function the simulator has
+        // (hipGetDevicePropertiesR0600, which hip-python 6 calls).
+        "hip_6.0",
     ];
     for (i, node) in nodes.iter().enumerate() {
         match i.checked_sub(1).map(|p| nodes[p]) {

@@ -250,3 +250,24 @@ fn an_ipc_import_is_charged_once_and_only_from_the_allocations_own_exports() {
     assert!(importer.finish().success());
     assert!(exporter.finish().success());
 }
+
+#[test]
+fn a_contexts_charge_follows_what_the_driver_holds() {
+    let sim = HipSim::new(PHYSICAL, LIMIT);
+    // The control file says a context holds CONTEXT; the runtime's hold
+    // more, then less: each process's charge follows the driver's figure
+    // (ROCm SMI's per-process VRAM) once its first allocation made the
+    // context.
+    for real in [CONTEXT + 8 * MI, CONTEXT - 8 * MI] {
+        sim.node.node().set_context_memory(real);
+        let mut c = sim.spawn(Client::Link, true, &["malloc", "1048576", "ready", "wait"]);
+        steps(&mut c, &["malloc", "ready"]);
+        assert_eq!(
+            books_equal_device(&sim, &format!("a context of {real} B")),
+            real + MI
+        );
+        c.send("go");
+        assert!(c.finish().success());
+        sim.reclaim_ended();
+    }
+}

@@ -182,6 +182,7 @@ fn establish(files: &'static Files) -> Result<&'static Governed, hipError_t> {
     if let Some(g) = GOVERNED.get() {
         return g.ensure_member().map_err(|_| HIP_REFUSED);
     }
+    pin_visible(files);
     let devices = nested(|| discover(files))?;
     for v in devices.visible() {
         crate::log!(
@@ -195,6 +196,51 @@ fn establish(files: &'static Files) -> Result<&'static Governed, hipError_t> {
     let g = GOVERNED.get_or_init(|| Governed::new(files, devices, HOOKS));
     install_process_hooks();
     g.ensure_member().map_err(|_| HIP_REFUSED)
+}
+
+/// The variable ROCm's ROCr layer reads, once, when the runtime starts: the
+/// GPUs the process can see at all, by UUID (`GPU-<unique id>`, AMD's
+/// "GPU isolation techniques"); `HIP_VISIBLE_DEVICES` only indexes within.
+const ROCR_VISIBLE_DEVICES: &str = "ROCR_VISIBLE_DEVICES";
+
+/// Points `ROCR_VISIBLE_DEVICES` at the allocation's AMD GPUs before the
+/// runtime starts (at the process's first governed HIP call, which every
+/// device query and `hipSetDevice` is), as the CUDA side pins
+/// `CUDA_VISIBLE_DEVICES` at `cuInit`: the runtime then enumerates only
+/// them, numbered from 0, on every route. The GPUs come from the control
+/// file, which the tenant cannot write; the tenant's own value may only
+/// narrow them (`pinned_visible`). An NVIDIA GPU of a mixed allocation is
+/// left out (ROCr stops at the first entry it does not know). A runtime
+/// already started by an ungoverned call keeps its view; `hipSetDevice`
+/// still refuses a GPU outside the allocation.
+fn pin_visible(files: &Files) {
+    let alloc: Vec<&str> = (0..files.control.n_devices())
+        .map(|i| files.control.uuid(i))
+        .filter(|u| is_amd_uuid(u))
+        .collect();
+    let spec = std::env::var_os(ROCR_VISIBLE_DEVICES);
+    let spec = spec.as_ref().map(|s| s.to_string_lossy());
+    let want = crate::devices::pinned_visible(spec.as_deref(), &alloc);
+    if spec.as_deref() == Some(want.as_str()) {
+        return;
+    }
+    crate::log!(
+        Level::Info,
+        "{ROCR_VISIBLE_DEVICES}={spec:?} set to {want:?}: the allocation's GPUs"
+    );
+    // SAFETY: setenv is unsound only against another thread reading or
+    // writing the environment at the same instant. This runs at the
+    // process's first governed HIP call, under ESTABLISH, before the
+    // runtime reads the variable; glibc never frees an environment string,
+    // so a concurrent getenv sees the old value or the new one.
+    unsafe { std::env::set_var(ROCR_VISIBLE_DEVICES, &want) };
+}
+
+/// Whether `uuid` is an AMD GPU's as the manager names it: `GPU-` and the
+/// 16 hex digits of ROCm SMI's unique id (NVIDIA's are 8-4-4-4-12).
+fn is_amd_uuid(uuid: &str) -> bool {
+    uuid.strip_prefix("GPU-")
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The HIP governor's exit and fork handlers, as `governor::process`
@@ -254,6 +300,7 @@ extern "C" fn fork_child() {
             }
             // The child has no device context of its own yet.
             CONTEXTS.store(0, Ordering::Release);
+            context::forget();
             ESTABLISH.force_unlock(Default::default());
         }
     });
@@ -369,7 +416,12 @@ fn admit(
         (OK, Some(dev)) if bytes > 0 => match key() {
             // Nothing handed out (a zero-byte request): nothing held.
             Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
-            k => g.record(k, Rec { dev, bytes, ctx: 0 }),
+            k => {
+                g.record(k, Rec { dev, bytes, ctx: 0 });
+                // The device's context exists now: its charge follows the
+                // driver (once).
+                context::settle(g, dev);
+            }
         },
         (OK, _) => {}
         _ => g.release(index, bytes),
@@ -451,6 +503,8 @@ unsafe fn out_ptr(p: *mut *mut c_void) -> Key {
 }
 
 mod arrays;
+mod context;
+mod devices;
 mod gate;
 mod ipc;
 mod launch;
@@ -464,6 +518,8 @@ mod view;
 mod vmm;
 
 pub use arrays::*;
+pub use context::{rsmi_process_info_t, rsmi_status_t};
+pub use devices::*;
 pub use ipc::*;
 pub use launch::*;
 pub use memory::*;

@@ -27,6 +27,35 @@ unsafe fn vmm_bytes(size: usize, prop: *const hipMemAllocationProp) -> u64 {
         .unwrap_or(crate::sizes::OVERFLOW)
 }
 
+/// `HIP_VERSION` from which `hipMemAllocationProp` has ROCm 6's layout.
+const ROCM6: c_int = 60_000_000;
+
+/// Whether the runtime lays `hipMemAllocationProp` out as ROCm 6 does
+/// (`type`, `requestedHandleType`, then `location` at byte 8; ROCm 6's
+/// `hip_runtime_api.h`) rather than as HIP 5 (`unsigned char
+/// compressionType`, then `location` at byte 4): by the version the
+/// runtime reports, asked once.
+fn rocm6_layout() -> bool {
+    static LAYOUT: OnceLock<bool> = OnceLock::new();
+    *LAYOUT.get_or_init(|| {
+        let mut v: c_int = 0;
+        real!(hipRuntimeGetVersion(&mut v)) == OK && v >= ROCM6
+    })
+}
+
+/// The device ordinal `prop` names, in the runtime's layout.
+///
+/// # Safety
+///
+/// `prop` is readable for 16 bytes (either layout's `location` lies
+/// within them).
+unsafe fn prop_device(prop: *const hipMemAllocationProp) -> c_int {
+    let at = if rocm6_layout() { 12 } else { 8 };
+    // SAFETY: per the contract; unaligned reads make no promise of the
+    // caller's struct.
+    unsafe { prop.cast::<u8>().add(at).cast::<c_int>().read_unaligned() }
+}
+
 pub unsafe fn hipMemCreate(
     handle: *mut hipMemGenericAllocationHandle_t,
     size: usize,
@@ -34,11 +63,12 @@ pub unsafe fn hipMemCreate(
     flags: c_ulonglong,
 ) -> hipError_t {
     let g = governed_or!(call_real!(hipMemCreate(handle, size, prop, flags)));
-    // SAFETY: the caller's properties, or null (the runtime refuses it).
-    let Some(p) = (unsafe { prop.as_ref() }) else {
+    if prop.is_null() {
+        // The runtime refuses it.
         return real!(hipMemCreate(handle, size, prop, flags));
-    };
-    let index = g.index_of(p.location.id);
+    }
+    // SAFETY: the caller's properties, non-null.
+    let index = g.index_of(unsafe { prop_device(prop) });
     if let Some(i) = index
         && let Err(e) = ensure_context(g, i)
     {

@@ -190,6 +190,32 @@ hip_api! {
         })
     }
 
+    /// `hipGetDevicePropertiesR0600`, ROCm 6's layout (`hipDeviceProp_tR0600`: after
+    /// `char name[256]`, a 16-byte `hipUUID`, `char luid[8]` and an `unsigned int` mask,
+    /// so `totalGlobalMem` at byte 288). Written: the name, the UUID and
+    /// `totalGlobalMem`, the first 296 bytes; the simulator does not model the rest of
+    /// that struct and leaves it as the caller's.
+    ///
+    /// # Safety
+    /// `prop` must be null or writable for 296 bytes.
+    "hip_6.0" fn hipGetDevicePropertiesR0600(prop: *mut c_void, device: c_int) -> hipError_t {
+        guard(|| {
+            let d = info(device)?;
+            if prop.is_null() {
+                return Err(hipErrorInvalidValue);
+            }
+            let mut head = [0u8; 296];
+            let name = d.name.as_bytes();
+            let n = name.len().min(255);
+            head[..n].copy_from_slice(&name[..n]);
+            head[256..272].copy_from_slice(&d.uuid_bytes);
+            head[288..296].copy_from_slice(&(d.memory_total as usize).to_ne_bytes());
+            // SAFETY: non-null, and writable for 296 bytes by the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), prop.cast::<u8>(), head.len()) };
+            Ok(())
+        })
+    }
+
     /// `hipDeviceGetAttribute`.
     ///
     /// # Safety
@@ -281,7 +307,7 @@ hip_api! {
     /// `v` must be null or writable.
     "hip_4.2" fn hipDriverGetVersion(v: *mut c_int) -> hipError_t {
         // SAFETY: as above.
-        guard(|| unsafe { put(v, HIP_VERSION) })
+        guard(|| unsafe { put(v, hip_version()) })
     }
 
     /// `hipRuntimeGetVersion`.
@@ -290,7 +316,7 @@ hip_api! {
     /// `v` must be null or writable.
     "hip_4.2" fn hipRuntimeGetVersion(v: *mut c_int) -> hipError_t {
         // SAFETY: as above.
-        guard(|| unsafe { put(v, HIP_VERSION) })
+        guard(|| unsafe { put(v, hip_version()) })
     }
 
     /// `hipDeviceGetLimit`: the stack and heap limits HIP reports by default.

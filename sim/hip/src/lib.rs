@@ -146,6 +146,70 @@ pub fn visible(amd: &[u32], spec: Option<&str>) -> Vec<usize> {
     out
 }
 
+/// The variable ROCm's lower layer (ROCr) reads first: the devices it exposes at all,
+/// by index or by UUID (`GPU-<unique id>`, the form `rocminfo` prints; AMD's ROCm
+/// documentation, "GPU isolation techniques"). `HIP_VISIBLE_DEVICES` then indexes what
+/// it left.
+pub const ROCR_VISIBLE_VAR: &str = "ROCR_VISIBLE_DEVICES";
+
+/// The AMD devices (physical indices) `ROCR_VISIBLE_DEVICES` exposes, in its order;
+/// `unique_id` gives a device's unique id. The list stops at the first entry that
+/// names no device, as `visible` does.
+pub fn rocr_visible(amd: &[u32], spec: Option<&str>, unique_id: impl Fn(u32) -> u64) -> Vec<u32> {
+    let Some(spec) = spec else {
+        return amd.to_vec();
+    };
+    let mut out = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = match entry.parse::<usize>() {
+            Ok(k) => amd.get(k).copied(),
+            Err(_) => {
+                let hex = entry
+                    .get(..4)
+                    .filter(|h| h.eq_ignore_ascii_case("GPU-"))
+                    .and_then(|_| u64::from_str_radix(&entry[4..], 16).ok());
+                hex.and_then(|id| amd.iter().copied().find(|&i| unique_id(i) == id))
+            }
+        };
+        match found {
+            Some(i) if !out.contains(&i) => out.push(i),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// `TESSERA_SIM_HIP_ROCM6=1`: the runtime answers as ROCm 6 does where its ABI moved:
+/// `hipRuntimeGetVersion`/`hipDriverGetVersion` report 6.2 ([`ROCM6_VERSION`]) and
+/// `hipMemAllocationProp` is read in ROCm 6's layout (`type`, `requestedHandleType`, then
+/// `location` at byte 8; ROCm 6's `hip_runtime_api.h`), so the shim's handling of both
+/// layouts can be tested on one simulated node. Read once.
+pub fn rocm6() -> bool {
+    static ROCM6: OnceLock<bool> = OnceLock::new();
+    *ROCM6.get_or_init(|| std::env::var("TESSERA_SIM_HIP_ROCM6").is_ok_and(|v| v == "1"))
+}
+
+/// The `HIP_VERSION` a ROCm 6.2 runtime reports (major × 10^7 + minor × 10^5 + patch).
+pub const ROCM6_VERSION: c_int = 60_241_134;
+
+/// The version the runtime reports: 5.2.3's, or 6.2's in ROCm 6 mode.
+pub fn hip_version() -> c_int {
+    if rocm6() { ROCM6_VERSION } else { HIP_VERSION }
+}
+
+/// The device ordinal a `hipMemAllocationProp` names, in the layout of the version the
+/// runtime reports: HIP 5's `location` is at byte 4 (after `unsigned char
+/// compressionType`), ROCm 6's at byte 8.
+///
+/// # Safety
+/// `prop` must be readable for 16 bytes.
+pub unsafe fn prop_device(prop: *const c_void) -> c_int {
+    let at = if rocm6() { 12 } else { 8 };
+    // SAFETY: `location.id` lies within the first 16 bytes in both layouts; the read is
+    // unaligned-safe.
+    unsafe { prop.cast::<u8>().add(at).cast::<c_int>().read_unaligned() }
+}
+
 /// Set in a child forked after the runtime was set up: the child is not the process
 /// the node's slot belongs to, so every call fails there, as HIP fails in such a child.
 static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -178,6 +242,14 @@ pub(crate) fn rt() -> HipResult<&'static Runtime> {
                 hipErrorOutOfMemory
             })?;
             let amd = node.devices_of(Vendor::Amd);
+            let rocr = std::env::var(ROCR_VISIBLE_VAR).ok();
+            let amd = rocr_visible(&amd, rocr.as_deref(), |i| {
+                let mut head = [0u8; 8];
+                if let Ok(d) = node.device_info(i) {
+                    head.copy_from_slice(&d.uuid_bytes[..8]);
+                }
+                u64::from_be_bytes(head)
+            });
             let spec = std::env::var(VISIBLE_VAR).ok();
             let devices = visible(&amd, spec.as_deref());
             Ok(Runtime {

@@ -707,7 +707,7 @@ hip_api! {
                 return Err(hipErrorInvalidValue);
             }
             // SAFETY: checked non-null; the caller passes readable properties.
-            rt()?.physical(unsafe { (*prop).location.id })?;
+            rt()?.physical(unsafe { prop_device(prop.cast()) })?;
             // SAFETY: as above.
             unsafe { put(granularity, VMM_GRANULARITY as usize) }
         })
@@ -725,7 +725,7 @@ hip_api! {
             }
             let rt = rt()?;
             // SAFETY: checked non-null; the caller passes readable properties.
-            let ordinal = unsafe { (*prop).location.id };
+            let ordinal = unsafe { prop_device(prop.cast()) };
             rt.physical(ordinal)?;
             let physical = rt.touch(ordinal as usize)?;
             if !rt.node.reserve_memory(rt.slot, physical, size as u64) {

@@ -134,6 +134,16 @@ typedef struct { char reserved[64]; } hipIpcMemHandle_t;
 hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *, void *);
 hipError_t hipIpcOpenMemHandle(void **, hipIpcMemHandle_t, unsigned);
 hipError_t hipIpcCloseMemHandle(void *);
+hipError_t hipGetDeviceCount(int *);
+hipError_t hipGetDevicePropertiesR0600(void *, int);
+/* ROCm 6's hipMemAllocationProp: location moved to byte 8. */
+typedef struct {
+    int type, requestedHandleType;
+    hipMemLocation location;
+    void *win32HandleMetaData;
+    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; } allocFlags;
+} hipMemAllocationProp6;
+hipError_t hipSetDevice(int);
 static void *opened[MAX_KEPT];
 static int n_opened;
 
@@ -278,6 +288,37 @@ static int family(const char *c, char **argv, int argc, int *i) {
     } else if (!strcmp(c, "iclose")) {
         r = n_opened ? hipIpcCloseMemHandle(opened[--n_opened]) : -1;
         report(c, r, "opened=%d", n_opened);
+    } else if (!strcmp(c, "vmm6") && *i + 1 < argc) {
+        /* As "vmm", with ROCm 6's property layout (a runtime in ROCm 6 mode). */
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        hipMemAllocationProp6 prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1;          /* hipMemAllocationTypePinned */
+        prop.location.type = 1; /* hipMemLocationTypeDevice */
+        prop.location.id = 0;
+        void *h = NULL, *va = NULL;
+        r = hipMemCreate(&h, n, (const hipMemAllocationProp *)(const void *)&prop, 0);
+        if (!r) r = hipMemAddressReserve(&va, n, 0, NULL, 0);
+        if (!r) r = hipMemMap(va, n, 0, h, 0);
+        if (!r) r = hipMemRelease(h);
+        if (!r) keep(va, K_VMM, n);
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "props6")) {
+        /* hipDeviceProp_tR0600: totalGlobalMem after the name, a 16-byte
+         * UUID, an 8-byte LUID and a 4-byte mask, at byte 288. */
+        static unsigned char prop[8192];
+        size_t t;
+        r = hipGetDevicePropertiesR0600(prop, 0);
+        memcpy(&t, prop + 288, sizeof t);
+        report(c, r, "total=%zu", t);
+    } else if (!strcmp(c, "count")) {
+        int n = -1;
+        r = hipGetDeviceCount(&n);
+        report(c, r, "devices=%d", n);
+    } else if (!strcmp(c, "setdev") && *i + 1 < argc) {
+        int d = atoi(argv[++*i]);
+        r = hipSetDevice(d);
+        report(c, r, "device=%d", d);
     } else if (!strcmp(c, "freeall")) {
         r = 0;
         for (int k = 0; k < n_fam && !r; k++) {

@@ -30,7 +30,8 @@ pub const ALLOC_ID: &str = "hip-test";
 const CLIENT: &str = include_str!("hipclient.c");
 
 /// The simulated HIP runtime's directory: the built `libtessera_sim_hip.so`
-/// linked as `libamdhip64.so.5` (and `libamdhip64.so`), made once per test
+/// linked as `libamdhip64.so.5` (and `libamdhip64.so`), the simulated ROCm
+/// SMI as `librocm_smi64.so.5`, made once per test
 /// process, each link renamed into place.
 pub fn hip_lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -39,10 +40,17 @@ pub fn hip_lib_dir() -> &'static Path {
             .expect("the simulated HIP runtime is built with the tests");
         let dir = tessera_e2e::work_dir().join("hiplib");
         std::fs::create_dir_all(&dir).expect("the HIP library directory");
-        for name in ["libamdhip64.so.5", "libamdhip64.so"] {
+        // ROCm SMI beside it, as a ROCm image has it: the shim asks it what
+        // a context really holds.
+        let smi = tessera_e2e::sim_rocm_smi_library();
+        for (name, target) in [
+            ("libamdhip64.so.5", &built),
+            ("libamdhip64.so", &built),
+            ("librocm_smi64.so.5", &smi),
+        ] {
             let tmp = dir.join(format!(".{name}.{}", std::process::id()));
             let _ = std::fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&built, &tmp).expect("linking the runtime");
+            std::os::unix::fs::symlink(target, &tmp).expect("linking the runtime");
             std::fs::rename(&tmp, dir.join(name)).expect("placing the link");
         }
         dir
@@ -112,21 +120,29 @@ pub fn amd_uuid(node: &SimNode, i: u32) -> String {
     format!("GPU-{:016x}", u64::from_be_bytes(head))
 }
 
-/// A node of one simulated AMD GPU with one allocation on it.
+/// A node of simulated AMD GPUs with one allocation on one of them.
 pub struct HipSim {
     pub node: SimNode,
     pub control: PathBuf,
     pub state_path: PathBuf,
+    /// The node's GPU the allocation is on.
+    pub gpu: u32,
 }
 
 impl HipSim {
     /// One AMD GPU of `memory` bytes, an allocation of `limit` on it.
     pub fn new(memory: u64, limit: u64) -> HipSim {
+        HipSim::with_gpus(1, 0, memory, limit)
+    }
+
+    /// `gpus` AMD GPUs of `memory` bytes, an allocation of `limit` on GPU
+    /// `gpu`.
+    pub fn with_gpus(gpus: u32, gpu: u32, memory: u64, limit: u64) -> HipSim {
         let node = SimNode::builder()
             .config(NodeConfig {
-                devices: 1,
+                devices: gpus,
                 memory_per_device: memory,
-                gpus: vec![GpuSpec::amd(None)],
+                gpus: (0..gpus).map(|_| GpuSpec::amd(None)).collect(),
                 seed: 0x41d0_4149,
                 ..NodeConfig::default()
             })
@@ -136,15 +152,16 @@ impl HipSim {
             control: dir.join("control"),
             state_path: dir.join("state"),
             node,
+            gpu,
         };
         sim.node.node().set_context_memory(CONTEXT);
         sim.allocate(limit, Policy::Burst, 1_000_000);
         sim
     }
 
-    /// (Re)writes the allocation on device 0.
+    /// (Re)writes the allocation on the allocation's GPU.
     pub fn allocate(&self, limit: u64, policy: Policy, share_ppm: u32) {
-        let uuid = amd_uuid(&self.node, 0);
+        let uuid = amd_uuid(&self.node, self.gpu);
         let mut spec = ControlSpec::new(
             ALLOC_ID,
             vec![DeviceSpec {
@@ -185,7 +202,7 @@ impl HipSim {
 
     /// Ground truth: bytes the simulated device holds.
     pub fn used(&self) -> u64 {
-        self.node.node().memory_used(0)
+        self.node.node().memory_used(self.gpu as usize)
     }
 
     /// The client with `args`, the shim preloaded, governed when `governed`.
