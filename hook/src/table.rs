@@ -463,6 +463,10 @@ symbols! {
             ["hipModuleLaunchCooperativeKernel" @ 0];
         hip fn hipLaunchCooperativeKernelMultiDevice(list: *mut hipLaunchParams, n: c_int, flags: c_uint) -> hipError_t ["hipLaunchCooperativeKernelMultiDevice" @ 0];
         hip fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> hipError_t ["hipGraphLaunch" @ 0];
+        // Waits on the process's own work, marked for the arbiter.
+        hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];
+        hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
+        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t ["hipEventSynchronize" @ 0];
     }
     used {
         cuda fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
@@ -496,13 +500,11 @@ symbols! {
         hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
         hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
         hip fn hipSetDevice(dev: c_int) -> hipError_t;
-        hip fn hipDeviceSynchronize() -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
         // The queue bound's markers (hip/pace.rs).
         hip fn hipEventCreate(ev: *mut hipEvent_t) -> hipError_t;
         hip fn hipEventRecord(ev: hipEvent_t, stream: hipStream_t) -> hipError_t;
         hip fn hipEventQuery(ev: hipEvent_t) -> hipError_t;
-        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t;
         hip fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, stop: hipEvent_t) -> hipError_t;
         hip fn hipEventDestroy(ev: hipEvent_t) -> hipError_t;
         hip fn hipStreamIsCapturing(stream: hipStream_t, status: *mut c_int) -> hipError_t;

@@ -62,6 +62,28 @@ impl Drain for HipDrain {
     }
 }
 
+/// The process's gate, when `g` is the member it was set up for (a forked
+/// child sees its parent's until it joins itself).
+#[inline]
+fn gate_of(g: &Governed) -> Option<&'static Gate> {
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
+    let gate = unsafe { &*p };
+    (g.member() == Some(gate.member())).then_some(gate)
+}
+
+/// Runs `wait`, a synchronisation of this process's work on allocation
+/// device `dev`, marked as such for the arbiter (see `Gate::syncing`).
+pub(super) fn while_syncing<R>(g: &Governed, dev: Option<usize>, wait: impl FnOnce() -> R) -> R {
+    match gate_of(g) {
+        Some(gate) => gate.syncing(dev, wait),
+        None => wait(),
+    }
+}
+
 /// Before a launch on the current device (on `stream`, `None` for a launch
 /// that names none): paces it (see `crate::pacer`), then waits for the
 /// allocation's grant there. The hot path once joined: the governor's two
@@ -74,15 +96,9 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
         Ok(None) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let p = GATE.load(Ordering::Acquire);
-    if p.is_null() {
+    let Some(gate) = gate_of(g) else {
         return Ok(None);
-    }
-    // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
-    let gate = unsafe { &*p };
-    if g.member() != Some(gate.member()) {
-        return Ok(None);
-    }
+    };
     let control = &g.files.control;
     if control.paused() {
         control.wait_while_paused();
@@ -119,15 +135,9 @@ pub(super) fn before_submit_all() -> Result<(), hipError_t> {
         Ok(None) => return Ok(()),
         Err(e) => return Err(e),
     };
-    let p = GATE.load(Ordering::Acquire);
-    if p.is_null() {
+    let Some(gate) = gate_of(g) else {
         return Ok(());
-    }
-    // SAFETY: as above.
-    let gate = unsafe { &*p };
-    if g.member() != Some(gate.member()) {
-        return Ok(());
-    }
+    };
     for v in g.devices.visible() {
         if let Some(i) = v.index {
             gate.before_submit(i);

@@ -15,7 +15,7 @@
 //!
 //! One module per family: `view`, `memory` (linear, managed, pitched, 3D),
 //! `arrays`, `pools` (stream-ordered), `vmm`, `launch` (with the gate's
-//! HIP side in `gate`), `procaddr` (`hipGetProcAddress`).
+//! HIP side in `gate`), `sync` (waits marked for the arbiter), `procaddr` (`hipGetProcAddress`).
 
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)]
@@ -448,6 +448,7 @@ mod memory;
 mod pace;
 mod pools;
 mod procaddr;
+mod sync;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -458,5 +459,6 @@ pub use launch::*;
 pub use memory::*;
 pub use pools::*;
 pub use procaddr::*;
+pub use sync::*;
 pub use view::*;
 pub use vmm::*;
