@@ -125,7 +125,7 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
         .find(|s| s.alloc_id == ALLOC)
         .map_or(0, |s| s.held_ns);
     let t0 = std::time::Instant::now();
-    let mut meter = BusyMeter::start(&node, 0, vec![workload.pid()]);
+    let mut meter = BusyMeter::start(node, 0, vec![workload.pid()]);
     let (achieved, gpu_busy) = meter.run_for(MEASURE);
     let stats = arbiter
         .stats()
