@@ -32,24 +32,10 @@ pub enum KubeMode {
 /// environment variable named beside them.
 #[derive(clap::Args, Debug)]
 pub struct DevicePluginArgs {
-    /// This node's name [default: the kernel's hostname].
-    #[arg(long, env = tessera_contract::node::NODE_NAME_ENV)]
-    pub node_name: Option<String>,
-    /// Slice config file (a ConfigMap in a cluster); reloaded when it changes
-    /// [default: built-in defaults, 4 slices per GPU].
-    #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The manager's socket.
-    // `--socket` as for every other subcommand; the old `--manager-socket`
-    // stays accepted as a hidden alias.
-    #[arg(
-        long = "socket",
-        alias = "manager-socket",
-        env = tessera_contract::env::SOCKET,
-        value_name = "PATH",
-        default_value = tessera_proto::manager::v1::DEFAULT_SOCKET
-    )]
-    pub manager_socket: PathBuf,
+    /// The node: its name, config file, the manager's socket, the shim's host
+    /// paths and the CDI spec dir (the flags the DRA plugin takes too).
+    #[command(flatten)]
+    pub node: tessera_node::args::NodeArgs,
     /// The kubelet's root dir.
     #[arg(
         long,
@@ -69,31 +55,6 @@ pub struct DevicePluginArgs {
     /// Do not track pods (no owners recorded, no orphaned allocations deleted).
     #[arg(long)]
     pub no_pod_resources: bool,
-    /// The hook library on the host (mounted into containers).
-    #[arg(
-        long,
-        env = "TESSERA_HOOK_LIBRARY",
-        value_name = "PATH",
-        default_value = tessera_contract::paths::HOST_HOOK_LIBRARY
-    )]
-    pub hook_library: PathBuf,
-    /// The host file mounted as /etc/ld.so.preload when the config sets ldSoPreload.
-    #[arg(
-        long,
-        env = "TESSERA_PRELOAD_FILE",
-        value_name = "PATH",
-        default_value = tessera_contract::paths::HOST_PRELOAD_FILE
-    )]
-    pub preload_file: PathBuf,
-    /// Where the CDI spec of this node's GPUs is written when the node config's
-    /// deviceListStrategy includes cdi (a CDI spec dir of the container runtime).
-    #[arg(
-        long,
-        env = "TESSERA_CDI_SPEC_DIR",
-        value_name = "DIR",
-        default_value = "/var/run/cdi"
-    )]
-    pub cdi_spec_dir: PathBuf,
     /// Read node labels and publish GPU labels through the Kubernetes API.
     #[arg(long, env = "TESSERA_KUBE", value_enum, default_value = "auto")]
     pub kube: KubeMode,
@@ -124,10 +85,7 @@ impl DevicePluginArgs {
     /// kernel when not given, paths under `--kubelet-dir` unless given one by
     /// one, the Kubernetes API on in `auto` mode when running in a pod.
     pub fn options(&self) -> Result<Options, ArgsError> {
-        let node = match &self.node_name {
-            Some(n) => n.clone(),
-            None => tessera_contract::node::kernel_hostname().map_err(ArgsError::Hostname)?,
-        };
+        let node = self.node.node_name().map_err(ArgsError::Hostname)?;
         let mut labels = BTreeMap::new();
         for l in &self.node_labels {
             let (k, v) = l
@@ -136,8 +94,8 @@ impl DevicePluginArgs {
             labels.insert(k.to_owned(), v.to_owned());
         }
         let mut o = Options::new(node);
-        o.config_path = self.config.clone();
-        o.manager_socket = self.manager_socket.clone();
+        o.config_path = self.node.config.clone();
+        o.manager_socket = self.node.manager_socket.clone();
         o.device_plugin_dir = self
             .device_plugin_dir
             .clone()
@@ -151,9 +109,8 @@ impl DevicePluginArgs {
                     .unwrap_or_else(|| self.kubelet_dir.join("pod-resources/kubelet.sock")),
             )
         };
-        o.host.hook_library = self.hook_library.clone();
-        o.host.preload_file = self.preload_file.clone();
-        o.cdi_spec_dir = Some(self.cdi_spec_dir.clone());
+        o.host = self.node.host_paths();
+        o.cdi_spec_dir = Some(self.node.cdi_spec_dir.clone());
         o.use_kube = match self.kube {
             KubeMode::On => true,
             KubeMode::Off => false,

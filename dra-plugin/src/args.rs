@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use tessera_node::cdi::HostPaths;
+use tessera_node::args::NodeArgs;
 
 use crate::driver::DriverOptions;
 use crate::plugin::{Error, Options};
@@ -19,9 +19,11 @@ pub struct DraPluginArgs {
     /// The DRA driver's name (in ResourceSlices, DeviceClasses, claims).
     #[arg(long, env = "TESSERA_DRA_DRIVER", default_value = DRIVER_NAME)]
     pub driver_name: String,
-    /// This node's name [default: the kernel's hostname].
-    #[arg(long, env = tessera_contract::node::NODE_NAME_ENV)]
-    pub node_name: Option<String>,
+    /// The node: its name, config file, the manager's socket, the shim's host
+    /// paths and the CDI spec dir (one spec per prepared claim; the flags the
+    /// device plugin takes too).
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// The kubelet's plugin registry dir, where the registration socket goes.
     #[arg(
         long,
@@ -34,55 +36,15 @@ pub struct DraPluginArgs {
     /// /var/lib/kubelet/plugins/<driver-name>].
     #[arg(long, env = "TESSERA_DRA_PLUGIN_DIR", value_name = "DIR")]
     pub plugin_dir: Option<PathBuf>,
-    /// The container runtime's CDI spec dir: one spec per prepared claim.
-    #[arg(
-        long,
-        env = "TESSERA_CDI_SPEC_DIR",
-        value_name = "DIR",
-        default_value = "/var/run/cdi"
-    )]
-    pub cdi_dir: PathBuf,
     /// A kubeconfig file [default: the in-cluster config].
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// The manager's socket.
-    #[arg(
-        long,
-        env = tessera_contract::env::SOCKET,
-        value_name = "PATH",
-        default_value = tessera_proto::manager::v1::DEFAULT_SOCKET
-    )]
-    pub socket: PathBuf,
-    /// The node config file the device plugin reads (slices, device-list
-    /// strategy, compute policy) [default: built-in defaults].
-    #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The hook library on the host (mounted into containers by CDI).
-    #[arg(
-        long,
-        env = "TESSERA_HOOK_LIBRARY",
-        value_name = "PATH",
-        default_value = tessera_contract::paths::HOST_HOOK_LIBRARY
-    )]
-    pub hook_library: PathBuf,
-    /// The host file mounted as /etc/ld.so.preload when the node config sets
-    /// ldSoPreload (the device plugin's file; either plugin writes it).
-    #[arg(
-        long,
-        env = "TESSERA_PRELOAD_FILE",
-        value_name = "PATH",
-        default_value = tessera_contract::paths::HOST_PRELOAD_FILE
-    )]
-    pub preload_file: PathBuf,
 }
 
 impl DraPluginArgs {
     /// The options these flags give.
     pub fn options(&self) -> Result<Options, Error> {
-        let node_name = match &self.node_name {
-            Some(n) => n.clone(),
-            None => tessera_contract::node::kernel_hostname().map_err(Error::NodeName)?,
-        };
+        let node_name = self.node.node_name().map_err(Error::NodeName)?;
         let plugin_dir = self
             .plugin_dir
             .clone()
@@ -91,16 +53,13 @@ impl DraPluginArgs {
             driver: DriverOptions {
                 driver_name: self.driver_name.clone(),
                 node_name,
-                cdi_dir: self.cdi_dir.clone(),
-                host: HostPaths {
-                    hook_library: self.hook_library.clone(),
-                    preload_file: self.preload_file.clone(),
-                },
+                cdi_dir: self.node.cdi_spec_dir.clone(),
+                host: self.node.host_paths(),
             },
             registry_dir: self.registry_dir.clone(),
             plugin_dir,
-            manager_socket: self.socket.clone(),
-            config_path: self.config.clone(),
+            manager_socket: self.node.manager_socket.clone(),
+            config_path: self.node.config.clone(),
             kubeconfig: self.kubeconfig.clone(),
         })
     }

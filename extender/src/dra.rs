@@ -948,23 +948,8 @@ pub fn filter(
     states: &BTreeMap<String, Result<DraNode, String>>,
     need: &DraNeed,
 ) -> (Vec<String>, BTreeMap<String, String>) {
-    let mut pass = Vec::new();
-    let mut failed = BTreeMap::new();
-    for name in names {
-        let verdict = match states.get(name) {
-            None => Err("the extender has not seen this node".to_owned()),
-            Some(Err(why)) => Err(why.clone()),
-            // Fit does not depend on the policy; binpack is the cheapest.
-            Some(Ok(n)) => fits(n, need, Policy::Binpack),
-        };
-        match verdict {
-            Ok(()) => pass.push(name.clone()),
-            Err(why) => {
-                failed.insert(name.clone(), format!("tessera: {why}"));
-            }
-        }
-    }
-    (pass, failed)
+    // Fit does not depend on the policy; binpack is the cheapest.
+    view::verdicts(names, states, |n| fits(n, need, Policy::Binpack))
 }
 
 /// Prioritize: every candidate scored by the engine's order for the pod's

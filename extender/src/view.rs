@@ -372,14 +372,28 @@ pub fn filter(
     states: &BTreeMap<String, Result<NodeState, String>>,
     need: &PodNeed,
 ) -> (Vec<String>, BTreeMap<String, String>) {
+    // Fit does not depend on the policy; binpack is the cheapest.
+    verdicts(names, states, |n| {
+        choose(n, need, Policy::Binpack).map(|_| ())
+    })
+}
+
+/// The filter verb's answer for slice pods and DRA pods alike: the names
+/// whose state `fits`, and for each other one why not (a node the extender
+/// has not seen, one whose state it could not read, one that cannot hold
+/// the pod), in kube-scheduler's `tessera: <why>` form.
+pub(crate) fn verdicts<S>(
+    names: &[String],
+    states: &BTreeMap<String, Result<S, String>>,
+    fits: impl Fn(&S) -> Result<(), String>,
+) -> (Vec<String>, BTreeMap<String, String>) {
     let mut pass = Vec::new();
     let mut failed = BTreeMap::new();
     for name in names {
         let verdict = match states.get(name) {
             None => Err("the extender has not seen this node".to_owned()),
             Some(Err(why)) => Err(why.clone()),
-            // Fit does not depend on the policy; binpack is the cheapest.
-            Some(Ok(n)) => choose(n, need, Policy::Binpack).map(|_| ()),
+            Some(Ok(n)) => fits(n),
         };
         match verdict {
             Ok(()) => pass.push(name.clone()),

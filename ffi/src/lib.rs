@@ -9,6 +9,10 @@
 //!
 //! A few C macros bindgen cannot translate (casts, `sizeof`) are written by hand in
 //! [`cuda_extra`] and [`nvml_extra`].
+//!
+//! `hip` holds AMD HIP's types and constants for the shim's HIP side and the simulated
+//! HIP runtime, written by hand from ROCm 5.2.3's headers (no generator step needs ROCm),
+//! their layouts held by compile-time assertions.
 
 /// Types of NVIDIA's `cuda.h` and `cudaTypedefs.h`. Generated; do not edit.
 #[allow(
@@ -37,4 +41,5 @@ pub mod cuda;
 pub mod nvml;
 
 pub mod cuda_extra;
+pub mod hip;
 pub mod nvml_extra;

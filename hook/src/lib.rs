@@ -50,9 +50,9 @@ impl FfiResult for CUresult {
     const MISSING: Self = CUresult::CUDA_ERROR_NOT_FOUND;
 }
 
-impl FfiResult for hip::types::hipError_t {
-    const PANICKED: Self = Self::UNKNOWN;
-    const MISSING: Self = Self::NOT_FOUND;
+impl FfiResult for tessera_ffi::hip::hipError_t {
+    const PANICKED: Self = tessera_ffi::hip::hipErrorUnknown;
+    const MISSING: Self = tessera_ffi::hip::hipErrorNotFound;
 }
 
 impl FfiResult for nvmlReturn_t {

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
-use crate::hip::types::*;
+use tessera_ffi::hip::*;
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{
@@ -441,6 +441,20 @@ symbols! {
         hip fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: hipStream_t) -> hipError_t ["hipMallocAsync" @ 0];
         hip fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: hipMemPool_t, stream: hipStream_t) -> hipError_t ["hipMallocFromPoolAsync" @ 0];
         hip fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> hipError_t ["hipFreeAsync" @ 0];
+        hip fn hipMemPoolCreate(pool: *mut hipMemPool_t, props: *const c_void) -> hipError_t ["hipMemPoolCreate" @ 0];
+        hip fn hipMemPoolDestroy(pool: hipMemPool_t) -> hipError_t ["hipMemPoolDestroy" @ 0];
+        hip fn hipMemPoolTrimTo(pool: hipMemPool_t, keep: usize) -> hipError_t ["hipMemPoolTrimTo" @ 0];
+        hip fn hipMemPoolSetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t ["hipMemPoolSetAttribute" @ 0];
+        hip fn hipDeviceGetDefaultMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetDefaultMemPool" @ 0];
+        hip fn hipDeviceGetMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipError_t ["hipDeviceGetMemPool" @ 0];
+        hip fn hipIpcGetMemHandle(handle: *mut hipIpcMemHandle_t, ptr: *mut c_void) -> hipError_t ["hipIpcGetMemHandle" @ 0];
+        hip fn hipIpcOpenMemHandle(ptr: *mut *mut c_void, handle: hipIpcMemHandle_t, flags: c_uint) -> hipError_t ["hipIpcOpenMemHandle" @ 0];
+        hip fn hipIpcCloseMemHandle(ptr: *mut c_void) -> hipError_t ["hipIpcCloseMemHandle" @ 0];
+        // Synchronisations: marked for the compute arbiter while they wait;
+        // pools give back beyond their release threshold.
+        hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
+        hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];
+        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t ["hipEventSynchronize" @ 0];
         hip fn hipMemCreate(handle: *mut hipMemGenericAllocationHandle_t, size: usize, prop: *const hipMemAllocationProp, flags: c_ulonglong) -> hipError_t ["hipMemCreate" @ 0];
         hip fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> hipError_t ["hipMemRelease" @ 0];
         hip fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: hipMemGenericAllocationHandle_t, flags: c_ulonglong) -> hipError_t ["hipMemMap" @ 0];
@@ -463,10 +477,6 @@ symbols! {
             ["hipModuleLaunchCooperativeKernel" @ 0];
         hip fn hipLaunchCooperativeKernelMultiDevice(list: *mut hipLaunchParams, n: c_int, flags: c_uint) -> hipError_t ["hipLaunchCooperativeKernelMultiDevice" @ 0];
         hip fn hipGraphLaunch(exec: hipGraphExec_t, stream: hipStream_t) -> hipError_t ["hipGraphLaunch" @ 0];
-        // Waits on the process's own work, marked for the arbiter.
-        hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];
-        hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
-        hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t ["hipEventSynchronize" @ 0];
     }
     used {
         cuda fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
@@ -500,6 +510,7 @@ symbols! {
         hip fn hipDeviceGetUuid(uuid: *mut hipUUID, dev: hipDevice_t) -> hipError_t;
         hip fn hipGetDevice(dev: *mut c_int) -> hipError_t;
         hip fn hipSetDevice(dev: c_int) -> hipError_t;
+        hip fn hipMemPoolGetAttribute(pool: hipMemPool_t, attr: c_int, value: *mut c_void) -> hipError_t;
         hip fn hipMemGetAllocationGranularity(g: *mut usize, prop: *const hipMemAllocationProp, option: c_int) -> hipError_t;
         // The queue bound's markers (hip/pace.rs).
         hip fn hipEventCreate(ev: *mut hipEvent_t) -> hipError_t;

@@ -106,6 +106,15 @@ async fn refused(c: &mut Client, id: &str, uuid: &str, mem: u64, ppm: u32) -> to
         .unwrap_err()
 }
 
+/// Every allocation the manager lists.
+async fn list(c: &mut Client) -> Vec<pb::Allocation> {
+    c.list_allocations(pb::ListAllocationsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations
+}
+
 async fn node_status(c: &mut Client) -> pb::NodeStatus {
     c.get_node_status(pb::NodeStatusRequest {})
         .await
@@ -172,15 +181,7 @@ fn assert_metrics(text: &str, want: &[(&str, Labels, f64)]) {
 /// The ids of every allocation, sorted.
 async fn ids(socket: &Path) -> Vec<String> {
     let mut c = client::connect(socket).await.unwrap();
-    let mut v: Vec<String> = c
-        .list_allocations(pb::ListAllocationsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .allocations
-        .into_iter()
-        .map(|a| a.id)
-        .collect();
+    let mut v: Vec<String> = list(&mut c).await.into_iter().map(|a| a.id).collect();
     v.sort();
     v
 }
@@ -288,12 +289,7 @@ async fn create_list_delete_over_the_socket() {
     let b = create(&mut c, "", &u0, GI, 100_000).await;
     assert!(b.id.starts_with("alloc-"), "{}", b.id);
 
-    let list = c
-        .list_allocations(pb::ListAllocationsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .allocations;
+    let list = list(&mut c).await;
     let mut ids: Vec<_> = list.iter().map(|a| a.id.clone()).collect();
     ids.sort();
     assert_eq!(ids, ["a1".to_owned(), b.id.clone()]);
@@ -359,12 +355,7 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     assert!(e.message().contains("memory unallocated"), "{e}");
     let e = refused(&mut c, "more", &u0, GI, 400_000).await;
     assert_eq!(e.code(), Code::ResourceExhausted);
-    let list = c
-        .list_allocations(pb::ListAllocationsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .allocations;
+    let list = list(&mut c).await;
     assert_eq!(list.len(), 1, "failed requests leave nothing behind");
     // The allocations directory holds the one allocation and the store's own
     // checksummed copies of the records (`.records/`), which hold its record only.

@@ -2,6 +2,8 @@
 //! (`tessera-device-plugin`) and the DRA plugin both read the same node
 //! config, write CDI specs that carry the shim, and talk to the same manager.
 //!
+//! - [`args`]: the command-line flags both plugins take for the node (its
+//!   name, config file, manager socket, the shim's host paths, CDI dir).
 //! - [`config`]: the node config file (`default`, `overrides` chosen by node
 //!   name and labels, `gpuClasses`), parsed and validated with errors that
 //!   name the field, and resolved for one node ([`config::Config::resolve`]).
@@ -22,6 +24,7 @@
 //! `config`, `selector` and the spec building in `cdi` do no I/O but
 //! [`config::Config::load`] and the spec file functions.
 
+pub mod args;
 pub mod cdi;
 pub mod config;
 pub mod edits;

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use tessera_placement::{PlaceError, Policy, PolicyError, TaskMix};
 
-use crate::replay::{Outcome, arrival_order, replay};
+use crate::replay::{Outcome, arrival_order, node_order, replay};
 use crate::report::Summary;
 
 /// Share of the trace's pods whose task types make the fragmentation
@@ -50,6 +50,11 @@ pub struct SimulateArgs {
     /// at ten times it (the nodes repeated), one seed.
     #[arg(long)]
     pub bench: bool,
+    /// Keep the node list's order for every seed (ties go to the first node
+    /// of the file) instead of the published simulator's random node order
+    /// per seed.
+    #[arg(long)]
+    pub trace_node_order: bool,
 }
 
 /// Why `tessera simulate` stopped.
@@ -105,11 +110,14 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, SimulateError> {
 }
 
 /// Every (policy, seed) replay of a trace, run on the machine's cores.
+/// Each seed orders the nodes at random ([`node_order`]) unless
+/// `trace_node_order`; every policy of a seed sees the same order.
 pub fn run_all(
     nodes: &[tessera_placement::Node],
     pods: &[tessera_placement::Request],
     policies: &[Policy],
     seeds: &[u64],
+    trace_node_order: bool,
 ) -> Result<Vec<Vec<Outcome>>, SimulateError> {
     // Each policy's own mix of the trace's task types (FGD's protocol gives
     // a policy the trace's typical task types, as a cluster's history would).
@@ -121,6 +129,19 @@ pub fn run_all(
     let orders: Vec<Vec<usize>> = seeds
         .iter()
         .map(|&s| arrival_order(pods, capacity, s))
+        .collect();
+    let clusters: Vec<Vec<tessera_placement::Node>> = seeds
+        .iter()
+        .map(|&s| {
+            if trace_node_order {
+                nodes.to_vec()
+            } else {
+                node_order(nodes.len(), s)
+                    .into_iter()
+                    .map(|i| nodes[i].clone())
+                    .collect()
+            }
+        })
         .collect();
     let jobs: Vec<(usize, usize)> = (0..policies.len())
         .flat_map(|p| (0..seeds.len()).map(move |s| (p, s)))
@@ -140,7 +161,14 @@ pub fn run_all(
                         let Some(&(p, s)) = jobs.get(j) else { break };
                         out.push((
                             j,
-                            replay(nodes, pods, &mixes[p], &orders[s], policies[p], seeds[s]),
+                            replay(
+                                &clusters[s],
+                                pods,
+                                &mixes[p],
+                                &orders[s],
+                                policies[p],
+                                seeds[s],
+                            ),
                         ));
                     }
                     out
@@ -177,7 +205,7 @@ pub fn output(args: &SimulateArgs) -> Result<String, SimulateError> {
     if args.bench {
         return bench::run(&nodes, &pods, &policies, seeds[0]);
     }
-    let outcomes = run_all(&nodes, &pods, &policies, &seeds)?;
+    let outcomes = run_all(&nodes, &pods, &policies, &seeds, args.trace_node_order)?;
     let summaries: Vec<Summary> = outcomes.iter().map(|o| Summary::of(o)).collect();
     let name = args
         .pods

@@ -65,13 +65,34 @@ pub fn arrival_order(pods: &[Request], capacity_milli: u64, seed: u64) -> Vec<us
     order
 }
 
+/// The order of the nodes one seed replays: a permutation of `0..n`.
+///
+/// The published simulator does not keep the node list's order: before it
+/// creates the nodes it prefixes each name with a seeded random permutation
+/// (`syncClusterResourceList`: `rand.Perm`, names `"%04d-" + name`), and its
+/// scheduler breaks equal scores by the smallest name. Equal scores are
+/// common (FGD's score is an integer, and `defrag` ties within a step), so
+/// which node a tie goes to, and thus how the cluster fills, is a random
+/// order per seed there, not the trace's. Drawn from its own stream so the
+/// arrival order of a seed stays what it was.
+pub fn node_order(n: usize, seed: u64) -> Vec<usize> {
+    // "nodes" in ASCII: a stream apart from the arrivals' of the same seed.
+    let mut rng = Rng::new(seed ^ 0x6E6F_6465_7300_0000);
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i + 1);
+        order.swap(i, j);
+    }
+    order
+}
+
 /// What one replay (one policy, one seed) measured.
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub policy: Policy,
     pub seed: u64,
     /// Unallocated GPU share when the arrived demand reaches 100% of
-    /// capacity (linear between the two pods around it), percent.
+    /// capacity, percent, read as the published figure is ([`Reading`]).
     pub unallocated_pct_at_100: f64,
     /// The cluster's expected fragmentation at that point, percent of
     /// capacity.
@@ -111,6 +132,7 @@ pub fn replay(
     let mut at_100 = None;
     let mut frag_at_100 = None;
     let mut curve = Vec::with_capacity(CURVE_POINTS);
+    let mut reading = Reading::default();
     let mut decision_ns = Vec::with_capacity(order.len());
     for &i in order {
         let req = &pods[i];
@@ -128,6 +150,7 @@ pub fn replay(
             Err(e) => return Err(e),
         }
         let (a, u) = (pct(arrived), 100.0 - pct(allocated));
+        reading.after_pod(a, u);
         while curve.len() < CURVE_POINTS && a >= curve.len() as f64 {
             let x = curve.len() as f64;
             curve.push(interpolate(before, (a, u), x));
@@ -146,7 +169,7 @@ pub fn replay(
     Ok(Outcome {
         policy,
         seed,
-        unallocated_pct_at_100: at_100.unwrap_or(end_unalloc),
+        unallocated_pct_at_100: reading.value().or(at_100).unwrap_or(end_unalloc),
         fragmentation_pct_at_100: frag_at_100
             .unwrap_or_else(|| engine.fragmentation() * 100.0 / capacity.max(1) as f64),
         failed_pods_at_100: failed_at_100.unwrap_or(failed),
@@ -157,6 +180,44 @@ pub fn replay(
         buckets: engine.buckets(),
         allocated_milli: allocated,
     })
+}
+
+/// How the published figure is read off a replay. The published simulator
+/// logs the used and the arrived GPU share after every pod, and its
+/// analysis (`experiments/analysis/merge_alloc_discrete.py`) rounds each
+/// line's arrived share to a whole percent and takes the mean allocation
+/// of the lines at 100 (arrived in [99.5, 100.5]); with no line there, of
+/// the lines at 99 to 101. A trace with no pod in either window is read on
+/// the line between the two pods around 100% (the caller's fallback).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reading {
+    near: (f64, u32),
+    wide: (f64, u32),
+}
+
+impl Reading {
+    /// One pod's line: arrived and unallocated share after it, percent.
+    pub fn after_pod(&mut self, arrived_pct: f64, unallocated_pct: f64) {
+        // Python's round() sends x.5 to the even neighbour: 99.5 and 100.5
+        // both round to 100, so both ends are in.
+        if (99.5..=100.5).contains(&arrived_pct) {
+            self.near.0 += unallocated_pct;
+            self.near.1 += 1;
+        }
+        if (98.5..=101.5).contains(&arrived_pct) {
+            self.wide.0 += unallocated_pct;
+            self.wide.1 += 1;
+        }
+    }
+
+    /// The mean over the window at 100, else over 99..101; `None` when no
+    /// line fell in either.
+    pub fn value(&self) -> Option<f64> {
+        [self.near, self.wide]
+            .into_iter()
+            .find(|w| w.1 > 0)
+            .map(|(sum, n)| sum / f64::from(n))
+    }
 }
 
 /// The y of the line through `a` and `b` at `x` (`b` when they share an x).
@@ -186,6 +247,30 @@ mod tests {
         // The sequence is part of the protocol's reproducibility.
         assert_eq!(Rng::new(42).next_u64(), Rng::new(42).next_u64());
         assert_ne!(Rng::new(42).next_u64(), Rng::new(43).next_u64());
+    }
+
+    #[test]
+    fn the_reading_is_the_mean_of_the_lines_that_round_to_100() {
+        let mut r = Reading::default();
+        assert_eq!(r.value(), None);
+        for (a, u) in [
+            (98.0, 9.0),
+            (99.4, 8.0),
+            (99.5, 6.0),
+            (100.2, 5.0),
+            (100.5, 4.0),
+        ] {
+            r.after_pod(a, u);
+        }
+        r.after_pod(100.6, 1.0);
+        assert_eq!(r.value(), Some(5.0), "99.5, 100.2 and 100.5 only");
+        // Nothing at 100: the lines at 99 to 101.
+        let mut r = Reading::default();
+        r.after_pod(98.0, 9.0);
+        r.after_pod(99.0, 7.0);
+        r.after_pod(101.4, 3.0);
+        r.after_pod(102.0, 1.0);
+        assert_eq!(r.value(), Some(5.0));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use tessera_placement::{Engine, Policy, TaskMix};
-use tessera_simulate::replay::{arrival_order, replay};
+use tessera_simulate::replay::{arrival_order, node_order, replay};
 use tessera_simulate::{SimulateArgs, output, trace};
 
 fn fixture(name: &str) -> PathBuf {
@@ -61,6 +61,49 @@ fn arrivals_are_the_shuffled_trace_then_draws_up_to_130_percent() {
 }
 
 #[test]
+fn each_seed_orders_the_nodes_at_random_as_the_published_simulator_does() {
+    for seed in [1, 42, 51] {
+        let order = node_order(1213, seed);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1213).collect::<Vec<_>>(), "a permutation");
+        assert_eq!(order, node_order(1213, seed), "the same per seed");
+        assert_ne!(order, sorted, "not the trace's order");
+    }
+    assert_ne!(node_order(1213, 42), node_order(1213, 43));
+    // Its own stream: drawing the node order leaves the arrivals alone,
+    // and the two are not the same shuffle.
+    let (_, pods) = load();
+    assert_ne!(
+        node_order(pods.len(), 42),
+        arrival_order(&pods, CAPACITY, 42)[..pods.len()].to_vec()
+    );
+}
+
+#[test]
+fn shares_that_add_up_to_a_gpu_fill_it_on_every_model() {
+    // The published simulator counts a GPU in thousandths: 810 + 190 and
+    // 470 + 530 fill one. Each share also asks for its part of the GPU's
+    // memory, rounded up to a MiB; the trace's memory figures keep that
+    // exact (with 16,384 MiB the 190 did not fit behind the 810).
+    let (nodes, _) = load();
+    for node in nodes.iter().filter(|n| !n.gpus.is_empty()) {
+        for pair in [[810, 190], [470, 530], [250, 750]] {
+            let one = tessera_placement::Node {
+                gpus: node.gpus[..1].to_vec(),
+                ..node.clone()
+            };
+            let mut e = Engine::new(vec![one], Policy::Binpack, &TaskMix::default()).unwrap();
+            for m in pair {
+                e.place(&tessera_placement::Request::trace(1000, 1024, 1, m))
+                    .unwrap_or_else(|err| panic!("{} {pair:?}: {err}", node.gpus[0].model));
+            }
+            assert_eq!(e.free_gpu_milli(), 0, "{}", node.gpus[0].model);
+        }
+    }
+}
+
+#[test]
 fn no_policy_overcommits_and_arrivals_are_accounted() {
     let (nodes, pods) = load();
     let mix = TaskMix::from_requests(&pods, 0.95);
@@ -97,10 +140,17 @@ fn no_policy_overcommits_and_arrivals_are_accounted() {
             assert_eq!(o.decision_ns.len(), order.len());
             assert!(o.failed_pods_at_100 <= o.failed_pods);
             assert!((0.0..=100.0).contains(&o.unallocated_pct_at_100));
-            // Arrived reaches 100%: the curve has its point there and the
-            // reading agrees with it.
-            assert!(o.curve.len() > 100, "{}", o.curve.len());
-            assert!((o.curve[100] - o.unallocated_pct_at_100).abs() < 1e-9);
+            // Arrived reaches 100%: the curve has its point there, and the
+            // reading (the mean of the pods' lines around 100%, else the
+            // curve's point) lies within what the curve shows from 98 to
+            // 102%, as unallocated only falls or holds while pods arrive.
+            assert!(o.curve.len() > 102, "{}", o.curve.len());
+            let (lo, hi) = (o.curve[102], o.curve[98]);
+            assert!(
+                (lo - 1e-9..=hi + 1e-9).contains(&o.unallocated_pct_at_100),
+                "{p}: {} not in {lo}..{hi}",
+                o.unallocated_pct_at_100
+            );
             // Unallocated never falls below what has not yet arrived.
             for (x, u) in o.curve.iter().enumerate() {
                 assert!(*u >= 100.0 - x as f64 - 1e-9, "{p} at {x}%: {u}");
@@ -124,6 +174,7 @@ fn json_table_and_plot() {
         json: true,
         plot: Some(plot.clone()),
         bench: false,
+        trace_node_order: false,
     };
     let out = output(&args).unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

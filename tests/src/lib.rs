@@ -14,6 +14,7 @@
 
 pub mod bench;
 pub mod cc;
+pub mod kubelet;
 pub mod paths;
 pub mod probe;
 pub mod sim;

@@ -122,6 +122,19 @@ fn ran_only_what_was_charged(o: &Outcome, i: usize) {
     );
 }
 
+/// What the allocations were granted together, in percentage points of the measured
+/// time, and how far that can fall short of what they really held: each one's hold cut
+/// by each end of the window. A test that the GPU was worked for several allocations
+/// asks that the first exceed a bound by more than the second.
+fn held_together_pp(o: &Outcome) -> (f64, f64) {
+    let slack = o
+        .longest_hold
+        .iter()
+        .map(|h| 2.0 * h.as_secs_f64() / o.measured.as_secs_f64() * 100.0)
+        .sum();
+    (o.held.iter().sum(), slack)
+}
+
 /// An allocation whose process has work gets the GPU, however loaded the
 /// CPU: it was granted time and its kernels ran.
 fn not_starved(o: &Outcome, i: usize) {
@@ -166,12 +179,7 @@ fn burst_allocations_with_work_are_not_held_to_their_floors() {
         // at the floors would hold them to it, give or take the ends of the
         // window).
         let floors: f64 = (0..o.allocs.len()).map(|i| share_pp(o, i)).sum();
-        let slack: f64 = o
-            .longest_hold
-            .iter()
-            .map(|h| 2.0 * h.as_secs_f64() / o.measured.as_secs_f64() * 100.0)
-            .sum();
-        let held: f64 = o.held.iter().sum();
+        let (held, slack) = held_together_pp(o);
         assert!(
             held > floors + slack,
             "{}: the burst pair held {held:.2}% of the GPU, no more than its {floors}% of floors (+{slack:.2} pp): {:?}",
@@ -215,12 +223,7 @@ fn synchronising_allocations_are_capped_and_share_the_gpu() {
                 capped(o, i);
                 largest = largest.max(share_pp(o, i));
             }
-            let slack: f64 = o
-                .longest_hold
-                .iter()
-                .map(|h| 2.0 * h.as_secs_f64() / o.measured.as_secs_f64() * 100.0)
-                .sum();
-            let held: f64 = o.held.iter().sum();
+            let (held, slack) = held_together_pp(o);
             assert!(
                 held > largest + slack,
                 "{}: together held {held:.2}% of the GPU, no more than the largest share {largest}% (+{slack:.2} pp): {:?}",

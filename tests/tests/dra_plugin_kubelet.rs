@@ -14,26 +14,21 @@ mod manager_support;
 use std::path::Path;
 use std::time::Duration;
 
-use dra_support::{NODE, Plugin, plugin_args};
+use dra_support::{NODE, Plugin, plugin_args, probe_with_claim};
 use manager_support::*;
 use prost::Message;
 use serde_json::{Value, json};
 use tessera_dra_plugin::names::{gpu_device, slice_device};
 use tessera_dra_plugin::testing::{FakeApiServer, register};
 use tessera_dra_plugin::{DRIVER_NAME, cdi};
-use tessera_e2e::{Mode, ProbeChild, SimNode};
+use tessera_e2e::{ProbeChild, SimNode};
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::dra::v1beta1 as dra_beta;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(15);
 
-/// The test executable's helper processes (`dra_support::role`).
-#[test]
-#[ignore = "helper: the manager or DRA plugin process the other tests start"]
-fn role() {
-    dra_support::role();
-}
+dra_role_test!();
 
 fn claim(name: &str, uid: &str, results: Vec<Value>, config: Value) -> Value {
     json!({
@@ -122,33 +117,6 @@ fn specs(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-/// A probe started as a runtime would start a container with the claim's
-/// CDI device: the spec's env, with mounted paths read as their host paths,
-/// and only the claim's GPUs visible (what the NVIDIA toolkit does with
-/// NVIDIA_VISIBLE_DEVICES).
-fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
-    let (kind, uid) = cdi_id.split_once('=').expect("qualified CDI name");
-    assert_eq!(kind, cdi::KIND);
-    let spec: Value = serde_json::from_str(
-        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
-    )
-    .expect("spec JSON");
-    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
-    let mut c = n.probe(Mode::Dlopen, &[]);
-    for (k, v) in &env {
-        c.env(k, v);
-        if k == "NVIDIA_VISIBLE_DEVICES" {
-            c.env("CUDA_VISIBLE_DEVICES", v);
-        }
-    }
-    assert!(
-        env.iter()
-            .any(|(k, v)| k == "LD_PRELOAD" && v == &hook().display().to_string()),
-        "{env:?}"
-    );
-    ProbeChild::start(c)
 }
 
 /// The probe sees `limit` as its total, gets all of it and not a byte more.

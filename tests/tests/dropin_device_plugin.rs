@@ -8,7 +8,7 @@ mod device_plugin_support;
 
 use device_plugin_support::*;
 use serde_json::{Value, json};
-use tessera_proto::deviceplugin::v1beta1 as dp;
+use tessera_e2e::kubelet::{allocate, preferred};
 
 const CONFIG: &str = "default:\n  slice: {memory: 4Gi, slicesPerGpu: 8}\n  placement: binpack\n";
 
@@ -83,27 +83,8 @@ async fn each_dialect_gets_exactly_its_memory_and_compute_through_the_device_plu
         node.wait_devices("8 slices", |d| d.len() == 8).await;
         let mut c = node.client().await;
         let every: Vec<String> = (0..8).map(|i| format!("GPU-a::{i}")).collect();
-        let chosen = c
-            .get_preferred_allocation(dp::PreferredAllocationRequest {
-                container_requests: vec![dp::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: every,
-                    must_include_device_i_ds: vec![],
-                    allocation_size: i32::try_from(slices).expect("few"),
-                }],
-            })
-            .await
-            .expect("preferred")
-            .into_inner()
-            .container_responses[0]
-            .device_i_ds
-            .clone();
-        c.allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: chosen,
-            }],
-        })
-        .await
-        .expect("allocate");
+        let chosen = preferred(&mut c, every, slices).await;
+        allocate(&mut c, chosen).await;
         let allocs = node.allocations();
         assert_eq!(allocs.len(), 1, "{p}");
         let d = &allocs[0].devices;

@@ -27,8 +27,8 @@ use tessera_device_plugin::allocate::host_env;
 use tessera_device_plugin::passes::Pass;
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, FakePods};
 use tessera_device_plugin::{Options, run_with_pods};
+use tessera_e2e::kubelet::{allocate, preferred};
 use tessera_e2e::{Mode, ProbeChild};
-use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
@@ -105,20 +105,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
             .unwrap_or_else(|e| panic!("{name}: refused: {e}"));
         let (container, slices) = slices_of(&translated);
 
-        let chosen = c
-            .get_preferred_allocation(dp::PreferredAllocationRequest {
-                container_requests: vec![dp::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: every.clone(),
-                    must_include_device_i_ds: vec![],
-                    allocation_size: i32::try_from(slices).expect("few"),
-                }],
-            })
-            .await
-            .expect("preferred")
-            .into_inner()
-            .container_responses[0]
-            .device_i_ds
-            .clone();
+        let chosen = preferred(&mut c, every.clone(), slices).await;
         // The kubelet lists the pod as the slices' owner (set before Allocate: with no
         // orphan grace, a pass between the two would take the allocation for an orphan);
         // the API has the translated pod's annotations.
@@ -129,17 +116,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
             .collect();
         api_pods.set("team", name, &notes);
         pod_resources.set_pods(&[("team", name, &container, RESOURCE, chosen.clone())]);
-        let answer = c
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: chosen.clone(),
-                }],
-            })
-            .await
-            .expect("allocate")
-            .into_inner()
-            .container_responses
-            .remove(0);
+        let answer = allocate(&mut c, chosen.clone()).await;
 
         let policy = if want.guaranteed {
             mgr::ComputePolicy::Guaranteed
@@ -176,23 +153,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         let mut cmd = n.probe(Mode::Dlopen, &[]);
         cmd.envs(&env).env("LD_PRELOAD", hook());
         let mut p = ProbeChild::start(cmd);
-        for step in ["init", "ctx", "nvml-init"] {
-            let l = p.cmd(step, T);
-            assert!(l.ok, "{name}: {}", l.raw);
-        }
-        assert_eq!(p.cmd("meminfo", T).u64("total"), want.memory, "{name}");
-        assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), want.memory, "{name}");
-        let all = p.cmd(&format!("alloc {}", want.memory), T);
-        assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
-        let one = p.cmd("alloc 1", T);
-        assert_eq!(
-            one.error.as_deref(),
-            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-            "{name}: {}",
-            one.raw
-        );
-        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-        assert_eq!(truth[0], want.memory, "{name}: ground truth");
+        assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
         // The pod ends: its allocation goes at a following pass.

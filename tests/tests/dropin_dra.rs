@@ -20,28 +20,21 @@ mod dropin_support;
 #[allow(unused_macros, unused_imports)]
 mod manager_support;
 
-use std::path::Path;
 use std::time::Duration;
 
-use dra_support::{NODE, Plugin, plugin_args};
+use dra_support::{NODE, Plugin, plugin_args, probe_with_claim};
 use dropin_support::*;
 use manager_support::*;
 use serde_json::{Value, json};
+use tessera_dra_plugin::DRIVER_NAME;
 use tessera_dra_plugin::names::slice_device;
 use tessera_dra_plugin::testing::{FakeApiServer, register};
-use tessera_dra_plugin::{DRIVER_NAME, cdi};
-use tessera_e2e::{Mode, ProbeChild, SimNode};
 use tessera_proto::dra::v1 as dra;
 use tessera_proto::manager::v1 as mgr;
 
 const T: Duration = Duration::from_secs(15);
 
-/// The test executable's helper processes (`dra_support::role`).
-#[test]
-#[ignore = "helper: the manager or DRA plugin process the other tests start"]
-fn role() {
-    dra_support::role();
-}
+dra_role_test!();
 
 /// The claim kube-scheduler writes for a pod's extended resource served by DRA: one
 /// request of `slices` devices of the class, allocated here on one GPU (the test's
@@ -68,24 +61,6 @@ fn scheduler_claim(name: &str, uid: &str, gpu: &str, slices: u32, pod: (&str, &s
 /// `f` on a thread of its own: the manager helpers run a runtime of their own.
 fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|s| s.spawn(f).join().expect("helper thread"))
-}
-
-/// A probe started as a runtime starts a container with the claim's CDI device.
-fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
-    let (_, uid) = cdi_id.split_once('=').expect("qualified CDI name");
-    let spec: Value = serde_json::from_str(
-        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
-    )
-    .expect("spec JSON");
-    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
-    let mut c = n.probe(Mode::Dlopen, &[]);
-    for (k, v) in &env {
-        c.env(k, v);
-        if k == "NVIDIA_VISIBLE_DEVICES" {
-            c.env("CUDA_VISIBLE_DEVICES", v);
-        }
-    }
-    ProbeChild::start(c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -170,23 +145,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
 
         // A process of the pod sees its memory, both ways, gets all of it and no more.
         let mut p = probe_with_claim(&n, &dir.join("cdi"), &prepared.devices[0].cdi_device_ids[0]);
-        for cmd in ["init", "ctx", "nvml-init"] {
-            let l = p.cmd(cmd, T);
-            assert!(l.ok, "{name}: {}", l.raw);
-        }
-        assert_eq!(p.cmd("meminfo", T).u64("total"), want.memory, "{name}");
-        assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), want.memory, "{name}");
-        let all = p.cmd(&format!("alloc {}", want.memory), T);
-        assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
-        let one = p.cmd("alloc 1", T);
-        assert_eq!(
-            one.error.as_deref(),
-            Some("CUDA_ERROR_OUT_OF_MEMORY"),
-            "{name}: {}",
-            one.raw
-        );
-        let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-        assert_eq!(truth[0], want.memory, "{name}: ground truth");
+        assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
         let gone = kubelet

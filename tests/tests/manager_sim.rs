@@ -479,44 +479,42 @@ fn bad_config_and_bad_requests_get_clear_errors() {
         a.extend_from_slice(extra);
         client(&n, &a)
     };
-    let o = run(&["--gpu", "0", "--memory", "4Gx", "--", "true"]);
-    assert!(
-        stderr(&o).contains("bad memory size \"4Gx\""),
-        "{}",
-        stderr(&o)
-    );
-    let o = run(&["--gpu", "5", "--memory", "1Gi", "--", "true"]);
-    assert!(stderr(&o).contains("no GPU \"5\""), "{}", stderr(&o));
-    let o = run(&["--gpu", "0", "--memory", "17Gi", "--", "true"]);
-    assert!(
-        stderr(&o).contains("invalid request") && stderr(&o).contains("exceeds"),
-        "{}",
-        stderr(&o)
-    );
-    let o = run(&[
-        "--gpu",
-        "0",
-        "--memory",
-        "1Gi",
-        "--compute",
-        "150%",
-        "--",
-        "true",
-    ]);
-    assert!(
-        stderr(&o).contains("bad compute share \"150%\""),
-        "{}",
-        stderr(&o)
-    );
-    let o = run(&[
-        "--gpu",
-        "0",
-        "--memory",
-        "1Gi",
-        "--",
-        "/nonexistent/command",
-    ]);
-    assert!(stderr(&o).contains("cannot start"), "{}", stderr(&o));
+    // Each bad `tessera run` and the words its error must carry (all of them).
+    let bad_runs: [(&[&str], &[&str]); 5] = [
+        (
+            &["--gpu", "0", "--memory", "4Gx"],
+            &["bad memory size \"4Gx\""],
+        ),
+        (&["--gpu", "5", "--memory", "1Gi"], &["no GPU \"5\""]),
+        (
+            &["--gpu", "0", "--memory", "17Gi"],
+            &["invalid request", "exceeds"],
+        ),
+        (
+            &["--gpu", "0", "--memory", "1Gi", "--compute", "150%"],
+            &["bad compute share \"150%\""],
+        ),
+        (
+            &[
+                "--gpu",
+                "0",
+                "--memory",
+                "1Gi",
+                "--",
+                "/nonexistent/command",
+            ],
+            &["cannot start"],
+        ),
+    ];
+    for (flags, words) in bad_runs {
+        let mut args = flags.to_vec();
+        if !args.contains(&"--") {
+            args.extend(["--", "true"]);
+        }
+        let o = run(&args);
+        let err = stderr(&o);
+        assert!(words.iter().all(|w| err.contains(w)), "{flags:?}: {err}");
+    }
     assert!(
         node_status(&m.socket).allocations.is_empty(),
         "failed runs leave nothing"

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use device_plugin_support::*;
 use serde_json::json;
+use tessera_e2e::kubelet::{allocate, preferred};
 use tessera_manager::gpu::fake::{FakeGpu, test_amd_gpu, test_gpu};
-use tessera_proto::deviceplugin::v1beta1 as dp;
 
 const CONFIG: &str = "default:\n  slice: {memory: 4Gi, slicesPerGpu: 8}\n  placement: binpack\n";
 
@@ -58,27 +58,8 @@ async fn a_pod_asking_amd_gpumem_gets_that_limit_on_the_amd_gpu() {
     // The kubelet asks for the pod's 3 slices among the AMD GPU's (the scheduler
     // extender's assignment narrows it so on a mixed node) and allocates them.
     let mut c = node.client().await;
-    let chosen = c
-        .get_preferred_allocation(dp::PreferredAllocationRequest {
-            container_requests: vec![dp::ContainerPreferredAllocationRequest {
-                available_device_i_ds: on_amd,
-                must_include_device_i_ds: vec![],
-                allocation_size: 3,
-            }],
-        })
-        .await
-        .expect("preferred")
-        .into_inner()
-        .container_responses[0]
-        .device_i_ds
-        .clone();
-    c.allocate(dp::AllocateRequest {
-        container_requests: vec![dp::ContainerAllocateRequest {
-            devices_ids: chosen,
-        }],
-    })
-    .await
-    .expect("allocate");
+    let chosen = preferred(&mut c, on_amd, 3).await;
+    allocate(&mut c, chosen).await;
     let allocs = node.allocations();
     assert_eq!(allocs.len(), 1);
     let d = &allocs[0].devices;

@@ -430,6 +430,43 @@ fn slices_for(ask: &Ask<'_>, config: &Config, warnings: &mut Vec<String>) -> Res
 }
 
 /// A whole number in a resource or annotation, with the refusal naming `field`.
+/// Plans container `c` for the slices `ask` comes to (every dialect's last step), or
+/// refuses it; `remove` and `remove_env` are what the translation takes off it.
+fn plan(
+    (init, index, c): (bool, usize, &Container),
+    ask: &Ask<'_>,
+    remove: Vec<String>,
+    remove_env: Vec<String>,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    t.cap_compute |= ask.cores.is_some();
+    match slices_for(ask, config, &mut t.warnings) {
+        Ok(slices) => t.containers.push(ContainerPlan {
+            init,
+            index,
+            name: c.name.clone(),
+            slices,
+            remove,
+            remove_env,
+        }),
+        Err(e) => refusals.push(e),
+    }
+}
+
+/// The refusal of a container that asks for Tessera's own resource beside another
+/// project's words for a GPU (`theirs`): two requests for one GPU share.
+fn asks_both(c: &Container, theirs: &str) -> Option<String> {
+    word(c, tessera_contract::labels::RESOURCE).map(|_| {
+        format!(
+            "container {:?} asks both for {} and for {theirs}; use one",
+            c.name,
+            tessera_contract::labels::RESOURCE
+        )
+    })
+}
+
 fn whole(
     who: &str,
     field: &str,
@@ -488,11 +525,8 @@ fn hami_pod(
         }
         let who = format!("container {:?}", c.name);
         let before = refusals.len();
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for HAMi's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "HAMi's resources") {
+            refusals.push(e);
             continue;
         }
         let words = match hami_words(c) {
@@ -565,22 +599,20 @@ fn hami_pod(
             gpus: gpus.flatten().map_or(1, |(n, _)| n as u32),
             gpus_field: Some(words.gpu),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                remove: words
-                    .all()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = words
+            .all()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            remove,
+            Vec::new(),
+            config,
+            t,
+            refusals,
+        );
     }
     // HAMi's priority is per container; Tessera's is the pod's (one allocation each,
     // the same priority). 0 is HAMi's high: above the default 0 of other pods.
@@ -614,11 +646,8 @@ fn volcano_pod(
             continue;
         }
         let who = format!("container {:?}", c.name);
-        if word(c, tessera_contract::labels::RESOURCE).is_some() {
-            refusals.push(format!(
-                "{who} asks both for {} and for Volcano's resources; use one",
-                tessera_contract::labels::RESOURCE
-            ));
+        if let Some(e) = asks_both(c, "Volcano's resources") {
+            refusals.push(e);
             continue;
         }
         let before = refusals.len();
@@ -667,22 +696,20 @@ fn volcano_pod(
             gpus: number.map_or(1, |(n, _)| n as u32),
             gpus_field: Some(VOLCANO_VGPU_NUMBER),
         };
-        t.cap_compute |= ask.cores.is_some();
-        match slices_for(&ask, config, &mut t.warnings) {
-            Ok(slices) => t.containers.push(ContainerPlan {
-                init,
-                index,
-                name: c.name.clone(),
-                slices,
-                remove: VOLCANO_RESOURCES
-                    .into_iter()
-                    .filter(|r| word(c, r).is_some())
-                    .map(str::to_owned)
-                    .collect(),
-                remove_env: Vec::new(),
-            }),
-            Err(e) => refusals.push(e),
-        }
+        let remove = VOLCANO_RESOURCES
+            .into_iter()
+            .filter(|r| word(c, r).is_some())
+            .map(str::to_owned)
+            .collect();
+        plan(
+            (init, index, c),
+            &ask,
+            remove,
+            Vec::new(),
+            config,
+            t,
+            refusals,
+        );
     }
 }
 
@@ -714,13 +741,9 @@ fn kai_pod(
             None => return,
         },
     };
-    let (init, index, c) = target;
-    let who = format!("container {:?}", c.name);
-    if word(c, tessera_contract::labels::RESOURCE).is_some() {
-        refusals.push(format!(
-            "{who} asks both for {} and for a KAI-Scheduler GPU share; use one",
-            tessera_contract::labels::RESOURCE
-        ));
+    let c = target.2;
+    if let Some(e) = asks_both(c, "a KAI-Scheduler GPU share") {
+        refusals.push(e);
         return;
     }
     let fraction = annotations.get(KAI_GPU_FRACTION);
@@ -792,17 +815,7 @@ fn kai_pod(
         gpus,
         gpus_field: Some(KAI_GPU_FRACTION_NUM_DEVICES),
     };
-    match slices_for(&ask, config, &mut t.warnings) {
-        Ok(slices) => t.containers.push(ContainerPlan {
-            init,
-            index,
-            name: c.name.clone(),
-            slices,
-            remove: Vec::new(),
-            remove_env: kai_env(c),
-        }),
-        Err(e) => refusals.push(e),
-    }
+    plan(target, &ask, Vec::new(), kai_env(c), config, t, refusals);
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named

@@ -17,6 +17,9 @@
 //! lets go) to the list; an exporter that frees memory a live importer
 //! still has open keeps it charged until the importers close it (checked
 //! again at synchronisations and before a refusal).
+//!
+//! The HIP shim's IPC (`hip/ipc.rs`) keeps the same list with these
+//! functions.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -63,7 +66,7 @@ fn open_exports(g: &Governed, write: bool) -> Option<std::fs::File> {
 const MAX_EXPORTS: u64 = 16 << 20;
 
 /// Records an export (one line, appended in one write).
-fn register(g: &Governed, key: &str) {
+pub(crate) fn register(g: &Governed, key: &str) {
     if let Some(mut f) = open_exports(g, true) {
         let _ = f.write_all(format!("{key}\n").as_bytes());
     }
@@ -81,7 +84,7 @@ fn read_exports(g: &Governed) -> String {
 }
 
 /// Whether a process of this allocation exported `key`.
-fn exported_here(g: &Governed, key: &str) -> bool {
+pub(crate) fn exported_here(g: &Governed, key: &str) -> bool {
     read_exports(g).lines().any(|l| l == key)
 }
 
@@ -127,7 +130,7 @@ fn alive(pid: u32) -> bool {
 /// device index `dev`): its quota returns, unless an importer still has
 /// it open (the driver keeps the pages for it): then it stays charged
 /// until [`settle_shared`] finds the importers gone.
-pub(super) fn freed(g: &Governed, key: SharedKey, dev: usize, bytes: u64) {
+pub(crate) fn freed(g: &Governed, key: SharedKey, dev: usize, bytes: u64) {
     let mut shared = g.shared.lock();
     if let Some(id) = shared.imported.remove(&key) {
         drop(shared);
@@ -171,7 +174,7 @@ pub fn settle_shared(g: &Governed) -> bool {
     !gone.is_empty()
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

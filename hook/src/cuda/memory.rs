@@ -75,8 +75,7 @@ fn alloc_pitch(
         return e;
     }
     if let (Some(dev), true) = (index, bytes > 0) {
-        record(
-            g,
+        g.record(
             Key::Ptr(ptr),
             Rec {
                 dev,

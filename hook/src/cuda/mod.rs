@@ -54,19 +54,6 @@ pub(crate) static CORE_HOOKS: Hooks = Hooks {
     pools: Some(&pools::REAL_POOLS),
 };
 
-/// Records a live allocation. A key the ledger still held was freed by a
-/// route the shim did not see; its quota is returned now.
-fn record(g: &Governed, key: Key, rec: Rec) {
-    if let Some(old) = g.ledger.insert(key, rec) {
-        crate::log!(
-            Level::Warn,
-            "{key:?} handed out again while recorded live ({} bytes); returning its quota",
-            old.bytes
-        );
-        g.release(Some(old.dev), old.bytes);
-    }
-}
-
 /// Admission of one allocation of `bytes` on device `index`: reserve the
 /// device pages the driver will hold for it (see sizes.rs), let the driver
 /// allocate, then record it under the key it got, or roll back.
@@ -84,7 +71,7 @@ fn admit(
     }
     let r = call();
     match (r, index) {
-        (OK, Some(dev)) if bytes > 0 => record(g, key(), Rec { dev, bytes, ctx }),
+        (OK, Some(dev)) if bytes > 0 => g.record(key(), Rec { dev, bytes, ctx }),
         (OK, _) => {}
         _ => g.release(index, bytes),
     }
@@ -165,7 +152,7 @@ mod arrays;
 mod context;
 mod graphs;
 mod init;
-mod ipc;
+pub(crate) mod ipc;
 mod launch;
 mod memory;
 mod pools;

@@ -7,6 +7,8 @@ use tessera_ffi::cuda::CUresult;
 
 use super::governed::Governed;
 use super::quota::Tries;
+use crate::ledger::{Key, Rec};
+use crate::log::Level;
 
 impl Governed {
     /// Reserves `bytes` on device `index` before the driver allocates.
@@ -42,6 +44,21 @@ impl Governed {
         } else {
             self.release(index, reserved - real);
             Ok(())
+        }
+    }
+
+    /// Records a live allocation after the driver made it, the last step of
+    /// an admission (CUDA's and HIP's alike). A key the ledger still held was
+    /// freed by a route the shim did not see: its quota is returned now, or
+    /// it would stay charged for the life of the process.
+    pub fn record(&self, key: Key, rec: Rec) {
+        if let Some(old) = self.ledger.insert(key, rec) {
+            crate::log!(
+                Level::Warn,
+                "{key:?} handed out again while recorded live ({} bytes); returning its quota",
+                old.bytes
+            );
+            self.release(Some(old.dev), old.bytes);
         }
     }
 }

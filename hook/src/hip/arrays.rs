@@ -13,15 +13,11 @@ fn element_bytes(desc: &hipChannelFormatDesc) -> u64 {
     (bits as u64).div_ceil(8).max(1)
 }
 
-/// Bytes of one channel of a driver-style array format
-/// (`HIP_AD_FORMAT_*`); an unknown format is charged 16 bytes.
+/// Bytes of one channel of a driver-style array format (`HIP_AD_FORMAT_*`);
+/// an unknown format is charged 16 bytes, the widest a channel can be, so
+/// that a format newer than the header cannot be charged too little.
 fn channel_bytes(format: c_int) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
-        0x03 | 0x0a | 0x20 => 4,
-        _ => 16,
-    }
+    format_bytes(format).unwrap_or(16)
 }
 
 /// Payload of a `w × h × d` array of `elem`-byte elements, in pages.

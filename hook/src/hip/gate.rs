@@ -75,13 +75,25 @@ fn gate_of(g: &Governed) -> Option<&'static Gate> {
     (g.member() == Some(gate.member())).then_some(gate)
 }
 
-/// Runs `wait`, a synchronisation of this process's work on allocation
-/// device `dev`, marked as such for the arbiter (see `Gate::syncing`).
-pub(super) fn while_syncing<R>(g: &Governed, dev: Option<usize>, wait: impl FnOnce() -> R) -> R {
-    match gate_of(g) {
-        Some(gate) => gate.syncing(dev, wait),
-        None => wait(),
-    }
+/// Runs `wait`, a synchronisation of this process's work, marked as such
+/// for the arbiter on the current device (see `Gate::syncing`): a holder
+/// waiting on its own work keeps its grant instead of being revoked as idle
+/// after the idle release. The current device, not a stream's or an
+/// event's own: the mark is a hint, and the current device is where a
+/// program's work almost always is; its context is not made for it.
+pub(super) fn while_syncing<R>(g: &Governed, wait: impl FnOnce() -> R) -> R {
+    let Some(gate) = gate_of(g) else {
+        return wait();
+    };
+    let dev = if g.devices.single() {
+        g.devices.only()
+    } else {
+        let mut d: c_int = 0;
+        (real!(hipGetDevice(&mut d)) == OK)
+            .then(|| g.index_of(d))
+            .flatten()
+    };
+    gate.syncing(dev, wait)
 }
 
 /// Before a launch on the current device (on `stream`, `None` for a launch

@@ -75,7 +75,7 @@ fn alloc_pitch(
         return hip_err(e);
     }
     if let (Some(dev), true) = (index, bytes > 0) {
-        record(g, Key::Ptr(ptr), Rec { dev, bytes, ctx: 0 });
+        g.record(Key::Ptr(ptr), Rec { dev, bytes, ctx: 0 });
     }
     r
 }

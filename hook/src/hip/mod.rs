@@ -14,10 +14,13 @@
 //! wrapper entered while the mark is set passes straight through.
 //!
 //! One module per family: `view`, `memory` (linear, managed, pitched, 3D),
-//! `arrays`, `pools` (stream-ordered), `vmm`, `launch` (with the gate's
-//! HIP side in `gate`), `sync` (waits marked for the arbiter), `procaddr` (`hipGetProcAddress`).
+//! `arrays`, `pools` (stream-ordered, and the synchronisations), `ipc`,
+//! `vmm`, `launch` (with the gate's HIP side in `gate`), `procaddr`
+//! (`hipGetProcAddress`).
 
 #![allow(non_snake_case)]
+// HIP's error codes keep the header's names (`hipErrorNotFound`), also in patterns.
+#![allow(non_upper_case_globals)]
 #![allow(clippy::missing_safety_doc)]
 
 use std::cell::Cell;
@@ -34,11 +37,9 @@ use crate::ledger::{Key, Rec};
 use crate::log::Level;
 use crate::table::call_real;
 
-pub mod types;
+use tessera_ffi::hip::*;
 
-use types::*;
-
-const OK: hipError_t = hipError_t::SUCCESS;
+const OK: hipError_t = hipSuccess;
 
 /// The unit a HIP allocation holds device memory in: 4 KiB, the page the
 /// GPU's memory manager maps (the simulated runtime's model; not measured
@@ -57,7 +58,7 @@ pub fn hip_pages(bytes: u64) -> u64 {
 
 /// What every governed HIP entry point of a process that fails closed
 /// returns: what the runtime answers before it is initialised.
-pub const HIP_REFUSED: hipError_t = hipError_t::NOT_INITIALIZED;
+pub const HIP_REFUSED: hipError_t = hipErrorNotInitialized;
 
 thread_local! {
     /// How many real HIP calls made by a wrapper this thread is inside.
@@ -110,12 +111,13 @@ macro_rules! governed_or {
     }};
 }
 
-/// What the governor is handed: the HIP side of the gate; no pools (see
-/// `pools.rs`), no exports.
+/// What the governor is handed: the HIP side of the gate, the IPC
+/// settlement (`ipc.rs`, on CUDA's exports list) and the runtime's pool
+/// queries (`pools.rs`).
 static HOOKS: Hooks = Hooks {
     on_join: gate::on_join,
-    settle_shared: |_| false,
-    pools: None,
+    settle_shared: crate::cuda::ipc::settle_shared,
+    pools: Some(&pools::REAL_POOLS),
 };
 
 static GOVERNED: OnceLock<Governed> = OnceLock::new();
@@ -301,7 +303,7 @@ fn discover(files: &Files) -> Result<DeviceMap, hipError_t> {
         let mut uuid = hipUUID::default();
         match call_real!(hipDeviceGetUuid(&mut uuid, dev)) {
             OK => list.push((dev, uuid_string(&uuid.bytes, files))),
-            hipError_t::NOT_FOUND if n == 1 && files.control.n_devices() == 1 => {
+            hipErrorNotFound if n == 1 && files.control.n_devices() == 1 => {
                 let only = files.control.uuid(0).to_owned();
                 crate::log!(
                     Level::Warn,
@@ -309,7 +311,7 @@ fn discover(files: &Files) -> Result<DeviceMap, hipError_t> {
                 );
                 list.push((dev, only));
             }
-            hipError_t::NOT_FOUND => {
+            hipErrorNotFound => {
                 crate::log!(
                     Level::Warn,
                     "the HIP runtime has no hipDeviceGetUuid: device {dev} is outside the allocation"
@@ -329,9 +331,9 @@ fn check(r: hipError_t) -> Result<(), hipError_t> {
 /// The governor's CUDA-typed answer in HIP's words.
 fn hip_err(e: CUresult) -> hipError_t {
     match e {
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY => hipError_t::OUT_OF_MEMORY,
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => hipErrorOutOfMemory,
         governor::CUDA_REFUSED => HIP_REFUSED,
-        _ => hipError_t::UNKNOWN,
+        _ => hipErrorUnknown,
     }
 }
 
@@ -351,19 +353,6 @@ fn current(g: &Governed) -> Result<Option<usize>, hipError_t> {
     Ok(index)
 }
 
-/// Records a live allocation. A key still recorded was freed by a route
-/// the shim did not see: its quota returns now.
-fn record(g: &Governed, key: Key, rec: Rec) {
-    if let Some(old) = g.ledger.insert(key, rec) {
-        crate::log!(
-            Level::Warn,
-            "{key:?} handed out again while recorded live ({} bytes); returning its quota",
-            old.bytes
-        );
-        g.release(Some(old.dev), old.bytes);
-    }
-}
-
 /// Admission of `bytes` (already in the driver's units) on device `index`:
 /// reserve, call, then record under the key the driver gave, or roll back.
 fn admit(
@@ -381,7 +370,7 @@ fn admit(
         (OK, Some(dev)) if bytes > 0 => match key() {
             // Nothing handed out (a zero-byte request): nothing held.
             Key::Ptr(0) | Key::Array(0) => g.release(index, bytes),
-            k => record(g, k, Rec { dev, bytes, ctx: 0 }),
+            k => g.record(k, Rec { dev, bytes, ctx: 0 }),
         },
         (OK, _) => {}
         _ => g.release(index, bytes),
@@ -403,16 +392,37 @@ fn admit_current(
 }
 
 /// A free: forget the allocation, let the runtime free it, return its
-/// quota only once it did (the record is restored if it did not).
+/// quota only once it did (the record is restored if it did not). A block
+/// of a pool stays charged to its pool (see `pools.rs`).
 fn free(g: &Governed, key: Key, call: impl FnOnce() -> hipError_t) -> hipError_t {
     let Some(rec) = g.ledger.remove(key) else {
-        return call();
+        let mut call = Some(call);
+        let mut code = OK;
+        if let Key::Ptr(p) = key
+            && g.pool_free(p, || {
+                code = call.take().map_or(OK, |c| c());
+                if code == OK {
+                    CUresult::CUDA_SUCCESS
+                } else {
+                    CUresult::CUDA_ERROR_UNKNOWN
+                }
+            })
+            .is_some()
+        {
+            return code;
+        }
+        return call.take().map_or(OK, |c| c());
     };
     let r = call();
-    if r == OK {
-        g.release(Some(rec.dev), rec.bytes);
-    } else {
+    if r != OK {
         g.ledger.insert(key, rec);
+    } else if let Key::Ptr(p) = key
+        && g.sharing.load(Ordering::Acquire)
+    {
+        // Exported memory an importer still has open stays charged.
+        crate::cuda::ipc::freed(g, crate::ledger::SharedKey::Ptr(p), rec.dev, rec.bytes);
+    } else {
+        g.release(Some(rec.dev), rec.bytes);
     }
     r
 }
@@ -443,22 +453,22 @@ unsafe fn out_ptr(p: *mut *mut c_void) -> Key {
 
 mod arrays;
 mod gate;
+mod ipc;
 mod launch;
 mod memory;
 mod pace;
 mod pools;
 mod procaddr;
-mod sync;
 #[cfg(test)]
 mod tests;
 mod view;
 mod vmm;
 
 pub use arrays::*;
+pub use ipc::*;
 pub use launch::*;
 pub use memory::*;
 pub use pools::*;
 pub use procaddr::*;
-pub use sync::*;
 pub use view::*;
 pub use vmm::*;

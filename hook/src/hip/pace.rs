@@ -46,7 +46,7 @@ unsafe impl Events for HipEvents {
     }
 
     fn done(ev: hipEvent_t) -> bool {
-        real!(hipEventQuery(ev)) != hipError_t::NOT_READY
+        real!(hipEventQuery(ev)) != hipErrorNotReady
     }
 
     fn elapsed_ns(from: hipEvent_t, to: hipEvent_t) -> Option<u64> {

@@ -85,10 +85,7 @@ fn hip_calls_pass_through_ungoverned_and_are_admitted_once_governed() {
 
         // Past the limit: refused before the runtime is asked.
         let before = MALLOCS.load(Ordering::SeqCst);
-        assert_eq!(
-            exports::hipMalloc(&mut q, 61 * MI),
-            hipError_t::OUT_OF_MEMORY
-        );
+        assert_eq!(exports::hipMalloc(&mut q, 61 * MI), hipErrorOutOfMemory);
         assert_eq!(MALLOCS.load(Ordering::SeqCst), before);
         assert_eq!(usage(), first);
 
@@ -104,7 +101,7 @@ fn hip_calls_pass_through_ungoverned_and_are_admitted_once_governed() {
         assert_eq!(usage(), 0);
         // Exactly the limit fits.
         assert_eq!(exports::hipMalloc(&mut p, 64 * MI), OK);
-        assert_eq!(exports::hipMalloc(&mut q, 1), hipError_t::OUT_OF_MEMORY);
+        assert_eq!(exports::hipMalloc(&mut q, 1), hipErrorOutOfMemory);
         assert_eq!(exports::hipFree(p), OK);
     }
 }

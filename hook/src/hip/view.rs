@@ -5,6 +5,8 @@ use super::*;
 
 pub unsafe fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> hipError_t {
     let g = governed_or!(call_real!(hipMemGetInfo(free, total)));
+    // What pools gave back since the last look is not the process's any more.
+    g.reconcile_pools();
     let r = real!(hipMemGetInfo(free, total));
     if r != OK || free.is_null() || total.is_null() {
         return r;

@@ -17,7 +17,7 @@ unsafe fn vmm_bytes(size: usize, prop: *const hipMemAllocationProp) -> u64 {
     let r = real!(hipMemGetAllocationGranularity(
         &mut gran,
         prop,
-        GRANULARITY_MINIMUM
+        hipMemAllocationGranularityMinimum
     ));
     if r != OK || gran == 0 {
         return hip_pages(size as u64);

@@ -25,15 +25,17 @@ use std::sync::OnceLock;
 use tessera_sim::{Node, NodeError, Vendor};
 
 pub mod device;
+pub mod ipc;
 pub mod memory;
 pub mod module;
+pub mod pool;
 pub mod procaddr;
 pub mod rtc;
 pub mod stream;
-pub mod types;
 pub mod unsupported;
 
-pub use types::*;
+/// HIP's C types and constants: the ones the shim declares too (`tessera_ffi::hip`).
+pub use tessera_ffi::hip::*;
 
 /// Declares exported HIP functions with their symbol versions: `"hip_4.2" fn hipMalloc(..)`.
 /// Each body is an ordinary `unsafe extern "C"` function of that name; outside test builds

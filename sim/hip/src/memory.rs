@@ -52,6 +52,9 @@ pub struct Alloc {
     /// Bytes the caller asked for.
     pub size: u64,
     pub kind: Kind,
+    /// The pool a stream-ordered block came from (`pool::Pool` address), 0 for none:
+    /// its bytes go back to that pool, not to the device, when it is freed.
+    pub pool: usize,
 }
 
 /// Live allocations by start address.
@@ -85,6 +88,16 @@ fn map(len: u64) -> HipResult<*mut c_void> {
     Ok(p)
 }
 
+/// Address space for a pool block of `len` bytes, already charged to its pool.
+pub(crate) fn map_block(len: u64) -> HipResult<*mut c_void> {
+    map(len)
+}
+
+/// Gives back address space [`map_block`] made.
+pub(crate) fn unmap_block(p: usize, len: u64) {
+    unmap(p, len)
+}
+
 fn unmap(p: usize, len: u64) {
     // SAFETY: `p` is the start of a mapping of `len` bytes (at least 1) this module made,
     // removed from the table before this call, so nothing of this library uses it again.
@@ -107,6 +120,21 @@ pub fn alloc_on(ordinal: usize, size: u64, kind: Kind) -> HipResult<*mut c_void>
             return Err(e);
         }
     };
+    insert(p, ordinal, physical, charged, size, kind, 0);
+    Ok(p)
+}
+
+/// Records a live allocation whose bytes are already charged (to the device, or to
+/// the pool `pool` when it is not 0).
+pub(crate) fn insert(
+    p: *mut c_void,
+    ordinal: usize,
+    physical: usize,
+    charged: u64,
+    size: u64,
+    kind: Kind,
+    pool: usize,
+) {
     lock(&ALLOCS).insert(
         p as usize,
         Alloc {
@@ -115,9 +143,9 @@ pub fn alloc_on(ordinal: usize, size: u64, kind: Kind) -> HipResult<*mut c_void>
             charged,
             size,
             kind,
+            pool,
         },
     );
-    Ok(p)
 }
 
 /// Allocates on the calling thread's current device.
@@ -150,7 +178,13 @@ pub fn free(p: *mut c_void, kinds: &[Kind]) -> HipResult<()> {
     }
     .ok_or(hipErrorInvalidDevicePointer)?;
     unmap(p as usize, a.charged);
-    rt.node.release_memory(rt.slot, a.physical, a.charged);
+    if a.pool != 0 {
+        crate::pool::block_freed(rt, a.pool, a.charged);
+    } else if crate::ipc::freed(rt, p as usize) {
+        // Exported: the node's shared object settled the bytes.
+    } else {
+        rt.node.release_memory(rt.slot, a.physical, a.charged);
+    }
     Ok(())
 }
 
@@ -174,30 +208,6 @@ pub fn info(physical: usize) -> HipResult<(usize, usize)> {
         d.memory_total.saturating_sub(used) as usize,
         d.memory_total as usize,
     ))
-}
-
-/// A memory pool handle (`hipMemPool_t`): the device its blocks come from. Blocks are
-/// given back to the device as soon as they are freed (a release threshold of 0).
-#[derive(Debug)]
-pub struct Pool {
-    pub ordinal: usize,
-}
-
-/// The default pool of each ordinal, made on first request and never freed.
-static DEFAULT_POOLS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
-/// Pools made by `hipMemPoolCreate`.
-static POOLS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-fn pool_ordinal(pool: *mut c_void) -> HipResult<usize> {
-    let known = lock(&DEFAULT_POOLS).values().any(|&p| p == pool as usize)
-        || lock(&POOLS)
-            .as_ref()
-            .is_some_and(|s| s.contains(&(pool as usize)));
-    if !known {
-        return Err(hipErrorInvalidValue);
-    }
-    // SAFETY: the address is one of this module's live `Pool` boxes (checked above).
-    Ok(unsafe { &*pool.cast::<Pool>() }.ordinal)
 }
 
 /// A physical allocation of the virtual memory calls (`hipMemGenericAllocationHandle_t`).
@@ -684,108 +694,6 @@ hip_api! {
             };
             // SAFETY: checked non-null; the caller passes a writable struct.
             unsafe { put(attributes, a) }
-        })
-    }
-
-    /// `hipDeviceGetDefaultMemPool`.
-    ///
-    /// # Safety
-    /// `pool` must be null or writable.
-    "hip_5.1" fn hipDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> hipError_t {
-        guard(|| {
-            rt()?.physical(device)?;
-            let h = *lock(&DEFAULT_POOLS).entry(device as usize).or_insert_with(|| {
-                Box::into_raw(Box::new(Pool { ordinal: device as usize })) as usize
-            });
-            // SAFETY: as above.
-            unsafe { put(pool, h as *mut c_void) }
-        })
-    }
-
-    /// `hipMemPoolCreate`: a pool on the device its properties name.
-    ///
-    /// # Safety
-    /// `pool` must be null or writable; `props` null or readable.
-    "hip_5.1" fn hipMemPoolCreate(pool: *mut *mut c_void, props: *const hipMemPoolProps) -> hipError_t {
-        guard(|| {
-            if pool.is_null() || props.is_null() {
-                return Err(hipErrorInvalidValue);
-            }
-            // SAFETY: checked non-null; the caller passes readable properties.
-            let id = unsafe { (*props).location.id };
-            rt()?.physical(id).map_err(|_| hipErrorInvalidValue)?;
-            let h = Box::into_raw(Box::new(Pool { ordinal: id as usize }));
-            lock(&POOLS).get_or_insert_with(HashSet::new).insert(h as usize);
-            // SAFETY: as above.
-            unsafe { put(pool, h.cast()) }
-        })
-    }
-
-    /// `hipMemPoolDestroy`.
-    ///
-    /// # Safety
-    /// Any handle value is accepted; unknown ones are reported.
-    "hip_5.1" fn hipMemPoolDestroy(pool: *mut c_void) -> hipError_t {
-        guard(|| {
-            if !lock(&POOLS).as_mut().is_some_and(|s| s.remove(&(pool as usize))) {
-                return Err(hipErrorInvalidValue);
-            }
-            // SAFETY: removed from the live set: the last use of the box made above.
-            drop(unsafe { Box::from_raw(pool.cast::<Pool>()) });
-            Ok(())
-        })
-    }
-
-    /// `hipMemPoolTrimTo`: freed blocks are already back on the device.
-    ///
-    /// # Safety
-    /// Any handle value is accepted; unknown ones are reported.
-    "hip_5.1" fn hipMemPoolTrimTo(pool: *mut c_void, _keep: usize) -> hipError_t {
-        guard(|| pool_ordinal(pool).map(|_| ()))
-    }
-
-    /// `hipMallocAsync`: from the stream's device's default pool.
-    ///
-    /// # Safety
-    /// `ptr` must be null or writable.
-    "hip_5.1" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, s: *mut c_void) -> hipError_t {
-        guard(|| {
-            if ptr.is_null() {
-                return Err(hipErrorInvalidValue);
-            }
-            let ordinal = stream::ordinal_of(s)?;
-            let p = alloc_on(ordinal, size as u64, Kind::Pool)?;
-            // SAFETY: as above.
-            unsafe { put(ptr, p) }
-        })
-    }
-
-    /// `hipMallocFromPoolAsync`.
-    ///
-    /// # Safety
-    /// `ptr` must be null or writable.
-    "hip_5.1" fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, s: *mut c_void) -> hipError_t {
-        guard(|| {
-            if ptr.is_null() {
-                return Err(hipErrorInvalidValue);
-            }
-            stream::ordinal_of(s)?;
-            let ordinal = pool_ordinal(pool)?;
-            let p = alloc_on(ordinal, size as u64, Kind::Pool)?;
-            // SAFETY: as above.
-            unsafe { put(ptr, p) }
-        })
-    }
-
-    /// `hipFreeAsync`: freed at once (the stream's earlier work is already done in the
-    /// simulator's sense: it only occupies time).
-    ///
-    /// # Safety
-    /// Any pointer value is accepted; unknown ones are reported.
-    "hip_5.1" fn hipFreeAsync(ptr: *mut c_void, s: *mut c_void) -> hipError_t {
-        guard(|| {
-            stream::ordinal_of(s)?;
-            free(ptr, &[Kind::Pool, Kind::Device, Kind::Managed])
         })
     }
 

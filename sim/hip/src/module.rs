@@ -28,9 +28,6 @@ use crate::*;
 /// The first line of a code object made by this library's hiprtc.
 pub const CODE_MAGIC: &str = "TESSERA-HIP-CODE 1";
 
-/// `hipErrorInvalidDeviceFunction`.
-const hipErrorInvalidDeviceFunction: hipError_t = 98;
-
 /// A kernel of a loaded module (`hipFunction_t`).
 #[derive(Debug)]
 pub struct Function {
@@ -261,141 +258,6 @@ hip_api! {
         })
     }
 
-    /// `hipModuleLaunchKernel`.
-    ///
-    /// # Safety
-    /// Any handle values are accepted; the parameters are not read.
-    "hip_4.2" fn hipModuleLaunchKernel(
-        f: *mut c_void,
-        gx: c_uint, gy: c_uint, gz: c_uint,
-        bx: c_uint, by: c_uint, bz: c_uint,
-        _shared: c_uint,
-        s: *mut c_void,
-        _params: *mut *mut c_void,
-        _extra: *mut *mut c_void,
-    ) -> hipError_t {
-        guard(|| {
-            let k = function(f)?;
-            let grid = dim3 { x: gx, y: gy, z: gz };
-            let block = dim3 { x: bx, y: by, z: bz };
-            launch(k.cost, grid.count(), block.count(), s)
-        })
-    }
-
-    /// `hipExtModuleLaunchKernel`: sizes in work items (threads), not blocks; the events
-    /// are recorded around the launch.
-    ///
-    /// # Safety
-    /// Any handle values are accepted; the parameters are not read.
-    "hip_4.2" fn hipExtModuleLaunchKernel(
-        f: *mut c_void,
-        gx: u32, gy: u32, gz: u32,
-        lx: u32, ly: u32, lz: u32,
-        _shared: usize,
-        s: *mut c_void,
-        _params: *mut *mut c_void,
-        _extra: *mut *mut c_void,
-        start: *mut c_void,
-        stop: *mut c_void,
-        _flags: u32,
-    ) -> hipError_t {
-        guard(|| {
-            let k = function(f)?;
-            let local = dim3 { x: lx, y: ly, z: lz };
-            if local.count() == 0 {
-                return Err(hipErrorInvalidValue);
-            }
-            let blocks = [(gx, lx), (gy, ly), (gz, lz)]
-                .iter()
-                .map(|&(g, l)| u64::from(g).div_ceil(u64::from(l.max(1))))
-                .product::<u64>();
-            record(start, s)?;
-            launch(k.cost, blocks, local.count(), s)?;
-            record(stop, s)
-        })
-    }
-
-    /// `hipExtModuleLaunchKernel` under the C++ name ROCm 5 exports it by (the header
-    /// declares it without `extern "C"`).
-    ///
-    /// # Safety
-    /// As `hipExtModuleLaunchKernel`.
-    "hip_4.2" fn _Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j(
-        f: *mut c_void,
-        gx: u32, gy: u32, gz: u32,
-        lx: u32, ly: u32, lz: u32,
-        shared: usize,
-        s: *mut c_void,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-        start: *mut c_void,
-        stop: *mut c_void,
-        flags: u32,
-    ) -> hipError_t {
-        // SAFETY: the same contract, passed on unchanged.
-        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, flags) }
-    }
-
-    /// `hipHccModuleLaunchKernel`: `hipExtModuleLaunchKernel` without flags (work-item
-    /// sizes, events around the launch).
-    ///
-    /// # Safety
-    /// As `hipExtModuleLaunchKernel`.
-    "hip_4.2" fn hipHccModuleLaunchKernel(
-        f: *mut c_void,
-        gx: u32, gy: u32, gz: u32,
-        lx: u32, ly: u32, lz: u32,
-        shared: usize,
-        s: *mut c_void,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-        start: *mut c_void,
-        stop: *mut c_void,
-    ) -> hipError_t {
-        // SAFETY: the same contract, passed on unchanged.
-        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, 0) }
-    }
-
-    /// `hipHccModuleLaunchKernel` under the C++ name ROCm 5 exports it by.
-    ///
-    /// # Safety
-    /// As `hipExtModuleLaunchKernel`.
-    "hip_4.2" fn _Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_(
-        f: *mut c_void,
-        gx: u32, gy: u32, gz: u32,
-        lx: u32, ly: u32, lz: u32,
-        shared: usize,
-        s: *mut c_void,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-        start: *mut c_void,
-        stop: *mut c_void,
-    ) -> hipError_t {
-        // SAFETY: the same contract, passed on unchanged.
-        unsafe { hipExtModuleLaunchKernel(f, gx, gy, gz, lx, ly, lz, shared, s, params, extra, start, stop, 0) }
-    }
-
-    /// `hipModuleLaunchCooperativeKernel` (a later ROCm's call): as
-    /// `hipModuleLaunchKernel`, the grid co-resident by construction on the one engine.
-    ///
-    /// # Safety
-    /// Any handle values are accepted; the parameters are not read.
-    "hip_4.2" fn hipModuleLaunchCooperativeKernel(
-        f: *mut c_void,
-        gx: c_uint, gy: c_uint, gz: c_uint,
-        bx: c_uint, by: c_uint, bz: c_uint,
-        _shared: c_uint,
-        s: *mut c_void,
-        _params: *mut *mut c_void,
-    ) -> hipError_t {
-        guard(|| {
-            let k = function(f)?;
-            let grid = dim3 { x: gx, y: gy, z: gz };
-            let block = dim3 { x: bx, y: by, z: bz };
-            launch(k.cost, grid.count(), block.count(), s)
-        })
-    }
-
     /// `hipLaunchCooperativeKernelMultiDevice`: each entry's kernel on its stream, in
     /// order; the first that fails stops the rest.
     ///
@@ -415,60 +277,166 @@ hip_api! {
         })
     }
 
+}
+
+/// The launch exports, grouped by the parameters they share, each group's parameter list and
+/// body written once: a launch by module function in blocks (`module`), by module function
+/// in work items with events around it (`work_items`, also under ROCm 5's C++ names), and by
+/// a program's host stub (`stub`). Each export adds only its own trailing parameters, which
+/// the simulator does not read, except a `stub`'s `events`, the two events it records.
+macro_rules! launch_exports {
+    ($(
+        $(#[$attr:meta])*
+        $group:ident fn $name:ident ($($tail:tt)*);
+    )*) => {
+        $(launch_exports!(@one $group [$(#[$attr])*] $name ($($tail)*));)*
+    };
+    (@one module [$($attr:tt)*] $name:ident ($($tail:ident: $tty:ty),*)) => {
+        hip_api! {
+            $($attr)*
+            "hip_4.2" fn $name(
+                f: *mut c_void,
+                gx: c_uint, gy: c_uint, gz: c_uint,
+                bx: c_uint, by: c_uint, bz: c_uint,
+                _shared: c_uint,
+                s: *mut c_void,
+                _params: *mut *mut c_void,
+                $($tail: $tty),*
+            ) -> hipError_t {
+                guard(|| {
+                    let k = function(f)?;
+                    let grid = dim3 { x: gx, y: gy, z: gz };
+                    let block = dim3 { x: bx, y: by, z: bz };
+                    launch(k.cost, grid.count(), block.count(), s)
+                })
+            }
+        }
+    };
+    (@one work_items [$($attr:tt)*] $name:ident ($($tail:ident: $tty:ty),*)) => {
+        hip_api! {
+            $($attr)*
+            "hip_4.2" fn $name(
+                f: *mut c_void,
+                gx: u32, gy: u32, gz: u32,
+                lx: u32, ly: u32, lz: u32,
+                _shared: usize,
+                s: *mut c_void,
+                _params: *mut *mut c_void,
+                _extra: *mut *mut c_void,
+                start: *mut c_void,
+                stop: *mut c_void,
+                $($tail: $tty),*
+            ) -> hipError_t {
+                guard(|| {
+                    let k = function(f)?;
+                    let local = dim3 { x: lx, y: ly, z: lz };
+                    if local.count() == 0 {
+                        return Err(hipErrorInvalidValue);
+                    }
+                    let blocks = [(gx, lx), (gy, ly), (gz, lz)]
+                        .iter()
+                        .map(|&(g, l)| u64::from(g).div_ceil(u64::from(l.max(1))))
+                        .product::<u64>();
+                    record(start, s)?;
+                    launch(k.cost, blocks, local.count(), s)?;
+                    record(stop, s)
+                })
+            }
+        }
+    };
+    // Null events record nothing: the launches without events pass none.
+    (@events) => {
+        [std::ptr::null_mut::<c_void>(); 2]
+    };
+    (@events $start:ident, $stop:ident) => {
+        [$start, $stop]
+    };
+    (@one stub [$($attr:tt)*] $name:ident (_shared: $sty:ty $(, events $start:ident, $stop:ident $(, $tail:ident: $tty:ty)*)?)) => {
+        hip_api! {
+            $($attr)*
+            "hip_4.2" fn $name(
+                host_fn: *const c_void,
+                grid: dim3,
+                block: dim3,
+                _args: *mut *mut c_void,
+                _shared: $sty,
+                s: *mut c_void,
+                $($start: *mut c_void, $stop: *mut c_void, $($tail: $tty),*)?
+            ) -> hipError_t {
+                guard(|| {
+                    let cost = registered(host_fn)?;
+                    let events = launch_exports!(@events $($start, $stop)?);
+                    record(events[0], s)?;
+                    launch(cost, grid.count(), block.count(), s)?;
+                    record(events[1], s)
+                })
+            }
+        }
+    };
+}
+
+launch_exports! {
+    /// `hipModuleLaunchKernel`.
+    ///
+    /// # Safety
+    /// Any handle values are accepted; the parameters are not read.
+    module fn hipModuleLaunchKernel(_extra: *mut *mut c_void);
+
+    /// `hipModuleLaunchCooperativeKernel` (a later ROCm's call): as
+    /// `hipModuleLaunchKernel`, the grid co-resident by construction on the one engine.
+    ///
+    /// # Safety
+    /// Any handle values are accepted; the parameters are not read.
+    module fn hipModuleLaunchCooperativeKernel();
+
+    /// `hipExtModuleLaunchKernel`: sizes in work items (threads), not blocks; the events
+    /// are recorded around the launch.
+    ///
+    /// # Safety
+    /// Any handle values are accepted; the parameters are not read.
+    work_items fn hipExtModuleLaunchKernel(_flags: u32);
+
+    /// `hipExtModuleLaunchKernel` under the C++ name ROCm 5 exports it by (the header
+    /// declares it without `extern "C"`).
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    work_items fn _Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j(_flags: u32);
+
+    /// `hipHccModuleLaunchKernel`: `hipExtModuleLaunchKernel` without flags (work-item
+    /// sizes, events around the launch).
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    work_items fn hipHccModuleLaunchKernel();
+
+    /// `hipHccModuleLaunchKernel` under the C++ name ROCm 5 exports it by.
+    ///
+    /// # Safety
+    /// As `hipExtModuleLaunchKernel`.
+    work_items fn _Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_();
+
     /// `hipLaunchKernel`: a kernel compiled into the program, by its host stub.
     ///
     /// # Safety
     /// Any stub address is accepted; the arguments are not read.
-    "hip_4.2" fn hipLaunchKernel(
-        host_fn: *const c_void,
-        grid: dim3,
-        block: dim3,
-        _args: *mut *mut c_void,
-        _shared: usize,
-        s: *mut c_void,
-    ) -> hipError_t {
-        guard(|| launch(registered(host_fn)?, grid.count(), block.count(), s))
-    }
+    stub fn hipLaunchKernel(_shared: usize);
 
     /// `hipLaunchCooperativeKernel`: as `hipLaunchKernel` (the engine runs one grid at a
     /// time anyway, so a cooperative grid is co-resident by construction).
     ///
     /// # Safety
     /// As `hipLaunchKernel`.
-    "hip_4.2" fn hipLaunchCooperativeKernel(
-        host_fn: *const c_void,
-        grid: dim3,
-        block: dim3,
-        _args: *mut *mut c_void,
-        _shared: c_uint,
-        s: *mut c_void,
-    ) -> hipError_t {
-        guard(|| launch(registered(host_fn)?, grid.count(), block.count(), s))
-    }
+    stub fn hipLaunchCooperativeKernel(_shared: c_uint);
 
     /// `hipExtLaunchKernel`: `hipLaunchKernel` with events recorded around it.
     ///
     /// # Safety
     /// As `hipLaunchKernel`.
-    "hip_4.2" fn hipExtLaunchKernel(
-        host_fn: *const c_void,
-        grid: dim3,
-        block: dim3,
-        _args: *mut *mut c_void,
-        _shared: usize,
-        s: *mut c_void,
-        start: *mut c_void,
-        stop: *mut c_void,
-        _flags: c_int,
-    ) -> hipError_t {
-        guard(|| {
-            let cost = registered(host_fn)?;
-            record(start, s)?;
-            launch(cost, grid.count(), block.count(), s)?;
-            record(stop, s)
-        })
-    }
+    stub fn hipExtLaunchKernel(_shared: usize, events start, stop, _flags: c_int);
+}
 
+hip_api! {
     /// `__hipRegisterFatBinary`: the program's device code; its kernels follow one by one.
     ///
     /// # Safety

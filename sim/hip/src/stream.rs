@@ -162,6 +162,7 @@ hip_api! {
     "hip_4.2" fn hipStreamSynchronize(stream: *mut c_void) -> hipError_t {
         guard(|| {
             resolve(stream)?.synchronize();
+            crate::pool::after_sync(Some(ordinal_of(stream)?));
             Ok(())
         })
     }
@@ -229,7 +230,11 @@ hip_api! {
     /// # Safety
     /// No pointers.
     "hip_4.2" fn hipDeviceSynchronize() -> hipError_t {
-        guard(|| Stream::before_host_access(true))
+        guard(|| {
+            Stream::before_host_access(true)?;
+            crate::pool::after_sync(Some(rt()?.current()?.0));
+            Ok(())
+        })
     }
 
     /// `hipEventCreate`.
@@ -284,6 +289,8 @@ hip_api! {
     "hip_4.2" fn hipEventSynchronize(e: *mut c_void) -> hipError_t {
         guard(|| {
             wait_until(event(e)?.at.load(Ordering::Acquire));
+            // An event does not say its device here: every pool is looked at.
+            crate::pool::after_sync(None);
             Ok(())
         })
     }

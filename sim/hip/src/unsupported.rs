@@ -1,19 +1,12 @@
 //! What the simulated runtime does not model but CuPy-ROCm links: graphs and stream
-//! capture, IPC handles, surfaces. Each answers `hipErrorNotSupported` (the real
+//! capture, surfaces. Each answers `hipErrorNotSupported` (the real
 //! runtime's answer for a feature a device lacks), so a program that needs one fails
 //! at that call with a clear error, and loading the library never fails for want of a
 //! symbol.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 use crate::*;
-
-/// `hipIpcMemHandle_t`: 64 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct hipIpcMemHandle_t {
-    pub reserved: [c_char; 64],
-}
 
 hip_api! {
     /// `hipStreamBeginCapture`: not modelled.
@@ -67,30 +60,6 @@ hip_api! {
     /// # Safety
     /// No pointers are read.
     "hip_4.3" fn hipGraphExecDestroy(_exec: *mut c_void) -> hipError_t {
-        guard(|| Err(hipErrorNotSupported))
-    }
-
-    /// `hipIpcGetMemHandle`: IPC is not modelled for HIP.
-    ///
-    /// # Safety
-    /// No pointers are read.
-    "hip_4.2" fn hipIpcGetMemHandle(_handle: *mut hipIpcMemHandle_t, _ptr: *mut c_void) -> hipError_t {
-        guard(|| Err(hipErrorNotSupported))
-    }
-
-    /// `hipIpcOpenMemHandle`.
-    ///
-    /// # Safety
-    /// No pointers are read.
-    "hip_4.2" fn hipIpcOpenMemHandle(_ptr: *mut *mut c_void, _handle: hipIpcMemHandle_t, _flags: c_uint) -> hipError_t {
-        guard(|| Err(hipErrorNotSupported))
-    }
-
-    /// `hipIpcCloseMemHandle`.
-    ///
-    /// # Safety
-    /// No pointers are read.
-    "hip_4.2" fn hipIpcCloseMemHandle(_ptr: *mut c_void) -> hipError_t {
         guard(|| Err(hipErrorNotSupported))
     }
 

@@ -48,7 +48,7 @@ impl Lib {
 
 /// Calls an export by name with the given C signature.
 macro_rules! call {
-    ($lib:expr, $name:literal, fn($($t:ty),* $(,)?) -> $r:ty, $($a:expr),* $(,)?) => {{
+    ($lib:expr, $name:expr, fn($($t:ty),* $(,)?) -> $r:ty, $($a:expr),* $(,)?) => {{
         let p = $lib.sym($name);
         // SAFETY: the export has this C signature (hip_runtime_api.h / hiprtc.h), and
         // every pointer argument passed is valid for what the call does with it.
@@ -56,6 +56,20 @@ macro_rules! call {
         // SAFETY: as above.
         unsafe { f($($a),*) }
     }};
+}
+
+/// Launches kernel `f` as 1024 blocks of 256 threads on the null stream through a module
+/// launch export: `hipModuleLaunchKernel`'s first parameters (function, grid, block,
+/// shared bytes, stream, kernel parameters), then the export's own, typed and given.
+macro_rules! module_launch {
+    ($lib:expr, $name:expr, $f:expr $(, $t:ty = $a:expr)* $(,)?) => {
+        call!(
+            $lib,
+            $name,
+            fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, $($t),*) -> Err,
+            $f, 1024, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), $($a),*
+        )
+    };
 }
 
 #[test]
@@ -189,56 +203,23 @@ fn a_mixed_node_through_the_hip_abi() {
     let pid = std::process::id();
     let held = || node.process(pid).map_or(0, |p| p.memory[1]);
     let mut p: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        call!(
-            hip,
-            "hipMalloc",
-            fn(*mut *mut c_void, usize) -> Err,
-            &mut p,
-            1
-        ),
-        0
-    );
+    let malloc = |p: *mut *mut c_void, n: usize| {
+        call!(hip, "hipMalloc", fn(*mut *mut c_void, usize) -> Err, p, n)
+    };
+    assert_eq!(malloc(&mut p, 1), 0);
     assert_eq!(held(), 4096, "one byte holds a 4 KiB page");
     assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, p), 0);
     assert_eq!(held(), 0);
     // Zero bytes: success, a null pointer, nothing held (HIP's rule).
     p = 8 as *mut c_void;
-    assert_eq!(
-        call!(
-            hip,
-            "hipMalloc",
-            fn(*mut *mut c_void, usize) -> Err,
-            &mut p,
-            0
-        ),
-        0
-    );
+    assert_eq!(malloc(&mut p, 0), 0);
     assert_eq!((p, held()), (std::ptr::null_mut(), 0));
 
     // Too large fails cleanly; a smaller one fits afterwards.
     let mut big: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        call!(
-            hip,
-            "hipMalloc",
-            fn(*mut *mut c_void, usize) -> Err,
-            &mut big,
-            (1 << 30) + 1
-        ),
-        OOM
-    );
+    assert_eq!(malloc(&mut big, (1 << 30) + 1), OOM);
     assert_eq!(held(), 0, "a refused allocation holds nothing");
-    assert_eq!(
-        call!(
-            hip,
-            "hipMalloc",
-            fn(*mut *mut c_void, usize) -> Err,
-            &mut big,
-            512 << 20
-        ),
-        0
-    );
+    assert_eq!(malloc(&mut big, 512 << 20), 0);
     let (mut free, mut tot) = (0usize, 0usize);
     assert_eq!(
         call!(
@@ -283,32 +264,22 @@ fn a_mixed_node_through_the_hip_abi() {
 
     // The other families, each charged and given back.
     let mut a: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        call!(
-            hip,
-            "hipExtMallocWithFlags",
-            fn(*mut *mut c_void, usize, c_uint) -> Err,
-            &mut a,
-            MI as usize,
-            1
-        ),
-        0
-    );
-    assert_eq!(held(), MI);
-    assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, a), 0);
-    assert_eq!(
-        call!(
-            hip,
-            "hipMallocManaged",
-            fn(*mut *mut c_void, usize, c_uint) -> Err,
-            &mut a,
-            MI as usize,
-            1
-        ),
-        0
-    );
-    assert_eq!(held(), MI);
-    assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, a), 0);
+    for family in ["hipExtMallocWithFlags", "hipMallocManaged"] {
+        assert_eq!(
+            call!(
+                hip,
+                family,
+                fn(*mut *mut c_void, usize, c_uint) -> Err,
+                &mut a,
+                MI as usize,
+                1
+            ),
+            0,
+            "{family}"
+        );
+        assert_eq!(held(), MI, "{family}");
+        assert_eq!(call!(hip, "hipFree", fn(*mut c_void) -> Err, a), 0);
+    }
     let mut pitch = 0usize;
     assert_eq!(
         call!(
@@ -372,29 +343,20 @@ fn a_mixed_node_through_the_hip_abi() {
     #[repr(C)]
     struct Desc3(usize, usize, usize, c_int, c_uint, c_uint);
     let d2 = Desc2(256, 256, 0x20, 4);
-    assert_eq!(
+    let array_create = |a: *mut *mut c_void, d: *const Desc2| {
         call!(
             hip,
             "hipArrayCreate",
             fn(*mut *mut c_void, *const Desc2) -> Err,
-            &mut a,
-            &d2
-        ),
-        0
-    );
+            a,
+            d
+        )
+    };
+    assert_eq!(array_create(&mut a, &d2), 0);
     assert_eq!(held(), MI);
     assert_eq!(call!(hip, "hipArrayDestroy", fn(*mut c_void) -> Err, a), 0);
     let bad = Desc2(256, 256, 0x77, 4);
-    assert_eq!(
-        call!(
-            hip,
-            "hipArrayCreate",
-            fn(*mut *mut c_void, *const Desc2) -> Err,
-            &mut a,
-            &bad
-        ),
-        1
-    );
+    assert_eq!(array_create(&mut a, &bad), 1);
     let d3 = Desc3(64, 64, 64, 0x01, 4, 0);
     assert_eq!(
         call!(
@@ -464,16 +426,16 @@ fn a_mixed_node_through_the_hip_abi() {
         0
     );
     assert_eq!(held(), MI);
-    assert_eq!(
+    let free_async = |a: *mut c_void, s: *mut c_void| {
         call!(
             hip,
             "hipFreeAsync",
             fn(*mut c_void, *mut c_void) -> Err,
             a,
-            std::ptr::null_mut()
-        ),
-        0
-    );
+            s
+        )
+    };
+    assert_eq!(free_async(a, std::ptr::null_mut()), 0);
     let mut pool: *mut c_void = std::ptr::null_mut();
     assert_eq!(
         call!(
@@ -498,12 +460,15 @@ fn a_mixed_node_through_the_hip_abi() {
         0
     );
     assert_eq!(held(), 3 * MI);
+    assert_eq!(free_async(a, std::ptr::null_mut()), 0);
+    // The pool keeps what was freed (release threshold 0) until the next
+    // synchronisation.
+    assert_eq!(held(), 3 * MI);
     assert_eq!(
         call!(
             hip,
-            "hipFreeAsync",
-            fn(*mut c_void, *mut c_void) -> Err,
-            a,
+            "hipStreamSynchronize",
+            fn(*mut c_void) -> Err,
             std::ptr::null_mut()
         ),
         0
@@ -529,31 +494,23 @@ fn a_mixed_node_through_the_hip_abi() {
     );
     assert_eq!(gran, 2 << 20);
     let mut h: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
+    let mem_create = |h: *mut *mut c_void, n: usize, prop: *const u8, flags: u64| {
         call!(
             hip,
             "hipMemCreate",
             fn(*mut *mut c_void, usize, *const u8, u64) -> Err,
-            &mut h,
-            MI as usize,
-            prop.as_ptr(),
-            0
-        ),
+            h,
+            n,
+            prop,
+            flags
+        )
+    };
+    assert_eq!(
+        mem_create(&mut h, MI as usize, prop.as_ptr(), 0),
         1,
         "not a multiple of the granularity"
     );
-    assert_eq!(
-        call!(
-            hip,
-            "hipMemCreate",
-            fn(*mut *mut c_void, usize, *const u8, u64) -> Err,
-            &mut h,
-            gran,
-            prop.as_ptr(),
-            0
-        ),
-        0
-    );
+    assert_eq!(mem_create(&mut h, gran, prop.as_ptr(), 0), 0);
     assert_eq!(held(), 2 * MI);
     let mut va: *mut c_void = std::ptr::null_mut();
     assert_eq!(
@@ -672,59 +629,22 @@ fn a_mixed_node_through_the_hip_abi() {
         0
     );
     let mut f: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
+    let get_function = |f: *mut *mut c_void, m: *mut c_void, name: *const c_char| {
         call!(
             hip,
             "hipModuleGetFunction",
             fn(*mut *mut c_void, *mut c_void, *const c_char) -> Err,
-            &mut f,
-            module,
-            c"missing".as_ptr()
-        ),
-        500
-    );
-    assert_eq!(
-        call!(
-            hip,
-            "hipModuleGetFunction",
-            fn(*mut *mut c_void, *mut c_void, *const c_char) -> Err,
-            &mut f,
-            module,
-            c"add_one".as_ptr()
-        ),
-        0
-    );
+            f,
+            m,
+            name
+        )
+    };
+    assert_eq!(get_function(&mut f, module, c"missing".as_ptr()), 500);
+    assert_eq!(get_function(&mut f, module, c"add_one".as_ptr()), 0);
     let before = node.device_usage(1).expect("device").launches;
     for _ in 0..3 {
         assert_eq!(
-            call!(
-                hip,
-                "hipModuleLaunchKernel",
-                fn(
-                    *mut c_void,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    *mut c_void,
-                    *mut *mut c_void,
-                    *mut *mut c_void,
-                ) -> Err,
-                f,
-                1024,
-                1,
-                1,
-                256,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut()
-            ),
+            module_launch!(hip, "hipModuleLaunchKernel", f, *mut *mut c_void = std::ptr::null_mut()),
             0
         );
     }
@@ -767,32 +687,7 @@ fn a_mixed_node_through_the_hip_abi() {
         0
     );
     assert_eq!(
-        call!(
-            hip,
-            "hipModuleLaunchCooperativeKernel",
-            fn(
-                *mut c_void,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                *mut c_void,
-                *mut *mut c_void,
-            ) -> Err,
-            f,
-            1024,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            null,
-            nulls
-        ),
+        module_launch!(hip, "hipModuleLaunchCooperativeKernel", f),
         0
     );
     assert_eq!(call!(hip, "hipDeviceSynchronize", fn() -> Err,), 0);

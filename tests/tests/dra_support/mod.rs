@@ -1,7 +1,8 @@
 //! The DRA plugin as a child process of a test executable, shared by the tests that
 //! run the real plugin against a fake kubelet (`dra_plugin_kubelet`, `dropin_dra`):
 //! its role (the executable re-run with `ROLE_ENV=dra-plugin`), the child it runs
-//! in, and its flags for a node in one directory.
+//! in, its flags for a node in one directory, and a probe started with a claim's CDI
+//! device.
 
 #![allow(dead_code)]
 
@@ -9,11 +10,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
 use clap::Parser;
+use serde_json::Value;
+use tessera_dra_plugin::cdi;
+use tessera_e2e::{Mode, ProbeChild, SimNode};
 
 use crate::manager_support::*;
 
 /// The node every DRA test's plugin serves.
 pub const NODE: &str = "node-1";
+
+/// Declares the test executable's ignored `role` test, its helper processes' entry point
+/// (`role`): every test file that runs the DRA plugin as a child has one.
+#[macro_export]
+macro_rules! dra_role_test {
+    () => {
+        /// The test executable's helper processes (`dra_support::role`).
+        #[test]
+        #[ignore = "helper: the manager or DRA plugin process the other tests start"]
+        fn role() {
+            dra_support::role();
+        }
+    };
+}
 
 /// The test executable's helper processes: the DRA plugin here, the manager and
 /// the client commands in `manager_support`. Each test file's ignored `role`
@@ -114,4 +132,31 @@ pub fn plugin_args(dir: &Path, manager_socket: &Path) -> Vec<String> {
     .into_iter()
     .flat_map(|(flag, value)| [flag.to_owned(), value])
     .collect()
+}
+
+/// A probe started as a runtime would start a container with the claim's
+/// CDI device: the spec's env, with mounted paths read as their host paths,
+/// and only the claim's GPUs visible (what the NVIDIA toolkit does with
+/// NVIDIA_VISIBLE_DEVICES).
+pub fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
+    let (kind, uid) = cdi_id.split_once('=').expect("qualified CDI name");
+    assert_eq!(kind, cdi::KIND);
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
+    )
+    .expect("spec JSON");
+    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
+    let mut c = n.probe(Mode::Dlopen, &[]);
+    for (k, v) in &env {
+        c.env(k, v);
+        if k == "NVIDIA_VISIBLE_DEVICES" {
+            c.env("CUDA_VISIBLE_DEVICES", v);
+        }
+    }
+    assert!(
+        env.iter()
+            .any(|(k, v)| k == "LD_PRELOAD" && v == &hook().display().to_string()),
+        "{env:?}"
+    );
+    ProbeChild::start(c)
 }

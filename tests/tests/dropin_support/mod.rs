@@ -273,3 +273,32 @@ pub fn slices_of(translated: &Value) -> (String, u32) {
     assert_eq!(with.len(), 1, "one container with slices: {translated:#}");
     with.into_iter().next().expect("one")
 }
+
+/// A process of a drop-in pod, started by either route, sees its ask as its memory both
+/// ways (CUDA and NVML), gets all of it and not a byte more, and the node's ground truth
+/// holds exactly that for it.
+pub fn assert_pod_holds_exactly(
+    n: &tessera_e2e::SimNode,
+    p: &mut tessera_e2e::ProbeChild,
+    memory: u64,
+    name: &str,
+) {
+    const T: std::time::Duration = std::time::Duration::from_secs(15);
+    for step in ["init", "ctx", "nvml-init"] {
+        let l = p.cmd(step, T);
+        assert!(l.ok, "{name}: {}", l.raw);
+    }
+    assert_eq!(p.cmd("meminfo", T).u64("total"), memory, "{name}");
+    assert_eq!(p.cmd("nvml-meminfo", T).u64("total"), memory, "{name}");
+    let all = p.cmd(&format!("alloc {memory}"), T);
+    assert!(all.ok, "{name}: the whole ask is usable: {}", all.raw);
+    let one = p.cmd("alloc 1", T);
+    assert_eq!(
+        one.error.as_deref(),
+        Some("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{name}: {}",
+        one.raw
+    );
+    let truth = n.node().process(p.pid()).expect("probe on the node").memory;
+    assert_eq!(truth[0], memory, "{name}: ground truth");
+}

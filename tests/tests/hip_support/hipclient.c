@@ -126,6 +126,21 @@ hipError_t hipMemAddressFree(void *, size_t);
 hipError_t hipMemMap(void *, size_t, size_t, void *, unsigned long long);
 hipError_t hipMemUnmap(void *, size_t);
 hipError_t hipGetProcAddress(const char *, void **, int, unsigned long long, int *);
+hipError_t hipDeviceGetDefaultMemPool(void **, int);
+hipError_t hipMemPoolSetAttribute(void *, int, void *);
+hipError_t hipMemPoolGetAttribute(void *, int, void *);
+hipError_t hipMemPoolTrimTo(void *, size_t);
+typedef struct { char reserved[64]; } hipIpcMemHandle_t;
+hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *, void *);
+hipError_t hipIpcOpenMemHandle(void **, hipIpcMemHandle_t, unsigned);
+hipError_t hipIpcCloseMemHandle(void *);
+static void *opened[MAX_KEPT];
+static int n_opened;
+
+/* Stream-ordered blocks of the device's default pool, freed by "pfree"
+ * without a synchronisation (the pool keeps them). */
+static void *pool_blocks[MAX_KEPT];
+static int n_pool_blocks;
 
 enum kind { K_PTR, K_ASYNC, K_ARRAY, K_VMM };
 static struct { void *p; enum kind k; size_t n; } fam[MAX_KEPT];
@@ -202,6 +217,67 @@ static int family(const char *c, char **argv, int argc, int *i) {
         if (!r) r = ((malloc_fn)fp)(&p, n);
         if (!r) keep(p, K_PTR, n);
         report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "threshold") && *i + 1 < argc) {
+        /* The default pool keeps up to this many freed bytes. */
+        unsigned long long t = strtoull(argv[++*i], NULL, 0);
+        void *pool = NULL;
+        r = hipDeviceGetDefaultMemPool(&pool, 0);
+        if (!r) r = hipMemPoolSetAttribute(pool, 4 /* ReleaseThreshold */, &t);
+        report(c, r, "bytes=%llu", t);
+    } else if (!strcmp(c, "pasync") && *i + 1 < argc) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        r = hipMallocAsync(&p, n, NULL);
+        if (!r && n_pool_blocks < MAX_KEPT) pool_blocks[n_pool_blocks++] = p;
+        report(c, r, "bytes=%zu", n);
+    } else if (!strcmp(c, "pfree")) {
+        r = 0;
+        while (n_pool_blocks && !r) r = hipFreeAsync(pool_blocks[--n_pool_blocks], NULL);
+        report(c, r, "left=%d", n_pool_blocks);
+    } else if (!strcmp(c, "sync")) {
+        r = hipStreamSynchronize(NULL);
+        report(c, r, "stream=0");
+    } else if (!strcmp(c, "trim") && *i + 1 < argc) {
+        size_t keep_bytes = strtoull(argv[++*i], NULL, 0);
+        void *pool = NULL;
+        r = hipDeviceGetDefaultMemPool(&pool, 0);
+        if (!r) r = hipMemPoolTrimTo(pool, keep_bytes);
+        report(c, r, "keep=%zu", keep_bytes);
+    } else if (!strcmp(c, "pattr")) {
+        unsigned long long reserved = 0, used = 0;
+        void *pool = NULL;
+        r = hipDeviceGetDefaultMemPool(&pool, 0);
+        if (!r) r = hipMemPoolGetAttribute(pool, 5 /* ReservedMemCurrent */, &reserved);
+        if (!r) r = hipMemPoolGetAttribute(pool, 7 /* UsedMemCurrent */, &used);
+        report(c, r, "reserved=%llu used=%llu", reserved, used);
+    } else if (!strcmp(c, "export") && *i + 1 < argc) {
+        /* hipMalloc n bytes (freed by "free") and its IPC handle, in hex. */
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        hipIpcMemHandle_t h;
+        char hex[129];
+        memset(&h, 0, sizeof h);
+        r = hipMalloc(&p, n);
+        if (!r && n_kept < MAX_KEPT) kept[n_kept++] = p;
+        if (!r) r = hipIpcGetMemHandle(&h, p);
+        for (int k = 0; k < 64; k++) sprintf(hex + 2 * k, "%02x", (unsigned char)h.reserved[k]);
+        report(c, r, "bytes=%zu handle=%s", n, hex);
+    } else if (!strcmp(c, "import")) {
+        /* A handle in hex, read from stdin (it is known only once the
+         * exporter has run). */
+        char line[256];
+        hipIpcMemHandle_t h;
+        memset(&h, 0, sizeof h);
+        if (!fgets(line, sizeof line, stdin)) return report(c, 1, "stdin=closed"), 1;
+        for (int k = 0; k < 64; k++) {
+            unsigned v = 0;
+            if (sscanf(line + 2 * k, "%2x", &v) != 1) break;
+            h.reserved[k] = (char)v;
+        }
+        r = hipIpcOpenMemHandle(&p, h, 0 /* hipIpcMemLazyEnablePeerAccess */);
+        if (!r && n_opened < MAX_KEPT) opened[n_opened++] = p;
+        report(c, r, "opened=%d", n_opened);
+    } else if (!strcmp(c, "iclose")) {
+        r = n_opened ? hipIpcCloseMemHandle(opened[--n_opened]) : -1;
+        report(c, r, "opened=%d", n_opened);
     } else if (!strcmp(c, "freeall")) {
         r = 0;
         for (int k = 0; k < n_fam && !r; k++) {
