@@ -43,6 +43,15 @@ pub const NODE_GPU_PRODUCT: &str = "tessera.dev/gpu-product";
 pub const NODE_GPU_MEMORY: &str = "tessera.dev/gpu-memory";
 /// Node label: how many slices each GPU is cut into.
 pub const NODE_SLICES_PER_GPU: &str = "tessera.dev/slices-per-gpu";
+/// Node labels, one per GPU model on the node (a mixed node has several):
+/// this prefix and the model's name as a label value
+/// (`gpu-product.tessera.dev/AMD-Instinct-MI210`), the value how many GPUs
+/// of it the node has. [`NODE_GPU_PRODUCT`] and the others above describe
+/// GPU 0 only.
+pub const NODE_GPU_MODEL_PREFIX: &str = "gpu-product.tessera.dev/";
+/// Node labels, one per GPU model on the node: this prefix and the model's
+/// name, the value its memory in MiB (the smallest of its GPUs').
+pub const NODE_GPU_MODEL_MEMORY_PREFIX: &str = "gpu-memory.tessera.dev/";
 
 /// Node annotation: the node's GPUs as its device plugin last reported them
 /// (JSON, `tessera_node::scheduling::NodeReport`), for the scheduler extender.

@@ -12,6 +12,7 @@ use tessera_node::config::is_label_value;
 
 pub use tessera_contract::labels::{
     NODE_GPU_CLASS as LABEL_CLASS, NODE_GPU_MEMORY as LABEL_MEMORY,
+    NODE_GPU_MODEL_MEMORY_PREFIX as MODEL_MEMORY_PREFIX, NODE_GPU_MODEL_PREFIX as MODEL_PREFIX,
     NODE_GPU_PRODUCT as LABEL_PRODUCT, NODE_SLICES_PER_GPU as LABEL_SLICES,
 };
 
@@ -59,10 +60,17 @@ pub fn label_value(s: &str) -> String {
         .to_owned()
 }
 
-/// The labels this node should carry. They describe its first GPU (index
-/// 0); nodes mix GPU models rarely, and a node label can hold one value.
-/// `None` removes a label (no GPUs, or no class matches).
-pub fn desired_labels(snap: &Snapshot) -> BTreeMap<String, Option<String>> {
+/// The labels this node should carry, given the labels it carries now
+/// (`current`: per-model labels of a model no longer here are removed).
+/// The single-valued ones (product, memory, slices, class) describe its
+/// first GPU (index 0), as they always have; every GPU is described by one
+/// pair of per-model labels (`gpu-product.tessera.dev/<model>`: how many,
+/// `gpu-memory.tessera.dev/<model>`: MiB) and one label per vendor. `None`
+/// removes a label (no GPUs, or no class matches).
+pub fn desired_labels(
+    snap: &Snapshot,
+    current: &BTreeMap<String, String>,
+) -> BTreeMap<String, Option<String>> {
     let first = snap.gpus.first();
     let product = first
         .map(|g| label_value(&g.gpu.name))
@@ -72,13 +80,33 @@ pub fn desired_labels(snap: &Snapshot) -> BTreeMap<String, Option<String>> {
     let class = first
         .and_then(|g| g.class.clone())
         .filter(|c| is_label_value(c));
-    if snap
-        .gpus
-        .iter()
-        .any(|g| g.gpu.name != snap.gpus[0].gpu.name)
-    {
-        tracing::warn!("node has more than one GPU model; labels describe GPU 0");
+    // Per model: how many GPUs, and the smallest memory among them.
+    let mut models: BTreeMap<String, (u32, u64)> = BTreeMap::new();
+    for g in &snap.gpus {
+        let model = label_value(&g.gpu.name);
+        if model.is_empty() {
+            continue;
+        }
+        let mib = g.gpu.memory_total_bytes >> 20;
+        let e = models.entry(model).or_insert((0, mib));
+        e.0 += 1;
+        e.1 = e.1.min(mib);
     }
+    let per_model = models.iter().flat_map(|(m, (n, mib))| {
+        [
+            (format!("{MODEL_PREFIX}{m}"), Some(n.to_string())),
+            (format!("{MODEL_MEMORY_PREFIX}{m}"), Some(mib.to_string())),
+        ]
+    });
+    // A model's labels from before that is no longer here: removed.
+    let gone = current
+        .keys()
+        .filter(|k| {
+            [MODEL_PREFIX, MODEL_MEMORY_PREFIX]
+                .iter()
+                .any(|p| k.strip_prefix(p).is_some_and(|m| !models.contains_key(m)))
+        })
+        .map(|k| (k.clone(), None));
     BTreeMap::from([
         (LABEL_PRODUCT.to_owned(), product),
         (LABEL_MEMORY.to_owned(), memory),
@@ -92,6 +120,8 @@ pub fn desired_labels(snap: &Snapshot) -> BTreeMap<String, Option<String>> {
         let here = snap.gpus.iter().any(|g| g.gpu.vendor == v.as_str());
         (v.node_label(), here.then(|| "true".to_owned()))
     }))
+    .chain(per_model)
+    .chain(gone)
     .collect()
 }
 
@@ -105,12 +135,16 @@ pub(crate) async fn sync_loop<N: NodeApi>(
 ) {
     let mut rx = state.subscribe();
     let mut applied: Option<BTreeMap<String, Option<String>>> = None;
+    let mut current = BTreeMap::new();
     let mut tick = tokio::time::interval(refresh);
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 match api.labels(&node).await {
-                    Ok(l) => state.set_labels(l),
+                    Ok(l) => {
+                        current = l.clone();
+                        state.set_labels(l);
+                    }
                     Err(e) => tracing::warn!(error = %e, "cannot read node labels"),
                 }
             }
@@ -121,7 +155,7 @@ pub(crate) async fn sync_loop<N: NodeApi>(
             // Nothing known yet: do not wipe labels a previous run set.
             continue;
         }
-        let want = desired_labels(&snap);
+        let want = desired_labels(&snap, &current);
         if applied.as_ref() != Some(&want) {
             match api.patch_labels(&node, &want).await {
                 Ok(()) => {
@@ -221,6 +255,14 @@ gpuClasses:
             (LABEL_MEMORY.to_owned(), "81920".to_owned()),
             (LABEL_PRODUCT.to_owned(), "NVIDIA-A100-SXM4-80GB".to_owned()),
             (LABEL_SLICES.to_owned(), "8".to_owned()),
+            (
+                "gpu-product.tessera.dev/NVIDIA-A100-SXM4-80GB".to_owned(),
+                "1".to_owned(),
+            ),
+            (
+                "gpu-memory.tessera.dev/NVIDIA-A100-SXM4-80GB".to_owned(),
+                "81920".to_owned(),
+            ),
             // The one vendor present (an old manager's silence is NVIDIA).
             (
                 "tessera.dev/gpu-vendor-nvidia".to_owned(),
@@ -252,5 +294,87 @@ gpuClasses:
         }
         assert!(!api.labels.lock().expect("lock").contains_key(LABEL_CLASS));
         task.abort();
+    }
+
+    fn gpu(uuid: &str, vendor: &str, name: &str, gib: u64) -> GpuStatus {
+        GpuStatus {
+            uuid: uuid.into(),
+            vendor: vendor.into(),
+            name: name.into(),
+            memory_total_bytes: gib << 30,
+            healthy: true,
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(gpus: Vec<GpuStatus>) -> Arc<Snapshot> {
+        let cfg = Config::parse("default: {slice: {slicesPerGpu: 4}}").expect("cfg");
+        let state = PluginState::new("n1", cfg, BTreeMap::new());
+        state.update_status(
+            &NodeStatus {
+                gpus,
+                ..Default::default()
+            },
+            Instant::now(),
+        );
+        state.snapshot()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mixed_node_is_labelled_with_every_model_and_vendor() {
+        let snap = snapshot(vec![
+            gpu("GPU-n", "nvidia", "NVIDIA A100-SXM4-80GB", 80),
+            gpu("GPU-a", "amd", "AMD Instinct MI210", 64),
+            gpu("GPU-b", "amd", "AMD Instinct MI210", 64),
+        ]);
+        let l = desired_labels(&snap, &BTreeMap::new());
+        let get = |k: &str| l.get(k).cloned().flatten();
+        assert_eq!(
+            get("gpu-product.tessera.dev/NVIDIA-A100-SXM4-80GB").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get("gpu-memory.tessera.dev/NVIDIA-A100-SXM4-80GB").as_deref(),
+            Some("81920")
+        );
+        assert_eq!(
+            get("gpu-product.tessera.dev/AMD-Instinct-MI210").as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            get("gpu-memory.tessera.dev/AMD-Instinct-MI210").as_deref(),
+            Some("65536")
+        );
+        assert_eq!(
+            get("tessera.dev/gpu-vendor-nvidia").as_deref(),
+            Some("true")
+        );
+        assert_eq!(get("tessera.dev/gpu-vendor-amd").as_deref(), Some("true"));
+        // GPU 0's single-valued labels, as before.
+        assert_eq!(get(LABEL_PRODUCT).as_deref(), Some("NVIDIA-A100-SXM4-80GB"));
+
+        // The AMD GPUs are gone: their model's labels are removed, the
+        // others' kept, and labels the plugin does not own left alone.
+        let applied: BTreeMap<String, String> = l
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .chain([("pool".to_owned(), "big".to_owned())])
+            .collect();
+        let snap = snapshot(vec![gpu("GPU-n", "nvidia", "NVIDIA A100-SXM4-80GB", 80)]);
+        let l = desired_labels(&snap, &applied);
+        assert_eq!(
+            l.get("gpu-product.tessera.dev/AMD-Instinct-MI210"),
+            Some(&None)
+        );
+        assert_eq!(
+            l.get("gpu-memory.tessera.dev/AMD-Instinct-MI210"),
+            Some(&None)
+        );
+        assert_eq!(l.get("tessera.dev/gpu-vendor-amd"), Some(&None));
+        assert_eq!(
+            l.get("gpu-product.tessera.dev/NVIDIA-A100-SXM4-80GB"),
+            Some(&Some("1".to_owned()))
+        );
+        assert!(!l.contains_key("pool"));
     }
 }

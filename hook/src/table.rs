@@ -461,7 +461,8 @@ symbols! {
         hip fn hipIpcGetMemHandle(handle: *mut hipIpcMemHandle_t, ptr: *mut c_void) -> hipError_t ["hipIpcGetMemHandle" @ 0];
         hip fn hipIpcOpenMemHandle(ptr: *mut *mut c_void, handle: hipIpcMemHandle_t, flags: c_uint) -> hipError_t ["hipIpcOpenMemHandle" @ 0];
         hip fn hipIpcCloseMemHandle(ptr: *mut c_void) -> hipError_t ["hipIpcCloseMemHandle" @ 0];
-        // Synchronisations: pools give back beyond their release threshold.
+        // Synchronisations: marked for the compute arbiter while they wait;
+        // pools give back beyond their release threshold.
         hip fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t ["hipStreamSynchronize" @ 0];
         hip fn hipDeviceSynchronize() -> hipError_t ["hipDeviceSynchronize" @ 0];
         hip fn hipEventSynchronize(ev: hipEvent_t) -> hipError_t ["hipEventSynchronize" @ 0];

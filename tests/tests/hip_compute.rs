@@ -41,8 +41,16 @@ fn workload_binary() -> std::path::PathBuf {
     out
 }
 
-#[test]
-fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
+/// A simulated AMD node, an in-process arbiter and one allocation of
+/// `share_pp` percent under `policy` on its GPU.
+struct Setup {
+    node: SimNode,
+    arbiter: Arbiter,
+    control: std::path::PathBuf,
+    state: std::path::PathBuf,
+}
+
+fn setup(share_pp: f64, policy: Policy) -> Setup {
     let node = SimNode::builder()
         .config(NodeConfig {
             devices: 1,
@@ -51,17 +59,15 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
             ..NodeConfig::default()
         })
         .build();
-    let cfg = ArbiterConfig::default();
-    let catch_up = cfg.catch_up;
-    let arbiter = Arbiter::new(cfg).expect("the arbiter starts");
+    let arbiter = Arbiter::new(ArbiterConfig::default()).expect("the arbiter starts");
     node.node().set_context_memory(CONTEXT);
     let mut spec = ControlSpec::new(
         ALLOC,
         vec![DeviceSpec {
             uuid: amd_uuid(&node, 0),
             memory_limit_bytes: 1 << 30,
-            compute_share_ppm: (SHARE_PP as u32) * 10_000,
-            policy: Policy::Guaranteed,
+            compute_share_ppm: (share_pp as u32) * 10_000,
+            policy,
         }],
     );
     spec.context_overhead_bytes = CONTEXT;
@@ -71,26 +77,45 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     arbiter
         .add_allocation(Arc::new(opened), 0)
         .expect("adding the allocation");
-    let seconds = (WARMUP + MEASURE).as_secs_f64() + 0.5;
-    // About 4 ms queued: enough that CPU delays do not idle a held GPU.
-    let depth = (4_000 / KERNEL_US).max(2);
-    let mut workload = tessera_e2e::ProbeChild::start({
-        let mut c = node.command(workload_binary());
+    Setup {
+        node,
+        arbiter,
+        control,
+        state,
+    }
+}
+
+/// The HIP workload under the shim in `s`'s allocation: `kernel_us`
+/// kernels for `seconds`, `depth` in flight.
+fn workload(s: &Setup, kernel_us: u64, seconds: f64, depth: u64) -> tessera_e2e::ProbeChild {
+    tessera_e2e::ProbeChild::start({
+        let mut c = s.node.command(workload_binary());
         c.env("LD_LIBRARY_PATH", hip_library_path())
             .env(
                 "LD_PRELOAD",
                 tessera_e2e::hook_library().expect("libtessera.so is built"),
             )
-            .env("TESSERA_CONTROL", &control)
-            .env("TESSERA_STATE", &state)
+            .env("TESSERA_CONTROL", &s.control)
+            .env("TESSERA_STATE", &s.state)
             .env_remove("TESSERA_LOG")
             .args([
-                KERNEL_US.to_string(),
+                kernel_us.to_string(),
                 seconds.to_string(),
                 depth.to_string(),
             ]);
         c
-    });
+    })
+}
+
+#[test]
+fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
+    let s = setup(SHARE_PP, Policy::Guaranteed);
+    let (node, arbiter) = (&s.node, &s.arbiter);
+    let catch_up = ArbiterConfig::default().catch_up;
+    let seconds = (WARMUP + MEASURE).as_secs_f64() + 0.5;
+    // About 4 ms queued: enough that CPU delays do not idle a held GPU.
+    let depth = (4_000 / KERNEL_US).max(2);
+    let mut workload = workload(&s, KERNEL_US, seconds, depth);
     let ready = workload.wait_for("ready", Duration::from_secs(30));
     assert!(ready.ok, "{}", ready.raw);
     std::thread::sleep(WARMUP);
@@ -100,7 +125,7 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
         .find(|s| s.alloc_id == ALLOC)
         .map_or(0, |s| s.held_ns);
     let t0 = std::time::Instant::now();
-    let mut meter = BusyMeter::start(&node, 0, vec![workload.pid()]);
+    let mut meter = BusyMeter::start(node, 0, vec![workload.pid()]);
     let (achieved, gpu_busy) = meter.run_for(MEASURE);
     let stats = arbiter
         .stats()
@@ -133,5 +158,33 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
     // The workload had work all the time: it was not starved either.
     assert!(achieved[0] > 0.0, "the workload never ran");
     assert_eq!(stats.drain_timeouts, 0, "drains timed out");
+    assert!(workload.finish().success());
+}
+
+#[test]
+fn a_hip_process_waiting_on_its_own_work_is_seen_syncing() {
+    // One 2 s kernel, then the workload's closing `hipDeviceSynchronize`
+    // (its time is up after the first launch, so the queue bound never
+    // holds a launch, which would mark the thread syncing itself): the
+    // arbiter must see that wait as the holder's work in flight, not as
+    // idleness.
+    let s = setup(50.0, Policy::Burst);
+    let state = tessera_shm::State::open(&s.state, ALLOC).expect("the state file");
+    let mut workload = workload(&s, 2_000_000, 1e-6, 1);
+    let ready = workload.wait_for("ready", Duration::from_secs(30));
+    assert!(ready.ok, "{}", ready.raw);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !state.syncing(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload's hipEventSynchronize was never marked syncing"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let done = workload.wait_for("done", Duration::from_secs(30));
+    assert!(done.ok, "{}", done.raw);
+    // Cleared when the wait returned, before the line was printed (the
+    // process still lives: a dead one's bits are ignored anyway).
+    assert!(!state.syncing(0), "the mark outlived the wait");
     assert!(workload.finish().success());
 }

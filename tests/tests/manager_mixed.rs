@@ -104,27 +104,33 @@ fn status_and_metrics_show_both_vendors_and_the_backstop_reads_amd_usage() {
         "nothing on the NVIDIA GPU"
     );
 
-    // `tessera status`, table and JSON.
+    // `tessera status`, and one frame of `tessera top` (not on a terminal:
+    // the frame is printed plain), each GPU with its vendor.
     let sock = m.socket.to_str().expect("a UTF-8 path").to_owned();
-    let out = client(&n, &["status", "--socket", &sock]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let table = role_stdout(&out);
-    let row = |i: &str| {
-        table
-            .lines()
-            .find(|l| l.starts_with(&format!("{i} ")))
-            .unwrap_or_else(|| panic!("no row {i}:\n{table}"))
-            .to_owned()
-    };
-    assert!(
-        row("0").contains(" nvidia ") && row("0").contains("E2E Simulated GPU"),
-        "{table}"
-    );
-    assert!(
-        row("1").contains(" amd ") && row("1").contains("AMD Instinct MI210"),
-        "{table}"
-    );
-    assert!(row("1").contains("256Mi / 16Gi"), "{table}");
+    for cmd in [
+        &["status", "--socket", &sock][..],
+        &["top", "--socket", &sock, "-n", "1"][..],
+    ] {
+        let out = client(&n, cmd);
+        assert!(out.status.success(), "{cmd:?}: {}", stderr(&out));
+        let table = role_stdout(&out);
+        let row = |i: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(&format!("{i} ")))
+                .unwrap_or_else(|| panic!("{cmd:?}: no row {i}:\n{table}"))
+                .to_owned()
+        };
+        assert!(
+            row("0").contains(" nvidia ") && row("0").contains("E2E Simulated GPU"),
+            "{cmd:?}: {table}"
+        );
+        assert!(
+            row("1").contains(" amd ") && row("1").contains("AMD Instinct MI210"),
+            "{cmd:?}: {table}"
+        );
+        assert!(row("1").contains("256Mi / 16Gi"), "{cmd:?}: {table}");
+    }
     let out = client(&n, &["status", "--socket", &sock, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&role_stdout(&out)).expect("status JSON");
     assert_eq!(v["gpus"][0]["vendor"], "nvidia");

@@ -62,6 +62,40 @@ impl Drain for HipDrain {
     }
 }
 
+/// The process's gate, when `g` is the member it was set up for (a forked
+/// child sees its parent's until it joins itself).
+#[inline]
+fn gate_of(g: &Governed) -> Option<&'static Gate> {
+    let p = GATE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
+    let gate = unsafe { &*p };
+    (g.member() == Some(gate.member())).then_some(gate)
+}
+
+/// Runs `wait`, a synchronisation of this process's work, marked as such
+/// for the arbiter on the current device (see `Gate::syncing`): a holder
+/// waiting on its own work keeps its grant instead of being revoked as idle
+/// after the idle release. The current device, not a stream's or an
+/// event's own: the mark is a hint, and the current device is where a
+/// program's work almost always is; its context is not made for it.
+pub(super) fn while_syncing<R>(g: &Governed, wait: impl FnOnce() -> R) -> R {
+    let Some(gate) = gate_of(g) else {
+        return wait();
+    };
+    let dev = if g.devices.single() {
+        g.devices.only()
+    } else {
+        let mut d: c_int = 0;
+        (real!(hipGetDevice(&mut d)) == OK)
+            .then(|| g.index_of(d))
+            .flatten()
+    };
+    gate.syncing(dev, wait)
+}
+
 /// Before a launch on the current device (on `stream`, `None` for a launch
 /// that names none): paces it (see `crate::pacer`), then waits for the
 /// allocation's grant there. The hot path once joined: the governor's two
@@ -74,15 +108,9 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
         Ok(None) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let p = GATE.load(Ordering::Acquire);
-    if p.is_null() {
+    let Some(gate) = gate_of(g) else {
         return Ok(None);
-    }
-    // SAFETY: GATE only ever holds a pointer from Box::into_raw, never freed.
-    let gate = unsafe { &*p };
-    if g.member() != Some(gate.member()) {
-        return Ok(None);
-    }
+    };
     let control = &g.files.control;
     if control.paused() {
         control.wait_while_paused();
@@ -119,15 +147,9 @@ pub(super) fn before_submit_all() -> Result<(), hipError_t> {
         Ok(None) => return Ok(()),
         Err(e) => return Err(e),
     };
-    let p = GATE.load(Ordering::Acquire);
-    if p.is_null() {
+    let Some(gate) = gate_of(g) else {
         return Ok(());
-    }
-    // SAFETY: as above.
-    let gate = unsafe { &*p };
-    if g.member() != Some(gate.member()) {
-        return Ok(());
-    }
+    };
     for v in g.devices.visible() {
         if let Some(i) = v.index {
             gate.before_submit(i);

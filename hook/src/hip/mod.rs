@@ -14,8 +14,9 @@
 //! wrapper entered while the mark is set passes straight through.
 //!
 //! One module per family: `view`, `memory` (linear, managed, pitched, 3D),
-//! `arrays`, `pools` (stream-ordered), `ipc`, `vmm`, `launch` (with the gate's
-//! HIP side in `gate`), `procaddr` (`hipGetProcAddress`).
+//! `arrays`, `pools` (stream-ordered, and the synchronisations), `ipc`,
+//! `vmm`, `launch` (with the gate's HIP side in `gate`), `procaddr`
+//! (`hipGetProcAddress`).
 
 #![allow(non_snake_case)]
 // HIP's error codes keep the header's names (`hipErrorNotFound`), also in patterns.

@@ -260,7 +260,9 @@ pub unsafe fn hipDeviceGetMemPool(pool: *mut hipMemPool_t, dev: c_int) -> hipErr
     r
 }
 
-// Synchronisation: pools give back what exceeds their release threshold,
+// Synchronisation: each wait is marked for the compute arbiter
+// (`gate::while_syncing`: a holder waiting on its own work keeps its grant,
+// as CUDA's do); pools give back what exceeds their release threshold,
 // so a pool freed from since the last look is reconciled, and exported
 // memory importers have closed since is settled (one atomic load each
 // otherwise).
@@ -277,15 +279,21 @@ fn synced(g: &Governed, r: hipError_t) -> hipError_t {
 
 pub unsafe fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t {
     let g = governed_or!(call_real!(hipStreamSynchronize(stream)));
-    synced(g, real!(hipStreamSynchronize(stream)))
+    synced(
+        g,
+        gate::while_syncing(g, || real!(hipStreamSynchronize(stream))),
+    )
 }
 
 pub unsafe fn hipDeviceSynchronize() -> hipError_t {
     let g = governed_or!(call_real!(hipDeviceSynchronize()));
-    synced(g, real!(hipDeviceSynchronize()))
+    synced(g, gate::while_syncing(g, || real!(hipDeviceSynchronize())))
 }
 
 pub unsafe fn hipEventSynchronize(event: hipEvent_t) -> hipError_t {
     let g = governed_or!(call_real!(hipEventSynchronize(event)));
-    synced(g, real!(hipEventSynchronize(event)))
+    synced(
+        g,
+        gate::while_syncing(g, || real!(hipEventSynchronize(event))),
+    )
 }

@@ -317,16 +317,13 @@ pub(crate) fn peek_last_error() -> hipError_t {
     LAST_ERROR.with(Cell::get)
 }
 
-/// Sleeps until CLOCK_MONOTONIC reaches `until_ns`: how a synchronisation waits for the
-/// simulated engine to finish work it has queued (the engine is a timeline, not a thread).
+/// How a synchronisation waits for the simulated engine to finish work it has queued (the
+/// engine is a timeline, not a thread): as the simulated CUDA driver's do, asleep with a
+/// 1 µs timer slack until the work's end, then `TESSERA_SIM_SYNC_LATENCY` (the driver's
+/// round trip). A plain sleep with the default 50 µs slack made every HIP wait, the
+/// compute gate's drain included, that much later than CUDA's for the same work.
 pub(crate) fn wait_until(until_ns: u64) {
-    loop {
-        let now = tessera_sim::clock::now_ns();
-        if now >= until_ns {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_nanos(until_ns - now));
-    }
+    module::costs().wait_for(until_ns);
 }
 
 /// `hipError_t` values' names and descriptions, for `hipGetErrorName`/`String`.

@@ -61,8 +61,9 @@ fn kernel_time() -> KernelTime {
     })
 }
 
-/// The host cost of a launch (`TESSERA_SIM_LAUNCH_COST` and the others), read once.
-fn costs() -> &'static DriverCosts {
+/// The host cost of a launch, a synchronisation's round trip and the device's gap between
+/// kernels (`TESSERA_SIM_LAUNCH_COST` and the others), read once: the CUDA driver's figures.
+pub(crate) fn costs() -> &'static DriverCosts {
     static COSTS: OnceLock<DriverCosts> = OnceLock::new();
     COSTS.get_or_init(|| {
         DriverCosts::from_env().unwrap_or_else(|e| {

@@ -85,7 +85,11 @@ impl Stream {
         let rt = rt()?;
         let physical = rt.touch(self.ordinal)?;
         let now = now_ns().max(self.done.load(Ordering::Acquire));
-        let (_, end) = rt.node.schedule(rt.slot, physical, now, duration_ns);
+        // The device's idle gap between kernels, as the simulated CUDA driver leaves it.
+        let gap = crate::module::costs().kernel_gap_ns;
+        let (_, end) = rt
+            .node
+            .schedule_after_gap(rt.slot, physical, now, duration_ns, gap);
         self.done.fetch_max(end, Ordering::AcqRel);
         PROCESS_DONE[physical].fetch_max(end, Ordering::AcqRel);
         Ok(end)
