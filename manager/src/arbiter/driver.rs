@@ -245,6 +245,13 @@ impl View for FileView<'_> {
             None => Some(now),
         }
     }
+    fn reported_end(&mut self, id: ClientId) -> Option<u64> {
+        // The processes' own word, unclamped: the scheduler cuts it to the
+        // reporter's charge and uses it only for the next holder's start.
+        self.member(id)
+            .map(|m| m.files.state().drained_at_ns(m.dev))
+            .filter(|&t| t != 0)
+    }
 }
 
 /// The GPU thread.

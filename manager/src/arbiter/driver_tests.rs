@@ -71,8 +71,13 @@ struct Node {
     procs: Vec<Proc>,
     /// Kernel time each allocation ran, by the engine's account.
     busy: Vec<u64>,
-    /// Kernels that started while another allocation's kernel ran.
-    overlaps: u32,
+    /// When the engine (FIFO, one kernel at a time) has run what is
+    /// queued, and whose work was queued last.
+    engine_free: u64,
+    engine_last: Option<usize>,
+    /// The longest a kernel waited behind another allocation's work (a
+    /// pre-armed grant's first kernel queues behind the revoked one's).
+    behind_other_max: u64,
     now: u64,
 }
 
@@ -89,7 +94,9 @@ impl Node {
             allocs: Vec::new(),
             procs: Vec::new(),
             busy: Vec::new(),
-            overlaps: 0,
+            engine_free: 0,
+            engine_last: None,
+            behind_other_max: 0,
         }
     }
 
@@ -155,14 +162,13 @@ impl Node {
                 sd.launch_epoch.store(grant::epoch(w), Ordering::SeqCst);
                 sd.launches.fetch_add(1, Ordering::SeqCst);
                 let (alloc, kernel) = (p.alloc, p.kernel_ns);
-                p.running_until = Some(now + kernel);
-                if self
-                    .procs
-                    .iter()
-                    .any(|q| q.alloc != alloc && q.running_until.is_some())
-                {
-                    self.overlaps += 1;
+                let start = self.engine_free.max(now);
+                p.running_until = Some(start + kernel);
+                if self.engine_last.is_some_and(|l| l != alloc) {
+                    self.behind_other_max = self.behind_other_max.max(start - now);
                 }
+                self.engine_free = start + kernel;
+                self.engine_last = Some(alloc);
                 self.busy[alloc] += kernel;
             } else if !p.waiting {
                 // Counter first, bit second, as the gate does.
@@ -270,8 +276,14 @@ fn two_burst_allocations_share_the_gpu_and_fill_it() {
         "a floor missed: {busy:?}"
     );
     assert!(h0.iter().zip(&h1).all(|(x, y)| y > x), "{h0:?} → {h1:?}");
-    // One allocation's kernels at a time: a grant follows the drain.
-    assert_eq!(n.overlaps, 0);
+    // The next holder is granted at the revocation (pre-armed): its first
+    // kernel queues behind the revoked holder's, never behind more than
+    // the one kernel a process keeps in flight.
+    assert!(
+        n.behind_other_max <= MS,
+        "waited {} ns behind another allocation",
+        n.behind_other_max
+    );
     let shared = lock(&n.shared);
     assert!(shared.members.values().all(|m| m.grants > 1));
     assert!(!shared.handovers.is_empty());

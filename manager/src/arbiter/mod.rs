@@ -89,6 +89,13 @@ pub struct ArbiterConfig {
     /// `loss.item()`. False counts only launches, the rule before; the
     /// bench compares the two.
     pub sync_is_activity: bool,
+    /// Grant the next holder at a revocation, while the revoked work
+    /// drains (true, the default): its first kernel queues behind the
+    /// revoked holder's last one instead of waiting for the drain report,
+    /// the arbiter's wake-up and its own. Its charge and quantum start
+    /// when that drain ends. False grants only after the drain, the rule
+    /// before; the bench compares the two.
+    pub prearm: bool,
 }
 
 impl Default for ArbiterConfig {
@@ -104,6 +111,7 @@ impl Default for ArbiterConfig {
             idle_after: Duration::from_millis(200),
             stats_window: Duration::from_secs(10),
             sync_is_activity: s.sync_is_activity,
+            prearm: s.prearm,
         }
     }
 }
@@ -158,6 +166,7 @@ impl ArbiterConfig {
             drain_timeout_ns: ns(self.drain_timeout),
             catch_up_ns: ns(self.catch_up),
             sync_is_activity: self.sync_is_activity,
+            prearm: self.prearm,
         }
     }
 }

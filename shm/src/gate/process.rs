@@ -19,6 +19,18 @@ pub trait Drain: Send + Sync + 'static {
     /// Returns once everything this process submitted to device `dev`
     /// (the control file's index) before the call has finished.
     fn drain(&self, dev: usize);
+
+    /// When the work the last [`Drain::drain`] of `dev` waited for ended,
+    /// on CLOCK_MONOTONIC, if the implementation can tell (the hook reads
+    /// it from its launch markers' timestamps); `None`, the default: the
+    /// drainer reports the time the drain returned, which is later by its
+    /// own wake-up. The arbiter starts a pre-armed next holder's charge
+    /// there, so a late report lets that holder run uncharged (charged to
+    /// this one); it never takes a report for earlier than it saw the work
+    /// undrained, so an early one buys this process nothing.
+    fn ended_at(&self, _dev: usize) -> Option<u64> {
+        None
+    }
 }
 
 /// Something the gate reports once, for the hook's log.
@@ -445,7 +457,10 @@ impl Inner {
             if le != grant::epoch(w) && sd.drained_epoch.load(Ordering::Relaxed) != le {
                 // A thread that loaded the old word just before the
                 // revocation may still be on its way into the driver:
-                // let it get there, and catch it with a second pass.
+                // let it get there, and catch it with a second pass. (The
+                // yield delays the report, not the next holder: it is
+                // granted at the revocation and its charge starts where
+                // the work ended, `Drain::ended_at`.)
                 std::thread::yield_now();
                 let before = sd.launches.load(Ordering::Relaxed);
                 self.drain.drain(dev);
@@ -453,8 +468,10 @@ impl Inner {
                     std::thread::yield_now();
                     self.drain.drain(dev);
                 }
-                ds.drained_at_ns
-                    .fetch_max(self.sys.monotonic_ns(), Ordering::AcqRel);
+                let now = self.sys.monotonic_ns();
+                // Never later than now: the drain has returned.
+                let ended = self.drain.ended_at(dev).map_or(now, |t| t.min(now));
+                ds.drained_at_ns.fetch_max(ended, Ordering::AcqRel);
                 sd.drained_epoch.store(le, Ordering::Release);
                 ds.drain_signal.fetch_add(1, Ordering::AcqRel);
                 self.sys.futex_wake_all(&ds.drain_signal);

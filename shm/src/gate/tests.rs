@@ -79,7 +79,7 @@ impl FakeDrain {
 fn gate_on(
     f: &Files,
     pid: u32,
-    drain: Arc<FakeDrain>,
+    drain: Arc<dyn Drain>,
     log: Arc<Mutex<Vec<GateEvent>>>,
     sys: Arc<dyn Sys>,
 ) -> Gate {
@@ -143,7 +143,7 @@ fn counted_gate(
     sys: Arc<CountingSys>,
     log: Arc<Mutex<Vec<GateEvent>>>,
 ) -> Gate {
-    gate_on(f, pid, Arc::default(), log, sys)
+    gate_on(f, pid, Arc::new(FakeDrain::default()), log, sys)
 }
 
 fn until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -262,6 +262,55 @@ fn revocation_is_drained_before_it_reports() {
     assert_eq!(drain.calls.load(Ordering::SeqCst), 1, "one drain per epoch");
     a.stop();
     b.stop();
+}
+
+/// A driver that can tell when the drained work ended (`ended_at`).
+struct EndedDrain {
+    ended: u64,
+}
+
+impl Drain for EndedDrain {
+    fn drain(&self, _dev: usize) {}
+    fn ended_at(&self, _dev: usize) -> Option<u64> {
+        Some(self.ended)
+    }
+}
+
+#[test]
+fn the_drain_reports_when_the_work_ended_never_a_time_to_come() {
+    // Two allocations' worth of files: one driver says its work ended a
+    // while ago, the other claims an end still to come.
+    for (ahead, pid) in [(false, 21), (true, 22)] {
+        let f = files(300_000);
+        f.arbiter.beat(monotonic_ns()).unwrap();
+        let t0 = monotonic_ns();
+        let ended = if ahead {
+            t0 + 3_600_000_000_000
+        } else {
+            t0 - 5_000_000
+        };
+        let g = gate_on(
+            &f,
+            pid,
+            Arc::new(EndedDrain { ended }),
+            Arc::default(),
+            Arc::new(crate::sys::Linux),
+        );
+        f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+        g.before_submit(0);
+        let revoked = f.arbiter.publish_grant(0, 0).unwrap();
+        until("the drain to be reported", Duration::from_secs(5), || {
+            f.state.undrained(0, grant::epoch(revoked)).is_empty()
+        });
+        let at = f.state.drained_at_ns(0);
+        if ahead {
+            // Cut to when the drain returned: never after the report.
+            assert!(at >= t0 && at <= monotonic_ns(), "drained at {at}");
+        } else {
+            assert_eq!(at, ended, "the driver's own end, not the report's time");
+        }
+        g.stop();
+    }
 }
 
 #[test]
@@ -391,7 +440,7 @@ impl Sys for FakeSys {
 }
 
 fn fake_gate(f: &Files, pid: u32, sys: Arc<FakeSys>, log: Arc<Mutex<Vec<GateEvent>>>) -> Gate {
-    gate_on(f, pid, Arc::default(), log, sys)
+    gate_on(f, pid, Arc::new(FakeDrain::default()), log, sys)
 }
 
 #[test]

@@ -834,6 +834,7 @@ pub fn tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
         shares,
         sync_table(measure)?,
         sync_rule_table(measure)?,
+        prearm_table(measure)?,
         no_arbiter(measure)?,
         gate_cost()?,
     ])
@@ -1019,6 +1020,108 @@ pub fn sync_rule_table(measure: Duration) -> Result<crate::bench::Table, String>
             "held %",
             "achieved %",
             "GPU busy %",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        notes,
+    })
+}
+
+/// The hand-over both ways at once on one node (so at the same CPU load):
+/// guaranteed 30 + 70 streaming with 1 ms and 20 ms kernels, and with 1 ms
+/// kernels synchronising every second launch, under an arbiter that grants
+/// the next holder at the revocation (pre-armed, the default) and under one
+/// that grants only after the drain (the rule before).
+///
+/// # Errors
+/// When an arbiter cannot start or a scenario panicked.
+pub fn prearm_table(measure: Duration) -> Result<crate::bench::Table, String> {
+    use tessera_manager::arbiter::ArbiterConfig;
+    let pair = || vec![AllocSpec::guaranteed(30), AllocSpec::guaranteed(70)];
+    let ms = Duration::from_millis;
+    let mut sync = Scenario::new(
+        "guaranteed 30+70, 1000 us kernels, sync every 2",
+        pair(),
+        ms(1),
+        measure,
+    );
+    sync.sync_every = 2;
+    let scs = [
+        Scenario::new("guaranteed 30+70, 1000 us kernels", pair(), ms(1), measure),
+        Scenario::new(
+            "guaranteed 30+70, 20000 us kernels",
+            pair(),
+            ms(20),
+            measure,
+        ),
+        sync,
+    ];
+    let node = SimNode::builder().devices(2 * scs.len() as u32).build();
+    let on = Arbiter::new(ArbiterConfig::default()).map_err(|e| e.to_string())?;
+    let off = Arbiter::new(ArbiterConfig {
+        prearm: false,
+        ..ArbiterConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let outcomes: Vec<(bool, Outcome)> = std::thread::scope(|s| {
+        let runs: Vec<_> = [(true, &on), (false, &off)]
+            .into_iter()
+            .flat_map(|(rule, arbiter)| scs.iter().map(move |sc| (rule, arbiter, sc)))
+            .enumerate()
+            .map(|(dev, (rule, arbiter, sc))| {
+                let node = &node;
+                s.spawn(move || (rule, run_scenario(node, arbiter, dev as u32, sc)))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().map_err(|_| "a scenario panicked".to_string()))
+            .collect::<Result<_, _>>()
+    })?;
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let ms = |ns: Option<u64>| ns.map_or("-".to_string(), |v| format!("{:.2}", v as f64 / 1e6));
+    for (rule, o) in &outcomes {
+        failures.extend(o.failures.iter().cloned());
+        let fmt = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        rows.push(vec![
+            o.name.clone(),
+            if *rule {
+                "pre-armed (now)"
+            } else {
+                "after the drain (before)"
+            }
+            .into(),
+            fmt(&o.held),
+            fmt(&o.achieved),
+            format!("{:.2}", o.gpu_busy),
+            ms(o.handover_p50),
+            ms(o.handover_p99),
+            idle_per_handover(o),
+        ]);
+    }
+    let mut notes = vec![format!(
+        "{} s, the six at once on six GPUs of one node (same CPU load); achieved = ground truth, held = charged; hand-over = revocation to the start of the next holder's time.",
+        measure.as_secs_f64()
+    )];
+    notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
+    Ok(crate::bench::Table {
+        title: "Compute-time slices: the hand-over, pre-armed and after the drain, side by side"
+            .into(),
+        columns: [
+            "scenario",
+            "arbiter's rule",
+            "held %",
+            "achieved %",
+            "GPU busy %",
+            "hand-over p50 ms",
+            "p99 ms",
+            "idle per hand-over us",
         ]
         .map(String::from)
         .to_vec(),

@@ -1,5 +1,5 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|compute-sync|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
+//! tessera-bench -- sim|hook|compute|compute-sync|compute-handover|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
@@ -13,7 +13,7 @@ use tessera_e2e::bench::{self, Table};
 
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --real: compute against the libcuda.so.1 the process finds (a real GPU), kernels from the bench's PTX, shares by the workloads' own counts; its last line is a JSON summary
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
@@ -98,6 +98,7 @@ fn main() -> Result<()> {
                 "hook",
                 "compute",
                 "compute-sync",
+                "compute-handover",
                 "race",
                 "many",
                 "dra",
@@ -142,6 +143,9 @@ fn main() -> Result<()> {
         if all || s == "compute" {
             compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
             tables.extend(compute.iter().cloned());
+        }
+        if s == "compute-handover" {
+            tables.push(bench::compute::prearm_table(o.measure).map_err(anyhow::Error::msg)?);
         }
         if s == "compute-sync" {
             tables.push(bench::compute::sync_table(o.measure).map_err(anyhow::Error::msg)?);
