@@ -152,43 +152,8 @@ impl Drain for CudaDrain {
         }
     }
 
-    /// When the last paced launch on `dev` ended, on CLOCK_MONOTONIC: the
-    /// device's own timestamps, anchored to the host clock by an event
-    /// recorded now, on an idle device (the drain just returned), whose
-    /// timestamp is no earlier than the clock read before it. So the
-    /// answer is the marker's end or up to a few µs before it, never
-    /// after: a pre-armed next holder is charged from here, and an early
-    /// answer only charges it a little more. Work launched unpaced after
-    /// the last marker makes the answer earlier still, the same way.
     fn ended_at(&self, dev: usize) -> Option<u64> {
-        if dev >= MAX_DEVICES {
-            return None;
-        }
-        let mut guard = PACED[dev].lock();
-        let p = guard.as_mut()?;
-        let last = p.markers.last()?.ev;
-        let probe = take_event(p)?;
-        let ctx = p.ctx;
-        let mut ended = None;
-        if call_real!(cuCtxPushCurrent_v2(ctx)) == CUresult::CUDA_SUCCESS {
-            let before = monotonic_ns();
-            // The legacy default stream: the drain left nothing in flight,
-            // so the probe completes at once.
-            if call_real!(cuEventRecord(probe, null_mut())) == CUresult::CUDA_SUCCESS
-                && call_real!(cuEventSynchronize(probe)) == CUresult::CUDA_SUCCESS
-            {
-                let mut ms = 0f32;
-                if call_real!(cuEventElapsedTime(&mut ms, last, probe)) == CUresult::CUDA_SUCCESS
-                    && ms >= 0.0
-                {
-                    ended = Some(before.saturating_sub((f64::from(ms) * 1e6) as u64));
-                }
-            }
-            let mut popped: CUcontext = null_mut();
-            let _ = call_real!(cuCtxPopCurrent_v2(&mut popped));
-        }
-        p.spare.push(probe);
-        ended
+        PACER.ended_at(dev)
     }
 }
 
@@ -239,6 +204,18 @@ unsafe impl Events for CudaEvents {
 
     fn synchronize(ev: CUevent) {
         let _ = call_real!(cuEventSynchronize(ev));
+    }
+
+    fn probe(ctx: CUcontext, ev: CUevent) -> bool {
+        if call_real!(cuCtxPushCurrent_v2(ctx)) != CUresult::CUDA_SUCCESS {
+            return false;
+        }
+        // The legacy default stream: the drain left nothing in flight.
+        let done = call_real!(cuEventRecord(ev, null_mut())) == CUresult::CUDA_SUCCESS
+            && call_real!(cuEventSynchronize(ev)) == CUresult::CUDA_SUCCESS;
+        let mut popped: CUcontext = null_mut();
+        let _ = call_real!(cuCtxPopCurrent_v2(&mut popped));
+        done
     }
 }
 

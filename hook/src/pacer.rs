@@ -56,6 +56,10 @@ pub(crate) unsafe trait Events {
     fn elapsed_ns(from: Self::Event, to: Self::Event) -> Option<u64>;
     /// Waits until `ev` completes.
     fn synchronize(ev: Self::Event);
+    /// Records `ev` on `owner`'s default stream and waits for it, from the
+    /// gate's drainer right after a drain (nothing of the process's is in
+    /// flight, so it completes at once); whether it completed.
+    fn probe(owner: Self::Owner, ev: Self::Event) -> bool;
 }
 
 /// A launch's marker: an event recorded after it on its stream.
@@ -248,6 +252,31 @@ impl<E: Events> Pacer<E> {
     }
 }
 
+impl<E: Events> Pacer<E> {
+    /// When the last paced launch on `dev` ended, on CLOCK_MONOTONIC (see
+    /// `Drain::ended_at`): the device's own timestamps, anchored to the host
+    /// clock by a probe event recorded after the drain, on an idle device,
+    /// whose timestamp is no earlier than the clock read before it. So the
+    /// answer is the marker's end or up to a few µs before it, never after:
+    /// a pre-armed next holder is charged from here, and an early answer
+    /// only charges it a little more. Work launched unpaced after the last
+    /// marker makes the answer earlier still, the same way.
+    pub(crate) fn ended_at(&self, dev: usize) -> Option<u64> {
+        if dev >= MAX_DEVICES {
+            return None;
+        }
+        let mut guard = self.slots[dev].lock();
+        let p = guard.as_mut()?;
+        let last = p.markers.last()?.ev;
+        let probe = p.take_event()?;
+        let before = monotonic_ns();
+        let ended = E::probe(p.owner, probe)
+            .then(|| E::elapsed_ns(last, probe).map_or(before, |ns| before.saturating_sub(ns)));
+        p.spare.push(probe);
+        ended
+    }
+}
+
 /// Sleeps until CLOCK_MONOTONIC `t` with a 1 µs timer slack (the default
 /// 50 µs would eat a fifth of the budget), put back after.
 fn hold_until(t: u64) {
@@ -380,6 +409,11 @@ mod tests {
                 }
             });
         }
+        fn probe(_: u32, ev: usize) -> bool {
+            Self::record(ev, ());
+            Self::synchronize(ev);
+            true
+        }
     }
 
     struct NoDrain;
@@ -421,6 +455,28 @@ mod tests {
                 .filter(|e| e.0 && e.1.is_some() && !e.2)
                 .count()
         })
+    }
+
+    #[test]
+    fn ended_at_is_the_last_marker_on_the_host_clock_never_later() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        assert_eq!(
+            p.ended_at(0),
+            None,
+            "nothing launched: the drainer's own time"
+        );
+        assert!(launch(&p, &gate, 1_000));
+        finish_all();
+        // The probe is recorded 5 ms (device time) after the last marker.
+        fake(|f| f.clock = 5_001_000);
+        let before = monotonic_ns();
+        let ended = p.ended_at(0).expect("a marker and a probe");
+        let after = monotonic_ns();
+        assert!(
+            ended + 5_000_000 >= before && ended + 5_000_000 <= after,
+            "ended {ended} not 5 ms before the probe's host time [{before}, {after}]"
+        );
+        assert_eq!(p.ended_at(MAX_DEVICES), None);
     }
 
     #[test]

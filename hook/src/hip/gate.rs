@@ -60,6 +60,10 @@ impl Drain for HipDrain {
             });
         }
     }
+
+    fn ended_at(&self, dev: usize) -> Option<u64> {
+        nested(|| super::pace::PACER.ended_at(dev))
+    }
 }
 
 /// The process's gate, when `g` is the member it was set up for (a forked

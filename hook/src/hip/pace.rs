@@ -58,6 +58,13 @@ unsafe impl Events for HipEvents {
     fn synchronize(ev: hipEvent_t) {
         let _ = real!(hipEventSynchronize(ev));
     }
+
+    fn probe(device: c_int, ev: hipEvent_t) -> bool {
+        // On the gate's drainer thread, whose current device is its own.
+        real!(hipSetDevice(device)) == OK
+            && real!(hipEventRecord(ev, null_mut())) == OK
+            && real!(hipEventSynchronize(ev)) == OK
+    }
 }
 
 /// The process's HIP pacer.
