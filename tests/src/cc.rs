@@ -5,6 +5,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A suffix no other build in flight has: the process (test binaries run side by
+/// side) and a count within it (tests in one binary run on parallel threads, and two
+/// of them may build the same program: with the pid alone they shared a temporary
+/// file, and the second rename found it gone).
+fn unique_suffix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
 
 /// Compiles the C file `src` into `out` with `cc -Wall`; `args` follow the
 /// source (optimisation, defines, `-L`/`-l`, `-shared`). The result is
@@ -14,7 +24,7 @@ use std::process::Command;
 /// The compiler's output when it cannot be run or fails, or the rename's
 /// error.
 pub fn cc(src: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
-    let tmp = PathBuf::from(format!("{}.tmp{}", out.display(), std::process::id()));
+    let tmp = PathBuf::from(format!("{}.tmp{}", out.display(), unique_suffix()));
     let o = Command::new("cc")
         .arg("-Wall")
         .arg("-o")
@@ -67,7 +77,7 @@ pub fn fingerprint(text: &str) -> String {
 /// # Errors
 /// As [`cc`], or the source cannot be written.
 pub fn cc_text(text: &str, out: &Path, args: &[&str]) -> Result<(), String> {
-    let src = PathBuf::from(format!("{}.{}.c", out.display(), std::process::id()));
+    let src = PathBuf::from(format!("{}.{}.c", out.display(), unique_suffix()));
     std::fs::write(&src, with_cuda_abi(text)).map_err(|e| format!("{}: {e}", src.display()))?;
     cc(&src, out, args)?;
     let _ = std::fs::remove_file(&src);
@@ -93,6 +103,21 @@ mod tests {
         let e = cc_text("int main(void) { return }\n", &dir.path().join("bad"), &[]).unwrap_err();
         assert!(e.contains("failed") && e.contains("error"), "{e}");
         assert!(!dir.path().join("bad").exists());
+    }
+
+    #[test]
+    fn threads_building_the_same_program_at_once_all_succeed() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("same");
+        std::thread::scope(|s| {
+            let builds: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| cc_text("int main(void) { return 4; }\n", &out, &["-O1"])))
+                .collect();
+            for b in builds {
+                b.join().unwrap().unwrap();
+            }
+        });
+        assert_eq!(Command::new(&out).status().unwrap().code(), Some(4));
     }
 
     #[test]
