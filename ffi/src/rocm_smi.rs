@@ -1,10 +1,13 @@
 //! ROCm SMI's C types and constants, as the shim (`hook/src/hip/context.rs`, which asks
-//! what the driver holds for its process) and the simulated `librocm_smi64.so.5`
-//! (`sim/rocm-smi/`) both need them: one declaration, so that the caller and the callee
+//! what the driver holds for its process), the manager and the simulated
+//! `librocm_smi64.so.5` (`sim/rocm-smi/`) all need them: one declaration, so that the caller and the callee
 //! of an export cannot disagree on a status code or a record's layout.
 //!
+//! The manager's ROCm SMI backend (`manager/src/rocm_smi.rs`) calls the same library
+//! through `libloading` with these types too.
+//!
 //! Written by hand from AMD's `rocm_smi/rocm_smi.h` of ROCm 5.2, as [`crate::hip`] is
-//! from the HIP headers: only what a signature of either crate names. The sizes asserted
+//! from the HIP headers: only what a signature of one of those crates names. The sizes asserted
 //! at the end are the C layout of those records on a 64-bit target.
 
 #![allow(non_camel_case_types)]
@@ -32,6 +35,18 @@ pub const RSMI_STATUS_NOT_YET_IMPLEMENTED: rsmi_status_t = rsmi_status_t(9);
 pub const RSMI_STATUS_NOT_FOUND: rsmi_status_t = rsmi_status_t(10);
 pub const RSMI_STATUS_INSUFFICIENT_SIZE: rsmi_status_t = rsmi_status_t(11);
 pub const RSMI_STATUS_UNKNOWN_ERROR: rsmi_status_t = rsmi_status_t(0xFFFF_FFFF);
+
+/// `rsmi_memory_type_t` values.
+pub const RSMI_MEM_TYPE_VRAM: u32 = 0;
+pub const RSMI_MEM_TYPE_VIS_VRAM: u32 = 1;
+pub const RSMI_MEM_TYPE_GTT: u32 = 2;
+
+/// `rsmi_temperature_type_t` values (the sensors; the header has more than these).
+pub const RSMI_TEMP_TYPE_EDGE: u32 = 0;
+pub const RSMI_TEMP_TYPE_JUNCTION: u32 = 1;
+
+/// `rsmi_temperature_metric_t`: the current reading (the header has more metrics).
+pub const RSMI_TEMP_CURRENT: u32 = 0;
 
 /// `rsmi_process_info_t`, field for field as `rocm_smi.h` declares it.
 #[repr(C)]
