@@ -101,6 +101,16 @@ pub const hipMemoryTypeArray: c_int = 2;
 /// `hipMemAllocationGranularityMinimum`.
 pub const hipMemAllocationGranularityMinimum: c_int = 0;
 
+/// `hipMemPoolAttr` values (the same numbers as CUDA's `CUmemPool_attribute`).
+pub const hipMemPoolReuseFollowEventDependencies: c_int = 1;
+pub const hipMemPoolReuseAllowOpportunistic: c_int = 2;
+pub const hipMemPoolReuseAllowInternalDependencies: c_int = 3;
+pub const hipMemPoolAttrReleaseThreshold: c_int = 4;
+pub const hipMemPoolAttrReservedMemCurrent: c_int = 5;
+pub const hipMemPoolAttrReservedMemHigh: c_int = 6;
+pub const hipMemPoolAttrUsedMemCurrent: c_int = 7;
+pub const hipMemPoolAttrUsedMemHigh: c_int = 8;
+
 /// `dim3`, passed by value to the runtime-style launches.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

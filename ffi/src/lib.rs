@@ -12,7 +12,8 @@
 //!
 //! `hip` holds AMD HIP's types and constants for the shim's HIP side and the simulated
 //! HIP runtime, written by hand from ROCm 5.2.3's headers (no generator step needs ROCm),
-//! their layouts held by compile-time assertions.
+//! their layouts held by compile-time assertions. `rocm_smi` does the same for the
+//! ROCm SMI types the shim calls and the simulated `librocm_smi64.so.5` exports.
 
 /// Types of NVIDIA's `cuda.h` and `cudaTypedefs.h`. Generated; do not edit.
 #[allow(
@@ -43,3 +44,4 @@ pub mod nvml;
 pub mod cuda_extra;
 pub mod hip;
 pub mod nvml_extra;
+pub mod rocm_smi;

@@ -55,9 +55,9 @@ impl FfiResult for tessera_ffi::hip::hipError_t {
     const MISSING: Self = tessera_ffi::hip::hipErrorNotFound;
 }
 
-impl FfiResult for hip::rsmi_status_t {
-    const PANICKED: Self = Self::INTERNAL_EXCEPTION;
-    const MISSING: Self = Self::NOT_SUPPORTED;
+impl FfiResult for tessera_ffi::rocm_smi::rsmi_status_t {
+    const PANICKED: Self = tessera_ffi::rocm_smi::RSMI_STATUS_INTERNAL_EXCEPTION;
+    const MISSING: Self = tessera_ffi::rocm_smi::RSMI_STATUS_NOT_SUPPORTED;
 }
 
 impl FfiResult for nvmlReturn_t {

@@ -22,8 +22,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::driver;
-use crate::hip::{rsmi_process_info_t, rsmi_status_t};
 use tessera_ffi::hip::*;
+use tessera_ffi::rocm_smi::{rsmi_process_info_t, rsmi_status_t};
 
 use tessera_ffi::cuda::*;
 use tessera_ffi::nvml::{

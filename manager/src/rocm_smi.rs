@@ -1,7 +1,9 @@
 //! [`GpuBackend`] over AMD's ROCm SMI library (`librocm_smi64.so.5`), loaded
 //! with `libloading` as NVML is: the same code runs against the simulated
-//! node's library and AMD's. The calls and types are those of
-//! `rocm_smi/rocm_smi.h` (ROCm 5.2), written out here for the dozen calls used.
+//! node's library and AMD's. The calls are those of `rocm_smi/rocm_smi.h`
+//! (ROCm 5.2), their signatures written out here for the dozen calls used;
+//! the types and codes are `tessera_ffi::rocm_smi`'s, the declaration the
+//! shim and the simulated library share.
 //!
 //! What ROCm SMI does not give, and what that means:
 //! - no XID-like error stream: health is what the sampler sees (a device whose
@@ -19,63 +21,38 @@ use std::time::Duration;
 
 use tessera_contract::Vendor;
 use tessera_contract::vendor::format_amd_uuid;
+use tessera_ffi::rocm_smi::{
+    RSMI_MEM_TYPE_VRAM, RSMI_STATUS_FILE_ERROR, RSMI_STATUS_INSUFFICIENT_SIZE,
+    RSMI_STATUS_NOT_FOUND, RSMI_STATUS_SUCCESS, RSMI_TEMP_CURRENT, RSMI_TEMP_TYPE_EDGE,
+    rsmi_process_info_t, rsmi_status_t, rsmi_version_t,
+};
 
 use crate::gpu::{GpuBackend, GpuError, GpuEvent, GpuInfo, GpuProcess, GpuSample};
 
 /// The soname ROCm SMI is loaded by when no path is configured.
 pub const ROCM_SMI_SONAME: &str = "librocm_smi64.so.5";
 
-type Status = u32;
-const SUCCESS: Status = 0;
-const FILE_ERROR: Status = 3;
-const NOT_FOUND: Status = 10;
-const INSUFFICIENT_SIZE: Status = 11;
-/// `RSMI_MEM_TYPE_VRAM`.
-const MEM_VRAM: u32 = 0;
-/// `RSMI_TEMP_TYPE_EDGE`, `RSMI_TEMP_CURRENT`.
-const TEMP_EDGE: u32 = 0;
-const TEMP_CURRENT: u32 = 0;
-
-/// `rsmi_process_info_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct ProcessInfo {
-    process_id: u32,
-    pasid: u32,
-    vram_usage: u64,
-    sdma_usage: u64,
-    cu_occupancy: u32,
-}
-
-/// `rsmi_version_t`.
-#[repr(C)]
-struct Version {
-    major: u32,
-    minor: u32,
-    patch: u32,
-    build: *const c_char,
-}
-
 /// The library's entry points, looked up once.
 struct Api {
-    init: unsafe extern "C" fn(u64) -> Status,
-    count: unsafe extern "C" fn(*mut u32) -> Status,
-    name: unsafe extern "C" fn(u32, *mut c_char, usize) -> Status,
-    vendor_id: unsafe extern "C" fn(u32, *mut u16) -> Status,
-    unique_id: unsafe extern "C" fn(u32, *mut u64) -> Status,
-    pci_id: unsafe extern "C" fn(u32, *mut u64) -> Status,
-    numa: Option<unsafe extern "C" fn(u32, *mut u32) -> Status>,
-    mem_total: unsafe extern "C" fn(u32, u32, *mut u64) -> Status,
-    mem_used: unsafe extern "C" fn(u32, u32, *mut u64) -> Status,
-    busy: Option<unsafe extern "C" fn(u32, *mut u32) -> Status>,
-    temp: Option<unsafe extern "C" fn(u32, u32, u32, *mut i64) -> Status>,
-    power: Option<unsafe extern "C" fn(u32, u32, *mut u64) -> Status>,
-    procs: unsafe extern "C" fn(*mut ProcessInfo, *mut u32) -> Status,
-    proc_gpus: unsafe extern "C" fn(u32, *mut u32, *mut u32) -> Status,
+    init: unsafe extern "C" fn(u64) -> rsmi_status_t,
+    count: unsafe extern "C" fn(*mut u32) -> rsmi_status_t,
+    name: unsafe extern "C" fn(u32, *mut c_char, usize) -> rsmi_status_t,
+    vendor_id: unsafe extern "C" fn(u32, *mut u16) -> rsmi_status_t,
+    unique_id: unsafe extern "C" fn(u32, *mut u64) -> rsmi_status_t,
+    pci_id: unsafe extern "C" fn(u32, *mut u64) -> rsmi_status_t,
+    numa: Option<unsafe extern "C" fn(u32, *mut u32) -> rsmi_status_t>,
+    mem_total: unsafe extern "C" fn(u32, u32, *mut u64) -> rsmi_status_t,
+    mem_used: unsafe extern "C" fn(u32, u32, *mut u64) -> rsmi_status_t,
+    busy: Option<unsafe extern "C" fn(u32, *mut u32) -> rsmi_status_t>,
+    temp: Option<unsafe extern "C" fn(u32, u32, u32, *mut i64) -> rsmi_status_t>,
+    power: Option<unsafe extern "C" fn(u32, u32, *mut u64) -> rsmi_status_t>,
+    procs: unsafe extern "C" fn(*mut rsmi_process_info_t, *mut u32) -> rsmi_status_t,
+    proc_gpus: unsafe extern "C" fn(u32, *mut u32, *mut u32) -> rsmi_status_t,
     /// ROCm 5.5 and later.
-    proc_on_device: Option<unsafe extern "C" fn(u32, u32, *mut ProcessInfo) -> Status>,
-    version: Option<unsafe extern "C" fn(*mut Version) -> Status>,
-    status_string: Option<unsafe extern "C" fn(Status, *mut *const c_char) -> Status>,
+    proc_on_device:
+        Option<unsafe extern "C" fn(u32, u32, *mut rsmi_process_info_t) -> rsmi_status_t>,
+    version: Option<unsafe extern "C" fn(*mut rsmi_version_t) -> rsmi_status_t>,
+    status_string: Option<unsafe extern "C" fn(rsmi_status_t, *mut *const c_char) -> rsmi_status_t>,
 }
 
 /// ROCm SMI, initialised once for the life of the process.
@@ -142,11 +119,11 @@ impl RocmSmiGpu {
     }
 
     /// The library's words for a status.
-    fn describe(&self, status: Status) -> String {
+    fn describe(&self, status: rsmi_status_t) -> String {
         let mut text: *const c_char = std::ptr::null();
         if let Some(f) = self.api.status_string
             // SAFETY: a valid out-pointer; the library hands back a static string.
-            && unsafe { f(status, &mut text) } == SUCCESS
+            && unsafe { f(status, &mut text) } == RSMI_STATUS_SUCCESS
             && !text.is_null()
         {
             // SAFETY: non-null, NUL-terminated and static, as documented.
@@ -154,11 +131,11 @@ impl RocmSmiGpu {
                 .to_string_lossy()
                 .into_owned();
         }
-        format!("status {status}")
+        format!("status {}", status.0)
     }
 
-    fn check(&self, call: &'static str, status: Status) -> Result<(), GpuError> {
-        if status == SUCCESS {
+    fn check(&self, call: &'static str, status: rsmi_status_t) -> Result<(), GpuError> {
+        if status == RSMI_STATUS_SUCCESS {
             return Ok(());
         }
         Err(GpuError::Driver {
@@ -169,8 +146,13 @@ impl RocmSmiGpu {
 
     /// As [`Self::check`], for a query about one device: a file error is the
     /// device gone (its sysfs files no longer read).
-    fn check_device(&self, uuid: &str, call: &'static str, status: Status) -> Result<(), GpuError> {
-        if status == FILE_ERROR {
+    fn check_device(
+        &self,
+        uuid: &str,
+        call: &'static str,
+        status: rsmi_status_t,
+    ) -> Result<(), GpuError> {
+        if status == RSMI_STATUS_FILE_ERROR {
             return Err(GpuError::Lost(uuid.to_owned()));
         }
         self.check(call, status)
@@ -210,7 +192,7 @@ impl RocmSmiGpu {
         // SAFETY: the buffer's length is passed with it.
         let r = unsafe { (self.api.name)(dv, name.as_mut_ptr(), name.len()) };
         // Truncated is still a name.
-        if r != INSUFFICIENT_SIZE {
+        if r != RSMI_STATUS_INSUFFICIENT_SIZE {
             self.check_device(&uuid, "rsmi_dev_name_get", r)?;
         }
         // SAFETY: the library NUL-terminates what it writes, and the buffer
@@ -224,7 +206,7 @@ impl RocmSmiGpu {
         self.check_device(&uuid, "rsmi_dev_vendor_id_get", r)?;
         let mut total = 0u64;
         // SAFETY: a valid out-pointer.
-        let r = unsafe { (self.api.mem_total)(dv, MEM_VRAM, &mut total) };
+        let r = unsafe { (self.api.mem_total)(dv, RSMI_MEM_TYPE_VRAM, &mut total) };
         self.check_device(&uuid, "rsmi_dev_memory_total_get", r)?;
         let mut bdf = 0u64;
         // SAFETY: a valid out-pointer.
@@ -233,7 +215,7 @@ impl RocmSmiGpu {
         let numa = self.api.numa.and_then(|f| {
             let mut n = 0u32;
             // SAFETY: a valid out-pointer.
-            (unsafe { f(dv, &mut n) } == SUCCESS).then_some(n)
+            (unsafe { f(dv, &mut n) } == RSMI_STATUS_SUCCESS).then_some(n)
         });
         Ok(GpuInfo {
             index: dv,
@@ -257,11 +239,11 @@ impl RocmSmiGpu {
     /// not use that device (see the module's note on older libraries).
     fn held_on(&self, pid: u32, dv: u32, total: u64) -> Result<Option<u64>, GpuError> {
         if let Some(f) = self.api.proc_on_device {
-            let mut p = ProcessInfo::default();
+            let mut p = rsmi_process_info_t::default();
             // SAFETY: a valid out-pointer to one record.
             return match unsafe { f(pid, dv, &mut p) } {
-                SUCCESS => Ok(Some(p.vram_usage)),
-                NOT_FOUND => Ok(None),
+                RSMI_STATUS_SUCCESS => Ok(Some(p.vram_usage)),
+                RSMI_STATUS_NOT_FOUND => Ok(None),
                 r => self
                     .check("rsmi_compute_process_info_by_device_get", r)
                     .map(|()| None),
@@ -271,9 +253,9 @@ impl RocmSmiGpu {
         let mut n = gpus.len() as u32;
         // SAFETY: the array's length is passed with it.
         match unsafe { (self.api.proc_gpus)(pid, gpus.as_mut_ptr(), &mut n) } {
-            SUCCESS | INSUFFICIENT_SIZE => {}
+            RSMI_STATUS_SUCCESS | RSMI_STATUS_INSUFFICIENT_SIZE => {}
             // The process ended between the two calls.
-            NOT_FOUND => return Ok(None),
+            RSMI_STATUS_NOT_FOUND => return Ok(None),
             r => self.check("rsmi_compute_process_gpus_get", r)?,
         }
         let used = &gpus[..(n as usize).min(gpus.len())];
@@ -302,7 +284,7 @@ impl GpuBackend for RocmSmiGpu {
         let Some(f) = self.api.version else {
             return Ok("rocm-smi".into());
         };
-        let mut v = Version {
+        let mut v = rsmi_version_t {
             major: 0,
             minor: 0,
             patch: 0,
@@ -321,14 +303,14 @@ impl GpuBackend for RocmSmiGpu {
         let dv = self.index_of(uuid)?;
         let mut used = 0u64;
         // SAFETY: a valid out-pointer.
-        let r = unsafe { (self.api.mem_used)(dv, MEM_VRAM, &mut used) };
+        let r = unsafe { (self.api.mem_used)(dv, RSMI_MEM_TYPE_VRAM, &mut used) };
         self.check_device(uuid, "rsmi_dev_memory_usage_get", r)?;
         // Busy percent, temperature and power are optional on some boards, as
         // with NVML; a lost GPU shows in the memory query above.
         let busy = self.api.busy.map_or(0, |f| {
             let mut p = 0u32;
             // SAFETY: a valid out-pointer.
-            if unsafe { f(dv, &mut p) } == SUCCESS {
+            if unsafe { f(dv, &mut p) } == RSMI_STATUS_SUCCESS {
                 p
             } else {
                 0
@@ -337,7 +319,9 @@ impl GpuBackend for RocmSmiGpu {
         let temp = self.api.temp.map_or(0, |f| {
             let mut t = 0i64;
             // SAFETY: a valid out-pointer.
-            if unsafe { f(dv, TEMP_EDGE, TEMP_CURRENT, &mut t) } == SUCCESS {
+            if unsafe { f(dv, RSMI_TEMP_TYPE_EDGE, RSMI_TEMP_CURRENT, &mut t) }
+                == RSMI_STATUS_SUCCESS
+            {
                 u32::try_from(t / 1000).unwrap_or(0)
             } else {
                 0
@@ -346,7 +330,7 @@ impl GpuBackend for RocmSmiGpu {
         let power = self.api.power.map_or(0, |f| {
             let mut uw = 0u64;
             // SAFETY: a valid out-pointer.
-            if unsafe { f(dv, 0, &mut uw) } == SUCCESS {
+            if unsafe { f(dv, 0, &mut uw) } == RSMI_STATUS_SUCCESS {
                 u32::try_from(uw / 1000).unwrap_or(u32::MAX)
             } else {
                 0
@@ -369,15 +353,15 @@ impl GpuBackend for RocmSmiGpu {
         let r = unsafe { (self.api.procs)(std::ptr::null_mut(), &mut room) };
         self.check("rsmi_compute_process_info_get", r)?;
         let list = loop {
-            let mut buf = vec![ProcessInfo::default(); room as usize + 8];
+            let mut buf = vec![rsmi_process_info_t::default(); room as usize + 8];
             let mut n = buf.len() as u32;
             // SAFETY: the buffer holds `n` records.
             match unsafe { (self.api.procs)(buf.as_mut_ptr(), &mut n) } {
-                SUCCESS => {
+                RSMI_STATUS_SUCCESS => {
                     buf.truncate(n as usize);
                     break buf;
                 }
-                INSUFFICIENT_SIZE => room = buf.len() as u32 * 2,
+                RSMI_STATUS_INSUFFICIENT_SIZE => room = buf.len() as u32 * 2,
                 r => {
                     return self
                         .check("rsmi_compute_process_info_get", r)

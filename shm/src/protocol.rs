@@ -55,15 +55,18 @@ pub trait Words {
     fn slots(&self) -> usize;
     fn load(&self, w: Word, order: Ordering) -> u64;
     fn store(&self, w: Word, value: u64, order: Ordering);
-    fn compare_exchange(
-        &self,
-        w: Word,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64>;
+    /// Compare-and-swap, ordered [`CAS_SUCCESS`] when it wins and
+    /// [`CAS_FAILURE`] when it loses.
+    fn compare_exchange(&self, w: Word, current: u64, new: u64) -> Result<u64, u64>;
 }
+
+/// The orderings of every compare-and-swap of the protocol: a winner
+/// publishes what it wrote and sees what it replaced (`AcqRel`), a loser
+/// sees the word it lost to (`Acquire`). One pair, named here, so that the
+/// mapped file and the loom model cannot run the protocol under different
+/// orderings.
+pub const CAS_SUCCESS: Ordering = Ordering::AcqRel;
+pub const CAS_FAILURE: Ordering = Ordering::Acquire;
 
 /// One operation of slot `slot` on device `dev`: a reservation (`delta`
 /// above 0, refused over `limit` when one is given) or a release.
@@ -129,15 +132,7 @@ pub fn apply<W: Words + ?Sized>(
             bytes,
             pending: Some((slot, seq)),
         };
-        if w.compare_exchange(
-            reserved,
-            word,
-            next.pack(),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        )
-        .is_ok()
-        {
+        if w.compare_exchange(reserved, word, next.pack()).is_ok() {
             help(w, dev, next);
             return Ok(());
         }
@@ -169,13 +164,7 @@ pub fn help<W: Words + ?Sized>(w: &W, dev: usize, r: Reserved) {
                     seq: intent.seq,
                 };
                 // Losing this race means another helper applied it.
-                let _ = w.compare_exchange(
-                    usage_word,
-                    word,
-                    done.pack(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                let _ = w.compare_exchange(usage_word, word, done.pack());
             }
         }
     }
@@ -183,13 +172,7 @@ pub fn help<W: Words + ?Sized>(w: &W, dev: usize, r: Reserved) {
         bytes: r.bytes,
         pending: None,
     };
-    let _ = w.compare_exchange(
-        Word::Reserved { dev },
-        r.pack(),
-        cleared.pack(),
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    );
+    let _ = w.compare_exchange(Word::Reserved { dev }, r.pack(), cleared.pack());
 }
 
 /// Bytes slot `slot` holds on `dev`.
@@ -206,7 +189,7 @@ pub fn join_slot<W: Words + ?Sized>(w: &W, slot: usize, pid: u32) -> Option<u32>
         return None;
     };
     let alive = Owner::Alive { generation, pid }.pack();
-    w.compare_exchange(owner, word, alive, Ordering::AcqRel, Ordering::Acquire)
+    w.compare_exchange(owner, word, alive)
         .is_ok()
         .then_some(generation)
 }
@@ -225,14 +208,7 @@ pub fn take_over<W: Words + ?Sized>(
     cleanup: impl FnOnce(),
 ) -> Option<Vec<u64>> {
     let owner = Word::Owner { slot };
-    w.compare_exchange(
-        owner,
-        seen,
-        claim.pack(),
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    )
-    .ok()?;
+    w.compare_exchange(owner, seen, claim.pack()).ok()?;
     let freed = empty(w, slot);
     cleanup();
     w.store(

@@ -487,16 +487,9 @@ impl Words for StateFile {
     }
 
     #[inline]
-    fn compare_exchange(
-        &self,
-        w: Word,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64> {
+    fn compare_exchange(&self, w: Word, current: u64, new: u64) -> Result<u64, u64> {
         self.word(w)
-            .compare_exchange(current, new, success, failure)
+            .compare_exchange(current, new, protocol::CAS_SUCCESS, protocol::CAS_FAILURE)
     }
 }
 

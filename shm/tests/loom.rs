@@ -107,18 +107,14 @@ impl Words for Proc<'_> {
         self.model.word(w).store(value, order)
     }
 
-    fn compare_exchange(
-        &self,
-        w: Word,
-        current: u64,
-        new: u64,
-        success: Ordering,
-        failure: Ordering,
-    ) -> Result<u64, u64> {
+    fn compare_exchange(&self, w: Word, current: u64, new: u64) -> Result<u64, u64> {
         self.access();
-        self.model
-            .word(w)
-            .compare_exchange(current, new, success, failure)
+        self.model.word(w).compare_exchange(
+            current,
+            new,
+            protocol::CAS_SUCCESS,
+            protocol::CAS_FAILURE,
+        )
     }
 }
 

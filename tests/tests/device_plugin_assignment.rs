@@ -23,10 +23,6 @@ const CONFIG: &str = "default:\n  slice: {slicesPerGpu: 4}\n  deviceListStrategy
 const ASSIGNED: &str = "tessera.dev/gpu-assignment";
 const ALLOCATED: &str = "tessera.dev/gpu-allocated";
 
-fn pod_path(name: &str) -> String {
-    format!("/api/v1/namespaces/team-a/pods/{name}")
-}
-
 fn assignment(node: &str, gpus: &[(&str, u32)]) -> String {
     Assignment {
         version: FORMAT_VERSION,
@@ -52,43 +48,29 @@ fn pod(name: &str, bound_at: &str, slices: u32, assignment: Option<String>) -> V
     if let Some(a) = assignment {
         annotations[ASSIGNED] = json!(a);
     }
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
-                     "resourceVersion": "7", "creationTimestamp": "2026-12-02T03:00:00Z",
-                     "annotations": annotations},
-        "spec": {
-            "nodeName": "node-1",
-            "schedulerName": "tessera-scheduler",
-            "containers": [{"name": "main", "image": "cuda:12",
-                            "resources": {"limits": {"tessera.dev/vgpu": slices.to_string()},
-                                          "requests": {"tessera.dev/vgpu": slices.to_string()}}}]
-        },
-        "status": {"phase": "Pending", "qosClass": "Burstable",
-                   "conditions": [{"type": "PodScheduled", "status": "True",
-                                   "lastTransitionTime": bound_at}]}
-    })
+    let mut pod = bound_pod(
+        name,
+        annotations,
+        json!({"limits": {"tessera.dev/vgpu": slices.to_string()},
+               "requests": {"tessera.dev/vgpu": slices.to_string()}}),
+        json!({"phase": "Pending", "qosClass": "Burstable",
+               "conditions": [{"type": "PodScheduled", "status": "True",
+                               "lastTransitionTime": bound_at}]}),
+    );
+    pod["spec"]["schedulerName"] = json!("tessera-scheduler");
+    pod
 }
 
 /// A node with three empty 4-slice GPUs, its plugin on the fake API server.
 async fn start(api: &FakeApiServer) -> Node {
-    api.put(
-        "/api/v1/nodes/node-1",
-        json!({"apiVersion": "v1", "kind": "Node",
-               "metadata": {"name": "node-1", "resourceVersion": "1", "labels": {}}}),
-    );
-    let url = format!("http://{}", api.addr);
-    let mut node = Node::start_with(
+    let mut node = Node::start_on_api(
+        api,
         fake_gpus(&[
             ("GPU-a", 80 * GI, 0, 0),
             ("GPU-b", 80 * GI, 0, 0),
             ("GPU-c", 80 * GI, 0, 0),
         ]),
         CONFIG,
-        |o| {
-            o.use_kube = true;
-            o.kube_url = Some(url);
-        },
     )
     .await;
     node.wait_devices("12 healthy slices", |d| d.len() == 12 && healthy(d) == 12)

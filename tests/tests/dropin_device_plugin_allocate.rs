@@ -18,10 +18,6 @@ use tessera_proto::deviceplugin::v1beta1 as dp;
 const CONFIG: &str = "default:\n  slice: {slicesPerGpu: 4}\n  deviceListStrategy: envvar\n";
 const EXACT: &str = "tessera.dev/dropin-limits";
 
-fn pod_path(name: &str) -> String {
-    format!("/api/v1/namespaces/team-a/pods/{name}")
-}
-
 /// A translated pod bound to node-1 and still pending, its container `main` asking for
 /// one slice, with exact limits `exact` (the webhook's JSON) if any.
 fn pod(name: &str, exact: Option<&str>) -> Value {
@@ -29,18 +25,12 @@ fn pod(name: &str, exact: Option<&str>) -> Value {
     if let Some(e) = exact {
         annotations[EXACT] = json!(e);
     }
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
-                     "resourceVersion": "7", "creationTimestamp": "2026-12-02T03:00:00Z",
-                     "annotations": annotations},
-        "spec": {
-            "nodeName": "node-1",
-            "containers": [{"name": "main", "image": "cuda:12",
-                            "resources": {"limits": {"tessera.dev/vgpu": "1"}}}]
-        },
-        "status": {"phase": "Pending"}
-    })
+    bound_pod(
+        name,
+        annotations,
+        json!({"limits": {"tessera.dev/vgpu": "1"}}),
+        json!({"phase": "Pending"}),
+    )
 }
 
 async fn allocate(node: &Node, id: &str) -> dp::ContainerAllocateResponse {
@@ -74,17 +64,7 @@ fn limits_of(node: &Node, id: &str) -> (u64, u32) {
 #[tokio::test]
 async fn exact_limits_are_laid_at_allocate_when_the_pod_is_certain() {
     let api = FakeApiServer::start().await.expect("API server");
-    api.put(
-        "/api/v1/nodes/node-1",
-        json!({"apiVersion": "v1", "kind": "Node",
-               "metadata": {"name": "node-1", "resourceVersion": "1", "labels": {}}}),
-    );
-    let url = format!("http://{}", api.addr);
-    let mut node = Node::start_with(fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]), CONFIG, |o| {
-        o.use_kube = true;
-        o.kube_url = Some(url);
-    })
-    .await;
+    let mut node = Node::start_on_api(&api, fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]), CONFIG).await;
     node.wait_devices("4 healthy slices", |d| d.len() == 4 && healthy(d) == 4)
         .await;
 

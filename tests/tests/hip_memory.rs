@@ -25,6 +25,23 @@ fn steps(c: &mut tessera_e2e::ProbeChild, cmds: &[&str]) {
     }
 }
 
+/// What a pool keeps in the tests below: 600 MiB, more than half the limit,
+/// so that a second 600 MiB fits only once the pool gives it back.
+const KEPT: u64 = 600 * MI;
+
+/// Starts a governed process whose default pool keeps [`KEPT`] (release
+/// threshold 1 GiB: a stream-ordered allocation of 600 MiB freed and
+/// synchronised stays on the device), then runs `then`; returns once the pool
+/// keeps it. The two pool tests start from this same state, so it is built
+/// here once.
+fn spawn_keeping(sim: &HipSim, then: &[&str]) -> tessera_e2e::ProbeChild {
+    let kept = KEPT.to_string();
+    let keep = ["threshold", "1073741824", "pasync", &kept, "pfree", "sync"];
+    let mut c = sim.spawn(Client::Link, true, &[&keep[..], then].concat());
+    steps(&mut c, &["threshold", "pasync", "pfree", "sync"]);
+    c
+}
+
 /// The device's ground truth within the limit, and the state file's books
 /// equal to it.
 fn books_equal_device(sim: &HipSim, at: &str) -> u64 {
@@ -44,35 +61,17 @@ fn books_equal_device(sim: &HipSim, at: &str) -> u64 {
 #[test]
 fn a_pools_kept_memory_is_charged_until_the_runtime_gives_it_back() {
     let sim = HipSim::new(PHYSICAL, LIMIT);
-    let kept = 600 * MI;
-    // The holder: its default pool keeps everything freed (threshold 1 GiB),
-    // so 600 MiB stay on the device after the free and the synchronisation.
-    let mut holder = sim.spawn(
-        Client::Link,
-        true,
-        &[
-            "threshold",
-            "1073741824",
-            "pasync",
-            "629145600",
-            "pfree",
-            "sync",
-            "pattr",
-            "ready",
-            "trim",
-            "0",
-            "pattr",
-            "ready",
-            "wait",
-        ],
+    // The holder: its default pool keeps the 600 MiB it freed.
+    let mut holder = spawn_keeping(
+        &sim,
+        &["pattr", "ready", "trim", "0", "pattr", "ready", "wait"],
     );
-    steps(&mut holder, &["threshold", "pasync", "pfree", "sync"]);
     let attr = holder.wait_for("pattr", T);
-    assert_eq!(attr.u64("reserved"), kept, "{}", attr.raw);
+    assert_eq!(attr.u64("reserved"), KEPT, "{}", attr.raw);
     assert_eq!(attr.u64("used"), 0, "{}", attr.raw);
     steps(&mut holder, &["ready"]);
     let used = books_equal_device(&sim, "kept after free and sync");
-    assert_eq!(used, CONTEXT + kept, "the pool keeps its reserve");
+    assert_eq!(used, CONTEXT + KEPT, "the pool keeps its reserve");
 
     // Another process of the allocation: 600 MiB more would make the device
     // hold 1.2 GiB, so it is refused while the pool keeps its reserve.
@@ -113,16 +112,9 @@ fn an_allocation_over_the_limit_trims_the_processs_own_pool_first() {
     // The pool keeps 600 MiB; the same process then asks hipMalloc for
     // 600 MiB: it fits only once its own pool is trimmed, which the shim
     // does before refusing.
-    let mut c = sim.spawn(
-        Client::Link,
-        true,
+    let mut c = spawn_keeping(
+        &sim,
         &[
-            "threshold",
-            "1073741824",
-            "pasync",
-            "629145600",
-            "pfree",
-            "sync",
             "ready",
             "malloc",
             "629145600",
@@ -141,8 +133,8 @@ fn an_allocation_over_the_limit_trims_the_processs_own_pool_first() {
             "wait",
         ],
     );
-    steps(&mut c, &["threshold", "pasync", "pfree", "sync", "ready"]);
-    assert_eq!(books_equal_device(&sim, "kept"), CONTEXT + 600 * MI);
+    steps(&mut c, &["ready"]);
+    assert_eq!(books_equal_device(&sim, "kept"), CONTEXT + KEPT);
     c.send("go");
     let m = c.wait_for("malloc", T);
     assert!(

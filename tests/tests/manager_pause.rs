@@ -16,13 +16,29 @@ use tessera_e2e::SimNode;
 
 const GI: u64 = 1 << 30;
 const T: Duration = Duration::from_secs(10);
-/// How long the test holds a paused call (seen held) before resuming it.
+/// How long the test holds a paused call (seen held) before resuming it, by
+/// the pause's own count of paused time.
 const HOLD: Duration = Duration::from_millis(300);
 
 role_test!();
 
 fn node() -> SimNode {
     SimNode::e2e(1, 0x9a5e)
+}
+
+/// Returns once allocation `id`'s paused time, by the manager's own count
+/// (which includes the pause in progress), has grown by `hold` since the
+/// call: what a held call is then asserted not to have done had that long
+/// to happen, measured by the counter the pause keeps rather than by a
+/// sleep of the test's.
+fn stay_paused(socket: &std::path::Path, id: &str, hold: Duration) {
+    let paused_ns = || status_of(socket, id).paused_ns_total;
+    let until = paused_ns() + hold.as_nanos() as u64;
+    let deadline = Instant::now() + T + hold;
+    while paused_ns() < until {
+        assert!(Instant::now() < deadline, "the pause's time did not grow");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// `tessera pause ID` or `tessera resume ID`, in this process.
@@ -65,7 +81,7 @@ fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
     w.send("launch k 10");
     let control = std::path::Path::new(&a.control_path);
     wait_held_by_pause(pid, control);
-    std::thread::sleep(HOLD);
+    stay_paused(&m.socket, "held", HOLD);
     assert_eq!(busy(), before, "work ran while paused");
     let st = status_of(&m.socket, "held");
     assert!(st.paused);
@@ -90,7 +106,7 @@ fn paused_workload_waits_and_finishes_after_resume(share_ppm: u32) {
     let sent = Instant::now();
     w.send("alloc 1048576");
     wait_held_by_pause(pid, control);
-    std::thread::sleep(HOLD);
+    stay_paused(&m.socket, "held", HOLD);
     assert_eq!(
         status_of(&m.socket, "held").devices[0].memory_used_bytes,
         GI

@@ -52,10 +52,20 @@ pub struct Governed {
     /// What the layers above handed the core.
     pub(super) hooks: Hooks,
     /// How long an admission over the limit waits for the manager to
-    /// release dead processes' quota ([`super::quota::DEAD_QUOTA_WAIT`]; a
+    /// release dead processes' quota ([`DEAD_QUOTA_WAIT`]; a
     /// test that plays the manager sets a bound no scheduler can miss).
     pub(super) dead_quota_wait: std::time::Duration,
 }
+
+/// How long an admission refused over the limit waits for the manager to
+/// release what dead processes hold on the device: long enough for a
+/// driver's teardown of a few processes and a pass of the manager's reaper
+/// (100 ms by default), short enough that a program probing its limit is
+/// answered promptly. Past it the answer is out-of-memory, as on a full GPU
+/// whose driver is still freeing an exited process's memory. Defined beside
+/// the field it is the default of, so that the state does not import the
+/// admission (`quota.rs`) that reads it.
+pub(crate) const DEAD_QUOTA_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the layers above the core hand it when it is set up: the core
 /// calls these and never names the modules they live in (the compute gate,
@@ -149,7 +159,7 @@ impl Governed {
             shared: Mutex::new(Shared::default()),
             sharing: AtomicBool::new(false),
             hooks,
-            dead_quota_wait: super::quota::DEAD_QUOTA_WAIT,
+            dead_quota_wait: DEAD_QUOTA_WAIT,
         }
     }
 

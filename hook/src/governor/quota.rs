@@ -42,14 +42,6 @@ impl Tries {
     }
 }
 
-/// How long an admission refused over the limit waits for the manager to
-/// release what dead processes hold on the device: long enough for a
-/// driver's teardown of a few processes and a pass of the manager's reaper
-/// (100 ms by default), short enough that a program probing its limit is
-/// answered promptly. Past it the answer is out-of-memory, as on a full GPU
-/// whose driver is still freeing an exited process's memory.
-pub(crate) const DEAD_QUOTA_WAIT: Duration = Duration::from_secs(1);
-
 /// How often the waiting admission tries again.
 const DEAD_QUOTA_POLL: Duration = Duration::from_millis(5);
 
@@ -67,7 +59,8 @@ impl Governed {
 
     /// One reservation on `dev`. Refused over the limit while processes
     /// that have died still hold quota on `dev`, it waits for the manager to
-    /// release theirs (up to [`DEAD_QUOTA_WAIT`]), trying again as it goes.
+    /// release theirs (up to [`Governed::dead_quota_wait`], by default
+    /// [`DEAD_QUOTA_WAIT`](super::governed::DEAD_QUOTA_WAIT)), trying again as it goes.
     ///
     /// The shim never returns that quota itself: the driver goes on holding
     /// an exited process's memory until it has torn the process down, after

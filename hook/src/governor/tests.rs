@@ -114,7 +114,7 @@ fn over_the_limit_the_shim_never_returns_a_dead_processs_quota_itself() {
         g.reserve(Some(0), 300),
         Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
     );
-    assert!(t0.elapsed() >= super::quota::DEAD_QUOTA_WAIT);
+    assert!(t0.elapsed() >= super::governed::DEAD_QUOTA_WAIT);
     let state = &g.files.state;
     assert_eq!(state.reserved(0), 800);
     assert_eq!(state.oom_refused(0), 1, "one refusal, however many tries");

@@ -15,35 +15,11 @@
 //! it stays charged at what fits, is logged, and the backstop, which reads
 //! the same per-process figure, is what stops the process.
 
-#![allow(non_camel_case_types)]
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tessera_ffi::rocm_smi::{RSMI_STATUS_NOT_SUPPORTED, RSMI_STATUS_SUCCESS, rsmi_process_info_t};
+
 use super::*;
-
-/// `rsmi_status_t`: a `uint32_t`-sized enum in C, kept open.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct rsmi_status_t(pub u32);
-
-impl rsmi_status_t {
-    pub const SUCCESS: Self = Self(0);
-    pub const NOT_SUPPORTED: Self = Self(2);
-    pub const INTERNAL_EXCEPTION: Self = Self(6);
-}
-
-/// `rsmi_process_info_t` (`rocm_smi.h`, ROCm 5.2).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct rsmi_process_info_t {
-    pub process_id: u32,
-    pub pasid: u32,
-    pub vram_usage: u64,
-    pub sdma_usage: u64,
-    pub cu_occupancy: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<rsmi_process_info_t>() == 32);
 
 /// Bit `i`: the context on allocation device `i` has been settled (or
 /// could not be, and keeps its charge).
@@ -64,19 +40,19 @@ fn driver_holds(g: &Governed, i: usize) -> Option<u64> {
         .find(|v| v.index == Some(i))?
         .uuid
         .clone();
-    if call_real!(rsmi_init(0)) != rsmi_status_t::SUCCESS {
+    if call_real!(rsmi_init(0)) != RSMI_STATUS_SUCCESS {
         return None;
     }
     let held = (|| {
         // ROCm SMI's index of the GPU: the manager names an AMD GPU
         // `GPU-<unique id>`, as the control file does.
         let mut n: u32 = 0;
-        if call_real!(rsmi_num_monitor_devices(&mut n)) != rsmi_status_t::SUCCESS {
+        if call_real!(rsmi_num_monitor_devices(&mut n)) != RSMI_STATUS_SUCCESS {
             return None;
         }
         let dv = (0..n).find(|&dv| {
             let mut id: u64 = 0;
-            call_real!(rsmi_dev_unique_id_get(dv, &mut id)) == rsmi_status_t::SUCCESS
+            call_real!(rsmi_dev_unique_id_get(dv, &mut id)) == RSMI_STATUS_SUCCESS
                 && format!("GPU-{id:016x}").eq_ignore_ascii_case(&uuid)
         })?;
         let host = g
@@ -90,13 +66,13 @@ fn driver_holds(g: &Governed, i: usize) -> Option<u64> {
         pids.into_iter().find_map(|pid| {
             let mut info = rsmi_process_info_t::default();
             match call_real!(rsmi_compute_process_info_by_device_get(pid, dv, &mut info)) {
-                rsmi_status_t::SUCCESS => Some(info.vram_usage),
+                RSMI_STATUS_SUCCESS => Some(info.vram_usage),
                 // ROCm SMI older than 5.5 sums a process over every GPU:
                 // that is this GPU's figure only when the process uses no
                 // other.
-                rsmi_status_t::NOT_SUPPORTED if g.devices.visible().len() == 1 => {
+                RSMI_STATUS_NOT_SUPPORTED if g.devices.visible().len() == 1 => {
                     (call_real!(rsmi_compute_process_info_by_pid_get(pid, &mut info))
-                        == rsmi_status_t::SUCCESS)
+                        == RSMI_STATUS_SUCCESS)
                         .then_some(info.vram_usage)
                 }
                 _ => None,

@@ -519,7 +519,6 @@ mod view;
 mod vmm;
 
 pub use arrays::*;
-pub use context::{rsmi_process_info_t, rsmi_status_t};
 pub use devices::*;
 pub use ipc::*;
 pub use launch::*;

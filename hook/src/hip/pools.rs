@@ -10,10 +10,6 @@
 use super::*;
 use crate::governor::PoolDriver;
 
-/// `hipMemPoolAttr` values (HIP 5.2.3's `hip_runtime_api.h`, the same
-/// numbers as CUDA's `CUmemPool_attribute`).
-const ATTR_RESERVED_MEM_CURRENT: c_int = 5;
-const ATTR_USED_MEM_CURRENT: c_int = 7;
 /// `hipMemLocationTypeDevice`.
 const LOCATION_DEVICE: c_int = 1;
 
@@ -37,8 +33,8 @@ fn attr_u64(pool: usize, attr: c_int) -> Option<u64> {
 impl PoolDriver for RealPools {
     fn pool_usage(&self, pool: usize) -> Option<(u64, u64)> {
         Some((
-            attr_u64(pool, ATTR_RESERVED_MEM_CURRENT)?,
-            attr_u64(pool, ATTR_USED_MEM_CURRENT)?,
+            attr_u64(pool, hipMemPoolAttrReservedMemCurrent)?,
+            attr_u64(pool, hipMemPoolAttrUsedMemCurrent)?,
         ))
     }
 

@@ -21,15 +21,6 @@ use crate::memory::{DEVICE_PAGE, Kind, insert, round_up};
 use crate::stream;
 use crate::*;
 
-/// `hipMemPoolAttr` (HIP 5.2.3's `hip_runtime_api.h`).
-const ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: c_int = 1;
-const ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: c_int = 3;
-const ATTR_RELEASE_THRESHOLD: c_int = 4;
-const ATTR_RESERVED_MEM_CURRENT: c_int = 5;
-const ATTR_RESERVED_MEM_HIGH: c_int = 6;
-const ATTR_USED_MEM_CURRENT: c_int = 7;
-const ATTR_USED_MEM_HIGH: c_int = 8;
-
 /// A memory pool (`hipMemPool_t` is the address of one).
 #[derive(Debug)]
 pub struct Pool {
@@ -299,11 +290,11 @@ hip_api! {
             }
             let mut s = p.lock();
             match attr {
-                ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {}
+                hipMemPoolReuseFollowEventDependencies..=hipMemPoolReuseAllowInternalDependencies => {}
                 // SAFETY: non-null; the threshold is a uint64_t.
-                ATTR_RELEASE_THRESHOLD => s.release_threshold = unsafe { value.cast::<u64>().read() },
-                ATTR_RESERVED_MEM_HIGH => s.reserved_high = s.reserved,
-                ATTR_USED_MEM_HIGH => s.used_high = s.used,
+                hipMemPoolAttrReleaseThreshold => s.release_threshold = unsafe { value.cast::<u64>().read() },
+                hipMemPoolAttrReservedMemHigh => s.reserved_high = s.reserved,
+                hipMemPoolAttrUsedMemHigh => s.used_high = s.used,
                 _ => return Err(hipErrorInvalidValue),
             }
             Ok(())
@@ -319,15 +310,15 @@ hip_api! {
             let p = pool(mem_pool)?;
             let s = p.lock();
             let v = match attr {
-                ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                hipMemPoolReuseFollowEventDependencies..=hipMemPoolReuseAllowInternalDependencies => {
                     // SAFETY: the caller's contract: the reuse flags are ints.
                     return unsafe { put(value.cast::<c_int>(), 1) };
                 }
-                ATTR_RELEASE_THRESHOLD => s.release_threshold,
-                ATTR_RESERVED_MEM_CURRENT => s.reserved,
-                ATTR_RESERVED_MEM_HIGH => s.reserved_high,
-                ATTR_USED_MEM_CURRENT => s.used,
-                ATTR_USED_MEM_HIGH => s.used_high,
+                hipMemPoolAttrReleaseThreshold => s.release_threshold,
+                hipMemPoolAttrReservedMemCurrent => s.reserved,
+                hipMemPoolAttrReservedMemHigh => s.reserved_high,
+                hipMemPoolAttrUsedMemCurrent => s.used,
+                hipMemPoolAttrUsedMemHigh => s.used_high,
                 _ => return Err(hipErrorInvalidValue),
             };
             // SAFETY: the caller's contract: these are uint64_t.

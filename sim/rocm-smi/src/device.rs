@@ -142,10 +142,6 @@ pub unsafe extern "C" fn rsmi_topo_numa_affinity_get(
     })
 }
 
-/// `RSMI_MEM_TYPE_VRAM`, `RSMI_MEM_TYPE_VIS_VRAM`, `RSMI_MEM_TYPE_GTT`.
-const MEM_VRAM: u32 = 0;
-const MEM_VIS_VRAM: u32 = 1;
-
 /// Total and used VRAM of node device `i`, dead processes reaped first.
 fn vram(node: &Node, i: u32) -> RsmiResult<(u64, u64)> {
     node.reap_dead();
@@ -157,7 +153,7 @@ fn vram(node: &Node, i: u32) -> RsmiResult<(u64, u64)> {
 /// not simulated.
 fn mem_type(mem_type: u32) -> RsmiResult<()> {
     match mem_type {
-        MEM_VRAM | MEM_VIS_VRAM => Ok(()),
+        RSMI_MEM_TYPE_VRAM | RSMI_MEM_TYPE_VIS_VRAM => Ok(()),
         2 => Err(RSMI_STATUS_NOT_SUPPORTED),
         _ => Err(RSMI_STATUS_INVALID_ARGS),
     }
@@ -236,7 +232,7 @@ pub unsafe extern "C" fn rsmi_dev_temp_metric_get(
     guard(|| {
         let (node, i) = live(dv_ind)?;
         // RSMI_TEMP_TYPE_EDGE (0), _JUNCTION (1); RSMI_TEMP_CURRENT (0).
-        if sensor_type > 1 || metric != 0 {
+        if sensor_type > RSMI_TEMP_TYPE_JUNCTION || metric != RSMI_TEMP_CURRENT {
             return Err(RSMI_STATUS_NOT_SUPPORTED);
         }
         let c = 34.0 + 44.0 * busy(node, i, 5_000_000_000);

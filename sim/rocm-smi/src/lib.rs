@@ -12,8 +12,6 @@
 //! the error ROCm SMI gives for them (an assumption, see `docs/simulator.md`).
 //! Every export runs inside `guard` (a panic is `RSMI_STATUS_INTERNAL_EXCEPTION`).
 
-#![allow(non_camel_case_types)]
-
 use std::ffi::c_char;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
@@ -30,45 +28,8 @@ mod tests;
 pub use device::*;
 pub use processes::*;
 
-/// `rsmi_status_t`: a C enum, 32 bits wide (its largest value is `0xFFFFFFFF`).
-pub type rsmi_status_t = u32;
-pub const RSMI_STATUS_SUCCESS: rsmi_status_t = 0;
-pub const RSMI_STATUS_INVALID_ARGS: rsmi_status_t = 1;
-pub const RSMI_STATUS_NOT_SUPPORTED: rsmi_status_t = 2;
-pub const RSMI_STATUS_FILE_ERROR: rsmi_status_t = 3;
-pub const RSMI_STATUS_PERMISSION: rsmi_status_t = 4;
-pub const RSMI_STATUS_OUT_OF_RESOURCES: rsmi_status_t = 5;
-pub const RSMI_STATUS_INTERNAL_EXCEPTION: rsmi_status_t = 6;
-pub const RSMI_STATUS_INPUT_OUT_OF_BOUNDS: rsmi_status_t = 7;
-pub const RSMI_STATUS_INIT_ERROR: rsmi_status_t = 8;
-pub const RSMI_STATUS_NOT_YET_IMPLEMENTED: rsmi_status_t = 9;
-pub const RSMI_STATUS_NOT_FOUND: rsmi_status_t = 10;
-pub const RSMI_STATUS_INSUFFICIENT_SIZE: rsmi_status_t = 11;
-pub const RSMI_STATUS_UNKNOWN_ERROR: rsmi_status_t = 0xFFFF_FFFF;
-
-/// `rsmi_process_info_t`, field for field as `rocm_smi.h` declares it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct rsmi_process_info_t {
-    pub process_id: u32,
-    pub pasid: u32,
-    /// Bytes of VRAM the process holds (on every device, in the 5.2 calls).
-    pub vram_usage: u64,
-    /// SDMA engine time in microseconds (the simulator runs no copies: 0).
-    pub sdma_usage: u64,
-    /// Compute-unit usage in percent.
-    pub cu_occupancy: u32,
-}
-
-/// `rsmi_version_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct rsmi_version_t {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
-    pub build: *const c_char,
-}
+// The types and status codes are the ones the shim calls with: one declaration in ffi.
+pub use tessera_ffi::rocm_smi::*;
 
 /// The library version reported: the 5.2 release whose header this follows.
 pub const VERSION: (u32, u32, u32) = (5, 2, 3);

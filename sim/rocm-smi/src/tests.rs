@@ -17,7 +17,10 @@ fn status_strings_name_their_status() {
             .unwrap()
             .contains("file")
     );
-    assert_eq!(status_text(4242), c"An unknown error occurred");
+    assert_eq!(
+        status_text(rsmi_status_t(4242)),
+        c"An unknown error occurred"
+    );
 }
 
 #[test]

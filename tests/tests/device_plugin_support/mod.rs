@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use tessera_device_plugin::passes::Pass;
 use tessera_device_plugin::testing::{FakeKubelet, FakePods};
 use tessera_device_plugin::{Options, run_with_pods};
+use tessera_dra_plugin::testing::FakeApiServer;
 use tessera_manager::arbiter::NoArbiter;
 use tessera_manager::core::Core;
 use tessera_manager::gpu::fake::FakeGpu;
@@ -74,7 +76,48 @@ pub fn fake_gpus(gpus: &[(&str, u64, i32, u32)]) -> Arc<FakeGpu> {
     Arc::new(driver)
 }
 
+/// Where the fake API server keeps pod `name` (every pod of these tests is in
+/// namespace team-a).
+pub fn pod_path(name: &str) -> String {
+    format!("/api/v1/namespaces/team-a/pods/{name}")
+}
+
+/// Pod `name` bound to node-1 as the API server holds it, with the parts a test
+/// varies (`annotations`, the `resources` of its one container `main`, its
+/// `status`) and the rest fixed: the tests that read pods through kube build
+/// them here, so that what the plugin sees differs between them only where a
+/// test means it to.
+pub fn bound_pod(name: &str, annotations: Value, resources: Value, status: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
+                     "resourceVersion": "7", "creationTimestamp": "2026-12-02T03:00:00Z",
+                     "annotations": annotations},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [{"name": "main", "image": "cuda:12", "resources": resources}]
+        },
+        "status": status
+    })
+}
+
 impl Node {
+    /// Starts the node with its plugin reading pods from `api` through kube;
+    /// `api` is given node-1 first, which the plugin reads at its start.
+    pub async fn start_on_api(api: &FakeApiServer, gpu: Arc<FakeGpu>, config: &str) -> Self {
+        api.put(
+            "/api/v1/nodes/node-1",
+            json!({"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": "node-1", "resourceVersion": "1", "labels": {}}}),
+        );
+        let url = format!("http://{}", api.addr);
+        Self::start_with(gpu, config, |o| {
+            o.use_kube = true;
+            o.kube_url = Some(url);
+        })
+        .await
+    }
+
     /// Starts manager, kubelet and plugin; `config` is the slice config text.
     pub async fn start(gpu: Arc<FakeGpu>, config: &str) -> Self {
         Self::start_with(gpu, config, |_| {}).await
