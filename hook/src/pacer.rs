@@ -1,6 +1,6 @@
 //! The queue bound applied to launches, for every vendor: the decision is
 //! `pace.rs` (pure); this module records the marker events it is fed with
-//! and waits where it says, through a small [`Events`] trait that each
+//! and waits where it says, through a small `Events` trait that each
 //! vendor implements (CUDA in `gate.rs`, HIP in `hip/pace.rs`). One copy of
 //! the plumbing, so a fix to how markers are kept, learned from or waited
 //! on is a fix for both vendors.
