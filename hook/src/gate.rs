@@ -16,7 +16,9 @@ use std::ptr::null_mut;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use tessera_ffi::cuda::{CUcontext, CUevent, CUresult, CUstream, CUstreamCaptureStatus};
+use tessera_ffi::cuda::{
+    CUcontext, CUevent, CUgraph, CUgraphNode, CUresult, CUstream, CUstreamCaptureStatus, cuuint64_t,
+};
 use tessera_shm::gate::{Drain, Gate, GateEvent};
 
 use crate::governor::Governed;
@@ -175,7 +177,7 @@ unsafe impl Events for CudaEvents {
     fn capturing(stream: CUstream) -> bool {
         // Unknown (an error) counts as capturing, as does an invalidated
         // capture: nothing is recorded into what may be one.
-        crate::cuda::capture_status(stream)
+        capture_status(stream)
             .is_none_or(|(s, _)| s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
@@ -220,3 +222,23 @@ unsafe impl Events for CudaEvents {
 }
 
 static PACER: Pacer<CudaEvents> = Pacer::new();
+
+/// `stream`'s capture status and graph, `None` when the driver cannot say
+/// (the pool admission and the pacer read it differently). Here, below the
+/// CUDA wrappers, so the gate never calls up into them.
+pub(crate) fn capture_status(stream: CUstream) -> Option<(CUstreamCaptureStatus, CUgraph)> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: cuuint64_t = 0;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    let mut deps: *const CUgraphNode = std::ptr::null();
+    let mut n: usize = 0;
+    let r = call_real!(cuStreamGetCaptureInfo_v2(
+        stream,
+        &mut status,
+        &mut id,
+        &mut graph,
+        &mut deps,
+        &mut n
+    ));
+    (r == CUresult::CUDA_SUCCESS).then_some((status, graph))
+}

@@ -13,7 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// file, and the second rename found it gone).
 fn unique_suffix() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Compiles the C file `src` into `out` with `cc -Wall`; `args` follow the

@@ -80,28 +80,9 @@ fn stream_of(stream: CUstream, ptsz: bool) -> CUstream {
 
 /// The graph being captured on `stream`, if capture is active there.
 pub(super) fn capturing(stream: CUstream) -> Option<CUgraph> {
-    capture_status(stream)
+    crate::gate::capture_status(stream)
         .filter(|(s, _)| *s == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
         .map(|(_, graph)| graph)
-}
-
-/// `stream`'s capture status and graph, `None` when the driver cannot say
-/// (the pool admission and the pacer read it differently).
-pub(crate) fn capture_status(stream: CUstream) -> Option<(CUstreamCaptureStatus, CUgraph)> {
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: cuuint64_t = 0;
-    let mut graph: CUgraph = std::ptr::null_mut();
-    let mut deps: *const CUgraphNode = std::ptr::null();
-    let mut n: usize = 0;
-    let r = call_real!(cuStreamGetCaptureInfo_v2(
-        stream,
-        &mut status,
-        &mut id,
-        &mut graph,
-        &mut deps,
-        &mut n
-    ));
-    (r == OK).then_some((status, graph))
 }
 
 /// Admission of a stream-ordered allocation from `pool` (the device's
