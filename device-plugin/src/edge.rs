@@ -192,7 +192,11 @@ fn pod_info(p: k8s_openapi::api::core::v1::Pod) -> PodInfo {
                 r.limits
                     .as_ref()
                     .and_then(|l| l.get(crate::kai::RESOURCE))
-                    .or_else(|| r.requests.as_ref().and_then(|l| l.get(crate::kai::RESOURCE)))
+                    .or_else(|| {
+                        r.requests
+                            .as_ref()
+                            .and_then(|l| l.get(crate::kai::RESOURCE))
+                    })
                     // Not a whole number: still an ask, counted as one.
                     .map(|q| q.0.parse::<u64>().unwrap_or(1))
             })

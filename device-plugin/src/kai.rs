@@ -302,7 +302,10 @@ pub fn for_request(
                 slices: r.pending.slices(),
             })
         }
-        Match::None => match unresolved.into_iter().find(|u| u.slices == ids.len() as u64) {
+        Match::None => match unresolved
+            .into_iter()
+            .find(|u| u.slices == ids.len() as u64)
+        {
             Some(u) => Err(KaiError::Unresolved {
                 pod: u.pod,
                 group: u.group,
@@ -334,7 +337,12 @@ pub fn devices(snap: &Snapshot) -> Vec<dp::Device> {
         .iter()
         .map(|g| dp::Device {
             id: g.gpu.uuid.clone(),
-            health: if g.healthy { dp::HEALTHY } else { dp::UNHEALTHY }.to_owned(),
+            health: if g.healthy {
+                dp::HEALTHY
+            } else {
+                dp::UNHEALTHY
+            }
+            .to_owned(),
             topology: None,
         })
         .collect()
@@ -650,10 +658,7 @@ mod tests {
             kai_pod(
                 "p",
                 8,
-                &[
-                    ("runai-gpu-group/g1", "g1"),
-                    ("runai-gpu-group/g2", "g2"),
-                ],
+                &[("runai-gpu-group/g1", "g1"), ("runai-gpu-group/g2", "g2")],
             ),
             reservation(RESERVATION_NAMESPACE, "g1", Some("GPU-a")),
             reservation(RESERVATION_NAMESPACE, "g2", Some("GPU-b")),

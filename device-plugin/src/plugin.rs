@@ -12,7 +12,9 @@ use tokio::time::Instant;
 
 use futures::StreamExt;
 use tessera_proto::deviceplugin::v1beta1 as dp;
-use tessera_proto::deviceplugin::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use tessera_proto::deviceplugin::v1beta1::device_plugin_server::{
+    DevicePlugin, DevicePluginServer,
+};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 

@@ -32,9 +32,7 @@ fn pod_path(ns: &str, name: &str) -> String {
 /// A pod in KAI's words as its docs show one (a fraction, KAI's scheduler), with the
 /// env KAI's admission adds, through the webhook with KAI picking the GPU.
 fn translated(name: &str, words: Value) -> Value {
-    let from = |key: &str| {
-        json!({"configMapKeyRef": {"name": format!("{name}-runai-sh-gpu-0"), "key": key}})
-    };
+    let from = |key: &str| json!({"configMapKeyRef": {"name": format!("{name}-runai-sh-gpu-0"), "key": key}});
     let mut annotations = words;
     annotations["runai/shared-gpu-configmap"] = json!(format!("{name}-runai-sh-gpu"));
     let original = json!({
@@ -224,8 +222,7 @@ async fn kai_pods_get_slices_of_the_gpu_their_group_reserved() {
     assert_eq!(a.devices[0].compute_share_ppm, 500_000);
     let stored = api.get(&pod_path("team", "half")).expect("pod");
     assert_eq!(
-        stored["metadata"]["annotations"]["tessera.dev/gpu-allocated"],
-        "main",
+        stored["metadata"]["annotations"]["tessera.dev/gpu-allocated"], "main",
         "marked served"
     );
 
@@ -239,16 +236,18 @@ async fn kai_pods_get_slices_of_the_gpu_their_group_reserved() {
         .expect_err("another GPU is refused");
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(
-        e.message()
-            .contains("KAI-Scheduler reserved GPU-b×2 (GPU group g1, reservation pod gpu-reservation-g1)")
-            && e.message().contains("GPU-a::0,GPU-a::1"),
+        e.message().contains(
+            "KAI-Scheduler reserved GPU-b×2 (GPU group g1, reservation pod gpu-reservation-g1)"
+        ) && e.message().contains("GPU-a::0,GPU-a::1"),
         "{}",
         e.message()
     );
     assert_eq!(node.allocations().len(), before);
     // On GPU-b it is served, with exactly its words (the pod is known).
     let ids_b = strings(&["GPU-b::4", "GPU-b::5"]);
-    allocate(&mut plugin, &ids_b).await.expect("served on GPU-b");
+    allocate(&mut plugin, &ids_b)
+        .await
+        .expect("served on GPU-b");
     let all = node.allocations();
     let a = all
         .iter()

@@ -1768,7 +1768,10 @@ mod tests {
         let mut out = raw.clone();
         apply(&mut out, &t);
         let c = &out["spec"]["containers"][0];
-        assert_eq!(c["resources"]["limits"][tessera_contract::labels::RESOURCE], "4");
+        assert_eq!(
+            c["resources"]["limits"][tessera_contract::labels::RESOURCE],
+            "4"
+        );
         // Only the GPU KAI's binder would name comes off: the device plugin names it.
         let names: Vec<&str> = c["env"]
             .as_array()
@@ -1779,13 +1782,21 @@ mod tests {
         assert_eq!(names, ["RUNAI_NUM_OF_GPUS", "GPU_PORTION"]);
         assert_eq!(c["envFrom"], raw["spec"]["containers"][0]["envFrom"]);
         assert_eq!(out["spec"]["volumes"], raw["spec"]["volumes"]);
-        assert_eq!(c["volumeMounts"], raw["spec"]["containers"][0]["volumeMounts"]);
+        assert_eq!(
+            c["volumeMounts"],
+            raw["spec"]["containers"][0]["volumeMounts"]
+        );
         // KAI's words stay (KAI places a fraction and its binder reserves the GPU), and
         // are recorded too.
         let ann = &out["metadata"]["annotations"];
         assert_eq!(ann[KAI_GPU_FRACTION], "0.5");
         assert_eq!(ann[KAI_CONFIGMAP_ANNOTATION], "p-abc-runai-sh-gpu");
-        assert!(ann[ANNOTATION_ORIGINAL].as_str().expect("original").contains("0.5"));
+        assert!(
+            ann[ANNOTATION_ORIGINAL]
+                .as_str()
+                .expect("original")
+                .contains("0.5")
+        );
 
         // The whole admission takes it, and a second pass changes nothing.
         let (once, _) = crate::admission::mutate_pod_with(&raw, &kai_picks).expect("admitted");
@@ -1793,14 +1804,25 @@ mod tests {
         assert_eq!(once, twice);
         // With KAI's words kept, the same slices beside them are no contradiction;
         // others are, naming both.
-        let with = |n: &str| pod(&[(tessera_contract::labels::RESOURCE, n)], &[(KAI_GPU_FRACTION, "0.5")]);
+        let with = |n: &str| {
+            pod(
+                &[(tessera_contract::labels::RESOURCE, n)],
+                &[(KAI_GPU_FRACTION, "0.5")],
+            )
+        };
         assert_eq!(
-            translate(&with("4"), &kai_picks).expect("same").expect("kai").containers[0].slices,
+            translate(&with("4"), &kai_picks)
+                .expect("same")
+                .expect("kai")
+                .containers[0]
+                .slices,
             4
         );
         let msg = refusal(&with("8"), &kai_picks);
         assert!(
-            msg.contains("tessera.dev/vgpu: \"8\"") && msg.contains(KAI_GPU_FRACTION) && msg.contains("4 slices"),
+            msg.contains("tessera.dev/vgpu: \"8\"")
+                && msg.contains(KAI_GPU_FRACTION)
+                && msg.contains("4 slices"),
             "{msg}"
         );
         // Without KAI picking, Tessera's resource beside KAI's words is refused as before.
