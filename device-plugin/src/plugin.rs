@@ -329,7 +329,7 @@ async fn serve_and_register<S: DevicePlugin>(
                     &kubelet_socket,
                     endpoint.socket,
                     endpoint.resource,
-                    endpoint.options.clone(),
+                    endpoint.options,
                 )
                 .await
                 {
