@@ -24,6 +24,7 @@
 //! namespace on this node. A tenant who relabels its pod can only choose another GPU
 //! whose slices are free; its limits are its slices' wherever they are.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -43,6 +44,8 @@ use crate::device_id::DeviceId;
 use crate::state::{PluginState, Snapshot};
 use tessera_node::cdi::KIND_NVIDIA;
 use tessera_node::edits::{VOLUME_MOUNTS_HOST, VOLUME_MOUNTS_ROOT};
+use tessera_node::manager::ManagerApi;
+use tessera_proto::manager::v1 as mgr;
 
 /// The namespace KAI-Scheduler's binder runs its reservation pods in.
 pub const RESERVATION_NAMESPACE: &str = "kai-resource-reservation";
@@ -401,27 +404,61 @@ pub fn container_response(
     Ok(resp)
 }
 
+/// The GPUs to prefer for a reservation pod: the must-include ones, then those whose
+/// slices Tessera's allocations hold fewest of (`used`), then by UUID. The GPU the
+/// kubelet gives the reservation pod is the one KAI then places its fractions on, and
+/// KAI does not see Tessera's other pods' slices: the emptiest GPU is where its
+/// fractions most likely fit.
+pub fn prefer_gpus(
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+    used: &BTreeMap<String, u32>,
+) -> Vec<String> {
+    let mut ids: Vec<&String> = available.iter().collect();
+    ids.sort_by_key(|id| {
+        (
+            !must_include.contains(id),
+            used.get(*id).copied().unwrap_or(0),
+            (*id).clone(),
+        )
+    });
+    ids.into_iter().take(size).cloned().collect()
+}
+
+/// Slices held per GPU by the manager's allocations.
+pub fn used_slices(allocations: &[mgr::Allocation]) -> BTreeMap<String, u32> {
+    let mut used = BTreeMap::new();
+    for a in allocations {
+        for d in &a.devices {
+            *used.entry(d.gpu_uuid.clone()).or_default() += d.slices;
+        }
+    }
+    used
+}
+
 /// Serves `nvidia.com/gpu` to KAI's reservation pods ([`RESOURCE`]).
-pub(crate) struct ReservationService<P> {
+pub(crate) struct ReservationService<P, M> {
     pub(crate) state: Arc<PluginState>,
     /// The node's pods; None without the Kubernetes API (then nothing is served).
     pub(crate) pods: Option<P>,
     pub(crate) node: String,
+    /// Read for the slices each GPU's allocations hold ([`prefer_gpus`]).
+    pub(crate) manager: Arc<M>,
 }
 
-/// The options the reservation resource registers with: the kubelet's own choice of
-/// GPU is KAI's choice, nothing to prefer.
+/// The options the reservation resource registers with.
 pub fn plugin_options() -> dp::DevicePluginOptions {
     dp::DevicePluginOptions {
         pre_start_required: false,
-        get_preferred_allocation_available: false,
+        get_preferred_allocation_available: true,
     }
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl<P: PodsOnNode> DevicePlugin for ReservationService<P> {
+impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
     async fn get_device_plugin_options(
         &self,
         _req: Request<dp::Empty>,
@@ -461,11 +498,32 @@ impl<P: PodsOnNode> DevicePlugin for ReservationService<P> {
 
     async fn get_preferred_allocation(
         &self,
-        _req: Request<dp::PreferredAllocationRequest>,
+        req: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented(
-            "the reservation resource has no preference",
-        ))
+        // Without the manager's list, no GPU is known to be fuller: by UUID.
+        let used = match self.manager.list_allocations().await {
+            Ok(all) => used_slices(&all),
+            Err(e) => {
+                tracing::warn!(error = %e.message(), "preferring reservation GPUs by UUID");
+                BTreeMap::new()
+            }
+        };
+        let container_responses = req
+            .get_ref()
+            .container_requests
+            .iter()
+            .map(|c| dp::ContainerPreferredAllocationResponse {
+                device_i_ds: prefer_gpus(
+                    &c.available_device_i_ds,
+                    &c.must_include_device_i_ds,
+                    usize::try_from(c.allocation_size).unwrap_or(0),
+                    &used,
+                ),
+            })
+            .collect();
+        Ok(Response::new(dp::PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
     async fn allocate(
@@ -676,6 +734,30 @@ mod tests {
         let (found, unresolved) = pending(&odd, "n1");
         assert!(found.is_empty());
         assert!(unresolved[0].why.contains("split evenly"));
+    }
+
+    #[test]
+    fn reservations_prefer_the_gpu_with_the_fewest_slices_held() {
+        let alloc = |gpu: &str, slices: u32| mgr::Allocation {
+            devices: vec![mgr::DeviceRequest {
+                gpu_uuid: gpu.into(),
+                slices,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let used = used_slices(&[alloc("GPU-a", 3), alloc("GPU-c", 1), alloc("GPU-a", 2)]);
+        assert_eq!(used.get("GPU-a"), Some(&5));
+        let avail: Vec<String> = ["GPU-a", "GPU-b", "GPU-c"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert_eq!(prefer_gpus(&avail, &[], 1, &used), ["GPU-b"]);
+        assert_eq!(prefer_gpus(&avail, &[], 2, &used), ["GPU-b", "GPU-c"]);
+        assert_eq!(
+            prefer_gpus(&avail, &["GPU-a".to_owned()], 2, &used),
+            ["GPU-a", "GPU-b"]
+        );
     }
 
     #[test]

@@ -236,7 +236,7 @@ pub async fn run_with_pods<A: PodApi>(
 
     let service = Arc::new(PluginService {
         state: state.clone(),
-        manager,
+        manager: manager.clone(),
         host: opts.host.clone(),
         // The scheduler extender's assignments (docs/placement.md, "Allocate"), and
         // KAI-Scheduler's reservations (docs/dropin.md, "Who picks the GPU").
@@ -264,6 +264,7 @@ pub async fn run_with_pods<A: PodApi>(
             state,
             pods: kube.map(KubePodApi::new),
             node: opts.node_name.clone(),
+            manager,
         });
         let kai = serve_and_register(
             &opts,

@@ -7,7 +7,8 @@
 //!
 //! - the reservation pod gets its `nvidia.com/gpu` device: exactly its one GPU named,
 //!   nothing of Tessera's (no allocation, no shim), while a tenant's pod asking for
-//!   `nvidia.com/gpu` outside KAI's namespace is refused;
+//!   `nvidia.com/gpu` outside KAI's namespace is refused; the GPU preferred for it is
+//!   the one whose slices Tessera's allocations hold fewest of;
 //! - the KAI pod whose group's reservation holds GPU-b gets slices of GPU-b, not of
 //!   GPU-a (preferred, then allocated), with its fraction's limits;
 //! - a request on another GPU is refused with a message naming the reservation, and a
@@ -175,6 +176,36 @@ async fn kai_pods_get_slices_of_the_gpu_their_group_reserved() {
     assert!(e.message().contains("team/sneaky"), "{}", e.message());
     api.remove(&pod_path("team", "sneaky"));
 
+    // A plain Tessera pod holds a slice of GPU-a: the reservation prefers GPU-b, where
+    // KAI's fractions (which KAI counts without Tessera's other pods) more likely fit.
+    api.put(
+        &pod_path("team", "plain"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "plain", "namespace": "team", "uid": "uid-plain",
+                            "resourceVersion": "2", "creationTimestamp": "2026-12-02T01:00:00Z"},
+               "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "cuda:12",
+                        "resources": {"limits": {"tessera.dev/vgpu": "1"}}}]},
+               "status": {"phase": "Pending"}}),
+    );
+    let mut plugin = node.client().await;
+    allocate(&mut plugin, &strings(&["GPU-a::7"]))
+        .await
+        .expect("a plain pod's slice");
+    api.remove(&pod_path("team", "plain"));
+    let held = node.allocations().len();
+    let prefer = kai
+        .get_preferred_allocation(dp::PreferredAllocationRequest {
+            container_requests: vec![dp::ContainerPreferredAllocationRequest {
+                available_device_i_ds: strings(&["GPU-a", "GPU-b"]),
+                must_include_device_i_ds: vec![],
+                allocation_size: 1,
+            }],
+        })
+        .await
+        .expect("preferred")
+        .into_inner();
+    assert_eq!(prefer.container_responses[0].device_i_ds, ["GPU-b"]);
+
     // KAI's reservation pod gets its one GPU, named the node's way, and nothing of
     // Tessera's: no allocation to refuse its NVML query, no shim.
     let r = allocate(&mut kai, &strings(&["GPU-b"]))
@@ -185,7 +216,7 @@ async fn kai_pods_get_slices_of_the_gpu_their_group_reserved() {
         [("NVIDIA_VISIBLE_DEVICES".to_owned(), "GPU-b".to_owned())].into()
     );
     assert!(r.mounts.is_empty() && r.devices.is_empty() && r.cdi_devices.is_empty());
-    assert!(node.allocations().is_empty());
+    assert_eq!(node.allocations().len(), held, "no allocation for it");
     // It reads the UUID it sees and writes it on itself.
     api.put(
         &pod_path(KAI_NS, "gpu-reservation-g1"),
@@ -205,7 +236,6 @@ async fn kai_pods_get_slices_of_the_gpu_their_group_reserved() {
         "4"
     );
     api.put(&pod_path("team", "half"), bound(half, "g1"));
-    let mut plugin = node.client().await;
     let mut available = slices("GPU-a");
     available.extend(slices("GPU-b"));
     let chosen = tessera_e2e::kubelet::preferred(&mut plugin, available, 4).await;
