@@ -773,6 +773,24 @@ mod tests {
             .into()
         );
         assert!(r.mounts.is_empty() && r.cdi_devices.is_empty() && r.annotations.is_empty());
+        // The other ways of naming it: the toolkit's mounts, its CDI device (never
+        // Tessera's own CDI device, which carries the shim).
+        let snap = crate::allocate::tests::snapshot(
+            "default:\n  deviceListStrategy: [volume-mounts, cdi]\n",
+        );
+        let r = container_response(&["GPU-b".to_owned()], &snap).expect("served");
+        assert_eq!(
+            r.envs,
+            [(
+                tessera_contract::env::NVIDIA_VISIBLE_DEVICES.to_owned(),
+                VOLUME_MOUNTS_ROOT.to_owned()
+            )]
+            .into()
+        );
+        let mounts: Vec<&str> = r.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(mounts, [format!("{VOLUME_MOUNTS_ROOT}/GPU-b")]);
+        let cdi: Vec<&str> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(cdi, ["nvidia.com/gpu=GPU-b"]);
         assert!(container_response(&["GPU-zz".to_owned()], &snap).is_err());
         assert!(container_response(&["GPU-sick".to_owned()], &snap).is_err());
         assert!(container_response(&[], &snap).is_err());
