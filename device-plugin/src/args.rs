@@ -73,6 +73,12 @@ pub struct DevicePluginArgs {
     /// Without the manager for this long, every slice turns Unhealthy.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub manager_grace: Duration,
+    /// Serve KAI-Scheduler's GPU choice (docs/dropin.md, "Who picks the GPU"):
+    /// `nvidia.com/gpu`, one device per GPU, for KAI's reservation pods only, and the
+    /// slices of a KAI pod on the GPU its group reserved. Nothing else on the node may
+    /// ask for `nvidia.com/gpu` (NVIDIA's device plugin does not run beside Tessera's).
+    #[arg(long, env = "TESSERA_KAI_RESERVATIONS")]
+    pub kai_reservations: bool,
 }
 
 /// `500ms`, `2s`, `5m`, `1h`: the one duration syntax (tessera-contract).
@@ -121,6 +127,7 @@ impl DevicePluginArgs {
         o.pod_resources_interval = self.pod_resources_interval;
         o.orphan_grace = self.orphan_grace;
         o.manager_grace = self.manager_grace;
+        o.kai_reservations = self.kai_reservations;
         Ok(o)
     }
 }

@@ -53,6 +53,10 @@ pub struct PodInfo {
     /// (0 when none).
     pub containers: Vec<(String, u64)>,
     pub annotations: BTreeMap<String, String>,
+    /// Its labels (KAI-Scheduler's GPU group, `kai`).
+    pub labels: BTreeMap<String, String>,
+    /// Its `nvidia.com/gpu`, summed over its containers (KAI's reservation pods, `kai`).
+    pub nvidia_gpus: u64,
 }
 
 /// The pods of a node through the Kubernetes API.
@@ -83,6 +87,23 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Another chooser's pending container (KAI-Scheduler's, `kai`).
+    pub fn new(
+        namespace: &str,
+        name: &str,
+        container: &str,
+        gpus: Vec<GpuTake>,
+        served: Vec<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            container: container.to_owned(),
+            gpus,
+            served,
+        }
+    }
+
     /// `namespace/name`.
     pub fn pod(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -139,6 +160,8 @@ pub enum AssignmentError {
     Unhealthy { pod: String, gpu: String },
     #[error("cannot mark pod {pod} allocated: {reason}")]
     Mark { pod: String, reason: String },
+    #[error(transparent)]
+    Kai(Box<crate::kai::KaiError>),
 }
 
 impl From<AssignmentError> for tonic::Status {
@@ -499,6 +522,7 @@ mod tests {
                 assignment("n1", &[("main", assigned)]),
             )]
             .into(),
+            ..Default::default()
         }
     }
 

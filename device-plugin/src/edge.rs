@@ -181,6 +181,27 @@ fn pod_info(p: k8s_openapi::api::core::v1::Pod) -> PodInfo {
                 (c.name.clone(), limit)
             })
             .collect(),
+        // Limits, else requests, as for the slices: KAI's reservation pods and anything
+        // else asking for the resource Tessera serves them (`kai`).
+        nvidia_gpus: spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| {
+                let r = c.resources.as_ref()?;
+                r.limits
+                    .as_ref()
+                    .and_then(|l| l.get(crate::kai::RESOURCE))
+                    .or_else(|| {
+                        r.requests
+                            .as_ref()
+                            .and_then(|l| l.get(crate::kai::RESOURCE))
+                    })
+                    // Not a whole number: still an ask, counted as one.
+                    .map(|q| q.0.parse::<u64>().unwrap_or(1))
+            })
+            .sum(),
+        labels: p.metadata.labels.unwrap_or_default(),
         annotations: p.metadata.annotations.unwrap_or_default(),
     }
 }

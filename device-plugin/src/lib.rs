@@ -17,6 +17,7 @@ mod edge;
 pub mod gpu_report;
 pub mod grpc;
 pub mod inventory;
+pub mod kai;
 pub mod node_labels;
 pub mod passes;
 pub mod placement;

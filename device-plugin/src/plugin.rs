@@ -12,11 +12,12 @@ use tokio::time::Instant;
 
 use futures::StreamExt;
 use tessera_proto::deviceplugin::v1beta1 as dp;
-use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
+use tessera_proto::deviceplugin::v1beta1::device_plugin_server::{
+    DevicePlugin, DevicePluginServer,
+};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::assignment::PodsOnNode;
 use crate::edge::{GrpcPodResources, KubeNodeApi, KubePodApi, kube_client};
 use crate::node_labels::NodeApiError;
 use crate::passes::{Pass, Passes};
@@ -93,6 +94,9 @@ pub struct Options {
     /// Where the running plugin counts its completed background passes
     /// (shared by clones: keep one to watch the plugin run with another).
     pub passes: Passes,
+    /// Serve KAI-Scheduler's GPU choice (`crate::kai`): `nvidia.com/gpu` for its
+    /// reservation pods, and the slices of a KAI pod on the GPU its group reserved.
+    pub kai_reservations: bool,
 }
 
 impl Options {
@@ -121,6 +125,7 @@ impl Options {
             manager_grace: Duration::from_secs(30),
             status_interval: Duration::from_secs(1),
             passes: Passes::default(),
+            kai_reservations: false,
         }
     }
 }
@@ -230,28 +235,74 @@ pub async fn run_with_pods<A: PodApi>(
     }
 
     let service = Arc::new(PluginService {
-        state,
-        manager,
+        state: state.clone(),
+        manager: manager.clone(),
         host: opts.host.clone(),
-        // The scheduler extender's assignments (docs/placement.md, "Allocate").
-        assigned: kube
-            .clone()
-            .map(|c| Assigned::new(KubePodApi::new(c), opts.node_name.clone())),
+        // The scheduler extender's assignments (docs/placement.md, "Allocate"), and
+        // KAI-Scheduler's reservations (docs/dropin.md, "Who picks the GPU").
+        assigned: kube.clone().map(|c| {
+            Assigned::new(
+                KubePodApi::new(c),
+                opts.node_name.clone(),
+                opts.kai_reservations,
+            )
+        }),
     });
-    let result = serve_and_register(&opts, service, shutdown).await;
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let slices = serve_and_register(
+        &opts,
+        Endpoint {
+            socket: &opts.socket_name,
+            resource: &opts.resource_name,
+            options: plugin_options(),
+        },
+        service,
+        shutdown.clone(),
+    );
+    let result = if opts.kai_reservations {
+        let reservations = Arc::new(crate::kai::ReservationService {
+            state,
+            pods: kube.map(KubePodApi::new),
+            node: opts.node_name.clone(),
+            manager,
+        });
+        let kai = serve_and_register(
+            &opts,
+            Endpoint {
+                socket: crate::kai::SOCKET_NAME,
+                resource: crate::kai::RESOURCE,
+                options: crate::kai::plugin_options(),
+            },
+            reservations,
+            shutdown,
+        );
+        let (a, b) = tokio::join!(slices, kai);
+        let _ = std::fs::remove_file(opts.device_plugin_dir.join(crate::kai::SOCKET_NAME));
+        a.and(b)
+    } else {
+        slices.await
+    };
     tasks.shutdown().await;
     let _ = std::fs::remove_file(opts.device_plugin_dir.join(&opts.socket_name));
     result
 }
 
+/// A resource the plugin registers with the kubelet, and where it serves it.
+struct Endpoint<'a> {
+    socket: &'a str,
+    resource: &'a str,
+    options: dp::DevicePluginOptions,
+}
+
 /// Serves on the plugin socket, registers, and starts over when the kubelet
 /// socket is recreated or the plugin socket removed (a kubelet restart).
-async fn serve_and_register<M: ManagerApi, P: PodsOnNode>(
+async fn serve_and_register<S: DevicePlugin>(
     opts: &Options,
-    service: Arc<PluginService<M, P>>,
+    endpoint: Endpoint<'_>,
+    service: Arc<S>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let plugin_socket = opts.device_plugin_dir.join(&opts.socket_name);
+    let plugin_socket = opts.device_plugin_dir.join(endpoint.socket);
     let kubelet_socket = opts.device_plugin_dir.join(dp::KUBELET_SOCKET);
     tokio::pin!(shutdown);
     loop {
@@ -277,14 +328,14 @@ async fn serve_and_register<M: ManagerApi, P: PodsOnNode>(
             if let Some(id) = file_id(&kubelet_socket) {
                 match register(
                     &kubelet_socket,
-                    &opts.socket_name,
-                    &opts.resource_name,
-                    plugin_options(),
+                    endpoint.socket,
+                    endpoint.resource,
+                    endpoint.options,
                 )
                 .await
                 {
                     Ok(()) => {
-                        tracing::info!(resource = %opts.resource_name, "registered with the kubelet");
+                        tracing::info!(resource = %endpoint.resource, "registered with the kubelet");
                         break id;
                     }
                     Err(e) if !warned => {

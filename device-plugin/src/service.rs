@@ -36,14 +36,17 @@ pub(crate) struct Assigned<P> {
     /// One Allocate at a time: a pod is marked served before the next
     /// request looks for its pod.
     pub(crate) one_at_a_time: tokio::sync::Mutex<()>,
+    /// KAI-Scheduler's GPU choice is served too (`kai`, `--kai-reservations`).
+    pub(crate) kai: bool,
 }
 
 impl<P: PodsOnNode> Assigned<P> {
-    pub(crate) fn new(api: P, node: String) -> Self {
+    pub(crate) fn new(api: P, node: String, kai: bool) -> Self {
         Self {
             api,
             node,
             one_at_a_time: tokio::sync::Mutex::new(()),
+            kai,
         }
     }
 
@@ -58,8 +61,16 @@ impl<P: PodsOnNode> Assigned<P> {
             })
     }
 
+    /// The containers waiting for a chosen GPU: the extender's assignments, then
+    /// KAI-Scheduler's reservations (`kai`).
     async fn pending(&self) -> Result<Vec<Pending>, AssignmentError> {
-        Ok(assignment::pending(&self.pods().await?, &self.node))
+        let pods = self.pods().await?;
+        let mut all = assignment::pending(&pods, &self.node);
+        if self.kai {
+            let (kai, _) = crate::kai::pending(&pods, &self.node);
+            all.extend(kai.into_iter().map(|r| r.pending));
+        }
+        Ok(all)
     }
 
     /// The pending container these (already checked) device IDs serve, if
@@ -80,6 +91,8 @@ impl<P: PodsOnNode> Assigned<P> {
                 Ok(Some(p))
             }
             Match::Other(i) => Err(assignment::disagreement(&pending[i], &ids, snap)),
+            Match::None if self.kai => crate::kai::for_request(pods, &self.node, &ids, snap)
+                .map_err(|e| AssignmentError::Kai(Box::new(e))),
             Match::None => Ok(None),
         }
     }
@@ -267,7 +280,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                     .map_err(refused)?;
                 if let Some(p) = &known {
                     a.mark(p).await.map_err(refused)?;
-                    tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the scheduler extender's assignment");
+                    tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the chosen GPUs (the scheduler extender's or KAI-Scheduler's)");
                 }
                 a.lay_exact_limits(&pods, &mut plan, known.as_ref());
             }

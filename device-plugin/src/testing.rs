@@ -115,7 +115,16 @@ impl Registration for KubeletRegistration {
                 r.resource_name
             )));
         }
-        lock(&self.shared.registrations).push(r.clone());
+        // The device list followed (`devices`, `lists`) is the first resource's: a plugin
+        // serving a second one (KAI's reservations) is dialled for it by the test.
+        let first = {
+            let mut regs = lock(&self.shared.registrations);
+            regs.push(r.clone());
+            regs[0].resource_name == r.resource_name
+        };
+        if !first {
+            return Ok(Response::new(dp::Empty {}));
+        }
         // Like the kubelet: dial the plugin's endpoint and follow its list.
         let endpoint = self.shared.dir.join(&r.endpoint);
         let shared = self.shared.clone();

@@ -26,6 +26,12 @@ pub struct Config {
     pub dialects: BTreeSet<Dialect>,
     pub slice: SliceShape,
     pub rounding: Rounding,
+    /// KAI-Scheduler picks the GPU (docs/dropin.md, "Who picks the GPU"): a KAI pod keeps
+    /// its fraction annotations and what KAI's admission added, so KAI places it as a
+    /// fraction and its binder reserves the GPU, which the device plugin then serves;
+    /// only `NVIDIA_VISIBLE_DEVICES` comes off (the device plugin names the GPU). Off:
+    /// all of KAI's words come off and Tessera picks the GPU on KAI's node.
+    pub kai_gpu_choice: bool,
 }
 
 impl Default for Config {
@@ -34,6 +40,7 @@ impl Default for Config {
             dialects: Dialect::ALL.into_iter().collect(),
             slice: SliceShape::default(),
             rounding: Rounding::Up,
+            kai_gpu_choice: false,
         }
     }
 }
@@ -226,6 +233,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
     // `<prefix>-<n>`): only KAI's binder creates that ConfigMap, and a pod whose volume's
     // ConfigMap never comes never starts.
     if dialect == Dialect::Kai
+        && !config.kai_gpu_choice
         && let Some(p) = annotations.get(KAI_CONFIGMAP_ANNOTATION)
     {
         let prefix = format!("{p}-");
@@ -785,11 +793,15 @@ fn kai_pod(
     t: &mut Translation,
     refusals: &mut Vec<String>,
 ) {
-    t.remove_annotations = KAI_ANNOTATIONS
-        .iter()
-        .filter(|k| annotations.contains_key(**k))
-        .map(|k| (*k).to_owned())
-        .collect();
+    // With KAI picking the GPU its words stay: KAI must see a fraction to reserve a GPU
+    // for it.
+    if !config.kai_gpu_choice {
+        t.remove_annotations = KAI_ANNOTATIONS
+            .iter()
+            .filter(|k| annotations.contains_key(**k))
+            .map(|k| (*k).to_owned())
+            .collect();
+    }
     // KAI's fraction is for the named container, else the first (app) container.
     let target = match annotations.get(KAI_GPU_FRACTION_CONTAINER) {
         Some(name) => match containers.iter().find(|(_, _, c)| &c.name == name) {
@@ -807,7 +819,12 @@ fn kai_pod(
         },
     };
     let c = target.2;
-    if let Some(e) = asks_both(c, "a KAI-Scheduler GPU share") {
+    // With KAI's words kept, a pod this webhook already translated (a second pass, a
+    // reinvocation) has its slices beside them: the same count is no contradiction.
+    let own_slices = word(c, tessera_contract::labels::RESOURCE);
+    if !config.kai_gpu_choice
+        && let Some(e) = asks_both(c, "a KAI-Scheduler GPU share")
+    {
         refusals.push(e);
         return;
     }
@@ -894,12 +911,37 @@ fn kai_pod(
         .map(|r| r.name.clone())
         .filter(|n| kais(n) && n.ends_with("-evar"))
         .collect();
-    let off = Off {
-        resources: Vec::new(),
-        env: kai_env(c, &kais),
-        env_from,
+    let off = if config.kai_gpu_choice {
+        // KAI's binder writes its ConfigMaps for this pod; only the GPU it would name
+        // comes off, the device plugin names it (a pod's env would win over it).
+        let visible = tessera_contract::env::NVIDIA_VISIBLE_DEVICES;
+        Off {
+            env: kai_env(c, &kais)
+                .into_iter()
+                .filter(|n| n == visible)
+                .collect(),
+            ..Off::default()
+        }
+    } else {
+        Off {
+            resources: Vec::new(),
+            env: kai_env(c, &kais),
+            env_from,
+        }
     };
     plan(target, &ask, off, config, t, refusals);
+    if let Some(v) = own_slices
+        && let Some(p) = t.containers.last()
+        && v.trim() != p.slices.to_string()
+    {
+        let field = ask.memory_field.as_ref().map_or("", |f| f.0);
+        refusals.push(format!(
+            "container {:?} asks for {}: {v:?} beside annotation {field}, which is {} slices; use one",
+            c.name,
+            tessera_contract::labels::RESOURCE,
+            p.slices
+        ));
+    }
 }
 
 /// The variables KAI-Scheduler's admission added to `c`: taken from a ConfigMap, named
@@ -1696,6 +1738,95 @@ mod tests {
         // KAI's admission alone (its ConfigMap annotation, no fraction) is not a request.
         let only_cm = pod(&[], &[(KAI_CONFIGMAP_ANNOTATION, "x")]);
         assert_eq!(translate(&only_cm, &Config::default()), Ok(None));
+    }
+
+    #[test]
+    fn with_kai_picking_the_gpu_its_words_stay_and_only_the_gpu_env_goes() {
+        let kai_picks = Config {
+            kai_gpu_choice: true,
+            ..Config::default()
+        };
+        let from =
+            |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
+        let raw = json!({
+            "metadata": {"name": "p", "annotations": {
+                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+            "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "x", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from("NVIDIA_VISIBLE_DEVICES")},
+                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")}
+            ], "envFrom": [
+                {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}}
+            ], "volumeMounts": [{"name": "p-abc-runai-sh-gpu-0-vol", "mountPath": "/kai"}]}],
+            "volumes": [
+                {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}}
+            ]}
+        });
+        let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
+        let t = translate(&p, &kai_picks).expect("ok").expect("kai");
+        assert!(t.remove_annotations.is_empty() && t.remove_volumes.is_empty());
+        let mut out = raw.clone();
+        apply(&mut out, &t);
+        let c = &out["spec"]["containers"][0];
+        assert_eq!(
+            c["resources"]["limits"][tessera_contract::labels::RESOURCE],
+            "4"
+        );
+        // Only the GPU KAI's binder would name comes off: the device plugin names it.
+        let names: Vec<&str> = c["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert_eq!(names, ["RUNAI_NUM_OF_GPUS", "GPU_PORTION"]);
+        assert_eq!(c["envFrom"], raw["spec"]["containers"][0]["envFrom"]);
+        assert_eq!(out["spec"]["volumes"], raw["spec"]["volumes"]);
+        assert_eq!(
+            c["volumeMounts"],
+            raw["spec"]["containers"][0]["volumeMounts"]
+        );
+        // KAI's words stay (KAI places a fraction and its binder reserves the GPU), and
+        // are recorded too.
+        let ann = &out["metadata"]["annotations"];
+        assert_eq!(ann[KAI_GPU_FRACTION], "0.5");
+        assert_eq!(ann[KAI_CONFIGMAP_ANNOTATION], "p-abc-runai-sh-gpu");
+        assert!(
+            ann[ANNOTATION_ORIGINAL]
+                .as_str()
+                .expect("original")
+                .contains("0.5")
+        );
+
+        // The whole admission takes it, and a second pass changes nothing.
+        let (once, _) = crate::admission::mutate_pod_with(&raw, &kai_picks).expect("admitted");
+        let (twice, _) = crate::admission::mutate_pod_with(&once, &kai_picks).expect("again");
+        assert_eq!(once, twice);
+        // With KAI's words kept, the same slices beside them are no contradiction;
+        // others are, naming both.
+        let with = |n: &str| {
+            pod(
+                &[(tessera_contract::labels::RESOURCE, n)],
+                &[(KAI_GPU_FRACTION, "0.5")],
+            )
+        };
+        assert_eq!(
+            translate(&with("4"), &kai_picks)
+                .expect("same")
+                .expect("kai")
+                .containers[0]
+                .slices,
+            4
+        );
+        let msg = refusal(&with("8"), &kai_picks);
+        assert!(
+            msg.contains("tessera.dev/vgpu: \"8\"")
+                && msg.contains(KAI_GPU_FRACTION)
+                && msg.contains("4 slices"),
+            "{msg}"
+        );
+        // Without KAI picking, Tessera's resource beside KAI's words is refused as before.
+        assert!(refusal(&with("4"), &Config::default()).contains("asks both"));
     }
 
     #[test]

@@ -127,6 +127,12 @@ pub struct WebhookArgs {
     /// number, with a warning) or "refuse".
     #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_ROUNDING", default_value = "up", value_parser = Rounding::parse)]
     pub dropin_rounding: Rounding,
+    /// KAI-Scheduler picks the GPU of a KAI pod (docs/dropin.md, "Who picks the GPU"):
+    /// its fraction annotations stay on it, so KAI reserves a GPU that Tessera's device
+    /// plugin then serves (its `--kai-reservations` on). Off: KAI's words come off and
+    /// Tessera picks the GPU on KAI's node.
+    #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_KAI_GPU_CHOICE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub dropin_kai_gpu_choice: bool,
 }
 
 use tessera_contract::dropin::Dialect;
@@ -170,6 +176,7 @@ impl WebhookArgs {
                     per_gpu: self.dropin_slices_per_gpu,
                 },
                 rounding: self.dropin_rounding,
+                kai_gpu_choice: self.dropin_kai_gpu_choice,
             },
         }
     }
@@ -243,6 +250,7 @@ pub async fn run_with(
         slice_mib = opts.dropin.slice.memory_mib,
         slices_per_gpu = opts.dropin.slice.per_gpu,
         rounding = ?opts.dropin.rounding,
+        kai_gpu_choice = opts.dropin.kai_gpu_choice,
         "drop-in translation"
     );
     server::serve_configured(
