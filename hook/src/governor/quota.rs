@@ -82,6 +82,10 @@ impl Governed {
         };
         let state = &self.files.state;
         let mut deadline = None;
+        // Whether the last look found no dead process holding quota: the
+        // manager may have released theirs between the refused try and that
+        // look, so the first such look earns one more try, not a refusal.
+        let mut none_dead_once = false;
         loop {
             let r = {
                 let _op = self.op_locks[dev].lock();
@@ -105,6 +109,10 @@ impl Governed {
             let dead = state.dead_holding(&self.files.live, dev);
             let now = Instant::now();
             let until = *deadline.get_or_insert(now + self.dead_quota_wait);
+            if dead == 0 && !none_dead_once {
+                none_dead_once = true;
+                continue;
+            }
             if dead == 0 || now >= until {
                 crate::log!(
                     Level::Info,
