@@ -1,31 +1,24 @@
 //! GetPreferredAllocation as a pure function: which of the kubelet's
-//! available slices a request should get. Which GPU is the placement
-//! engine's choice (`tessera-placement`, the one that places across the
-//! cluster); this module only turns the kubelet's lists into the engine's
-//! view and back, and applies nothing of its own to rank GPUs.
+//! available slices a request should get. How many slices each GPU gives
+//! is the placement engine's choice ([`tessera_placement::in_node`], rules
+//! there: must-include GPUs first, one GPU whenever one holds the request,
+//! else the fewest GPUs; the node's policy ranks them). This module only
+//! turns the kubelet's lists into the engine's view and the engine's counts
+//! back into IDs, and ranks nothing itself:
 //!
-//! 1. `must_include` IDs are always in the answer, and the rest of the
-//!    request goes to their GPUs first, to keep it together.
-//! 2. All slices of a request go to one GPU whenever one GPU can hold them:
-//!    the engine ranks the GPUs that can, as one node's, under the node's
-//!    policy (`binpack`, `spread`, `defrag`, `fgd`, `shared-threshold` with
-//!    the node's `sharedThreshold`: see docs/placement.md). GPUs are given
-//!    to it as the scheduler extender gives them
-//!    ([`tessera_placement::slices`]), per cut (GPUs cut into the same
-//!    number of slices), the smallest cut first, as the extender tries
-//!    them. Remaining ties: the engine's order, GPU index order.
-//! 3. A request no single GPU can hold is spread over the fewest GPUs: the
-//!    ones with the most free slices (GPU index order among equals), the
-//!    last chosen as in rule 2.
-//!
-//! Within a GPU the lowest free slice indexes are taken.
+//! - `must_include` IDs are always in the answer; their GPUs are the ones
+//!   the engine fills first.
+//! - The node's policy is given to the engine as the node config names it
+//!   (`shared-threshold` with the node's `sharedThreshold`).
+//! - Within a GPU the lowest free slice indexes are taken; the answer lists
+//!   the must-include IDs, then the rest in GPU order, slice order.
+//! - IDs the plugin does not know (a stale list) are a last resort.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::device_id::DeviceId;
 use tessera_node::config::Placement;
-use tessera_placement::slices::{cuts, slice_gpu, slice_request};
-use tessera_placement::{Engine, Node, TaskMix};
+use tessera_placement::in_node::{SliceGpu, split};
 
 /// What placement needs to know about one GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,11 +46,6 @@ pub struct Request<'a> {
     pub size: usize,
 }
 
-struct Candidate<'a> {
-    load: &'a GpuLoad,
-    free: Vec<u32>,
-}
-
 /// Chooses `size` device IDs (fewer if fewer are available).
 pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<String> {
     let mut chosen: Vec<String> = Vec::new();
@@ -69,7 +57,7 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
     if chosen.len() >= req.size {
         return chosen;
     }
-    let mut remaining = req.size - chosen.len();
+    let remaining = req.size - chosen.len();
 
     // Free slices per known GPU, minus what is already chosen.
     let mut free: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
@@ -88,106 +76,46 @@ pub fn preferred(req: &Request<'_>, gpus: &[GpuLoad], policy: Policy) -> Vec<Str
             Err(_) => unknown.push(id),
         }
     }
-    let mut candidates: Vec<Candidate<'_>> = gpus
+    // The GPUs with free slices, in `gpus` order, each with its free
+    // slices lowest first.
+    let candidates: Vec<(&GpuLoad, Vec<u32>)> = gpus
         .iter()
-        .filter_map(|g| {
-            let f = free.remove(g.uuid.as_str())?;
-            Some(Candidate {
-                load: g,
-                free: f.into_iter().collect(),
-            })
-        })
+        .filter_map(|g| Some((g, free.remove(g.uuid.as_str())?.into_iter().collect())))
         .collect();
-
-    let mut picked: Vec<DeviceId> = Vec::new();
-
-    // Rule 1: fill from the GPUs of must_include first (most free first).
     let must_gpus: Vec<String> = req
         .must_include
         .iter()
         .filter_map(|id| DeviceId::parse(id).ok().map(|d| d.gpu_uuid))
         .collect();
-    if !must_gpus.is_empty() {
-        let mut idx: Vec<usize> = (0..candidates.len())
-            .filter(|&i| must_gpus.contains(&candidates[i].load.uuid))
-            .collect();
-        idx.sort_by(|&a, &b| candidates[b].free.len().cmp(&candidates[a].free.len()));
-        // If one of them holds the rest, prefer it by the policy.
-        let fitting: Vec<usize> = idx
-            .iter()
-            .copied()
-            .filter(|&i| candidates[i].free.len() >= remaining)
-            .collect();
-        if let Some(i) = select(&candidates, &fitting, policy, remaining) {
-            remaining -= take(&mut candidates[i], remaining, &mut picked);
-        } else {
-            for i in idx {
-                remaining -= take(&mut candidates[i], remaining, &mut picked);
-            }
+    let view: Vec<SliceGpu> = candidates
+        .iter()
+        .map(|(g, f)| SliceGpu {
+            index: g.index,
+            slices: g.slices,
+            free: u32::try_from(f.len()).unwrap_or(u32::MAX),
+            utilization: g.utilization,
+            keep_with: must_gpus.contains(&g.uuid),
+        })
+        .collect();
+    let counts = split(
+        &view,
+        u32::try_from(remaining).unwrap_or(u32::MAX),
+        engine_policy(policy),
+    );
+
+    // `candidates` is in `gpus` order and each GPU's slices are lowest
+    // first: the IDs come out in GPU order, slice order.
+    let mut given = 0;
+    for ((g, f), n) in candidates.iter().zip(counts) {
+        for s in f.iter().take(n as usize) {
+            chosen.push(DeviceId::new(g.uuid.clone(), *s).to_string());
+            given += 1;
         }
     }
-
-    if remaining > 0 {
-        // Rule 2: one GPU that holds it all.
-        let fitting: Vec<usize> = (0..candidates.len())
-            .filter(|&i| candidates[i].free.len() >= remaining)
-            .collect();
-        if let Some(i) = select(&candidates, &fitting, policy, remaining) {
-            remaining -= take(&mut candidates[i], remaining, &mut picked);
-        } else {
-            // Rule 3: fewest GPUs. The most free slices first (GPU index
-            // order among equals); whole GPUs are taken until the rest
-            // fits on one, which is then chosen as in rule 2.
-            let mut order: Vec<usize> = (0..candidates.len())
-                .filter(|&i| !candidates[i].free.is_empty())
-                .collect();
-            order.sort_by(|&a, &b| {
-                let (ca, cb) = (&candidates[a], &candidates[b]);
-                cb.free
-                    .len()
-                    .cmp(&ca.free.len())
-                    .then(ca.load.index.cmp(&cb.load.index))
-            });
-            let mut k = 0;
-            while remaining > 0 && k < order.len() {
-                let rest: Vec<usize> = order[k..]
-                    .iter()
-                    .copied()
-                    .filter(|&i| candidates[i].free.len() >= remaining)
-                    .collect();
-                if let Some(i) = select(&candidates, &rest, policy, remaining) {
-                    remaining -= take(&mut candidates[i], remaining, &mut picked);
-                    break;
-                }
-                let i = order[k];
-                remaining -= take(&mut candidates[i], remaining, &mut picked);
-                k += 1;
-            }
-        }
-    }
-
-    picked.sort_by_key(|d| {
-        (
-            gpus.iter()
-                .position(|g| g.uuid == d.gpu_uuid)
-                .unwrap_or(usize::MAX),
-            d.slice,
-        )
-    });
-    chosen.extend(picked.into_iter().map(|d| d.to_string()));
     // Last resort: IDs this plugin does not know (a stale list). The kubelet
     // decides; it is not ours to drop them silently.
-    chosen.extend(unknown.into_iter().take(remaining).cloned());
+    chosen.extend(unknown.into_iter().take(remaining - given).cloned());
     chosen
-}
-
-/// Moves up to `n` of the lowest free slices of `c` into `picked`.
-fn take(c: &mut Candidate<'_>, n: usize, picked: &mut Vec<DeviceId>) -> usize {
-    let n = n.min(c.free.len());
-    for s in c.free.drain(..n) {
-        picked.push(DeviceId::new(c.load.uuid.clone(), s));
-    }
-    n
 }
 
 /// The engine's policy for a node's: `shared-threshold` with the node's
@@ -199,60 +127,6 @@ fn engine_policy(policy: Policy) -> tessera_placement::Policy {
         }
         other => other,
     }
-}
-
-/// A candidate's cut: the slices it is cut into under the config in force
-/// (or more, when the kubelet lists more free ones: an older config's).
-fn cut_of(c: &Candidate<'_>) -> u32 {
-    c.load
-        .slices
-        .max(u32::try_from(c.free.len()).unwrap_or(u32::MAX))
-        .max(1)
-}
-
-/// Rule 2 among `fitting` candidates for `n` slices: the engine's choice,
-/// per cut, the smallest cut first (see the module docs).
-fn select(cands: &[Candidate<'_>], fitting: &[usize], policy: Policy, n: usize) -> Option<usize> {
-    let n = u32::try_from(n).ok()?;
-    let mut pool: Vec<usize> = fitting.to_vec();
-    // The engine breaks its remaining ties by GPU order: GPU index order.
-    pool.sort_by_key(|&i| cands[i].load.index);
-    for cut in cuts(pool.iter().map(|&i| cut_of(&cands[i]))) {
-        let same: Vec<usize> = pool
-            .iter()
-            .copied()
-            .filter(|&i| cut_of(&cands[i]) == cut)
-            .collect();
-        let Some(req) = slice_request(n, cut, Vec::new()) else {
-            continue;
-        };
-        let gpus = same
-            .iter()
-            .map(|&i| {
-                let c = &cands[i];
-                let free = u32::try_from(c.free.len()).unwrap_or(u32::MAX);
-                slice_gpu("", "", cut, free, c.load.utilization)
-            })
-            .collect();
-        let node = Node::new("this-node", 0, 0, gpus);
-        // The task mix a node knows of is the request in hand: fragmentation
-        // is then the free share left on GPUs too small for another like it.
-        let mix = TaskMix::from_requests([&req], 1.0);
-        match Engine::new(vec![node], engine_policy(policy), &mix).and_then(|mut e| e.decide(&req))
-        {
-            Ok(c) => {
-                if let Some(&g) = c.gpus.first() {
-                    return Some(same[g]);
-                }
-            }
-            // Under shared-threshold a cut may hold only busy GPUs while
-            // another holds a quiet one; any refusal moves to the next cut.
-            Err(e) => tracing::debug!(error = %e, cut, "no GPU of this cut chosen"),
-        }
-    }
-    // Every candidate fits by construction: an engine that takes none of
-    // them still leaves the request one GPU (the lowest index).
-    pool.first().copied()
 }
 
 #[cfg(test)]

@@ -9,12 +9,15 @@
 //! - [`policy`]: the policies and how each scores a candidate.
 //! - [`slices`]: GPUs cut into slices and requests for slices, as the engine
 //!   sees them (the extender's and the device plugin's one adapter).
+//! - [`in_node`]: the choice among one node's GPUs for a request of slices,
+//!   one GPU or several (the device plugin's GetPreferredAllocation).
 //! - [`engine`]: the index (per kind of request, the nodes in rank order) and
 //!   the decision over it.
 
 pub mod cluster;
 pub mod engine;
 pub mod frag;
+pub mod in_node;
 pub mod policy;
 pub mod slices;
 

@@ -1,5 +1,6 @@
 //! Contexts: primary contexts (retain/release/reset/flags/state), `cuCtxCreate`/`Destroy`,
-//! the per-thread context stack, context synchronisation and limits.
+//! the per-thread context stack, context synchronisation, limits and the persisting-L2
+//! reset. Peer access between contexts is in `peer`.
 
 use std::collections::BTreeMap;
 use std::ffi::c_uint;
@@ -626,5 +627,17 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
             active.write(i32::from(p.ctx.is_some()));
         }
         Ok(())
+    })
+}
+
+/// `cuCtxResetPersistingL2Cache`: no persisting L2 lines exist here; success in a context.
+///
+/// # Safety
+/// No pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    guard(|| {
+        rt()?;
+        crate::stream::resolve(std::ptr::null_mut(), false).map(|_| ())
     })
 }

@@ -1,6 +1,7 @@
 //! `cuInit`, the driver version, and device queries: count, handles, name, UUID, PCI bus
 //! id, total memory, compute capability and attributes (an H100-like part, with the SM
 //! count, capability and memory of the simulated node's configuration).
+//! Peer queries are in `peer`.
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
 
@@ -374,25 +375,6 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
             }
         }
         Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-    })
-}
-
-/// `cuDeviceCanAccessPeer`: peer access is not simulated, so never.
-///
-/// # Safety
-/// `canAccessPeer` must be null or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceCanAccessPeer(
-    canAccessPeer: *mut c_int,
-    dev: CUdevice,
-    peerDev: CUdevice,
-) -> CUresult {
-    guard(|| {
-        let rt = rt()?;
-        rt.device(dev)?;
-        rt.device(peerDev)?;
-        // SAFETY: the caller passes a writable pointer or null (rejected).
-        unsafe { put(canAccessPeer, 0) }
     })
 }
 

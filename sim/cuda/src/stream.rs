@@ -2,9 +2,12 @@
 //! than the last work queued before it (the device engine is FIFO), so synchronising a
 //! stream is sleeping until its last queued work ends, and an event is the completion time
 //! of its stream's work when it was recorded.
+//!
+//! Also here: stream callbacks (`cuStreamAddCallback`) and the thread's stream-capture
+//! mode (`cuThreadExchangeStreamCaptureMode`).
 
-use std::cell::RefCell;
-use std::ffi::c_uint;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -726,5 +729,108 @@ tessera_sim::exports! {
         hEnd: CUevent,
     ) -> CUresult {
         guard(|| elapsed(pMilliseconds, hStart, hEnd))
+    }
+}
+
+crate::ptsz_exports! {
+    /// `cuStreamAddCallback`: runs `callback(stream, CUDA_SUCCESS, userData)` once the stream's
+    /// earlier work has ended, on the calling thread (as `cuLaunchHostFunc` does here).
+    /// `flags` must be 0.
+    ///
+    /// # Safety
+    /// `callback` must be a valid stream callback for `userData`.
+    fn cuStreamAddCallback / cuStreamAddCallback_ptsz [per_thread](
+        hStream: CUstream,
+        callback: CUstreamCallback,
+        userData: *mut c_void,
+        flags: c_uint,
+    ) -> CUresult {
+        guard(|| stream_callback(hStream, callback, userData, flags, per_thread))
+    }
+}
+
+fn stream_callback(
+    stream: CUstream,
+    callback: CUstreamCallback,
+    user: *mut c_void,
+    flags: c_uint,
+    per_thread: bool,
+) -> CuResult<()> {
+    let rt = rt()?;
+    let f = callback.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = crate::stream::resolve(stream, per_thread)?;
+    rt.check_device(t.ctx().device)?;
+    tessera_sim::clock::sleep_until(t.last_end());
+    // SAFETY: the program's callback with its own data and the stream it named, as the
+    // driver calls it; its contract is the program's.
+    unsafe { f(stream, CUresult::CUDA_SUCCESS, user) };
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's stream-capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static CAPTURE_MODE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's capture mode to `*mode` and
+/// returns the previous one in `*mode`. The simulator records it; it does not restrict
+/// what a thread may call during another thread's capture.
+///
+/// # Safety
+/// `mode` must be null or valid for reading and writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(
+    mode: *mut CUstreamCaptureMode,
+) -> CUresult {
+    guard(|| {
+        if mode.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null, readable by the caller's contract.
+        let want = unsafe { mode.read() }.0;
+        if want > CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED.0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(want));
+        // SAFETY: as above, writable.
+        unsafe { mode.write(CUstreamCaptureMode(old)) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_mode_is_exchanged_per_thread() {
+        let mut m = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a local.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(&mut m) };
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        assert_eq!(m, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        let mut back = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        // SAFETY: a local.
+        unsafe { cuThreadExchangeStreamCaptureMode(&mut back) };
+        assert_eq!(back, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+        // Another thread has its own mode.
+        std::thread::spawn(|| {
+            let mut m = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            // SAFETY: a local.
+            unsafe { cuThreadExchangeStreamCaptureMode(&mut m) };
+            assert_eq!(m, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        })
+        .join()
+        .expect("thread");
+        let mut bad = CUstreamCaptureMode(7);
+        // SAFETY: a local.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(&mut bad) };
+        assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
+        // SAFETY: null is rejected.
+        let rc = unsafe { cuThreadExchangeStreamCaptureMode(std::ptr::null_mut()) };
+        assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
     }
 }
