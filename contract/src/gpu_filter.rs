@@ -126,8 +126,7 @@ impl GpuFilter {
                 "GPU {uuid} is {vendor}'s, not {v}'s ({ANNOTATION_GPU_VENDOR})"
             ));
         }
-        if !self.models.is_empty() && !self.models.iter().any(|m| model_matches(m, vendor, model))
-        {
+        if !self.models.is_empty() && !self.models.iter().any(|m| model_matches(m, vendor, model)) {
             return Some(format!(
                 "GPU {uuid} ({model}) is none of {ANNOTATION_GPU_MODELS}: {:?}",
                 self.models.join(",")
@@ -185,7 +184,13 @@ mod tests {
 
     #[test]
     fn models_match_as_hami_matches_them() {
-        for entry in ["A100", "a100", "NVIDIA A100", "NVIDIA-NVIDIA A100", " sxm4 "] {
+        for entry in [
+            "A100",
+            "a100",
+            "NVIDIA A100",
+            "NVIDIA-NVIDIA A100",
+            " sxm4 ",
+        ] {
             let f = filter(&[(ANNOTATION_GPU_MODELS, entry)]);
             assert!(passes(&f, A100), "{entry}");
             assert!(!passes(&f, L4), "{entry}");
@@ -197,7 +202,10 @@ mod tests {
         let not = filter(&[(ANNOTATION_GPU_MODELS_EXCLUDE, "l4")]);
         assert!(passes(&not, A100) && !passes(&not, L4) && passes(&not, MI210));
         let e = not.refusal(L4.0, L4.1, L4.2).expect("refused");
-        assert!(e.contains(ANNOTATION_GPU_MODELS_EXCLUDE) && e.contains("GPU-bbbb"), "{e}");
+        assert!(
+            e.contains(ANNOTATION_GPU_MODELS_EXCLUDE) && e.contains("GPU-bbbb"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -228,9 +236,15 @@ mod tests {
             GpuFilter::from_annotations(&a).expect_err(v)
         };
         let e = bad(ANNOTATION_GPU_MODELS, " , ");
-        assert!(e.contains(ANNOTATION_GPU_MODELS) && e.contains("names nothing"), "{e}");
+        assert!(
+            e.contains(ANNOTATION_GPU_MODELS) && e.contains("names nothing"),
+            "{e}"
+        );
         let e = bad(ANNOTATION_GPU_VENDOR, "intel");
-        assert!(e.contains(ANNOTATION_GPU_VENDOR) && e.contains("intel"), "{e}");
+        assert!(
+            e.contains(ANNOTATION_GPU_VENDOR) && e.contains("intel"),
+            "{e}"
+        );
         let e = bad(ANNOTATION_GPU_UUIDS, &"x".repeat(MAX_LIST_LEN + 1));
         assert!(e.contains("over"), "{e}");
     }
