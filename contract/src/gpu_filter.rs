@@ -160,6 +160,70 @@ impl GpuFilter {
     pub fn passes(&self, vendor: &str, model: &str, uuid: &str) -> bool {
         self.refusal(vendor, model, uuid).is_none()
     }
+
+    /// The same rule as a DRA CEL selector over the attributes the DRA driver
+    /// publishes in `domain` (`vendor`, `productName`, `uuid`), for a claim written
+    /// by hand; `None` when it lets every GPU through. Kubernetes' CEL has the
+    /// string library (`lowerAscii`, `upperAscii`) this uses.
+    pub fn cel(&self, domain: &str) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let attr = |name: &str| format!("device.attributes[{}].{name}", cel_string(domain));
+        let gpu_type = format!(
+            "({}.upperAscii() + \"-\" + {}).lowerAscii()",
+            attr("vendor"),
+            attr("productName")
+        );
+        let contains = |entries: &[String]| {
+            let any: Vec<String> = entries
+                .iter()
+                .map(|e| format!("{gpu_type}.contains({})", cel_string(&e.to_lowercase())))
+                .collect();
+            format!("({})", any.join(" || "))
+        };
+        let uuids = |entries: &[String]| {
+            let list: Vec<String> = entries
+                .iter()
+                .map(|u| cel_string(&u.to_lowercase()))
+                .collect();
+            format!("{}.lowerAscii() in [{}]", attr("uuid"), list.join(", "))
+        };
+        let mut terms = Vec::new();
+        if let Some(v) = self.vendor {
+            terms.push(format!("{} == {}", attr("vendor"), cel_string(v.as_str())));
+        }
+        if !self.models.is_empty() {
+            terms.push(contains(&self.models));
+        }
+        if !self.models_exclude.is_empty() {
+            terms.push(format!("!{}", contains(&self.models_exclude)));
+        }
+        if !self.uuids.is_empty() {
+            terms.push(uuids(&self.uuids));
+        }
+        if !self.uuids_exclude.is_empty() {
+            terms.push(format!("!({})", uuids(&self.uuids_exclude)));
+        }
+        Some(terms.join(" && "))
+    }
+}
+
+/// A CEL string literal of `s`: double-quoted, `\\` and `"` escaped, control
+/// characters as `\u` escapes, so a pod's list can never end the literal.
+fn cel_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -227,6 +291,33 @@ mod tests {
         ]);
         assert!(passes(&all, A100) && !passes(&all, L4) && !passes(&all, MI210));
         assert!(filter(&[]).is_empty() && passes(&filter(&[]), MI210));
+    }
+
+    #[test]
+    fn the_rule_as_a_cel_selector() {
+        assert_eq!(filter(&[]).cel("d"), None);
+        let f = filter(&[
+            (ANNOTATION_GPU_VENDOR, "nvidia"),
+            (ANNOTATION_GPU_MODELS, "A100,L4"),
+            (ANNOTATION_GPU_UUIDS_EXCLUDE, "GPU-B"),
+        ]);
+        let a = |n: &str| format!("device.attributes[\"vgpu.tessera.dev\"].{n}");
+        let t = format!(
+            "({}.upperAscii() + \"-\" + {}).lowerAscii()",
+            a("vendor"),
+            a("productName")
+        );
+        assert_eq!(
+            f.cel("vgpu.tessera.dev").expect("a selector"),
+            format!(
+                "{} == \"nvidia\" && ({t}.contains(\"a100\") || {t}.contains(\"l4\")) && !({}.lowerAscii() in [\"gpu-b\"])",
+                a("vendor"),
+                a("uuid")
+            )
+        );
+        let hostile = filter(&[(ANNOTATION_GPU_MODELS, "x\") || true || (\"")]);
+        let cel = hostile.cel("d").expect("a selector");
+        assert!(cel.contains(r#"contains("x\") || true || (\"")"#), "{cel}");
     }
 
     #[test]
