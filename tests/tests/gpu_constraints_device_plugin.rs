@@ -60,17 +60,12 @@ fn webhook() -> Config {
 /// A pod as written (`limits` on its one container, `annotations`), already bound to
 /// node-1 and pending, as the API server holds it once scheduled.
 fn written(name: &str, limits: Value, annotations: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
-                     "resourceVersion": "7", "creationTimestamp": "2026-12-02T03:00:00Z",
-                     "annotations": annotations},
-        "spec": {
-            "nodeName": "node-1",
-            "containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}]
-        },
-        "status": {"phase": "Pending"}
-    })
+    bound_pod(
+        name,
+        annotations,
+        json!({"limits": limits}),
+        json!({"phase": "Pending"}),
+    )
 }
 
 /// The webhook's answer for `pod`: the pod as admitted.
@@ -89,22 +84,12 @@ fn gpu_of(id: &str) -> &str {
 }
 
 async fn start(api: &FakeApiServer, amd: &GpuInfo) -> Node {
-    api.put(
-        "/api/v1/nodes/node-1",
-        json!({"apiVersion": "v1", "kind": "Node",
-               "metadata": {"name": "node-1", "resourceVersion": "1", "labels": {}}}),
-    );
-    let url = format!("http://{}", api.addr);
     let gpus = FakeGpu::with_devices(vec![
         nvidia(0, A100, "NVIDIA A100-SXM4-80GB"),
         nvidia(1, L4, "NVIDIA L4"),
         amd.clone(),
     ]);
-    let mut node = Node::start_with(Arc::new(gpus), CONFIG, |o| {
-        o.use_kube = true;
-        o.kube_url = Some(url);
-    })
-    .await;
+    let mut node = Node::start_on_api(api, Arc::new(gpus), CONFIG).await;
     node.wait_devices("12 healthy slices", |d| d.len() == 12 && healthy(d) == 12)
         .await;
     node
@@ -156,10 +141,10 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
         json!({"nvidia.com/gpumem": "20480"}),
         json!({}),
     ));
-    api.put("/api/v1/namespaces/team-a/pods/free", free);
+    api.put(&pod_path("free"), free);
     let chosen = prefer(&node, all.clone(), 1).await;
     assert_eq!(gpu_of(&chosen[0]), A100, "{chosen:?}");
-    api.remove("/api/v1/namespaces/team-a/pods/free");
+    api.remove(&pod_path("free"));
 
     // HAMi's use-gputype: translated, with node affinity on the L4's label.
     let l4 = admit(&written(
@@ -180,7 +165,7 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
         l4["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/vgpu"],
         "1"
     );
-    api.put("/api/v1/namespaces/team-a/pods/l4", l4);
+    api.put(&pod_path("l4"), l4);
     let chosen = prefer(&node, all.clone(), 1).await;
     assert_eq!(chosen.len(), 1);
     assert_eq!(gpu_of(&chosen[0]), L4, "{chosen:?}");
@@ -200,7 +185,7 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
     let allocs = node.allocations();
     assert_eq!(allocs.len(), 1, "the refused one made none: {allocs:?}");
     assert_eq!(allocs[0].devices[0].gpu_uuid, L4);
-    api.remove("/api/v1/namespaces/team-a/pods/l4");
+    api.remove(&pod_path("l4"));
 
     // HAMi's nouse-gpuuuid: the A100 is out; with only it and the L4 left, the L4.
     let no_a = admit(&written(
@@ -212,7 +197,7 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
         no_a["metadata"]["annotations"]["tessera.dev/gpu-uuids-exclude"],
         A100
     );
-    api.put("/api/v1/namespaces/team-a/pods/no-a100", no_a);
+    api.put(&pod_path("no-a100"), no_a);
     let nv: Vec<String> = ids_of(A100).into_iter().chain(ids_of(L4)).collect();
     let chosen = prefer(&node, nv, 2).await;
     assert!(
@@ -227,7 +212,7 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
         "{}",
         e.message()
     );
-    api.remove("/api/v1/namespaces/team-a/pods/no-a100");
+    api.remove(&pod_path("no-a100"));
 
     // Tessera's vendor annotation on a mixed node, no extender: AMD slices only.
     let on_amd = admit(&written(
@@ -235,7 +220,7 @@ async fn hami_model_and_uuid_lists_and_the_vendor_hold_at_the_device_plugin() {
         json!({"tessera.dev/vgpu": "2"}),
         json!({"tessera.dev/gpu-vendor": "amd"}),
     ));
-    api.put("/api/v1/namespaces/team-a/pods/on-amd", on_amd);
+    api.put(&pod_path("on-amd"), on_amd);
     let chosen = prefer(&node, all.clone(), 2).await;
     assert!(
         chosen.len() == 2 && chosen.iter().all(|id| gpu_of(id) == amd_uuid),
