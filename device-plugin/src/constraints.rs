@@ -149,6 +149,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect::<BTreeMap<_, _>>(),
+            ..PodInfo::default()
         }
     }
 
