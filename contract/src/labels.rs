@@ -49,6 +49,25 @@ pub const NODE_SLICES_PER_GPU: &str = "tessera.dev/slices-per-gpu";
 /// of it the node has. [`NODE_GPU_PRODUCT`] and the others above describe
 /// GPU 0 only.
 pub const NODE_GPU_MODEL_PREFIX: &str = "gpu-product.tessera.dev/";
+/// The label value a GPU model's name becomes in [`NODE_GPU_MODEL_PREFIX`]'s labels:
+/// `NVIDIA A100-SXM4-80GB` → `NVIDIA-A100-SXM4-80GB` (anything but letters, digits, `-`,
+/// `_` and `.` becomes `-`, ends trimmed to a letter or digit, at most 63 characters).
+pub fn model_label_value(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let trimmed = mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    let cut: String = trimmed.chars().take(63).collect();
+    cut.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
 /// Node labels, one per GPU model on the node: this prefix and the model's
 /// name, the value its memory in MiB (the smallest of its GPUs').
 pub const NODE_GPU_MODEL_MEMORY_PREFIX: &str = "gpu-memory.tessera.dev/";

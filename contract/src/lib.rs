@@ -5,7 +5,7 @@
 //! ([`dropin`]), names on
 //! Kubernetes objects and allocation labels ([`labels`]), the node's name
 //! ([`node`]), compute policies
-//! ([`policy`]), GPU vendors and an AMD GPU's UUID ([`vendor`]), the one
+//! ([`policy`]), GPU vendors and an AMD GPU's UUID ([`vendor`]), the one rule for which GPUs a pod may have ([`gpu_filter`]), the one
 //! syntax for sizes, percentages and durations ([`units`]), the spelling of
 //! GPU UUIDs ([`uuid`]) and the one way a file is replaced atomically and durably ([`file`](mod@file)). The shim links this
 //! crate, so it stays synchronous with no dependency beyond `thiserror`; the
@@ -15,6 +15,7 @@
 pub mod dropin;
 pub mod env;
 pub mod file;
+pub mod gpu_filter;
 pub mod labels;
 pub mod node;
 pub mod paths;

@@ -176,7 +176,7 @@ impl From<AssignmentError> for tonic::Status {
     }
 }
 
-fn is_pending(phase: &str) -> bool {
+pub(crate) fn is_pending(phase: &str) -> bool {
     // A pod is admitted (and its devices allocated) while Pending; a phase
     // not set yet is a pod the kubelet has not reported on.
     phase.is_empty() || phase == "Pending"

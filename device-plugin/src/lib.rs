@@ -12,6 +12,7 @@ pub mod allocate;
 pub mod args;
 pub mod assignment;
 pub mod cdi;
+pub mod constraints;
 pub mod device_id;
 mod edge;
 pub mod gpu_report;

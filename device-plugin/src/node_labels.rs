@@ -41,24 +41,9 @@ pub(crate) trait NodeApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
 }
 
-/// Makes a label value of a product name: `NVIDIA A100-SXM4-80GB` →
-/// `NVIDIA-A100-SXM4-80GB`.
-pub fn label_value(s: &str) -> String {
-    let mapped: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let trimmed = mapped.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    let cut: String = trimmed.chars().take(63).collect();
-    cut.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_owned()
-}
+/// Makes a label value of a product name (the contract's one rule, which the
+/// webhook's node affinity for a model list uses too).
+pub use tessera_contract::labels::model_label_value as label_value;
 
 /// The labels this node should carry, given the labels it carries now
 /// (`current`: per-model labels of a model no longer here are removed).

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::allocate;
 use crate::assignment::{self, AssignmentError, Match, Pending, PodInfo, PodsOnNode};
+use crate::constraints;
 use crate::device_id::DeviceId;
 use crate::placement::{self, GpuLoad, Policy};
 use crate::state::{PluginState, Snapshot};
@@ -61,16 +62,15 @@ impl<P: PodsOnNode> Assigned<P> {
             })
     }
 
-    /// The containers waiting for a chosen GPU: the extender's assignments, then
-    /// KAI-Scheduler's reservations (`kai`).
-    async fn pending(&self) -> Result<Vec<Pending>, AssignmentError> {
-        let pods = self.pods().await?;
-        let mut all = assignment::pending(&pods, &self.node);
+    /// The containers waiting for a chosen GPU among `pods`: the extender's
+    /// assignments, then KAI-Scheduler's reservations (`kai`).
+    fn pending(&self, pods: &[PodInfo]) -> Vec<Pending> {
+        let mut all = assignment::pending(pods, &self.node);
         if self.kai {
-            let (kai, _) = crate::kai::pending(&pods, &self.node);
+            let (kai, _) = crate::kai::pending(pods, &self.node);
             all.extend(kai.into_iter().map(|r| r.pending));
         }
-        Ok(all)
+        all
     }
 
     /// The pending container these (already checked) device IDs serve, if
@@ -115,6 +115,20 @@ impl<P: PodsOnNode> Assigned<P> {
         }
     }
 
+    /// Refuses devices that break the GPU constraint of every pod they may be
+    /// for (`constraints::check`); `known`: the extender's pod, for certain.
+    fn check_constraints(
+        &self,
+        pods: &[PodInfo],
+        ids: &[String],
+        known: Option<&Pending>,
+        snap: &Snapshot,
+    ) -> Result<(), Status> {
+        let known = known.map(|p| (p.namespace.as_str(), p.name.as_str()));
+        let c = constraints::candidates(pods, &self.node, ids.len() as u64, known);
+        constraints::check(&c, ids, snap).map_err(Status::failed_precondition)
+    }
+
     async fn mark(&self, p: &Pending) -> Result<(), AssignmentError> {
         self.api
             .mark_allocated(&p.namespace, &p.name, &p.allocated_value())
@@ -147,6 +161,29 @@ fn loads(snap: &Snapshot) -> Vec<GpuLoad> {
             utilization: g.utilization,
         })
         .collect()
+}
+
+impl<M, P> PluginService<M, P> {
+    /// The slices a preferred allocation may take under the GPU constraints
+    /// of the pods the request may be for (`constraints::narrow`); `None`:
+    /// every available slice.
+    fn constrained(
+        &self,
+        pods: &[PodInfo],
+        c: &dp::ContainerPreferredAllocationRequest,
+        size: usize,
+        snap: &Snapshot,
+    ) -> Option<Vec<String>> {
+        let a = self.assigned.as_ref()?;
+        let cands = constraints::candidates(pods, &a.node, size as u64, None);
+        constraints::narrow(
+            &cands,
+            &c.available_device_i_ds,
+            &c.must_include_device_i_ds,
+            size,
+            snap,
+        )
+    }
 }
 
 #[tonic::async_trait]
@@ -199,13 +236,18 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
             placement: snap.node.placement,
             shared_threshold: snap.node.shared_threshold,
         };
-        // The pods waiting for the extender's choice; without them (or the
-        // API) the node's own policy picks.
-        let pending = match &self.assigned {
-            Some(a) => a.pending().await.unwrap_or_else(|e| {
+        // The pods waiting for the extender's choice, and the pods whose GPU
+        // constraint a request may be under; without them (or the API) the
+        // node's own policy picks from every slice.
+        let pods = match &self.assigned {
+            Some(a) => a.pods().await.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "preferring by the node's policy");
                 Vec::new()
             }),
+            None => Vec::new(),
+        };
+        let pending = match &self.assigned {
+            Some(a) => a.pending(&pods),
             None => Vec::new(),
         };
         let mut container_responses = Vec::new();
@@ -229,7 +271,9 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                 }
                 None => placement::preferred(
                     &placement::Request {
-                        available: &c.available_device_i_ds,
+                        available: &self
+                            .constrained(&pods, c, size, &snap)
+                            .unwrap_or_else(|| c.available_device_i_ds.clone()),
                         must_include: &c.must_include_device_i_ds,
                         size,
                     },
@@ -278,6 +322,10 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                 let known = a
                     .for_request(&pods, &c.devices_ids, &snap)
                     .map_err(refused)?;
+                a.check_constraints(&pods, &c.devices_ids, known.as_ref(), &snap)
+                    .inspect_err(|e| {
+                        tracing::warn!(devices = ?c.devices_ids, error = %e.message(), "allocate refused");
+                    })?;
                 if let Some(p) = &known {
                     a.mark(p).await.map_err(refused)?;
                     tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the chosen GPUs (the scheduler extender's or KAI-Scheduler's)");

@@ -33,6 +33,10 @@ pub struct NodeGpu {
     pub unhealthy_reason: String,
     /// Its slices under the node config in force (the `slices` layout).
     pub slices: SliceLayout,
+    /// `nvidia`, `amd`, `hygon`, and its product name: what a pod's GPU constraint
+    /// (`tessera_contract::gpu_filter`) is matched against.
+    pub vendor: String,
+    pub name: String,
 }
 
 /// The claim as the kubelet names it.
@@ -435,6 +439,8 @@ mod tests {
                 healthy: true,
                 unhealthy_reason: String::new(),
                 slices: layout,
+                vendor: "nvidia".into(),
+                name: "NVIDIA A100-SXM4-80GB".into(),
             })
             .collect()
     }

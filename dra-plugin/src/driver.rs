@@ -104,6 +104,10 @@ struct PodAsks {
     /// container: the claim kube-scheduler writes for a pod is one for all its
     /// containers, so only a pod with one such container says what the claim's are.
     exact: Option<tessera_node::exact::ExactLimit>,
+    /// Its vendor, model and UUID lists (`tessera_contract::gpu_filter`): the claim's
+    /// GPUs must pass them. kube-scheduler writes the claim of a pod's
+    /// `tessera.dev/vgpu` with no selector, so the prepare is where they hold.
+    gpus: tessera_contract::gpu_filter::GpuFilter,
 }
 
 /// The pod a claim is reserved for, when it is reserved for exactly one
@@ -156,10 +160,18 @@ fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> Result<PodAsks
             None
         }
     };
+    // As the device plugin reads them: a constraint that does not parse (the webhook
+    // refuses those) loosens only the pod's own choice of GPU.
+    let gpus = tessera_contract::gpu_filter::GpuFilter::from_annotations(annotations)
+        .unwrap_or_else(|e| {
+            tracing::warn!(%pod, error = %e, "GPU constraint ignored");
+            Default::default()
+        });
     Ok(PodAsks {
         guaranteed,
         priority,
         exact,
+        gpus,
     })
 }
 
@@ -468,6 +480,14 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
         if plan.priority.is_none() {
             plan.priority = asks.priority;
         }
+        if let Some(why) = plan.devices.iter().find_map(|d| {
+            let g = view.gpus.iter().find(|g| g.uuid == d.gpu_uuid)?;
+            asks.gpus.refusal(&g.vendor, &g.name, &g.uuid)
+        }) {
+            return Err(format!(
+                "resource claim {want}: its pod's GPU constraint: {why}"
+            ));
+        }
         if let Some(e) = &asks.exact
             && !tessera_node::exact::cap(&mut plan.limits, e)
         {
@@ -616,6 +636,13 @@ pub fn node_gpus(status: &mgr::NodeStatus, node: &NodeConfig) -> Vec<NodeGpu> {
             healthy: g.healthy,
             unhealthy_reason: g.unhealthy_reason.clone(),
             slices: node.slice.layout(g.memory_total_bytes),
+            // An older manager's silence is NVIDIA's, as the device plugin reads it.
+            vendor: if g.vendor.is_empty() {
+                tessera_contract::Vendor::Nvidia.as_str().to_owned()
+            } else {
+                g.vendor.clone()
+            },
+            name: g.name.clone(),
         })
         .collect()
 }
@@ -865,7 +892,7 @@ mod tests {
             Ok(PodAsks {
                 guaranteed: true,
                 priority: Some(100),
-                exact: None,
+                ..PodAsks::default()
             })
         );
         assert_eq!(
@@ -945,6 +972,10 @@ mod tests {
                     (ANNOTATION_PRIORITY.to_owned(), "7".to_owned()),
                 ]))),
                 "pod-plain" => Ok(Some(BTreeMap::new())),
+                "pod-not-a" => Ok(Some(BTreeMap::from([(
+                    tessera_contract::gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE.to_owned(),
+                    "GPU-a".to_owned(),
+                )]))),
                 _ => Err(format!("cannot read pod ns/{name}: unreachable")),
             }
         }
@@ -989,6 +1020,15 @@ mod tests {
             a.claims["uid-hidden"]
                 .error
                 .contains("cannot read pod ns/pod-hidden"),
+            "{a:?}"
+        );
+        assert_eq!(r.manager.allocations().len(), 2, "nothing made for it");
+
+        // A slice of a GPU the pod excluded: refused, naming the annotation.
+        let a = driver.prepare(vec![claim("not-a")]).await;
+        let e = &a.claims["uid-not-a"].error;
+        assert!(
+            e.contains("tessera.dev/gpu-uuids-exclude") && e.contains("GPU-a"),
             "{a:?}"
         );
         assert_eq!(r.manager.allocations().len(), 2, "nothing made for it");

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use tessera_contract::gpu_filter::{self, GpuFilter};
 use tessera_contract::labels::{
     ANNOTATION_GPU_ASSIGNMENT, ANNOTATION_GPU_CLASS, NODE_GPU_REPORT, RESOURCE, parse_slices,
 };
@@ -40,6 +41,8 @@ pub enum PodError {
     },
     #[error("pod {0} has no name or namespace")]
     Unnamed(String),
+    #[error("pod {pod}: {reason}")]
+    BadGpuList { pod: String, reason: String },
 }
 
 /// One container's slices.
@@ -60,6 +63,9 @@ pub struct PodNeed {
     /// The vendor whose GPUs it must be on (`tessera.dev/gpu-vendor`, lower
     /// case); a name no GPU reports matches none.
     pub vendor: Option<String>,
+    /// Its model and UUID lists (`tessera.dev/gpu-models` and kin): the GPUs it may
+    /// have, by the rule the device plugin holds it to at Allocate.
+    pub gpus: GpuFilter,
 }
 
 impl PodNeed {
@@ -103,11 +109,25 @@ impl PodNeed {
             .and_then(|a| a.get(tessera_contract::labels::ANNOTATION_GPU_VENDOR))
             .map(|v| v.trim().to_ascii_lowercase())
             .filter(|v| !v.is_empty());
+        // The lists only: the vendor is read above, where a name no GPU reports
+        // matches none rather than failing the pod.
+        let lists: BTreeMap<String, String> = meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| gpu_filter::LIST_ANNOTATIONS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let gpus = GpuFilter::from_annotations(&lists).map_err(|reason| PodError::BadGpuList {
+            pod: id.clone(),
+            reason,
+        })?;
         Ok(PodNeed {
             pod: id,
             containers,
             class,
             vendor,
+            gpus,
         })
     }
 
@@ -247,6 +267,7 @@ fn cut_engine(
     mix_slices: &[u32],
     class: &Option<String>,
     vendor: Option<&str>,
+    lists: &GpuFilter,
 ) -> Option<CutEngine> {
     let mut back = Vec::new();
     let mut enodes = Vec::new();
@@ -254,7 +275,10 @@ fn cut_engine(
         let idx: Vec<usize> = (0..n.gpus.len())
             .filter(|&g| n.gpus[g].report.slices == cut)
             .filter(|&g| {
-                vendor.is_none_or(|v| n.gpus[g].report.vendor().map(|x| x.as_str()) == Some(v))
+                let r = &n.gpus[g].report;
+                let theirs = r.vendor().map(|x| x.as_str());
+                vendor.is_none_or(|v| theirs == Some(v))
+                    && lists.passes(theirs.unwrap_or(&r.vendor), &r.model, &r.uuid)
             })
             .collect();
         if idx.is_empty() {
@@ -304,8 +328,15 @@ pub fn choose(
     let mut last_why = String::new();
     'cut: for cut in cuts(&all) {
         let mix: Vec<u32> = need.containers.iter().map(|c| c.slices).collect();
-        let Some(mut ce) = cut_engine(&all, cut, policy, &mix, &need.class, need.vendor.as_deref())
-        else {
+        let Some(mut ce) = cut_engine(
+            &all,
+            cut,
+            policy,
+            &mix,
+            &need.class,
+            need.vendor.as_deref(),
+            &need.gpus,
+        ) else {
             continue;
         };
         let mut out = Vec::new();
@@ -436,6 +467,7 @@ pub fn prioritize(
             &mix,
             &need.class,
             need.vendor.as_deref(),
+            &need.gpus,
         ) else {
             continue;
         };
@@ -597,6 +629,7 @@ mod tests {
             }],
             class: None,
             vendor: vendor.map(str::to_owned),
+            gpus: GpuFilter::default(),
         };
         let on = |v: Option<&str>| {
             choose(&node, &need(v), Policy::Binpack).map(|c| c[0].gpus[0].uuid.clone())
@@ -609,6 +642,68 @@ mod tests {
             "no vendor: any GPU, by policy"
         );
         assert!(on(Some("hygon")).is_err(), "no Hygon GPU here");
+    }
+
+    #[test]
+    fn a_pod_with_model_or_uuid_lists_gets_only_gpus_that_pass_them() {
+        let gpu = |uuid: &str, model: &str, used: u32| GpuState {
+            report: GpuReport {
+                uuid: uuid.into(),
+                model: model.into(),
+                vendor: "nvidia".into(),
+                class: String::new(),
+                memory_mib: 32768,
+                slices: 8,
+                used_slices: used,
+                pods: BTreeMap::new(),
+                utilization: None,
+                healthy: true,
+            },
+            free: 8 - used,
+        };
+        // Binpack prefers the fuller A100; the lists must overrule it.
+        let node = NodeState {
+            name: "n".into(),
+            gpus: vec![
+                gpu("GPU-a100", "NVIDIA A100-SXM4-80GB", 4),
+                gpu("GPU-l4", "NVIDIA L4", 0),
+            ],
+        };
+        let pod = |ann: &[(&str, &str)]| -> Pod {
+            let ann: BTreeMap<String, String> = ann
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns", "annotations": ann},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {RESOURCE: "2"}}}]}
+            }))
+            .expect("pod")
+        };
+        let on = |ann: &[(&str, &str)]| {
+            let need = PodNeed::of(&pod(ann)).expect("need");
+            choose(&node, &need, Policy::Binpack).map(|c| c[0].gpus[0].uuid.clone())
+        };
+        assert_eq!(on(&[]).as_deref(), Ok("GPU-a100"), "no lists: by policy");
+        assert_eq!(
+            on(&[(gpu_filter::ANNOTATION_GPU_MODELS, "l4")]).as_deref(),
+            Ok("GPU-l4")
+        );
+        assert_eq!(
+            on(&[(gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE, "GPU-a100")]).as_deref(),
+            Ok("GPU-l4")
+        );
+        assert_eq!(
+            on(&[(gpu_filter::ANNOTATION_GPU_MODELS_EXCLUDE, "L4")]).as_deref(),
+            Ok("GPU-a100")
+        );
+        assert!(on(&[(gpu_filter::ANNOTATION_GPU_MODELS, "H100")]).is_err());
+        let e =
+            PodNeed::of(&pod(&[(gpu_filter::ANNOTATION_GPU_UUIDS, ",")])).expect_err("bad list");
+        assert!(
+            e.to_string().contains(gpu_filter::ANNOTATION_GPU_UUIDS),
+            "{e}"
+        );
     }
 
     #[test]

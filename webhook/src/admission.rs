@@ -32,8 +32,9 @@ pub use tessera_contract::labels::{
     ANNOTATION_COMPUTE_POLICY, ANNOTATION_GPU_CLASS, ANNOTATION_GPU_VENDOR, ANNOTATION_PRIORITY,
     NODE_GPU_CLASS as LABEL_GPU_CLASS, RESOURCE,
 };
+use tessera_contract::labels::{NODE_GPU_MODEL_PREFIX, model_label_value};
 pub use tessera_contract::paths::CONTAINER_HOOK_LIBRARY as HOOK_PATH;
-use tessera_contract::{Policy, env};
+use tessera_contract::{Policy, env, gpu_filter};
 
 use crate::dropin::{self, Config};
 
@@ -47,12 +48,17 @@ const DEVICE_PLUGIN_ENV: [&str; 4] = [
     ENV_VISIBLE_DEVICES,
 ];
 
-/// Pod annotations a user may set under `tessera.dev/`.
-const USER_ANNOTATIONS: [&str; 4] = [
+/// Pod annotations a user may set under `tessera.dev/`. The GPU lists only narrow the
+/// pod's own choice of GPU, so a tenant gains nothing by writing them.
+const USER_ANNOTATIONS: [&str; 8] = [
     ANNOTATION_GPU_CLASS,
     ANNOTATION_COMPUTE_POLICY,
     ANNOTATION_PRIORITY,
     ANNOTATION_GPU_VENDOR,
+    gpu_filter::ANNOTATION_GPU_MODELS,
+    gpu_filter::ANNOTATION_GPU_MODELS_EXCLUDE,
+    gpu_filter::ANNOTATION_GPU_UUIDS,
+    gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE,
 ];
 
 /// Annotations under `tessera.dev/` the webhook itself writes: the original words of a
@@ -93,6 +99,14 @@ pub enum Refusal {
     BadGpuClass { value: String },
     #[error("annotation {ANNOTATION_GPU_VENDOR}={value:?}: {reason}")]
     BadGpuVendor { value: String, reason: String },
+    /// A GPU list annotation that is malformed; `reason` names it.
+    #[error("{reason}")]
+    BadGpuList { reason: String },
+    #[error(
+        "annotation {}={value:?} names no GPU model this cluster has ({known}); an entry matches a model it occurs in, ignoring case",
+        gpu_filter::ANNOTATION_GPU_MODELS
+    )]
+    UnknownGpuModel { value: String, known: String },
     #[error(
         "annotation {ANNOTATION_GPU_CLASS}={class:?} contradicts nodeSelector {LABEL_GPU_CLASS}={selector:?}; the pod could never be scheduled"
     )]
@@ -306,7 +320,7 @@ pub fn mutate_pod_with(raw: &Value, config: &Config) -> Result<(Value, Vec<Strin
         }
         Err(lines) => return Err(Refusals(lines.into_iter().map(Refusal::DropIn).collect())),
     };
-    let out = mutate_translated(raw, &pod)?;
+    let out = mutate_translated(raw, &pod, &config.gpu_models)?;
     // Only pods that get slices run under the shim, which reads none of these.
     if has_slices(&pod) {
         warnings.extend(dropin::hami_core_env_warnings(&pod));
@@ -326,11 +340,27 @@ fn has_slices(pod: &Pod) -> bool {
 }
 
 /// The judgement and injection of a pod in Tessera's own words.
-/// `raw` is the JSON `pod` was read from; it is edited into the answer.
-fn mutate_translated(raw: Value, pod: &Pod) -> Result<Value, Refusals> {
+/// `raw` is the JSON `pod` was read from; it is edited into the answer. `gpu_models`: the
+/// cluster's GPU models where the config names them (`dropin::Config::gpu_models`).
+fn mutate_translated(raw: Value, pod: &Pod, gpu_models: &[String]) -> Result<Value, Refusals> {
     let mut refusals = Vec::new();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let (class, policy) = check_annotations(&annotations, &mut refusals);
+    // The models a model list allows, where the cluster's are known: none is a pod that
+    // could never run; some become node affinity below.
+    let mut models = Vec::new();
+    if let Some(v) = annotations.get(gpu_filter::ANNOTATION_GPU_MODELS)
+        && !gpu_models.is_empty()
+    {
+        let entries = gpu_filter::split_list(v);
+        models = dropin::known_models(&entries, gpu_models);
+        if models.is_empty() && !entries.is_empty() {
+            refusals.push(Refusal::UnknownGpuModel {
+                value: v.clone(),
+                known: gpu_models.join(", "),
+            });
+        }
+    }
 
     let spec = pod.spec.clone().unwrap_or_default();
     if let (Some(class), Some(selector)) = (
@@ -401,6 +431,19 @@ fn mutate_translated(raw: Value, pod: &Pod) -> Result<Value, Refusals> {
         let requirement = json!({ "key": v.node_label(), "operator": "Exists" });
         require_node(&mut out, requirement);
     }
+    // A node with one of the models: its per-model label exists. Excluded models and
+    // UUIDs have no such label (a node may have an excluded model beside an allowed
+    // one); the device plugin and the extender hold the pod to those.
+    if !models.is_empty() {
+        let requirements = models
+            .iter()
+            .map(|m| {
+                let key = format!("{NODE_GPU_MODEL_PREFIX}{}", model_label_value(m));
+                json!({ "key": key, "operator": "Exists" })
+            })
+            .collect();
+        require_node_any(&mut out, requirements);
+    }
     Ok(out)
 }
 
@@ -430,6 +473,15 @@ fn check_annotations(
             value: v.clone(),
             reason: e.to_string(),
         });
+    }
+    // The vendor was judged above; the lists are the rest of the GPU filter.
+    let lists: BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| gpu_filter::LIST_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Err(reason) = gpu_filter::GpuFilter::from_annotations(&lists) {
+        refusals.push(Refusal::BadGpuList { reason });
     }
     let policy = annotations.get(ANNOTATION_COMPUTE_POLICY).cloned();
     if let Some(p) = &policy
@@ -738,6 +790,45 @@ fn require_node(pod: &mut Value, requirement: Value) {
     }
 }
 
+/// Requires a node to meet one of `requirements` as well as what it required before:
+/// each required term (ORed) becomes one term per requirement, the term's expressions
+/// and that one (ANDed).
+fn require_node_any(pod: &mut Value, requirements: Vec<Value>) {
+    if let [one] = requirements.as_slice() {
+        return require_node(pod, one.clone());
+    }
+    let required = object_at(pod, &["spec", "affinity", "nodeAffinity"])
+        .entry("requiredDuringSchedulingIgnoredDuringExecution")
+        .or_insert_with(|| json!({}));
+    if !required.is_object() {
+        *required = json!({});
+    }
+    let before: Vec<Value> = match required["nodeSelectorTerms"].as_array() {
+        Some(t) if !t.is_empty() => t.clone(),
+        _ => vec![json!({})],
+    };
+    let mut terms = Vec::with_capacity(before.len() * requirements.len());
+    for term in &before {
+        for r in &requirements {
+            let mut t = if term.is_object() {
+                term.clone()
+            } else {
+                json!({})
+            };
+            if !t["matchExpressions"].is_array() {
+                t["matchExpressions"] = json!([]);
+            }
+            if let Value::Array(exprs) = &mut t["matchExpressions"]
+                && !exprs.contains(r)
+            {
+                exprs.push(r.clone());
+            }
+            terms.push(t);
+        }
+    }
+    required["nodeSelectorTerms"] = Value::Array(terms);
+}
+
 /// The object at `path` under `root`, creating empty objects on the way.
 fn object_at<'a>(root: &'a mut Value, path: &[&str]) -> &'a mut Map<String, Value> {
     let mut cur = root;
@@ -846,6 +937,88 @@ mod tests {
             .to_string();
         assert!(
             e.contains("tessera.dev/gpu-vendor") && e.contains("intel"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_model_list_becomes_affinity_on_the_models_it_names_and_an_unknown_one_is_refused() {
+        use tessera_contract::dropin::HAMI_USE_GPUTYPE;
+        let config = Config {
+            gpu_models: vec![
+                "NVIDIA A100-SXM4-80GB".into(),
+                "NVIDIA L4".into(),
+                "AMD Instinct MI210".into(),
+            ],
+            ..Config::default()
+        };
+        let admit = |ann: &[(&str, &str)]| {
+            mutate_pod_with(&pod_with_annotations(ann), &config)
+                .map(|(p, _)| p)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let terms = |p: &Value| {
+            p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"]
+                .clone()
+        };
+        let exists = |m: &str| serde_json::json!({"key": format!("gpu-product.tessera.dev/{m}"), "operator": "Exists"});
+        // HAMi's words, translated: one model, one term.
+        let out = admit(&[(HAMI_USE_GPUTYPE, "a100")]);
+        assert_eq!(
+            out["metadata"]["annotations"][gpu_filter::ANNOTATION_GPU_MODELS],
+            "a100"
+        );
+        assert_eq!(
+            terms(&out),
+            serde_json::json!([{"matchExpressions": [exists("NVIDIA-A100-SXM4-80GB")]}])
+        );
+        // Two models with a vendor: terms ORed, each with the vendor.
+        let out = admit(&[
+            (gpu_filter::ANNOTATION_GPU_MODELS, "L4,mi210"),
+            (ANNOTATION_GPU_VENDOR, "amd"),
+        ]);
+        let vendor = serde_json::json!({"key": "tessera.dev/gpu-vendor-amd", "operator": "Exists"});
+        assert_eq!(
+            terms(&out),
+            serde_json::json!([
+                {"matchExpressions": [vendor.clone(), exists("NVIDIA-L4")]},
+                {"matchExpressions": [vendor, exists("AMD-Instinct-MI210")]}
+            ])
+        );
+        // Exclusions and UUIDs have no node label: no affinity from them.
+        let out = admit(&[(gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE, "GPU-1")]);
+        assert!(terms(&out).is_null(), "{out}");
+        // Models no node has: refused, in the pod's words.
+        let e = mutate_pod_with(
+            &pod_with_annotations(&[(gpu_filter::ANNOTATION_GPU_MODELS, "H100")]),
+            &config,
+        )
+        .expect_err("no H100 here")
+        .to_string();
+        assert!(
+            e.contains("tessera.dev/gpu-models") && e.contains("\"H100\""),
+            "{e}"
+        );
+        let e = mutate_pod_with(
+            &pod_with_annotations(&[(HAMI_USE_GPUTYPE, "H100")]),
+            &config,
+        )
+        .expect_err("no H100 here")
+        .to_string();
+        assert!(
+            e.contains("nvidia.com/use-gputype") && e.contains("\"H100\""),
+            "{e}"
+        );
+        // A malformed list is named.
+        let e = mutate_pod(&pod_with_annotations(&[(
+            gpu_filter::ANNOTATION_GPU_UUIDS,
+            ",",
+        )]))
+        .expect_err("empty list")
+        .to_string();
+        assert!(
+            e.contains("tessera.dev/gpu-uuids") && e.contains("names nothing"),
             "{e}"
         );
     }

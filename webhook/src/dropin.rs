@@ -8,7 +8,10 @@
 //! GPU"; an ask that is not a whole number of slices is rounded up (the pod gets at least
 //! what it asked, the admission response warns, the original words stay on the pod) or,
 //! with [`Rounding::Refuse`], refused. What Tessera cannot promise at all (more than a
-//! GPU, a share on each of several GPUs, model lists) is refused with the pod's words.
+//! GPU, a share on each of several GPUs, a model list no node has) is refused with the
+//! pod's words. HAMi's model and UUID lists become Tessera's own list annotations
+//! (`tessera_contract::gpu_filter`), which the device plugin and the extender hold the
+//! pod to, and the admission turns into node affinity where a node label says it.
 //! The names are the contract's ([`tessera_contract::dropin`]); docs/dropin.md is the
 //! table of what each word becomes.
 
@@ -32,6 +35,11 @@ pub struct Config {
     /// only `NVIDIA_VISIBLE_DEVICES` comes off (the device plugin names the GPU). Off:
     /// all of KAI's words come off and Tessera picks the GPU on KAI's node.
     pub kai_gpu_choice: bool,
+    /// The GPU models (product names, as the nodes' `gpu-product.tessera.dev/` labels
+    /// come from) the cluster's nodes have. Empty: not known here; then a model list is
+    /// not checked at admission and gets no node affinity (the device plugin and the
+    /// extender still hold the pod to it).
+    pub gpu_models: Vec<String>,
 }
 
 impl Default for Config {
@@ -41,6 +49,7 @@ impl Default for Config {
             slice: SliceShape::default(),
             rounding: Rounding::Up,
             kai_gpu_choice: false,
+            gpu_models: Vec::new(),
         }
     }
 }
@@ -149,6 +158,9 @@ pub struct Translation {
     /// `amd.com/gpumem`, ...), for `tessera.dev/gpu-vendor`; `None` for NVIDIA's words,
     /// which have always meant any Tessera GPU.
     pub vendor: Option<tessera_contract::Vendor>,
+    /// Tessera's GPU-list annotations ([`tessera_contract::gpu_filter`]) to set, from
+    /// HAMi's model and UUID lists: (Tessera's key, the pod's value).
+    pub gpu_lists: Vec<(&'static str, String)>,
 }
 
 /// Translates `pod`, or says why Tessera cannot honour it (each line names the field and
@@ -220,6 +232,7 @@ pub fn translate(pod: &Pod, config: &Config) -> Result<Option<Translation>, Vec<
         original: Value::Null,
         warnings: Vec::new(),
         vendor: None,
+        gpu_lists: Vec::new(),
     };
     let mut refusals = Vec::new();
     let mut original = Map::new();
@@ -592,18 +605,7 @@ fn hami_pod(
     t: &mut Translation,
     refusals: &mut Vec<String>,
 ) {
-    for key in [
-        HAMI_USE_GPUTYPE,
-        HAMI_NOUSE_GPUTYPE,
-        HAMI_USE_GPUUUID,
-        HAMI_NOUSE_GPUUUID,
-    ] {
-        if let Some(v) = annotations.get(key) {
-            refusals.push(format!(
-                "annotation {key}: {v:?}: Tessera's drop-in does not choose GPUs by model or UUID; use the annotation tessera.dev/gpu-class (a class of GPU models the node config defines) instead"
-            ));
-        }
-    }
+    gpu_lists(annotations, config, t, refusals);
     for key in [HAMI_GPU_SCHEDULER_POLICY, HAMI_NODE_SCHEDULER_POLICY] {
         match annotations.get(key).map(String::as_str) {
             None => {}
@@ -718,6 +720,76 @@ fn hami_pod(
             "containers give different {HAMI_PRIORITY}; Tessera's priority is the pod's, give one value"
         )),
     }
+}
+
+/// HAMi's model and UUID lists into Tessera's own ([`HAMI_GPU_LISTS`]): the same lists,
+/// matched by the same rule (`tessera_contract::gpu_filter`). A model list none of
+/// whose entries is a model the cluster has (when [`Config::gpu_models`] says) is
+/// refused: the pod could never run.
+fn gpu_lists(
+    annotations: &BTreeMap<String, String>,
+    config: &Config,
+    t: &mut Translation,
+    refusals: &mut Vec<String>,
+) {
+    for (theirs, ours) in HAMI_GPU_LISTS {
+        let Some(v) = annotations.get(theirs) else {
+            continue;
+        };
+        let entries = tessera_contract::gpu_filter::split_list(v);
+        if entries.is_empty() {
+            refusals.push(format!(
+                "annotation {theirs}: {v:?} names nothing; give a comma-separated list or remove it"
+            ));
+            continue;
+        }
+        if let Some(mine) = annotations.get(ours)
+            && mine.trim() != v.trim()
+        {
+            refusals.push(format!(
+                "annotation {theirs}: {v:?} and the annotation {ours}: {mine:?} say different things; remove one"
+            ));
+            continue;
+        }
+        if theirs == HAMI_USE_GPUTYPE
+            && !config.gpu_models.is_empty()
+            && known_models(&entries, &config.gpu_models).is_empty()
+        {
+            refusals.push(format!(
+                "annotation {theirs}: {v:?} names no GPU model this cluster has ({}); \
+                 an entry matches a model it occurs in, ignoring case",
+                config.gpu_models.join(", ")
+            ));
+            continue;
+        }
+        t.gpu_lists.push((ours, v.clone()));
+    }
+}
+
+/// HAMi's list annotations and the Tessera annotations they become.
+pub const HAMI_GPU_LISTS: [(&str, &str); 4] = {
+    use tessera_contract::gpu_filter::*;
+    [
+        (HAMI_USE_GPUTYPE, ANNOTATION_GPU_MODELS),
+        (HAMI_NOUSE_GPUTYPE, ANNOTATION_GPU_MODELS_EXCLUDE),
+        (HAMI_USE_GPUUUID, ANNOTATION_GPU_UUIDS),
+        (HAMI_NOUSE_GPUUUID, ANNOTATION_GPU_UUIDS_EXCLUDE),
+    ]
+};
+
+/// The models of `known` that some entry of a model list matches, by the rule the
+/// device plugin applies (`gpu_filter::model_matches`, under any vendor's type).
+pub fn known_models<'a>(entries: &[String], known: &'a [String]) -> Vec<&'a String> {
+    known
+        .iter()
+        .filter(|m| {
+            entries.iter().any(|e| {
+                tessera_contract::Vendor::ALL
+                    .iter()
+                    .any(|v| tessera_contract::gpu_filter::model_matches(e, v.as_str(), m))
+            })
+        })
+        .collect()
 }
 
 fn volcano_pod(
@@ -1047,7 +1119,7 @@ pub fn apply(raw: &mut Value, t: &Translation) {
     // Nothing rewritten (a pod in Tessera's words that also carries, say, HAMi's
     // scheduler-policy annotation): nothing to record, and a second pass must find
     // nothing to change.
-    if t.containers.is_empty() && t.remove_annotations.is_empty() {
+    if t.containers.is_empty() && t.remove_annotations.is_empty() && t.gpu_lists.is_empty() {
         return;
     }
     if !raw["metadata"]["annotations"].is_object() {
@@ -1081,6 +1153,9 @@ pub fn apply(raw: &mut Value, t: &Translation) {
                 tessera_contract::labels::ANNOTATION_GPU_VENDOR.into(),
                 json!(v.as_str()),
             );
+        }
+        for (key, value) in &t.gpu_lists {
+            map.insert((*key).into(), json!(value));
         }
     }
 }
@@ -1266,17 +1341,20 @@ mod tests {
             ),
             (
                 &[(HAMI_GPUMEM, "4096")],
-                &[(HAMI_USE_GPUTYPE, "A100,H100")],
-                &[
-                    "nvidia.com/use-gputype",
-                    "A100,H100",
-                    "tessera.dev/gpu-class",
-                ],
+                &[(HAMI_NOUSE_GPUUUID, " , ")],
+                &["nvidia.com/nouse-gpuuuid", "names nothing"],
             ),
             (
                 &[(HAMI_GPUMEM, "4096")],
-                &[(HAMI_NOUSE_GPUUUID, "GPU-1")],
-                &["nvidia.com/nouse-gpuuuid"],
+                &[
+                    (HAMI_USE_GPUTYPE, "A100"),
+                    (tessera_contract::gpu_filter::ANNOTATION_GPU_MODELS, "H100"),
+                ],
+                &[
+                    "nvidia.com/use-gputype",
+                    "\"A100\"",
+                    "tessera.dev/gpu-models",
+                ],
             ),
             (
                 &[(HAMI_GPUMEM, "4096")],
@@ -1295,6 +1373,73 @@ mod tests {
                 assert!(msg.contains(w), "{limits:?} {ann:?}: {msg:?} lacks {w:?}");
             }
         }
+    }
+
+    #[test]
+    fn hami_model_and_uuid_lists_become_tesseras_and_an_unknown_model_is_refused() {
+        use tessera_contract::gpu_filter::*;
+        let c = Config {
+            gpu_models: vec!["NVIDIA A100-SXM4-80GB".into(), "NVIDIA L4".into()],
+            ..Config::default()
+        };
+        let lists = [
+            (HAMI_USE_GPUTYPE, "a100, NVIDIA-NVIDIA L4"),
+            (HAMI_NOUSE_GPUTYPE, "V100"),
+            (HAMI_USE_GPUUUID, "GPU-a,GPU-b"),
+            (HAMI_NOUSE_GPUUUID, "GPU-b"),
+        ];
+        let p = pod(&[(HAMI_GPUMEM, "4096")], &lists);
+        let t = translate(&p, &c).expect("admitted").expect("translated");
+        assert_eq!(
+            t.gpu_lists,
+            vec![
+                (ANNOTATION_GPU_MODELS, "a100, NVIDIA-NVIDIA L4".to_string()),
+                (ANNOTATION_GPU_MODELS_EXCLUDE, "V100".to_string()),
+                (ANNOTATION_GPU_UUIDS, "GPU-a,GPU-b".to_string()),
+                (ANNOTATION_GPU_UUIDS_EXCLUDE, "GPU-b".to_string()),
+            ]
+        );
+        let mut raw = serde_json::to_value(&p).expect("json");
+        apply(&mut raw, &t);
+        let ann = &raw["metadata"]["annotations"];
+        assert_eq!(ann[ANNOTATION_GPU_MODELS], "a100, NVIDIA-NVIDIA L4");
+        assert_eq!(ann[ANNOTATION_GPU_UUIDS_EXCLUDE], "GPU-b");
+        let original: Value =
+            serde_json::from_str(ann[ANNOTATION_ORIGINAL].as_str().expect("original"))
+                .expect("json");
+        assert_eq!(
+            original["annotations"][HAMI_USE_GPUTYPE],
+            "a100, NVIDIA-NVIDIA L4"
+        );
+        // A list that names no model the cluster has: refused with the pod's words.
+        let e = refusal(
+            &pod(&[(HAMI_GPUMEM, "4096")], &[(HAMI_USE_GPUTYPE, "H100,B200")]),
+            &c,
+        );
+        assert!(
+            e.contains("nvidia.com/use-gputype")
+                && e.contains("\"H100,B200\"")
+                && e.contains("NVIDIA L4"),
+            "{e}"
+        );
+        // Unknown models here: not checked at admission (the node still holds the pod).
+        let (got, _) = slices(
+            &pod(&[(HAMI_GPUMEM, "4096")], &[(HAMI_USE_GPUTYPE, "H100")]),
+            &Config::default(),
+        );
+        assert_eq!(got, vec![(MAIN.to_string(), 1)]);
+        // A pod in Tessera's words with only HAMi's list: the list is translated too.
+        let p = pod(
+            &[("tessera.dev/vgpu", "1")],
+            &[(HAMI_NOUSE_GPUUUID, "GPU-x")],
+        );
+        let t = translate(&p, &c).expect("admitted").expect("translated");
+        let mut raw = serde_json::to_value(&p).expect("json");
+        apply(&mut raw, &t);
+        assert_eq!(
+            raw["metadata"]["annotations"][ANNOTATION_GPU_UUIDS_EXCLUDE],
+            "GPU-x"
+        );
     }
 
     #[test]

@@ -133,6 +133,12 @@ pub struct WebhookArgs {
     /// Tessera picks the GPU on KAI's node.
     #[arg(long, env = "TESSERA_WEBHOOK_DROPIN_KAI_GPU_CHOICE", default_value_t = false, action = clap::ArgAction::Set)]
     pub dropin_kai_gpu_choice: bool,
+    /// The GPU models (product names, comma-separated) the cluster's nodes have: a
+    /// model list (`tessera.dev/gpu-models`, HAMi's `nvidia.com/use-gputype`) none of
+    /// whose entries matches one is refused, and one that does becomes node affinity
+    /// on the nodes' per-model labels. Empty: model lists are held only on the node.
+    #[arg(long, env = "TESSERA_WEBHOOK_GPU_MODELS", value_delimiter = ',')]
+    pub gpu_models: Vec<String>,
 }
 
 use tessera_contract::dropin::Dialect;
@@ -177,6 +183,12 @@ impl WebhookArgs {
                 },
                 rounding: self.dropin_rounding,
                 kai_gpu_choice: self.dropin_kai_gpu_choice,
+                gpu_models: self
+                    .gpu_models
+                    .iter()
+                    .map(|m| m.trim().to_owned())
+                    .filter(|m| !m.is_empty())
+                    .collect(),
             },
         }
     }

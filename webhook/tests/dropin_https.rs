@@ -226,8 +226,10 @@ async fn hami_requests_tessera_cannot_honour_are_refused_naming_the_field() {
         ),
         (
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}),
-            json!({"nvidia.com/use-gputype": "A100"}),
-            "nvidia.com/use-gputype: \"A100\"",
+            // A model list that names nothing (one no node has: the webhook's unit tests,
+            // with the cluster's models configured).
+            json!({"nvidia.com/use-gputype": " , "}),
+            "nvidia.com/use-gputype: \" , \"",
         ),
     ];
     for (limits, annotations, field) in table {

@@ -754,6 +754,22 @@ fn dropin_dialects_reach_the_flags_and_the_match_condition() {
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("dialects"), "{err}");
+
+    // The cluster's GPU models reach --gpu-models whole, spaces and all; none by default.
+    let out = helm_template(&[
+        "--set",
+        "createNamespace=true",
+        "--set-json",
+        r#"webhook.dropin.gpuModels=["NVIDIA L4","NVIDIA A100-SXM4-80GB"]"#,
+    ]);
+    let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
+    assert_eq!(
+        webhook_args(&dep).options().dropin.gpu_models,
+        ["NVIDIA L4", "NVIDIA A100-SXM4-80GB"]
+    );
+    let out = helm_template(&["--set", "createNamespace=true"]);
+    let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
+    assert!(webhook_args(&dep).options().dropin.gpu_models.is_empty());
 }
 
 /// The chart's `webhook.dropin.kaiGpuChoice`: off by default; on, the webhook keeps KAI's
