@@ -64,7 +64,11 @@ impl Table {
         let row = |cells: &[String]| {
             format!(
                 "| {} |",
-                cells.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | ")
+                cells
+                    .iter()
+                    .map(|c| cell(c))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
             )
         };
         let mut s = format!("**{}**\n\n", self.title);
@@ -72,7 +76,11 @@ impl Table {
         let _ = writeln!(
             s,
             "|{}|",
-            self.columns.iter().map(|_| "---").collect::<Vec<_>>().join("|")
+            self.columns
+                .iter()
+                .map(|_| "---")
+                .collect::<Vec<_>>()
+                .join("|")
         );
         for r in &self.rows {
             let _ = writeln!(s, "{}", row(r));

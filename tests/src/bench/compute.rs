@@ -1418,8 +1418,7 @@ pub fn mixes(shape: &Shape) -> Vec<(&'static str, Vec<AllocSpec>)> {
         ("burst 30+70", vec![b(30), b(70)]),
     ];
     let plain = shape.launch == Launch::Kernel && shape.processes == 1 && shape.gap.is_zero();
-    if plain
-        && (shape.sync_every == 0 || (shape.sync_every == 2 && shape.kernel.as_millis() == 1))
+    if plain && (shape.sync_every == 0 || (shape.sync_every == 2 && shape.kernel.as_millis() == 1))
     {
         out.push(("guaranteed 75 alone", vec![g(75)]));
         out.push(("guaranteed 75+25", vec![g(75), g(25)]));
@@ -1501,7 +1500,11 @@ pub fn run_shapes(measure: Duration, only: Option<&str>) -> Result<Vec<ShapeRow>
         if bare {
             round.push((
                 "wanted".into(),
-                shape.scenario("alone on a whole GPU", vec![AllocSpec::guaranteed(100)], measure),
+                shape.scenario(
+                    "alone on a whole GPU",
+                    vec![AllocSpec::guaranteed(100)],
+                    measure,
+                ),
             ));
         }
         let scs: Vec<Scenario> = round.iter().map(|(_, sc)| sc.clone()).collect();

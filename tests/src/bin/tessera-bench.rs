@@ -195,11 +195,7 @@ fn main() -> Result<()> {
             tables.push(bench::dra::table(o.runs.max(1) * 20).map_err(anyhow::Error::msg)?);
         }
         let render = |t: &Table| {
-            if o.markdown {
-                t.markdown()
-            } else {
-                t.render()
-            }
+            if o.markdown { t.markdown() } else { t.render() }
         };
         if all {
             let summary = summary(sim.as_ref(), hook.as_ref(), &compute, race.as_ref(), &o)?;
