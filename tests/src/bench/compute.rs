@@ -784,7 +784,7 @@ pub fn run_round(scenarios: &[Scenario]) -> Result<Vec<Outcome>, String> {
     })
 }
 
-/// The bench's compute section: every scenario of the issue (three
+/// The bench's `compute-detail` section (and `all`'s): every scenario of the issue (three
 /// guaranteed 20/30/50, one guaranteed 30 alone, two burst 25+25) with
 /// 50 µs, 1 ms and 20 ms kernels, measured for `measure` each (the three
 /// kernel sizes at once, on three GPUs of one node), and the three other
