@@ -63,7 +63,7 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<Option<usize>, 
     let paced = PACER.before(gate, dev, stream);
     gate.before_submit(dev);
     if paced {
-        PACER.start(dev, stream);
+        PACER.start(gate, dev, stream);
     }
     Ok(paced.then_some(dev))
 }

@@ -47,6 +47,8 @@
 //! This module's [`Pace`] is the decision, pure and tested with a fake
 //! clock; the events and the wait are `pacer.rs`, for either vendor.
 
+use tessera_shm::layout::GRANT_START_PENDING;
+
 /// Work the pacer lets queue ahead of the running kernel's end, in ns:
 /// enough for the next launch's host time and a thread's wake-up on a
 /// loaded machine, so the device never waits for a held launch; small
@@ -122,14 +124,31 @@ impl Pace {
     }
 
     /// Decides about a launch at `now`, given how many of this process's
-    /// launches on the device are not done (their markers) and when the
-    /// grant's quantum ends (`None`: unknown, or no grant held).
-    pub fn before(&self, now: u64, in_flight: usize, quantum_end: Option<u64>) -> Step {
+    /// launches on the device are not done (their markers), when the
+    /// grant's quantum ends and when its time started (`None`: unknown, or
+    /// no grant held; a start of [`GRANT_START_PENDING`]: a pre-armed grant
+    /// still behind another holder's drain).
+    pub fn before(
+        &self,
+        now: u64,
+        in_flight: usize,
+        quantum_end: Option<u64>,
+        grant_start: Option<u64>,
+    ) -> Step {
         if in_flight >= self.limit() {
             return Step::WaitOlder;
         }
         if in_flight == 0 {
             return Step::Go;
+        }
+        if grant_start == Some(GRANT_START_PENDING) {
+            // A pre-armed grant: the launch in flight is queued behind the
+            // revoked holder's last kernel, so it starts when that ends,
+            // not known here; predicted from now, a second 20 ms kernel
+            // went behind it and into the next drain (hand-over p99 30 ms).
+            // Nothing more is queued until the arbiter says when this
+            // grant's time started; look again shortly.
+            return Step::HoldUntil(now.saturating_add(RECHECK_NS));
         }
         if self.est_ns == 0 && quantum_end.is_some() {
             // Under a grant, with no length learned yet, a launch queued
@@ -139,8 +158,15 @@ impl Pace {
             // length is learned.
             return Step::WaitOlder;
         }
-        // The last launch is not done: it ends no earlier than now.
-        let end = self.last_end.max(now);
+        // The last launch is not done: it ends no earlier than now, nor
+        // before one length after the grant's time started (every launch
+        // in flight was queued under this grant, so started no earlier).
+        let mut end = self.last_end.max(now);
+        if self.est_ns > 0
+            && let Some(s) = grant_start.filter(|&s| s <= now.saturating_add(MAX_AHEAD_NS))
+        {
+            end = end.max(s.saturating_add(self.est_ns));
+        }
         let quantum_end = quantum_end.filter(|&q| {
             q <= now.saturating_add(MAX_AHEAD_NS) && now < q.saturating_add(STALE_AFTER_NS)
         });
@@ -220,12 +246,12 @@ mod tests {
     #[test]
     fn nothing_in_flight_or_nothing_learned_goes() {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
-        assert_eq!(p.before(0, 0, None), Step::Go);
+        assert_eq!(p.before(0, 0, None, None), Step::Go);
         // Unknown length: only the hard bound applies.
-        assert_eq!(p.before(0, 1, None), Step::Go);
-        assert_eq!(p.before(0, 2, None), Step::WaitOlder);
+        assert_eq!(p.before(0, 1, None, None), Step::Go);
+        assert_eq!(p.before(0, 2, None, None), Step::WaitOlder);
         p.learned(MS);
-        assert_eq!(p.before(5 * MS, 0, None), Step::Go);
+        assert_eq!(p.before(5 * MS, 0, None, None), Step::Go);
     }
 
     #[test]
@@ -233,12 +259,12 @@ mod tests {
         let mut p = Pace::new(DEFAULT_BUDGET_NS);
         p.learned(MS);
         assert_eq!(p.limit(), 2);
-        assert_eq!(p.before(0, 2, None), Step::WaitOlder);
+        assert_eq!(p.before(0, 2, None, None), Step::WaitOlder);
         // Short kernels: as many as fit in the budget, plus the running one.
         let mut short = Pace::new(250_000);
         short.learned(50_000);
         assert_eq!(short.limit(), 6);
-        assert_eq!(short.before(0, 6, None), Step::WaitOlder);
+        assert_eq!(short.before(0, 6, None, None), Step::WaitOlder);
         let mut tiny = Pace::new(250_000);
         tiny.learned(1_000);
         assert_eq!(tiny.limit(), MAX_IN_FLIGHT);
@@ -251,15 +277,15 @@ mod tests {
         // Launched at 10 ms onto an idle device: ends at 11 ms.
         p.launched(10 * MS, false);
         assert_eq!(
-            p.before(10 * MS + 1, 1, None),
+            p.before(10 * MS + 1, 1, None, None),
             Step::HoldUntil(11 * MS - 250_000)
         );
         // Within the budget of its end: go.
-        assert_eq!(p.before(11 * MS - 100_000, 1, None), Step::Go);
+        assert_eq!(p.before(11 * MS - 100_000, 1, None, None), Step::Go);
         // Queued behind it at 10.8 ms: starts at 11 ms, ends at 12 ms.
         p.launched(10 * MS + 800_000, true);
         assert_eq!(
-            p.before(11 * MS, 1, None),
+            p.before(11 * MS, 1, None, None),
             Step::HoldUntil(12 * MS - 250_000)
         );
     }
@@ -279,7 +305,7 @@ mod tests {
             let mut ends: Vec<u64> = Vec::new();
             for _ in 0..200 {
                 let in_flight = ends.iter().filter(|&&e| e > now).count();
-                match p.before(now, in_flight, None) {
+                match p.before(now, in_flight, None, None) {
                     Step::Go => {
                         let behind = in_flight > 0;
                         p.launched(now, behind);
@@ -317,14 +343,17 @@ mod tests {
         p.launched(0, false); // runs 0..1 ms
         // The next would run 1..2 ms, inside a quantum ending at 10 ms: go,
         // where without the end it would be held until 0.75 ms.
-        assert_eq!(p.before(1_000, 1, Some(10 * MS)), Step::Go);
-        assert_eq!(p.before(1_000, 1, None), Step::HoldUntil(MS - 250_000));
+        assert_eq!(p.before(1_000, 1, Some(10 * MS), None), Step::Go);
+        assert_eq!(
+            p.before(1_000, 1, None, None),
+            Step::HoldUntil(MS - 250_000)
+        );
         // The hard bound still holds.
-        assert_eq!(p.before(1_000, 2, Some(10 * MS)), Step::WaitOlder);
+        assert_eq!(p.before(1_000, 2, Some(10 * MS), None), Step::WaitOlder);
         // One that would end past the quantum's end: the budget rule.
         p.launched(1_000, true); // runs 1..2 ms
         assert_eq!(
-            p.before(1_100_000, 1, Some(2_500_000)),
+            p.before(1_100_000, 1, Some(2_500_000), None),
             Step::HoldUntil(2 * MS - 250_000)
         );
     }
@@ -336,40 +365,40 @@ mod tests {
         p.launched(0, false); // runs 0..20 ms
         let q = Some(10 * MS);
         // Before the end: held until it, not until 250 µs before 20 ms.
-        assert_eq!(p.before(MS, 1, q), Step::HoldUntil(10 * MS));
+        assert_eq!(p.before(MS, 1, q, None), Step::HoldUntil(10 * MS));
         // Past it, neither renewed nor revoked: held in short looks.
         assert_eq!(
-            p.before(10 * MS + 1, 1, q),
+            p.before(10 * MS + 1, 1, q, None),
             Step::HoldUntil(10 * MS + 1 + RECHECK_NS)
         );
         // The running kernel about to end: launch onto an empty queue.
         assert_eq!(
-            p.before(20 * MS - 10_000, 1, Some(20 * MS - 50_000)),
+            p.before(20 * MS - 10_000, 1, Some(20 * MS - 50_000), None),
             Step::WaitOlder
         );
         // Renewed (a later end): the budget rule again.
         assert_eq!(
-            p.before(11 * MS, 1, Some(30 * MS)),
+            p.before(11 * MS, 1, Some(30 * MS), None),
             Step::HoldUntil(20 * MS - 250_000)
         );
         // An end long past, or too far ahead, is another clock: ignored.
         assert_eq!(
-            p.before(15 * MS, 1, Some(12 * MS)),
+            p.before(15 * MS, 1, Some(12 * MS), None),
             Step::HoldUntil(20 * MS - 250_000)
         );
         assert_eq!(
-            p.before(15 * MS, 1, Some(15 * MS + MAX_AHEAD_NS + 1)),
+            p.before(15 * MS, 1, Some(15 * MS + MAX_AHEAD_NS + 1), None),
             Step::HoldUntil(20 * MS - 250_000)
         );
         // Nothing in flight: a launch past the end goes (it is then the
         // only kernel a revocation finds).
-        assert_eq!(p.before(25 * MS, 0, Some(21 * MS)), Step::Go);
+        assert_eq!(p.before(25 * MS, 0, Some(21 * MS), None), Step::Go);
         // No length learned yet: under a grant, nothing queues behind the
         // running launch; with no grant's end known, the hard bound alone.
         let fresh = Pace::new(250_000);
-        assert_eq!(fresh.before(0, 1, Some(10 * MS)), Step::WaitOlder);
-        assert_eq!(fresh.before(0, 0, Some(10 * MS)), Step::Go);
-        assert_eq!(fresh.before(0, 1, None), Step::Go);
+        assert_eq!(fresh.before(0, 1, Some(10 * MS), None), Step::WaitOlder);
+        assert_eq!(fresh.before(0, 0, Some(10 * MS), None), Step::Go);
+        assert_eq!(fresh.before(0, 1, None, None), Step::Go);
     }
 
     /// A program that always wants to launch, on a fake FIFO device, under
@@ -394,7 +423,7 @@ mod tests {
                 q += quantum;
             }
             let in_flight = ends.iter().filter(|&&e| e > now).count();
-            match p.before(now, in_flight, ends_known.then_some(q)) {
+            match p.before(now, in_flight, ends_known.then_some(q), None) {
                 Step::Go => {
                     p.launched(now, in_flight > 0);
                     let start = engine_free.max(now);
@@ -469,6 +498,51 @@ mod tests {
         // Whatever the prediction, a hold is never longer than one length.
         p.launched(0, false);
         p.last_end = 100 * MS;
-        assert_eq!(p.before(0, 1, None), Step::HoldUntil(p.estimate()));
+        assert_eq!(p.before(0, 1, None, None), Step::HoldUntil(p.estimate()));
+    }
+
+    /// A pre-armed grant: its first 20 ms kernel is queued behind the
+    /// revoked holder's last one, which runs 15 ms more. Until the arbiter
+    /// says when the grant's time started, nothing is queued behind it;
+    /// then the kernel in flight is known to end one length after that
+    /// start, so a second kernel waits for the quantum's end instead of
+    /// joining the next drain.
+    #[test]
+    fn a_pre_armed_grant_queues_nothing_behind_a_kernel_of_unknown_start() {
+        let kernel = 20 * MS;
+        let mut p = Pace::new(250_000);
+        p.learned(kernel);
+        let g = 100 * MS;
+        // Granted at g behind another's drain: quantum end g + 10 ms as
+        // published at the grant, start pending.
+        p.launched(g, false);
+        let pending = Some(GRANT_START_PENDING);
+        assert_eq!(
+            p.before(g + MS, 1, Some(g + 10 * MS), pending),
+            Step::HoldUntil(g + MS + RECHECK_NS)
+        );
+        // Nothing in flight: nothing to queue behind.
+        assert_eq!(p.before(g + MS, 0, Some(g + 10 * MS), pending), Step::Go);
+        // The drain ended at g + 15 ms: the grant's time starts there, its
+        // quantum ends at g + 25 ms, and the kernel in flight ends at
+        // g + 35 ms, not g + 20 ms as predicted from its launch.
+        let (s, q) = (g + 15 * MS, g + 25 * MS);
+        assert_eq!(
+            p.before(g + 19 * MS + 900_000, 1, Some(q), Some(s)),
+            Step::HoldUntil(q)
+        );
+        // The test can fail: without the start, the kernel is predicted to
+        // end at g + 20 ms and a second one goes behind it, into the drain
+        // at g + 25 ms.
+        assert_eq!(p.before(g + 19 * MS + 900_000, 1, Some(q), None), Step::Go);
+        // A start long past changes nothing: the launch's own prediction
+        // is later.
+        let mut q2 = Pace::new(250_000);
+        q2.learned(MS);
+        q2.launched(50 * MS, false);
+        assert_eq!(
+            q2.before(50 * MS + 800_000, 1, Some(60 * MS), Some(10 * MS)),
+            Step::Go
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tessera_shm::gate::Gate;
-use tessera_shm::layout::MAX_DEVICES;
+use tessera_shm::layout::{GRANT_START_PENDING, MAX_DEVICES};
 use tessera_shm::sys::monotonic_ns;
 
 use crate::log::Level;
@@ -168,10 +168,12 @@ impl<E: Events> Pacer<E> {
                 }
             }
             let in_flight = done.iter().filter(|d| !**d).count();
-            match p
-                .pace
-                .before(monotonic_ns(), in_flight, gate.grant_until(dev))
-            {
+            match p.pace.before(
+                monotonic_ns(),
+                in_flight,
+                gate.grant_until(dev),
+                gate.grant_start(dev),
+            ) {
                 Step::Go => return true,
                 Step::WaitOlder => {
                     // Completion is in order (one engine, FIFO): the first
@@ -194,8 +196,11 @@ impl<E: Events> Pacer<E> {
 
     /// Just before a paced launch on `dev`, after the gate: when nothing of
     /// the process's is in flight there, records the start event the
-    /// launch's length will be measured from.
-    pub(crate) fn start(&self, dev: usize, stream: E::Stream) {
+    /// launch's length will be measured from; not under a pre-armed grant
+    /// still behind another holder's drain (the launch waits for that work,
+    /// and the wait is no part of its length).
+    pub(crate) fn start(&self, gate: &Gate, dev: usize, stream: E::Stream) {
+        let behind_another = gate.grant_start(dev) == Some(GRANT_START_PENDING);
         let mut guard = self.slots[dev].lock();
         let Some(p) = guard.as_mut() else {
             return;
@@ -203,7 +208,7 @@ impl<E: Events> Pacer<E> {
         if let Some(old) = p.pending_start.take() {
             p.spare.push(old);
         }
-        if p.last_in_flight() {
+        if behind_another || p.last_in_flight() {
             return;
         }
         let Some(ev) = p.take_event() else {
@@ -438,7 +443,7 @@ mod tests {
         fake(|f| f.clock = t);
         let paced = p.before(gate, 0, ());
         if paced {
-            p.start(0, ());
+            p.start(gate, 0, ());
             p.after(0, ());
         }
         paced

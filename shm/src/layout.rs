@@ -115,8 +115,20 @@ pub struct DeviceControl {
     /// trusted for anything else. Taken from what was reserved space (zero
     /// in older files), so the layout and ABI stay.
     pub grant_until_ns: AtomicU64,
-    pub reserved: [u64; 3],
+    /// CLOCK_MONOTONIC ns at which the current grant's time started (its
+    /// charge's start), written by the arbiter; [`GRANT_START_PENDING`]
+    /// while a pre-armed grant waits behind the revoked holder's drain (its
+    /// first kernel is queued behind work of another process, so when it
+    /// starts is not known yet); 0: unknown (an older arbiter). A hint for
+    /// the shim's pacer, never trusted for anything else. Taken from what
+    /// was reserved space (zero in older files), so the layout and ABI stay.
+    pub grant_start_ns: AtomicU64,
+    pub reserved: [u64; 2],
 }
+
+/// [`DeviceControl::grant_start_ns`] while a pre-armed grant's time has not
+/// started (the revoked holder's work still drains ahead of it).
+pub const GRANT_START_PENDING: u64 = u64::MAX;
 
 /// Set in [`DeviceControl::context_bytes`] when the figure below it was
 /// measured (a measured 0 is a figure too).

@@ -56,6 +56,43 @@ impl Table {
         }
         s
     }
+
+    /// The table as Markdown (a pipe table, the notes as a list after it),
+    /// to paste into the README as printed.
+    pub fn markdown(&self) -> String {
+        let cell = |c: &str| c.replace('|', "\\|");
+        let row = |cells: &[String]| {
+            format!(
+                "| {} |",
+                cells
+                    .iter()
+                    .map(|c| cell(c))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            )
+        };
+        let mut s = format!("**{}**\n\n", self.title);
+        let _ = writeln!(s, "{}", row(&self.columns));
+        let _ = writeln!(
+            s,
+            "|{}|",
+            self.columns
+                .iter()
+                .map(|_| "---")
+                .collect::<Vec<_>>()
+                .join("|")
+        );
+        for r in &self.rows {
+            let _ = writeln!(s, "{}", row(r));
+        }
+        if !self.notes.is_empty() {
+            s.push('\n');
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s
+    }
 }
 
 /// The simulated driver's cost per `cuLaunchKernel` of a zero-duration kernel, measured

@@ -129,7 +129,7 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
     let paced = stream.is_some_and(|s| PACER.before(gate, dev, s));
     gate.before_submit(dev);
     if let (true, Some(s)) = (paced, stream) {
-        PACER.start(dev, s);
+        PACER.start(gate, dev, s);
     }
     Ok(paced.then_some(dev))
 }

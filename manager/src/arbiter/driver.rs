@@ -9,7 +9,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_shm::layout::{Owner, grant};
+use tessera_shm::layout::{GRANT_START_PENDING, Owner, grant};
 use tessera_shm::sys::Sys;
 use tessera_shm::{Liveness, LocalLiveness, Policy, ProcIdentity};
 
@@ -524,6 +524,15 @@ impl Driver {
                         // kernel to start past it).
                         let until = at.saturating_add(self.sched.config().quantum_ns);
                         let _ = m.files.control().set_grant_until(m.dev, until);
+                        // Pre-armed behind a drain, its time starts where
+                        // that work ends: the pacer must not predict its
+                        // first kernel's end from now (a second 20 ms kernel
+                        // would queue behind it and reach the next drain).
+                        let start = match self.sched.grant_start() {
+                            Some((h, None)) if h == id => GRANT_START_PENDING,
+                            _ => at,
+                        };
+                        let _ = m.files.control().set_grant_start(m.dev, start);
                         m.publish(grant::GRANTED);
                     }
                     self.sched.granted_at(at);
@@ -543,6 +552,13 @@ impl Driver {
         };
         if self.sched.holder().is_some() {
             self.last_busy = now;
+        }
+        // A pre-armed grant whose drain ended: its time started then.
+        if let Some((id, Some(start))) = self.sched.grant_start()
+            && let Some(m) = self.members.iter().find(|m| m.id == id)
+            && m.files.control().grant_start(m.dev) == GRANT_START_PENDING
+        {
+            let _ = m.files.control().set_grant_start(m.dev, start);
         }
         // A grant renewed without a hand-over has a new quantum end.
         if let Some((id, end)) = self.sched.quantum_end()

@@ -381,6 +381,21 @@ impl Scheduler {
         }
     }
 
+    /// The holder and when its grant's time started: `None` while a
+    /// pre-armed grant waits behind the revoked holder's drain (it starts
+    /// where that work ends, not known yet). A renewal restarts it.
+    pub fn grant_start(&self) -> Option<(ClientId, Option<u64>)> {
+        match self.phase {
+            Phase::Held {
+                id,
+                granted_at,
+                behind,
+                ..
+            } => Some((id, behind.is_none().then_some(granted_at))),
+            _ => None,
+        }
+    }
+
     /// The client whose revoked grant's work is draining, if any (the
     /// holder, or the one a pre-armed holder waits behind).
     pub fn draining(&self) -> Option<ClientId> {
@@ -1624,5 +1639,55 @@ mod tests {
                 "{kernel}: no idle hand-over without pre-arming"
             );
         }
+    }
+
+    /// A pre-armed grant's time has not started while the revoked work
+    /// drains (the pacer is told so and queues nothing behind its first
+    /// kernel); once the drain is reported its start is where that work
+    /// ended; a grant after an idle GPU starts at once.
+    #[test]
+    fn a_pre_armed_grant_starts_where_the_drain_ended() {
+        struct Drains {
+            drained: Option<u64>,
+        }
+        impl View for Drains {
+            fn waiting(&mut self, _id: ClientId) -> bool {
+                true
+            }
+            fn launches(&mut self, _id: ClientId) -> u64 {
+                0
+            }
+            fn syncing(&mut self, _id: ClientId) -> bool {
+                true
+            }
+            fn drained(&mut self, _id: ClientId) -> Option<u64> {
+                self.drained
+            }
+        }
+        let mut s = Scheduler::new(cfg());
+        s.add(1, 500_000, Policy::Burst);
+        s.add(2, 500_000, Policy::Burst);
+        let mut v = Drains { drained: None };
+        let first = match s.step(0, &mut v) {
+            Action::Grant(id) => id,
+            a => panic!("{a:?}"),
+        };
+        assert_eq!(s.grant_start(), Some((first, Some(0))));
+        // The quantum ends: revoked, and the other is pre-armed behind it.
+        let q = 10 * MS;
+        assert!(matches!(s.step(q, &mut v), Action::Revoke(id, _) if id == first));
+        let next = match s.step(q, &mut v) {
+            Action::Grant(id) => id,
+            a => panic!("{a:?}"),
+        };
+        assert_ne!(next, first);
+        assert_eq!(s.grant_start(), Some((next, None)));
+        // Still draining: still not started.
+        let _ = s.step(q + 5 * MS, &mut v);
+        assert_eq!(s.grant_start(), Some((next, None)));
+        // The revoked work ended at q + 6 ms, reported at q + 7 ms.
+        v.drained = Some(q + 6 * MS);
+        let _ = s.step(q + 7 * MS, &mut v);
+        assert_eq!(s.grant_start(), Some((next, Some(q + 6 * MS))));
     }
 }

@@ -238,6 +238,10 @@ fn a_grant_publishes_its_quantum_end_and_a_renewal_moves_it() {
         "end {first} outside {before}..={}",
         after + quantum
     );
+    // Granted on an idle GPU, no drain ahead of it: its time started at
+    // once (not pending), one quantum before its end.
+    let start = p.gate.grant_start(0).expect("a held grant has a start");
+    assert_eq!(start + quantum, first, "start {start}, end {first}");
     // Alone and busy, the burst holder is renewed at the end without a
     // hand-over: the end it sees moves on (within the wait's bound).
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -262,5 +266,6 @@ fn a_grant_publishes_its_quantum_end_and_a_renewal_moves_it() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(p.gate.grant_until(0), None);
+    assert_eq!(p.gate.grant_start(0), None);
     p.gate.stop();
 }

@@ -58,6 +58,26 @@ impl Control {
         Ok(())
     }
 
+    /// Publishes when device `dev`'s current grant's time started (see
+    /// [`crate::layout::DeviceControl::grant_start_ns`]): only the arbiter
+    /// calls this, before it publishes a grant and when a pre-armed grant's
+    /// drain ends.
+    pub fn set_grant_start(&self, dev: usize, ns: u64) -> Result<(), ShmError> {
+        self.require_writable()?;
+        self.check_dev(dev)?;
+        self.device(dev).grant_start_ns.store(ns, Ordering::Release);
+        Ok(())
+    }
+
+    /// When device `dev`'s current grant's time started, as the arbiter
+    /// last published it (0: never).
+    pub fn grant_start(&self, dev: usize) -> u64 {
+        if dev >= self.n_devices() {
+            return 0;
+        }
+        self.device(dev).grant_start_ns.load(Ordering::Acquire)
+    }
+
     /// When device `dev`'s current quantum ends, as the arbiter last
     /// published it (0: never).
     pub fn grant_until(&self, dev: usize) -> u64 {

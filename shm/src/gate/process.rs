@@ -244,6 +244,24 @@ impl Gate {
         (until != 0).then_some(until)
     }
 
+    /// When the time of the grant this process holds on device `dev`
+    /// started, as the arbiter published it: `Some(GRANT_START_PENDING)`
+    /// while a pre-armed grant waits behind another holder's drain; `None`
+    /// when no grant is held there or nothing was published. The pacer's
+    /// hint; never trusted.
+    pub fn grant_start(&self, dev: usize) -> Option<u64> {
+        let i = &*self.inner;
+        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+            return None;
+        }
+        let w = i.control.device(dev).grant.load(Ordering::Acquire);
+        if w & grant::GRANTED == 0 || w & grant::OPEN != 0 {
+            return None;
+        }
+        let start = i.control.grant_start(dev);
+        (start != 0).then_some(start)
+    }
+
     /// Whether device `dev`'s gate currently runs free (arbiter silent).
     pub fn running_free(&self, dev: usize) -> bool {
         dev < MAX_DEVICES && self.inner.devs[dev].free.load(Ordering::Relaxed)

@@ -784,7 +784,7 @@ pub fn run_round(scenarios: &[Scenario]) -> Result<Vec<Outcome>, String> {
     })
 }
 
-/// The bench's compute section: every scenario of the issue (three
+/// The bench's `compute-detail` section (and `all`'s): every scenario of the issue (three
 /// guaranteed 20/30/50, one guaranteed 30 alone, two burst 25+25) with
 /// 50 µs, 1 ms and 20 ms kernels, measured for `measure` each (the three
 /// kernel sizes at once, on three GPUs of one node), and the three other
@@ -1318,4 +1318,293 @@ fn gate_cost() -> Result<crate::bench::Table, String> {
             "One atomic load of the grant word and the process's own launch counter; the shim's added cost per launch, gate included, is in the hook table.".into(),
         ],
     })
+}
+
+/// One way a program uses the GPU (issue 36's shapes): its kernels' length,
+/// how it waits for them, how it launches and how many processes of it an
+/// allocation runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub name: String,
+    pub kernel: Duration,
+    /// Synchronise after every this many launches (0: stream, `depth`
+    /// kernels in flight).
+    pub sync_every: u32,
+    /// Host time after each synchronisation.
+    pub gap: Duration,
+    pub launch: Launch,
+    pub processes: u32,
+}
+
+impl Shape {
+    fn new(kernel: Duration, sync_every: u32, gap: Duration) -> Shape {
+        let us = kernel.as_micros();
+        let how = match (sync_every, gap.is_zero()) {
+            (0, _) => "streaming".to_string(),
+            (1, true) => "sync every launch".into(),
+            (n, true) => format!("sync every {n}"),
+            (n, false) => format!("sync every {n}, {} us host gap", gap.as_micros()),
+        };
+        Shape {
+            name: format!("{us} us, {how}"),
+            kernel,
+            sync_every,
+            gap,
+            launch: Launch::Kernel,
+            processes: 1,
+        }
+    }
+
+    /// Whether the program waits on the host between its kernels, so it
+    /// may want less of the GPU than its share.
+    pub fn waits(&self) -> bool {
+        self.sync_every > 0
+    }
+
+    /// The scenario of this shape for `allocs`, named `<shape>, <label>`.
+    pub fn scenario(&self, label: &str, allocs: Vec<AllocSpec>, measure: Duration) -> Scenario {
+        let mut sc = Scenario::new(
+            &format!("{}, {label}", self.name),
+            allocs,
+            self.kernel,
+            measure,
+        );
+        sc.sync_every = self.sync_every;
+        sc.gap = self.gap;
+        sc.launch = self.launch;
+        sc.processes = self.processes;
+        sc
+    }
+}
+
+/// Every shape issue 36 names: streaming, a synchronisation after every
+/// launch and after every second one, and host gaps between steps (twice
+/// the step's kernel time, so the program wants about half the GPU), each
+/// with 50 µs, 1 ms and 20 ms kernels; CUDA graphs and two processes per
+/// allocation with 1 ms kernels, streaming.
+pub fn shapes() -> Vec<Shape> {
+    let mut out = Vec::new();
+    for k in [
+        Duration::from_micros(50),
+        Duration::from_millis(1),
+        Duration::from_millis(20),
+    ] {
+        out.push(Shape::new(k, 0, Duration::ZERO));
+        out.push(Shape::new(k, 1, Duration::ZERO));
+        out.push(Shape::new(k, 2, Duration::ZERO));
+        out.push(Shape::new(k, 2, 2 * k));
+    }
+    let ms = Duration::from_millis(1);
+    let mut graphs = Shape::new(ms, 0, Duration::ZERO);
+    graphs.launch = Launch::Graph;
+    graphs.name = "1000 us, streaming, CUDA graphs".into();
+    out.push(graphs);
+    let mut two = Shape::new(ms, 0, Duration::ZERO);
+    two.processes = 2;
+    two.name = "1000 us, streaming, 2 processes per allocation".into();
+    out.push(two);
+    out
+}
+
+/// The allocations each shape runs under: guaranteed 30% alone and next to
+/// a guaranteed 70%, a burst 30 + 70 pair; for streaming and for 1 ms
+/// kernels synchronising every second launch, also guaranteed 75% alone
+/// and next to a guaranteed 25% (issue 34's share).
+pub fn mixes(shape: &Shape) -> Vec<(&'static str, Vec<AllocSpec>)> {
+    let (g, b) = (AllocSpec::guaranteed, AllocSpec::burst);
+    let mut out = vec![
+        ("guaranteed 30 alone", vec![g(30)]),
+        ("guaranteed 30+70", vec![g(30), g(70)]),
+        ("burst 30+70", vec![b(30), b(70)]),
+    ];
+    let plain = shape.launch == Launch::Kernel && shape.processes == 1 && shape.gap.is_zero();
+    if plain && (shape.sync_every == 0 || (shape.sync_every == 2 && shape.kernel.as_millis() == 1))
+    {
+        out.push(("guaranteed 75 alone", vec![g(75)]));
+        out.push(("guaranteed 75+25", vec![g(75), g(25)]));
+    }
+    out
+}
+
+/// What each allocation should get: a guaranteed one its share, or what it
+/// wants when that is less; a burst one at least its share, and what the
+/// others leave of the GPU, up to what it wants. `wanted` is the busy % the
+/// same program reaches alone on a GPU it has to itself (100 for a program
+/// that never waits on the host).
+pub fn targets(allocs: &[AllocSpec], wanted: f64) -> Vec<f64> {
+    let share = |a: &AllocSpec| f64::from(a.share_ppm) / 10_000.0;
+    allocs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match a.policy {
+            Policy::Guaranteed => share(a).min(wanted),
+            Policy::Burst => {
+                let others: f64 = allocs
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, o)| share(o).min(wanted))
+                    .sum();
+                share(a).max(100.0 - others).min(wanted)
+            }
+        })
+        .collect()
+}
+
+/// One row of the shape table.
+#[derive(Debug, Clone)]
+pub struct ShapeRow {
+    pub shape: String,
+    pub mix: String,
+    pub targets: Vec<f64>,
+    pub wanted: Option<f64>,
+    pub outcome: Outcome,
+}
+
+impl ShapeRow {
+    /// The largest distance of an allocation's share from its target, pp.
+    pub fn worst_pp(&self) -> f64 {
+        self.outcome
+            .achieved
+            .iter()
+            .zip(&self.targets)
+            .map(|(a, t)| (a - t).abs())
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Runs every shape under every mix ([`shapes`], [`mixes`]) whose name
+/// (`<shape>, <mix>`) contains `only` (any case; all when `None`): one
+/// round per shape, its mixes at once on GPUs of one node, beside the same
+/// program alone on a GPU of its own (a whole-GPU allocation, no gate) when
+/// it waits on the host, which measures what it wants.
+///
+/// # Errors
+/// When the arbiter cannot start or a scenario panicked.
+pub fn run_shapes(measure: Duration, only: Option<&str>) -> Result<Vec<ShapeRow>, String> {
+    let only = only.map(str::to_lowercase);
+    let mut rows = Vec::new();
+    for shape in shapes() {
+        let mut round: Vec<(String, Scenario)> = mixes(&shape)
+            .into_iter()
+            .map(|(label, allocs)| (label.to_string(), shape.scenario(label, allocs, measure)))
+            .filter(|(_, sc)| {
+                only.as_ref()
+                    .is_none_or(|o| sc.name.to_lowercase().contains(o.as_str()))
+            })
+            .collect();
+        if round.is_empty() {
+            continue;
+        }
+        let bare = shape.waits();
+        if bare {
+            round.push((
+                "wanted".into(),
+                shape.scenario(
+                    "alone on a whole GPU",
+                    vec![AllocSpec::guaranteed(100)],
+                    measure,
+                ),
+            ));
+        }
+        let scs: Vec<Scenario> = round.iter().map(|(_, sc)| sc.clone()).collect();
+        let mut outcomes = run_round(&scs)?;
+        let wanted = if bare {
+            outcomes.pop().map(|o| o.achieved[0].min(100.0))
+        } else {
+            None
+        };
+        for ((label, sc), outcome) in round.into_iter().zip(outcomes) {
+            rows.push(ShapeRow {
+                shape: shape.name.clone(),
+                mix: label,
+                targets: targets(&sc.allocs, wanted.unwrap_or(100.0)),
+                wanted,
+                outcome,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The columns of [`shape_table`].
+pub const SHAPE_COLUMNS: [&str; 8] = [
+    "shape",
+    "allocations",
+    "target → achieved %",
+    "wanted %",
+    "GPU busy %",
+    "hand-over p50 / p99 ms",
+    "idle per hand-over µs",
+    "worst miss pp",
+];
+
+/// The shape table: one row per shape and mix ([`run_shapes`]).
+///
+/// # Errors
+/// When the arbiter cannot start or a scenario panicked.
+pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench::Table, String> {
+    let rows = run_shapes(measure, only)?;
+    let ms = |ns: Option<u64>| ns.map_or("-".to_string(), |v| format!("{:.2}", v as f64 / 1e6));
+    let mut failures = Vec::new();
+    let cells = rows
+        .iter()
+        .map(|r| {
+            let o = &r.outcome;
+            failures.extend(o.failures.iter().cloned());
+            let pairs = o
+                .allocs
+                .iter()
+                .zip(&r.targets)
+                .zip(&o.achieved)
+                .map(|((a, t), got)| {
+                    let share = f64::from(a.share_ppm) / 10_000.0;
+                    if (t - share).abs() < 0.005 {
+                        format!("{t:.0} → {got:.2}")
+                    } else {
+                        format!("{t:.1} → {got:.2}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" / ");
+            vec![
+                r.shape.clone(),
+                r.mix.clone(),
+                pairs,
+                r.wanted.map_or("-".into(), |w| format!("{w:.1}")),
+                format!("{:.2}", o.gpu_busy),
+                if o.handover_p50.is_some() {
+                    format!("{} / {}", ms(o.handover_p50), ms(o.handover_p99))
+                } else {
+                    "-".into()
+                },
+                idle_per_handover(o),
+                format!("{:.2}", r.worst_pp()),
+            ]
+        })
+        .collect();
+    let mut notes = vec![
+        format!(
+            "{} s per scenario after 0.7 s of warm-up; a shape's allocation mixes at once on GPUs of one simulated node (real-driver costs, docs/simulator.md), quantum 10 ms; achieved = the allocation's busy time on the GPU's engine (ground truth), all its processes together.",
+            measure.as_secs_f64()
+        ),
+        "Target: a guaranteed share, or what the program wants when that is less; a burst share, or more when the other leaves time, up to what it wants. Wanted (programs that wait on the host): the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate).".into(),
+        "Hand-over: revocation to the next holder's time starting; idle per hand-over: the GPU's idle time over the window divided by the hand-overs in it (pairs only; where a program waits on the host it includes time no one wanted the GPU).".into(),
+    ];
+    notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
+    Ok(crate::bench::Table {
+        title: "Compute-time slices: every shape, target vs achieved share".into(),
+        columns: SHAPE_COLUMNS.map(String::from).to_vec(),
+        rows: cells,
+        notes,
+    })
+}
+
+/// The compute section's tables after the shapes': two capped allocations
+/// with and without an arbiter, and the gate's own cost.
+///
+/// # Errors
+/// When an arbiter cannot start or a workload does not start.
+pub fn other_tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
+    Ok(vec![no_arbiter(measure)?, gate_cost()?])
 }

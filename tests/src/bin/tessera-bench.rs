@@ -1,6 +1,6 @@
 //! `tessera-bench`: prints benchmark tables. `cargo run --release -p tessera-e2e --bin
-//! tessera-bench -- sim|hook|compute|compute-sync|compute-handover|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
-//! [--processes N] [--race-secs SECS]`. `all` prints one summary table (figure,
+//! tessera-bench -- sim|hook|compute|compute-shapes|compute-detail|compute-sync|compute-handover|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
+//! [--processes N] [--race-secs SECS] [--only TEXT] [--markdown]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
 //! [--seed S]` drives a simulated node with random events and faults, checking its
 //! invariants after every step; it exits 1 on any violation. `run`: `tessera run -- true`
@@ -11,11 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real]
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown]
        tessera-bench soak [--minutes N] [--seed S]
-sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares, gate cost), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
+sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares of every program shape, one row per shape and allocation mix; then the shares with no arbiter and the gate's cost), compute-shapes (only the shapes' table), compute-detail (the earlier per-allocation share tables: 20/30/50, burst 25+25, launch calls, programs that synchronise, the hand-over rules), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
 --real: compute against the libcuda.so.1 the process finds (a real GPU), kernels from the bench's PTX, shares by the workloads' own counts; its last line is a JSON summary
+--only TEXT: compute, compute-shapes: only the scenarios whose name (shape, allocations) contains TEXT, any case; --markdown: tables as Markdown (pasteable into the README)
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)";
 
 struct Options {
@@ -26,6 +27,10 @@ struct Options {
     race_for: Duration,
     /// `compute --real`: the scenarios on the driver the process finds.
     real: bool,
+    /// Tables as Markdown, to paste into the README.
+    markdown: bool,
+    /// `compute`, `compute-shapes`: only the scenarios whose name has this.
+    only: Option<String>,
 }
 
 /// `tessera-bench __manager <manager flags>`: the manager the soak starts and restarts
@@ -69,6 +74,8 @@ fn main() -> Result<()> {
         processes: 16,
         race_for: Duration::from_secs(5),
         real: false,
+        markdown: false,
+        only: None,
     };
     let secs = |v: Option<String>, what: &str| -> Result<Duration> {
         let s: f64 = v.context(USAGE)?.parse().context(what.to_string())?;
@@ -88,6 +95,14 @@ fn main() -> Result<()> {
             "--measure" => o.measure = secs(args.next(), "--measure")?,
             "--race-secs" => o.race_for = secs(args.next(), "--race-secs")?,
             "--real" => o.real = true,
+            "--markdown" => o.markdown = true,
+            "--only" => {
+                let v = args.next().context(USAGE)?;
+                if v.trim().is_empty() {
+                    bail!("--only needs part of a scenario's name");
+                }
+                o.only = Some(v);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -97,6 +112,8 @@ fn main() -> Result<()> {
                 "sim",
                 "hook",
                 "compute",
+                "compute-shapes",
+                "compute-detail",
                 "compute-sync",
                 "compute-handover",
                 "race",
@@ -140,7 +157,16 @@ fn main() -> Result<()> {
             println!("{summary}");
             continue;
         }
-        if all || s == "compute" {
+        if s == "compute" || s == "compute-shapes" {
+            tables.push(
+                bench::compute::shape_table(o.measure, o.only.as_deref())
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+        if s == "compute" && o.only.is_none() {
+            tables.extend(bench::compute::other_tables(o.measure).map_err(anyhow::Error::msg)?);
+        }
+        if all || s == "compute-detail" {
             compute = bench::compute::tables(o.measure).map_err(anyhow::Error::msg)?;
             tables.extend(compute.iter().cloned());
         }
@@ -168,12 +194,15 @@ fn main() -> Result<()> {
         if s == "dra" {
             tables.push(bench::dra::table(o.runs.max(1) * 20).map_err(anyhow::Error::msg)?);
         }
+        let render = |t: &Table| {
+            if o.markdown { t.markdown() } else { t.render() }
+        };
         if all {
             let summary = summary(sim.as_ref(), hook.as_ref(), &compute, race.as_ref(), &o)?;
-            println!("{}", summary.render());
+            println!("{}", render(&summary));
         }
         for table in tables {
-            println!("{}", table.render());
+            println!("{}", render(&table));
         }
     }
     Ok(())
