@@ -7,7 +7,7 @@
 //! and writes it into its annotation [`ANNOTATION_RESERVED_GPU`]; then it labels the
 //! fraction pod with the group and binds it. Two pieces serve that here:
 //!
-//! - [`ReservationService`]: `nvidia.com/gpu`, one device per GPU (its UUID), for the
+//! - `ReservationService`: `nvidia.com/gpu`, one device per GPU (its UUID), for the
 //!   reservation pods only. They hold no memory and no time (an NVML query, then
 //!   sleep), so no Tessera allocation is made; the answer only makes the one GPU
 //!   visible. The kubelet does not say which pod an Allocate is for, so the plugin
