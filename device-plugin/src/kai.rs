@@ -25,15 +25,11 @@
 //! whose slices are free; its limits are its slices' wherever they are.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use tessera_node::scheduling::GpuTake;
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::assignment::{
@@ -455,7 +451,7 @@ pub fn plugin_options() -> dp::DevicePluginOptions {
     }
 }
 
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+use crate::service::DeviceStream;
 
 #[tonic::async_trait]
 impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
@@ -472,28 +468,10 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
         &self,
         _req: Request<dp::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let mut rx = self.state.subscribe();
-        let (tx, out) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut last: Option<Vec<dp::Device>> = None;
-            loop {
-                let devices = devices(&rx.borrow_and_update());
-                if last.as_ref() != Some(&devices) {
-                    let msg = dp::ListAndWatchResponse {
-                        devices: devices.clone(),
-                    };
-                    if tx.send(Ok(msg)).await.is_err() {
-                        return;
-                    }
-                    last = Some(devices);
-                }
-                tokio::select! {
-                    changed = rx.changed() => if changed.is_err() { return },
-                    () = tx.closed() => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+        let rx = self.state.subscribe();
+        Ok(Response::new(crate::service::device_stream(rx, |s| {
+            devices(s)
+        })))
     }
 
     async fn get_preferred_allocation(

@@ -148,7 +148,40 @@ pub fn plugin_options() -> dp::DevicePluginOptions {
     }
 }
 
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+pub(crate) type DeviceStream =
+    Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+/// ListAndWatch's stream for both resources the plugin serves (slices here, KAI's
+/// reservation GPUs in `kai.rs`): the device list `project` makes of the watched
+/// state, sent first and then again whenever it changes, until the kubelet hangs up
+/// or the state's sender is dropped.
+pub(crate) fn device_stream<T: Send + Sync + 'static>(
+    mut rx: tokio::sync::watch::Receiver<T>,
+    project: impl Fn(&T) -> Vec<dp::Device> + Send + 'static,
+) -> DeviceStream {
+    let (tx, out) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut last: Option<Vec<dp::Device>> = None;
+        loop {
+            let devices = project(&rx.borrow_and_update());
+            if last.as_ref() != Some(&devices) {
+                let msg = dp::ListAndWatchResponse {
+                    devices: devices.clone(),
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+                tracing::debug!(devices = devices.len(), "sent device list");
+                last = Some(devices);
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                () = tx.closed() => return,
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(out))
+}
 
 fn loads(snap: &Snapshot) -> Vec<GpuLoad> {
     snap.gpus
@@ -201,29 +234,8 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
         &self,
         _req: Request<dp::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let mut rx = self.state.subscribe();
-        let (tx, out) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut last: Option<Vec<dp::Device>> = None;
-            loop {
-                let devices = rx.borrow_and_update().devices.clone();
-                if last.as_ref() != Some(&devices) {
-                    let msg = dp::ListAndWatchResponse {
-                        devices: devices.clone(),
-                    };
-                    if tx.send(Ok(msg)).await.is_err() {
-                        return;
-                    }
-                    tracing::debug!(devices = devices.len(), "sent device list");
-                    last = Some(devices);
-                }
-                tokio::select! {
-                    changed = rx.changed() => if changed.is_err() { return },
-                    () = tx.closed() => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+        let rx = self.state.subscribe();
+        Ok(Response::new(device_stream(rx, |s| s.devices.clone())))
     }
 
     async fn get_preferred_allocation(
