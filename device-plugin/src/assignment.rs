@@ -59,6 +59,23 @@ pub struct PodInfo {
     pub nvidia_gpus: u64,
 }
 
+impl PodInfo {
+    /// Its containers already served, by name: the value of
+    /// [`ANNOTATION_GPU_ALLOCATED`] the plugin writes after each Allocate
+    /// (for the extender's pods and KAI's alike).
+    pub fn served(&self) -> Vec<String> {
+        self.annotations
+            .get(ANNOTATION_GPU_ALLOCATED)
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// The pods of a node through the Kubernetes API.
 pub trait PodsOnNode: Send + Sync + 'static {
     /// Every pod bound to `node`.
@@ -239,16 +256,7 @@ pub fn pending(pods: &[PodInfo], node: &str) -> Vec<Pending> {
                 continue;
             }
         };
-        let served: Vec<String> = p
-            .annotations
-            .get(ANNOTATION_GPU_ALLOCATED)
-            .map(|v| {
-                v.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let served = p.served();
         let next = p
             .containers
             .iter()

@@ -33,8 +33,7 @@ use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
 use tonic::{Request, Response, Status};
 
 use crate::assignment::{
-    self, ANNOTATION_GPU_ALLOCATED, ANNOTATION_GPU_ASSIGNMENT, AssignmentError, Match, Pending,
-    PodInfo, PodsOnNode,
+    self, ANNOTATION_GPU_ASSIGNMENT, AssignmentError, Match, Pending, PodInfo, PodsOnNode,
 };
 use crate::device_id::DeviceId;
 use crate::state::{PluginState, Snapshot};
@@ -192,16 +191,7 @@ pub fn pending(pods: &[PodInfo], node: &str) -> (Vec<Reserved>, Vec<Unresolved>)
         if groups.is_empty() {
             continue;
         }
-        let served: Vec<String> = p
-            .annotations
-            .get(ANNOTATION_GPU_ALLOCATED)
-            .map(|v| {
-                v.split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let served = p.served();
         let Some((container, slices)) = p
             .containers
             .iter()
@@ -557,6 +547,7 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assignment::ANNOTATION_GPU_ALLOCATED;
     use std::collections::BTreeMap;
 
     fn labels(v: &[(&str, &str)]) -> BTreeMap<String, String> {
