@@ -225,20 +225,29 @@ impl Gate {
         r
     }
 
+    /// Whether this process's allocation holds a grant on device `dev` that
+    /// the arbiter times (granted, not open, not running free): the one
+    /// check before reading a grant's published times. The grant word is
+    /// read with Acquire, so a time read after it is this grant's or a
+    /// later renewal's.
+    fn holds_grant(&self, dev: usize) -> bool {
+        let i = &*self.inner;
+        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+            return false;
+        }
+        let w = i.control.device(dev).grant.load(Ordering::Acquire);
+        w & grant::GRANTED != 0 && w & grant::OPEN == 0
+    }
+
     /// When the quantum of the grant this process holds on device `dev`
     /// ends, as the arbiter published it (its CLOCK_MONOTONIC): `None` when
     /// the allocation does not hold a grant there (revoked, open, running
     /// free) or no end was published. The pacer's hint; never trusted.
     pub fn grant_until(&self, dev: usize) -> Option<u64> {
-        let i = &*self.inner;
-        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+        if !self.holds_grant(dev) {
             return None;
         }
-        let w = i.control.device(dev).grant.load(Ordering::Acquire);
-        if w & grant::GRANTED == 0 || w & grant::OPEN != 0 {
-            return None;
-        }
-        let until = i.control.grant_until(dev);
+        let until = self.inner.control.grant_until(dev);
         // Written before the grant it belongs to; read after the word, so
         // it is this grant's or a later renewal's.
         (until != 0).then_some(until)
@@ -250,15 +259,10 @@ impl Gate {
     /// when no grant is held there or nothing was published. The pacer's
     /// hint; never trusted.
     pub fn grant_start(&self, dev: usize) -> Option<u64> {
-        let i = &*self.inner;
-        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+        if !self.holds_grant(dev) {
             return None;
         }
-        let w = i.control.device(dev).grant.load(Ordering::Acquire);
-        if w & grant::GRANTED == 0 || w & grant::OPEN != 0 {
-            return None;
-        }
-        let start = i.control.grant_start(dev);
+        let start = self.inner.control.grant_start(dev);
         (start != 0).then_some(start)
     }
 
