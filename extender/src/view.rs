@@ -594,17 +594,12 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_pod_asking_for_a_vendor_gets_only_that_vendors_gpus() {
-        let gpu = |uuid: &str, vendor: &str, used: u32| GpuState {
+    /// A healthy 32 GiB GPU of 8 slices with `used` of them taken.
+    fn eight_slice_gpu(uuid: &str, model: &str, vendor: &str, used: u32) -> GpuState {
+        GpuState {
             report: GpuReport {
                 uuid: uuid.into(),
-                model: if vendor.is_empty() {
-                    "T4"
-                } else {
-                    "AMD Instinct MI210"
-                }
-                .into(),
+                model: model.into(),
                 vendor: vendor.into(),
                 class: String::new(),
                 memory_mib: 32768,
@@ -615,6 +610,18 @@ mod tests {
                 healthy: true,
             },
             free: 8 - used,
+        }
+    }
+
+    #[test]
+    fn a_pod_asking_for_a_vendor_gets_only_that_vendors_gpus() {
+        let gpu = |uuid: &str, vendor: &str, used: u32| {
+            let model = if vendor.is_empty() {
+                "T4"
+            } else {
+                "AMD Instinct MI210"
+            };
+            eight_slice_gpu(uuid, model, vendor, used)
         };
         // Binpack would pick the fuller NVIDIA GPU; the AMD pod must not.
         let node = NodeState {
@@ -646,21 +653,7 @@ mod tests {
 
     #[test]
     fn a_pod_with_model_or_uuid_lists_gets_only_gpus_that_pass_them() {
-        let gpu = |uuid: &str, model: &str, used: u32| GpuState {
-            report: GpuReport {
-                uuid: uuid.into(),
-                model: model.into(),
-                vendor: "nvidia".into(),
-                class: String::new(),
-                memory_mib: 32768,
-                slices: 8,
-                used_slices: used,
-                pods: BTreeMap::new(),
-                utilization: None,
-                healthy: true,
-            },
-            free: 8 - used,
-        };
+        let gpu = |uuid: &str, model: &str, used: u32| eight_slice_gpu(uuid, model, "nvidia", used);
         // Binpack prefers the fuller A100; the lists must overrule it.
         let node = NodeState {
             name: "n".into(),
