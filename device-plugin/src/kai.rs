@@ -524,7 +524,10 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
                 others.join(", ")
             ))));
         }
-        let snap = self.state.snapshot();
+        let snap = self
+            .state
+            .with_inventory(crate::service::INVENTORY_WAIT)
+            .await;
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
             let resp = container_response(&c.devices_ids, &snap).map_err(refused)?;

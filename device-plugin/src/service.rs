@@ -21,6 +21,12 @@ use crate::state::{PluginState, Snapshot};
 use tessera_node::cdi::HostPaths;
 use tessera_node::manager::ManagerApi;
 
+/// How long Allocate and GetPreferredAllocation wait for the manager's first
+/// inventory after the plugin starts ([`PluginState::with_inventory`]): long
+/// enough for a manager that is up to answer under load, short against the
+/// kubelet's patience with a pod's admission.
+pub(crate) const INVENTORY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves one node's slices to the kubelet.
 pub(crate) struct PluginService<M, P> {
     pub(crate) state: Arc<PluginState>,
@@ -242,7 +248,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
         &self,
         req: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        let snap = self.state.snapshot();
+        let snap = self.state.with_inventory(INVENTORY_WAIT).await;
         let gpus = loads(&snap);
         let policy = Policy {
             placement: snap.node.placement,
@@ -305,7 +311,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
         &self,
         req: Request<dp::AllocateRequest>,
     ) -> Result<Response<dp::AllocateResponse>, Status> {
-        let snap = self.state.snapshot();
+        let snap = self.state.with_inventory(INVENTORY_WAIT).await;
         if snap.node.ld_so_preload {
             let path = &self.host.preload_file;
             allocate::ensure_preload_file(path)

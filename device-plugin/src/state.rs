@@ -44,6 +44,10 @@ pub struct Snapshot {
     /// False until the manager first answered, and after it was lost for
     /// longer than the grace period.
     pub manager_up: bool,
+    /// The manager has answered at least once since the plugin started:
+    /// before that the plugin knows no GPU, which is not the same as a node
+    /// without GPUs.
+    pub inventory_read: bool,
 }
 
 impl Snapshot {
@@ -113,6 +117,24 @@ impl PluginState {
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.tx.borrow().clone()
+    }
+
+    /// The snapshot once the manager's inventory has been read, or the
+    /// current one when `timeout` passes first.
+    ///
+    /// A kubelet keeps the devices an earlier plugin advertised across a
+    /// plugin restart, so it may call Allocate on a new plugin before that
+    /// plugin has heard from the manager. Judging the request against an
+    /// empty inventory would fail a pod that the next status admits; waiting
+    /// for the first one (the manager answers within a status interval when
+    /// it is up) does not.
+    pub async fn with_inventory(&self, timeout: std::time::Duration) -> Arc<Snapshot> {
+        let mut rx = self.tx.subscribe();
+        let read = tokio::time::timeout(timeout, rx.wait_for(|s| s.inventory_read)).await;
+        match read {
+            Ok(Ok(snap)) => snap.clone(),
+            _ => self.snapshot(),
+        }
     }
 
     /// A receiver that wakes on every new snapshot.
@@ -217,6 +239,7 @@ fn build(i: &Inputs, now: Instant) -> Snapshot {
         gpus,
         devices,
         manager_up: i.manager_up,
+        inventory_read: i.last_now.is_some(),
     }
 }
 
@@ -244,6 +267,44 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_before_the_first_inventory_waits_for_it() {
+        let cfg = Config::parse("default:\n  slice: {slicesPerGpu: 2}\n").expect("cfg");
+        let st = Arc::new(PluginState::new("n", cfg, BTreeMap::new()));
+        assert!(!st.snapshot().inventory_read);
+        let waiting = tokio::spawn({
+            let st = st.clone();
+            async move { st.with_inventory(std::time::Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "answered before any inventory");
+        st.update_status(&status(&[("GPU-a", 80 * GI, true, 0)]), Instant::now());
+        let snap = waiting.await.expect("join");
+        assert!(snap.inventory_read);
+        assert!(
+            snap.gpu("GPU-a").is_some(),
+            "the waiting request sees the GPU"
+        );
+
+        // Once read, a manager lost later does not make a request wait: the
+        // plugin answers from what it knows (its slices marked unhealthy).
+        st.set_manager_lost();
+        let t0 = Instant::now();
+        let snap = st.with_inventory(std::time::Duration::from_secs(10)).await;
+        assert_eq!(t0.elapsed(), std::time::Duration::ZERO);
+        assert!(snap.inventory_read && !snap.manager_up);
+
+        // A manager that never answers: the request is judged after the wait.
+        let cfg = Config::parse("default:\n  slice: {slicesPerGpu: 2}\n").expect("cfg");
+        let never = PluginState::new("n", cfg, BTreeMap::new());
+        let t0 = Instant::now();
+        let snap = never
+            .with_inventory(std::time::Duration::from_secs(10))
+            .await;
+        assert_eq!(t0.elapsed(), std::time::Duration::from_secs(10));
+        assert!(!snap.inventory_read && snap.gpus.is_empty());
     }
 
     #[test]

@@ -362,6 +362,9 @@ fn a_rolling_update_and_a_reinstall_leave_every_workload_running_within_its_limi
     let plugin = start_plugin(&rt, &opts);
     assert!(rt.block_on(kubelet.wait_registrations(2, T)).is_some());
     wait_slices(&rt, &mut kubelet, 8, "second plugin");
+    // The kubelet's list may still be the old plugin's (a real kubelet keeps
+    // it too): the new plugin must serve this Allocate even before its own
+    // first inventory from the manager has arrived.
     let slice = kubelet.devices()[0].id.clone();
     let resp = rt
         .block_on(async {
