@@ -19,71 +19,44 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_void};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
-use crate::memory::{Kind, find, map_block, unmap_block};
+use crate::registry::{Export, Kind, export, find, lock, map, unmap};
 use crate::*;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TSHIPIPC");
 
-/// What a handle says, laid out in its 64 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Wire {
-    pid: u32,
-    id: u64,
-    key: u64,
-    size: u64,
-}
-
-impl Wire {
-    fn encode(&self) -> hipIpcMemHandle_t {
-        let mut b = [0u8; 64];
-        b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[16..24].copy_from_slice(&self.id.to_le_bytes());
-        b[24..32].copy_from_slice(&self.key.to_le_bytes());
-        b[32..40].copy_from_slice(&self.size.to_le_bytes());
-        hipIpcMemHandle_t {
-            reserved: b.map(|x| x as c_char),
-        }
-    }
-
-    fn decode(h: &hipIpcMemHandle_t) -> Option<Wire> {
-        let b = h.reserved.map(|x| x as u8);
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
-        (u64_at(0) == MAGIC).then(|| Wire {
-            pid: u32_at(8),
-            id: u64_at(16),
-            key: u64_at(24),
-            size: u64_at(32),
-        })
+/// Lays an export out in a handle's 64 bytes.
+fn encode(e: &Export) -> hipIpcMemHandle_t {
+    let mut b = [0u8; 64];
+    b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    b[8..12].copy_from_slice(&e.pid.to_le_bytes());
+    b[16..24].copy_from_slice(&e.id.to_le_bytes());
+    b[24..32].copy_from_slice(&e.key.to_le_bytes());
+    b[32..40].copy_from_slice(&e.size.to_le_bytes());
+    hipIpcMemHandle_t {
+        reserved: b.map(|x| x as c_char),
     }
 }
 
-/// Allocations of this process that have a handle: base -> handle contents.
-static EXPORTED: Mutex<BTreeMap<usize, Wire>> = Mutex::new(BTreeMap::new());
+/// What a handle says, if it is one of this library's.
+fn decode(h: &hipIpcMemHandle_t) -> Option<Export> {
+    let b = h.reserved.map(|x| x as u8);
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+    (u64_at(0) == MAGIC).then(|| Export {
+        pid: u32_at(8),
+        id: u64_at(16),
+        key: u64_at(24),
+        size: u64_at(32),
+    })
+}
+
 /// Opened handles: base of the mapping -> (shared-object id, bytes mapped).
 static OPENED: Mutex<BTreeMap<usize, (u64, u64)>> = Mutex::new(BTreeMap::new());
 /// Makes keys unique within this process; the pid makes them unique on the node.
 static SEQ: AtomicU64 = AtomicU64::new(1);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in another thread (caught at the FFI edge) must not wedge every later call.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The allocation at `base` is being freed: if it was exported, the node's shared
-/// object takes over its bytes (this process stops holding it; the charge moves to an
-/// importer or leaves the device). Whether it was exported.
-pub(crate) fn freed(rt: &Runtime, base: usize) -> bool {
-    let Some(w) = lock(&EXPORTED).remove(&base) else {
-        return false;
-    };
-    rt.node.share_leave(rt.slot, w.id);
-    true
-}
 
 hip_api! {
     /// `hipIpcGetMemHandle`: a handle for the allocation holding `ptr`.
@@ -102,29 +75,17 @@ hip_api! {
             if a.kind != Kind::Device {
                 return Err(hipErrorInvalidValue);
             }
-            let mut exported = lock(&EXPORTED);
-            let w = match exported.get(&base) {
-                Some(w) => *w,
-                None => {
-                    rt.node.reap_dead();
-                    let key = (u64::from(std::process::id()) << 32)
-                        | SEQ.fetch_add(1, Ordering::Relaxed);
-                    let id = rt
-                        .node
-                        .share_create(rt.slot, a.physical, a.charged, key)
-                        .ok_or(hipErrorOutOfMemory)?;
-                    let w = Wire {
-                        pid: std::process::id(),
-                        id,
-                        key,
-                        size: a.charged,
-                    };
-                    exported.insert(base, w);
-                    w
-                }
-            };
+            let e = export(base, || {
+                rt.node.reap_dead();
+                let key = (u64::from(std::process::id()) << 32) | SEQ.fetch_add(1, Ordering::Relaxed);
+                let id = rt
+                    .node
+                    .share_create(rt.slot, a.physical, a.charged, key)
+                    .ok_or(hipErrorOutOfMemory)?;
+                Ok(Export { pid: std::process::id(), id, key, size: a.charged })
+            })?;
             // SAFETY: checked non-null; the caller passes a writable handle.
-            unsafe { put(handle, w.encode()) }
+            unsafe { put(handle, encode(&e)) }
         })
     }
 
@@ -139,7 +100,7 @@ hip_api! {
                 return Err(hipErrorInvalidValue);
             }
             let rt = rt()?;
-            let w = Wire::decode(&handle).ok_or(hipErrorInvalidValue)?;
+            let w = decode(&handle).ok_or(hipErrorInvalidValue)?;
             // The mapping is made in the current device's context, made now if this
             // process has not used the device yet.
             rt.current_touched()?;
@@ -154,7 +115,7 @@ hip_api! {
                 .node
                 .share_join(rt.slot, info.id)
                 .ok_or(hipErrorInvalidValue)?;
-            let p = match map_block(bytes) {
+            let p = match map(bytes) {
                 Ok(p) => p,
                 Err(e) => {
                     rt.node.share_leave(rt.slot, info.id);
@@ -178,7 +139,7 @@ hip_api! {
             let (id, bytes) = lock(&OPENED)
                 .remove(&(ptr as usize))
                 .ok_or(hipErrorInvalidValue)?;
-            unmap_block(ptr as usize, bytes);
+            unmap(ptr as usize, bytes);
             rt.node.share_leave(rt.slot, id);
             Ok(())
         })

@@ -22,7 +22,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use tessera_sim::{Node, NodeError, Vendor};
+use tessera_sim::{DriverCosts, Node, NodeError, Vendor};
 
 pub mod device;
 pub mod ipc;
@@ -30,6 +30,7 @@ pub mod memory;
 pub mod module;
 pub mod pool;
 pub mod procaddr;
+pub mod registry;
 pub mod rtc;
 pub mod stream;
 pub mod unsupported;
@@ -64,6 +65,18 @@ pub type HipResult<T> = Result<T, hipError_t>;
 thread_local! {
     /// `hipGetLastError`'s error: the last failure of a call on this thread.
     static LAST_ERROR: Cell<hipError_t> = const { Cell::new(hipSuccess) };
+}
+
+/// The host cost of a launch, a synchronisation's round trip and the device's gap between
+/// kernels (`TESSERA_SIM_LAUNCH_COST` and the others), read once: the CUDA driver's figures.
+pub(crate) fn costs() -> &'static DriverCosts {
+    static COSTS: OnceLock<DriverCosts> = OnceLock::new();
+    COSTS.get_or_init(|| {
+        DriverCosts::from_env().unwrap_or_else(|e| {
+            eprintln!("tessera-sim libamdhip64: {e}; using the defaults");
+            DriverCosts::default()
+        })
+    })
 }
 
 /// Runs an export's body: `Ok` is `hipSuccess`; an error is also remembered for
@@ -323,7 +336,7 @@ pub(crate) fn peek_last_error() -> hipError_t {
 /// round trip). A plain sleep with the default 50 µs slack made every HIP wait, the
 /// compute gate's drain included, that much later than CUDA's for the same work.
 pub(crate) fn wait_until(until_ns: u64) {
-    module::costs().wait_for(until_ns);
+    costs().wait_for(until_ns);
 }
 
 /// `hipError_t` values' names and descriptions, for `hipGetErrorName`/`String`.

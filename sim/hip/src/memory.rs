@@ -16,93 +16,20 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
+use crate::registry::{DEVICE_PAGE, Kind, find, free, insert, lock, map, round_up};
 use crate::stream::{self, Stream};
 
 use crate::*;
 
-/// What an ordinary allocation is rounded up to.
-pub const DEVICE_PAGE: u64 = 4 << 10;
 /// The granularity of the virtual memory calls.
 pub const VMM_GRANULARITY: u64 = 2 << 20;
 /// The pitch alignment of pitched and 3D allocations (`textureAlignment`).
 pub const PITCH_ALIGN: usize = 256;
 
-pub fn round_up(v: u64, align: u64) -> Option<u64> {
-    v.checked_add(align - 1).map(|x| x / align * align)
-}
-
-/// The family an allocation came from, for pointer attributes and frees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Device,
-    Managed,
-    Pool,
-    Array,
-}
-
-/// One live allocation of this process.
-#[derive(Debug, Clone, Copy)]
-pub struct Alloc {
-    pub ordinal: usize,
-    pub physical: usize,
-    /// Bytes charged to the device (the size rounded to the page).
-    pub charged: u64,
-    /// Bytes the caller asked for.
-    pub size: u64,
-    pub kind: Kind,
-    /// The pool a stream-ordered block came from (`pool::Pool` address), 0 for none:
-    /// its bytes go back to that pool, not to the device, when it is freed.
-    pub pool: usize,
-}
-
-/// Live allocations by start address.
-static ALLOCS: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
 /// Live `hipHostMalloc` blocks.
 static HOST: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in another thread (caught at the FFI edge) must not wedge every later call.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Reserves `len` bytes of address space, readable and writable, backed only when used.
-fn map(len: u64) -> HipResult<*mut c_void> {
-    let len = usize::try_from(len.max(1)).map_err(|_| hipErrorOutOfMemory)?;
-    // SAFETY: an anonymous private mapping at an address the kernel chooses; no existing
-    // memory is affected. The result is checked against MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(hipErrorOutOfMemory);
-    }
-    Ok(p)
-}
-
-/// Address space for a pool block of `len` bytes, already charged to its pool.
-pub(crate) fn map_block(len: u64) -> HipResult<*mut c_void> {
-    map(len)
-}
-
-/// Gives back address space [`map_block`] made.
-pub(crate) fn unmap_block(p: usize, len: u64) {
-    unmap(p, len)
-}
-
-fn unmap(p: usize, len: u64) {
-    // SAFETY: `p` is the start of a mapping of `len` bytes (at least 1) this module made,
-    // removed from the table before this call, so nothing of this library uses it again.
-    unsafe { libc::munmap(p as *mut c_void, len.max(1) as usize) };
-}
 
 /// Allocates `size` bytes on ordinal `ordinal`: admitted against the device first, then
 /// mapped; a failed mapping gives the admission back.
@@ -124,30 +51,6 @@ pub fn alloc_on(ordinal: usize, size: u64, kind: Kind) -> HipResult<*mut c_void>
     Ok(p)
 }
 
-/// Records a live allocation whose bytes are already charged (to the device, or to
-/// the pool `pool` when it is not 0).
-pub(crate) fn insert(
-    p: *mut c_void,
-    ordinal: usize,
-    physical: usize,
-    charged: u64,
-    size: u64,
-    kind: Kind,
-    pool: usize,
-) {
-    lock(&ALLOCS).insert(
-        p as usize,
-        Alloc {
-            ordinal,
-            physical,
-            charged,
-            size,
-            kind,
-            pool,
-        },
-    );
-}
-
 /// Allocates on the calling thread's current device.
 pub fn alloc(size: u64, kind: Kind) -> HipResult<*mut c_void> {
     let (o, _) = rt()?.current()?;
@@ -161,38 +64,6 @@ fn alloc_or_null(size: u64, kind: Kind) -> HipResult<*mut c_void> {
         return Ok(std::ptr::null_mut());
     }
     alloc(size, kind)
-}
-
-/// Frees an allocation of one of `kinds` that starts at `p`; null is a no-op.
-pub fn free(p: *mut c_void, kinds: &[Kind]) -> HipResult<()> {
-    if p.is_null() {
-        return Ok(());
-    }
-    let rt = rt()?;
-    let a = {
-        let mut table = lock(&ALLOCS);
-        match table.get(&(p as usize)) {
-            Some(a) if kinds.contains(&a.kind) => table.remove(&(p as usize)),
-            _ => None,
-        }
-    }
-    .ok_or(hipErrorInvalidDevicePointer)?;
-    unmap(p as usize, a.charged);
-    if a.pool != 0 {
-        crate::pool::block_freed(rt, a.pool, a.charged);
-    } else if crate::ipc::freed(rt, p as usize) {
-        // Exported: the node's shared object settled the bytes.
-    } else {
-        rt.node.release_memory(rt.slot, a.physical, a.charged);
-    }
-    Ok(())
-}
-
-/// The allocation holding address `p`, if any (for pointer attributes).
-pub fn find(p: usize) -> Option<(usize, Alloc)> {
-    let table = lock(&ALLOCS);
-    let (&start, a) = table.range(..=p).next_back()?;
-    (p < start + a.charged as usize).then_some((start, *a))
 }
 
 /// What `hipMemGetInfo` reports for physical device `physical`: (free, total), the

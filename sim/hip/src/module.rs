@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use tessera_sim::DriverCosts;
 use tessera_sim::module::{Cost, KernelTime, parse_module};
 
 use crate::stream;
@@ -57,18 +56,6 @@ fn kernel_time() -> KernelTime {
         KernelTime::from_env().unwrap_or_else(|e| {
             eprintln!("tessera-sim libamdhip64: {e}; using the default");
             KernelTime::default()
-        })
-    })
-}
-
-/// The host cost of a launch, a synchronisation's round trip and the device's gap between
-/// kernels (`TESSERA_SIM_LAUNCH_COST` and the others), read once: the CUDA driver's figures.
-pub(crate) fn costs() -> &'static DriverCosts {
-    static COSTS: OnceLock<DriverCosts> = OnceLock::new();
-    COSTS.get_or_init(|| {
-        DriverCosts::from_env().unwrap_or_else(|e| {
-            eprintln!("tessera-sim libamdhip64: {e}; using the defaults");
-            DriverCosts::default()
         })
     })
 }

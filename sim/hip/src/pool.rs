@@ -11,91 +11,24 @@
 //! OS"), the same as CUDA's. Between a free and the next synchronisation the device still
 //! counts the memory. A pool tracks bytes, not fragmentation: a block takes its size
 //! rounded to [`DEVICE_PAGE`] from the pool's spare reserve first and from the device
-//! for the rest.
+//! for the rest. The pools' accounting, which a free and a synchronisation settle too,
+//! is `registry`'s; this module holds the calls and each device's default and current
+//! pool.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-use crate::memory::{DEVICE_PAGE, Kind, insert, round_up};
+use crate::registry::{
+    DEVICE_PAGE, Kind, block_freed, forget_pool, free, insert, lock, map, new_pool, pool, round_up,
+};
 use crate::stream;
 use crate::*;
 
-/// A memory pool (`hipMemPool_t` is the address of one).
-#[derive(Debug)]
-pub struct Pool {
-    pub ordinal: usize,
-    pub physical: usize,
-    state: Mutex<PoolState>,
-}
-
-#[derive(Debug, Default)]
-struct PoolState {
-    /// Bytes taken from the device.
-    reserved: u64,
-    /// Bytes in live blocks.
-    used: u64,
-    reserved_high: u64,
-    used_high: u64,
-    release_threshold: u64,
-    /// `hipMemPoolDestroy` was called: live blocks stay until freed, and their bytes go
-    /// straight back to the device.
-    destroyed: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in another thread (caught at the FFI edge) must not wedge every later call.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Live pool handles. A destroyed pool's box is never freed: blocks still live refer to
-/// it, and a simulator process makes few pools.
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 /// Each ordinal's default pool, made on first request.
 static DEFAULT: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 /// Each ordinal's current pool (`hipDeviceSetMemPool`), the default one when unset.
 static CURRENT: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
-
-impl Pool {
-    fn lock(&self) -> MutexGuard<'_, PoolState> {
-        lock(&self.state)
-    }
-
-    /// Releases unused memory down to `keep` bytes reserved (never below what is used).
-    fn trim(&self, rt: &Runtime, keep: u64) {
-        let mut s = self.lock();
-        let target = round_up(keep.max(s.used), DEVICE_PAGE).unwrap_or(u64::MAX);
-        if s.reserved > target {
-            rt.node
-                .release_memory(rt.slot, self.physical, s.reserved - target);
-            s.reserved = target;
-        }
-    }
-}
-
-/// The live pool at handle `h`.
-fn pool(h: *mut c_void) -> HipResult<&'static Pool> {
-    if !lock(&LIVE)
-        .as_ref()
-        .is_some_and(|s| s.contains(&(h as usize)))
-    {
-        return Err(hipErrorInvalidValue);
-    }
-    // SAFETY: a live handle is the address of a `Pool` box this module leaked (never
-    // freed, see LIVE), so the reference is valid for the process's life.
-    Ok(unsafe { &*h.cast::<Pool>() })
-}
-
-fn new_pool(rt: &Runtime, ordinal: usize) -> HipResult<usize> {
-    let physical = rt.physical(ordinal as c_int)?;
-    let h = Box::into_raw(Box::new(Pool {
-        ordinal,
-        physical,
-        state: Mutex::new(PoolState::default()),
-    })) as usize;
-    lock(&LIVE).get_or_insert_with(HashSet::new).insert(h);
-    Ok(h)
-}
 
 fn default_pool(rt: &Runtime, ordinal: usize) -> HipResult<usize> {
     rt.physical(ordinal as c_int)?;
@@ -138,7 +71,7 @@ fn alloc_from(h: usize, size: u64) -> HipResult<*mut c_void> {
         s.used_high = s.used_high.max(s.used);
         s.reserved_high = s.reserved_high.max(s.reserved);
     }
-    let addr = match crate::memory::map_block(bytes) {
+    let addr = match map(bytes) {
         Ok(a) => a,
         Err(e) => {
             block_freed(rt, h, bytes);
@@ -147,40 +80,6 @@ fn alloc_from(h: usize, size: u64) -> HipResult<*mut c_void> {
     };
     insert(addr, p.ordinal, p.physical, bytes, size, Kind::Pool, h);
     Ok(addr)
-}
-
-/// A block of `bytes` of pool `h` was freed: the pool keeps the memory (a destroyed
-/// pool gives it straight back).
-pub(crate) fn block_freed(rt: &Runtime, h: usize, bytes: u64) {
-    // SAFETY: `h` came from a live allocation's record, which only `alloc_from` writes,
-    // with the address of a pool box that is never freed.
-    let p = unsafe { &*(h as *const Pool) };
-    let destroyed = {
-        let mut s = p.lock();
-        s.used = s.used.saturating_sub(bytes);
-        s.destroyed
-    };
-    if destroyed {
-        p.trim(rt, 0);
-    }
-}
-
-/// At a synchronisation point, pools on `ordinal` (every ordinal when `None`) release
-/// what exceeds their release threshold.
-pub(crate) fn after_sync(ordinal: Option<usize>) {
-    let Ok(rt) = rt() else { return };
-    let handles: Vec<usize> = lock(&LIVE)
-        .as_ref()
-        .map(|s| s.iter().copied().collect())
-        .unwrap_or_default();
-    for h in handles {
-        // SAFETY: a live handle is a never-freed pool box.
-        let p = unsafe { &*(h as *const Pool) };
-        if ordinal.is_none_or(|o| o == p.ordinal) {
-            let keep = p.lock().release_threshold;
-            p.trim(rt, keep);
-        }
-    }
 }
 
 hip_api! {
@@ -258,7 +157,7 @@ hip_api! {
             if lock(&DEFAULT).values().any(|&h| h == mem_pool as usize) {
                 return Err(hipErrorInvalidValue);
             }
-            lock(&LIVE).as_mut().map(|s| s.remove(&(mem_pool as usize)));
+            forget_pool(mem_pool as usize);
             lock(&CURRENT).retain(|_, h| *h != mem_pool as usize);
             p.lock().destroyed = true;
             p.trim(rt, 0);
@@ -368,7 +267,7 @@ hip_api! {
     "hip_5.1" fn hipFreeAsync(ptr: *mut c_void, s: *mut c_void) -> hipError_t {
         guard(|| {
             stream::ordinal_of(s)?;
-            crate::memory::free(ptr, &[Kind::Pool, Kind::Device, Kind::Managed])
+            free(ptr, &[Kind::Pool, Kind::Device, Kind::Managed])
         })
     }
 }

@@ -15,6 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use tessera_sim::clock::now_ns;
 use tessera_sim::layout::MAX_DEVICES;
 
+use crate::registry::after_sync;
 use crate::*;
 
 /// A stream: its device and the end of its last queued work (CLOCK_MONOTONIC ns).
@@ -86,7 +87,7 @@ impl Stream {
         let physical = rt.touch(self.ordinal)?;
         let now = now_ns().max(self.done.load(Ordering::Acquire));
         // The device's idle gap between kernels, as the simulated CUDA driver leaves it.
-        let gap = crate::module::costs().kernel_gap_ns;
+        let gap = costs().kernel_gap_ns;
         let (_, end) = rt
             .node
             .schedule_after_gap(rt.slot, physical, now, duration_ns, gap);
@@ -162,7 +163,7 @@ hip_api! {
     "hip_4.2" fn hipStreamSynchronize(stream: *mut c_void) -> hipError_t {
         guard(|| {
             resolve(stream)?.synchronize();
-            crate::pool::after_sync(Some(ordinal_of(stream)?));
+            after_sync(Some(ordinal_of(stream)?));
             Ok(())
         })
     }
@@ -232,7 +233,7 @@ hip_api! {
     "hip_4.2" fn hipDeviceSynchronize() -> hipError_t {
         guard(|| {
             Stream::before_host_access(true)?;
-            crate::pool::after_sync(Some(rt()?.current()?.0));
+            after_sync(Some(rt()?.current()?.0));
             Ok(())
         })
     }
@@ -290,7 +291,7 @@ hip_api! {
         guard(|| {
             wait_until(event(e)?.at.load(Ordering::Acquire));
             // An event does not say its device here: every pool is looked at.
-            crate::pool::after_sync(None);
+            after_sync(None);
             Ok(())
         })
     }
