@@ -4,12 +4,13 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tessera_contract::units::FULL_COMPUTE_PPM;
 
 use crate::layout::*;
 use crate::map::Mapping;
+use crate::pause::PauseWords;
 use crate::{ShmError, crc32};
 
 /// Device memory a bare [`ControlSpec::new`] charges per CUDA context:
@@ -459,13 +460,7 @@ impl Control {
     pub fn pause(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
         let _one = self.pause_accounting();
-        let h = &self.map.header;
-        if h.paused.load(Ordering::Acquire) != 0 {
-            return Ok(false);
-        }
-        h.paused_since_ns.store(now_ns.max(1), Ordering::Release);
-        h.paused.store(1, Ordering::Release);
-        Ok(true)
+        Ok(self.pause_words().pause(now_ns))
     }
 
     /// Resumes the allocation at `now_ns` and wakes every thread blocked
@@ -473,18 +468,21 @@ impl Control {
     pub fn resume(&self, now_ns: u64) -> Result<bool, ShmError> {
         self.require_writable()?;
         let _one = self.pause_accounting();
-        let h = &self.map.header;
-        if h.paused.load(Ordering::Acquire) == 0 {
+        if !self.pause_words().resume(now_ns) {
             return Ok(false);
         }
-        let since = h.paused_since_ns.swap(0, Ordering::AcqRel);
-        if since != 0 {
-            h.paused_total_ns
-                .fetch_add(now_ns.saturating_sub(since), Ordering::AcqRel);
-        }
-        h.paused.store(0, Ordering::Release);
-        crate::sys::futex_wake_all(&h.paused);
+        crate::sys::futex_wake_all(&self.map.header.paused);
         Ok(true)
+    }
+
+    /// The header's pause words.
+    fn pause_words(&self) -> PauseWords<'_, AtomicU32, AtomicU64> {
+        let h = &self.map.header;
+        PauseWords {
+            paused: &h.paused,
+            since_ns: &h.paused_since_ns,
+            total_ns: &h.paused_total_ns,
+        }
     }
 
     /// The pause words' lock (see [`Control`]); a panic while it was held
@@ -500,14 +498,7 @@ impl Control {
     /// the current pause included.
     pub fn paused_ns(&self, now_ns: u64) -> u64 {
         let _one = self.pause_accounting();
-        let h = &self.map.header;
-        let since = h.paused_since_ns.load(Ordering::Acquire);
-        let total = h.paused_total_ns.load(Ordering::Acquire);
-        if since == 0 {
-            total
-        } else {
-            total + now_ns.saturating_sub(since)
-        }
+        self.pause_words().paused_ns(now_ns)
     }
 
     /// A snapshot of what the file says, as a spec.

@@ -14,10 +14,12 @@
 //! operation; see [`state`] for how reservations stay exact when processes
 //! are killed at any instruction.
 
+pub mod atomics;
 pub mod control;
 pub mod gate;
 pub mod layout;
 mod map;
+pub mod pause;
 pub mod process;
 pub mod protocol;
 pub mod state;

@@ -1,10 +1,11 @@
 //! The arbiter's side of the gate: publishing grants, the heartbeat, and what
 //! it reads of the processes (demand, activity, undrained work).
 
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::{next_grant_word, saturating_dec};
-use crate::layout::{MAX_DEVICES, MAX_SLOTS, Owner, StateFile, grant};
+use super::handshake;
+use super::saturating_dec;
+use crate::layout::{MAX_DEVICES, MAX_SLOTS, Owner, StateFile};
 use crate::sys::futex_wake_all;
 use crate::{Control, ShmError, State};
 
@@ -30,21 +31,13 @@ impl Control {
     pub fn publish_grant(&self, dev: usize, flags: u32) -> Result<u32, ShmError> {
         self.require_writable()?;
         self.check_dev(dev)?;
-        let word = &self.device(dev).grant;
-        let new = next_grant_word(word.load(Ordering::Acquire), flags);
-        word.store(new, Ordering::Release);
-        // Pairs with the fence in a gate's first submission of an epoch:
-        // after it, reading `launch_epoch` sees every process that saw the
-        // old word (see the module docs).
-        fence(Ordering::SeqCst);
-        futex_wake_all(word);
-        if flags & grant::GRANTED == 0 {
-            // After the word: a drainer reads the counter, then the word.
-            let rev = &self.device(dev).revocations;
-            rev.fetch_add(1, Ordering::AcqRel);
-            futex_wake_all(rev);
-        }
-        Ok(new)
+        let d = self.device(dev);
+        // Its fence pairs with the one in a gate's first submission of an
+        // epoch (`handshake::pass`): after it, reading `launch_epoch` sees
+        // every process that saw the old word (see the module docs).
+        Ok(handshake::publish(&d.grant, &d.revocations, flags, |w| {
+            futex_wake_all(w)
+        }))
     }
 
     /// Publishes when device `dev`'s current quantum ends (see
@@ -210,8 +203,9 @@ impl State {
                 continue;
             }
             let sd = &s.devices[dev];
-            let le = sd.launch_epoch.load(Ordering::Acquire);
-            if le != current_epoch && le != sd.drained_epoch.load(Ordering::Acquire) {
+            if let Some(le) =
+                handshake::undrained_epoch(&sd.launch_epoch, &sd.drained_epoch, current_epoch)
+            {
                 out.push(Undrained {
                     slot: i,
                     owner,

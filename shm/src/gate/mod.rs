@@ -35,6 +35,9 @@
 //!   of the timeout) runs free, says so once through the log callback, and
 //!   rejoins as soon as the heartbeat moves again.
 //!
+//! The handshake's accesses, without the system calls around them, are
+//! [`handshake`]'s, generic over the words so that the loom model
+//! (`shm/tests/loom_gate.rs`) runs the same code.
 //! The arbiter's operations are in `arbiter.rs` (methods of [`crate::Control`] and
 //! [`crate::State`]); the process's side, [`Gate`], in `process.rs`; the system calls
 //! both make in [`crate::sys`].
@@ -44,6 +47,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::layout::grant;
 
 mod arbiter;
+pub mod handshake;
 mod process;
 #[cfg(test)]
 mod tests;

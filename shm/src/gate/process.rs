@@ -3,9 +3,10 @@
 //! revoked epoch's work finished.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::handshake::{self, Pass};
 use super::{forget_waiting, saturating_dec};
 use crate::layout::{DeviceControl, DeviceState, MAX_DEVICES, MAX_SLOTS, SlotDevice, grant};
 use crate::state::Member;
@@ -320,23 +321,21 @@ impl Inner {
         let sd = self.slot_dev(dev);
         let mut waited_since: Option<u64> = None;
         loop {
-            let w = g.load(Ordering::Acquire);
-            if grant::may_submit(w) {
-                if w & grant::GRANTED != 0 && w & grant::OPEN == 0 {
-                    // Record the epoch, then make sure it is still current
-                    // (the Dekker pair in the module docs).
-                    sd.launch_epoch.store(grant::epoch(w), Ordering::Relaxed);
-                    fence(Ordering::SeqCst);
-                    if g.load(Ordering::Relaxed) != w {
-                        continue;
+            // Record the epoch, then make sure it is still current (the
+            // Dekker pair in the module docs).
+            let w = match handshake::pass(g, &sd.launch_epoch) {
+                Pass::Moved => continue,
+                Pass::Closed(w) => w,
+                pass => {
+                    if let Pass::Recorded(_) = pass {
+                        self.ensure_drainer(me, dev);
                     }
-                    self.ensure_drainer(me, dev);
+                    self.stop_waiting(dev, waited_since);
+                    self.note_rejoined(dev);
+                    count_launch(sd);
+                    return;
                 }
-                self.stop_waiting(dev, waited_since);
-                self.note_rejoined(dev);
-                count_launch(sd);
-                return;
-            }
+            };
             let now = self.sys.monotonic_ns();
             if let Some(silent) = self.arbiter_silent_for(now) {
                 self.stop_waiting(dev, waited_since);
@@ -473,10 +472,8 @@ impl Inner {
         while !self.stop.load(Ordering::Acquire) {
             // The counter first: a revocation after this read changes it,
             // so the sleep below cannot miss one.
-            let r = rev.load(Ordering::Acquire);
-            let w = g.load(Ordering::Acquire);
-            let le = sd.launch_epoch.load(Ordering::Acquire);
-            if le != grant::epoch(w) && sd.drained_epoch.load(Ordering::Relaxed) != le {
+            let check = handshake::drain_check(rev, g, &sd.launch_epoch, &sd.drained_epoch);
+            if let Some(le) = check.due {
                 // A thread that loaded the old word just before the
                 // revocation may still be on its way into the driver:
                 // let it get there, and catch it with a second pass. (The
@@ -494,14 +491,13 @@ impl Inner {
                 // Never later than now: the drain has returned.
                 let ended = self.drain.ended_at(dev).map_or(now, |t| t.min(now));
                 ds.drained_at_ns.fetch_max(ended, Ordering::AcqRel);
-                sd.drained_epoch.store(le, Ordering::Release);
-                ds.drain_signal.fetch_add(1, Ordering::AcqRel);
+                handshake::drained(&sd.drained_epoch, &ds.drain_signal, le);
                 self.sys.futex_wake_all(&ds.drain_signal);
                 continue;
             }
             // Sleeps through grants (the launching threads need the CPU
             // then), wakes on revocations.
-            self.sys.futex_wait(rev, r, 500_000_000);
+            self.sys.futex_wait(rev, check.bell, 500_000_000);
         }
     }
 }
