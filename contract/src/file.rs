@@ -7,18 +7,46 @@
 //!   is renamed over the old name; a rename within one file system is atomic);
 //! - once it returns `Ok`, the new file survives a crash of the writer, and,
 //!   at [`Durability::PowerLoss`] (the shorthands' and every caller's unless
-//!   it says why not), a power loss too: the temporary file is fsynced before
-//!   the rename (so the name never points at data still in the page cache)
-//!   and the directory after it (so the rename itself is on disk);
+//!   it says why not: see below), a power loss too: the temporary file is
+//!   fsynced before the rename (so the name never points at data still in
+//!   the page cache) and the directory after it (so the rename itself is on
+//!   disk);
 //! - a process that already has the old file open or mapped keeps the old
 //!   inode: the old file is never opened for writing.
 //!
-//! [`Durability::ProcessCrash`] skips the two fsyncs, and only for what
-//! cannot matter after a power loss: files rebuilt from a durable record
-//! (an allocation's control and state files), and the allocation of a
-//! `tessera run`, which no process outlives a power loss to use. The fsyncs
-//! are milliseconds each on a node's disk, and a run pays them in its
-//! start-up (issue 26).
+//! # Why two durabilities, not one
+//!
+//! The promise is one: **a file survives whatever its contents must
+//! survive.** What differs is what that is, and there are exactly two cases,
+//! which is why [`Durability`] has two values and no third:
+//!
+//! - [`Durability::PowerLoss`], the default (the shorthands, every pod's
+//!   allocation record, the DRA checkpoint, CDI specs, the slice file, the
+//!   installed shim): the file is the only copy of something the node needs
+//!   after a reboot.
+//! - [`Durability::ProcessCrash`] skips the two fsyncs, and only for a file
+//!   nothing can need after a power loss, the caller saying why where it
+//!   passes it: an allocation's control and state files, which the manager
+//!   rebuilds from the durable record at start-up (`shm::control`), and
+//!   every file of a `tessera run`'s allocation, which is bound to one live
+//!   process that no power loss leaves alive to use it (`manager::store`;
+//!   should one come back torn, start-up moves it aside).
+//!
+//! One value for all would be `PowerLoss`, and it would make the
+//! `ProcessCrash` writers pay for a guarantee nobody can use: a run's
+//! create would make nine fsyncs (four files, each with its directory, and
+//! the allocation directory's rename) where it makes none, and a pod's four
+//! more than its record's five, the state file (590 KB, sparse) the
+//! dearest. Measured on the 2-core development box
+//! (release build, the store's sequence for one `tessera run`'s allocation:
+//! state and control files, the record and its sealed copy, the
+//! directory's rename; 40 and 60 paired rounds, load average 7.6 to 8.8),
+//! `ProcessCrash` took 0.11 to 0.15 ms (median) and `PowerLoss` 23.8 to
+//! 43.9 ms, p90 up to 60 ms: two orders of magnitude on a path whose target
+//! is 10 ms for the whole run start-up (README, "`tessera run` start-up";
+//! before the fsyncs were first skipped they were more than half of its
+//! 11.7 ms on the quiet box, issue 26). So two values, each with its reason,
+//! in this one helper.
 //!
 //! It lives in the contract crate because that is the lowest crate every
 //! writer (shm, manager, node, the plugins, the client) already depends on.
