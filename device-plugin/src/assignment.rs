@@ -28,6 +28,7 @@ use tessera_node::scheduling::{Assignment, GpuTake};
 
 use crate::device_id::DeviceId;
 use crate::node_labels::NodeApiError;
+use crate::refusal::AssignmentError;
 use crate::state::Snapshot;
 
 /// The pod annotation the plugin writes: the containers (comma-separated
@@ -144,52 +145,6 @@ impl Pending {
             .map(|g| format!("{}×{}", g.uuid, g.slices))
             .collect::<Vec<_>>()
             .join(", ")
-    }
-}
-
-/// Why an Allocate is refused for an assigned pod. Nothing is served then.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AssignmentError {
-    #[error(
-        "cannot read the pods of node {node} to find the GPUs the scheduler extender chose: {reason}"
-    )]
-    Lookup { node: String, reason: String },
-    #[error(
-        "pod {pod} container {container:?} was assigned {assigned} by the scheduler extender, \
-         but the kubelet allocated {got}"
-    )]
-    Disagree {
-        pod: String,
-        container: String,
-        assigned: String,
-        got: String,
-    },
-    #[error("pod {pod} was assigned GPU {gpu}, which this node does not have")]
-    UnknownGpu { pod: String, gpu: String },
-    #[error("pod {pod} was assigned {slices} slices of GPU {gpu}, which has {has}")]
-    TooManySlices {
-        pod: String,
-        gpu: String,
-        slices: u32,
-        has: u32,
-    },
-    #[error("pod {pod} was assigned GPU {gpu}, which is unhealthy")]
-    Unhealthy { pod: String, gpu: String },
-    #[error("cannot mark pod {pod} allocated: {reason}")]
-    Mark { pod: String, reason: String },
-    #[error(transparent)]
-    Kai(Box<crate::kai::KaiError>),
-}
-
-impl From<AssignmentError> for tonic::Status {
-    fn from(e: AssignmentError) -> Self {
-        let code = match e {
-            AssignmentError::Lookup { .. } | AssignmentError::Mark { .. } => {
-                tonic::Code::Unavailable
-            }
-            _ => tonic::Code::FailedPrecondition,
-        };
-        tonic::Status::new(code, e.to_string())
     }
 }
 

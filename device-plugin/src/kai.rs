@@ -32,11 +32,11 @@ use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
 use tonic::{Request, Response, Status};
 
-use crate::assignment::{
-    self, ANNOTATION_GPU_ASSIGNMENT, AssignmentError, Match, Pending, PodInfo, PodsOnNode,
-};
+use crate::assignment::{self, ANNOTATION_GPU_ASSIGNMENT, Match, Pending, PodInfo, PodsOnNode};
 use crate::device_id::DeviceId;
-use crate::state::{PluginState, Snapshot};
+use crate::refusal::KaiError;
+use crate::state::{INVENTORY_WAIT, PluginState, Snapshot};
+use crate::stream::{DeviceStream, device_stream};
 use tessera_node::cdi::KIND_NVIDIA;
 use tessera_node::edits::{VOLUME_MOUNTS_HOST, VOLUME_MOUNTS_ROOT};
 use tessera_node::manager::ManagerApi;
@@ -54,40 +54,6 @@ pub const ANNOTATION_RESERVED_GPU: &str = "run.ai/reserve_for_gpu_index";
 pub const RESOURCE: &str = "nvidia.com/gpu";
 /// The socket the reservation resource is served on, in the kubelet's dir.
 pub const SOCKET_NAME: &str = "tessera-kai.sock";
-
-/// Why a KAI pod's Allocate is refused. Nothing is served then.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum KaiError {
-    #[error(
-        "pod {pod} container {container:?}: KAI-Scheduler reserved {reserved} for it, but the \
-         kubelet allocated {got}; refused rather than run on a GPU KAI did not choose (are \
-         {slices} slices of that GPU free? KAI counts the fraction, Tessera whole slices)"
-    )]
-    Disagree {
-        pod: String,
-        container: String,
-        reserved: String,
-        got: String,
-        slices: u64,
-    },
-    #[error(
-        "pod {pod} is in KAI-Scheduler's GPU group {group:?}, but {why}; refused rather than \
-         run on a GPU KAI did not choose"
-    )]
-    Unresolved {
-        pod: String,
-        group: String,
-        why: String,
-    },
-    #[error("KAI-Scheduler's choice: {0}")]
-    Gpu(AssignmentError),
-}
-
-impl From<KaiError> for Status {
-    fn from(e: KaiError) -> Self {
-        Status::failed_precondition(e.to_string())
-    }
-}
 
 /// A KAI pod whose GPU cannot be told: a request of its size is refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -441,8 +407,6 @@ pub fn plugin_options() -> dp::DevicePluginOptions {
     }
 }
 
-use crate::service::DeviceStream;
-
 #[tonic::async_trait]
 impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
     async fn get_device_plugin_options(
@@ -459,9 +423,7 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
         _req: Request<dp::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let rx = self.state.subscribe();
-        Ok(Response::new(crate::service::device_stream(rx, |s| {
-            devices(s)
-        })))
+        Ok(Response::new(device_stream(rx, |s| devices(s))))
     }
 
     async fn get_preferred_allocation(
@@ -524,10 +486,7 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
                 others.join(", ")
             ))));
         }
-        let snap = self
-            .state
-            .with_inventory(crate::service::INVENTORY_WAIT)
-            .await;
+        let snap = self.state.with_inventory(INVENTORY_WAIT).await;
         let mut container_responses = Vec::new();
         for c in &req.get_ref().container_requests {
             let resp = container_response(&c.devices_ids, &snap).map_err(refused)?;
@@ -551,6 +510,7 @@ impl<P: PodsOnNode, M: ManagerApi> DevicePlugin for ReservationService<P, M> {
 mod tests {
     use super::*;
     use crate::assignment::ANNOTATION_GPU_ALLOCATED;
+    use crate::refusal::AssignmentError;
     use std::collections::BTreeMap;
 
     fn labels(v: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -24,10 +24,12 @@ pub mod passes;
 pub mod placement;
 pub mod plugin;
 pub mod pod_resources;
+pub mod refusal;
 pub mod registration;
 mod service;
 pub mod slices_file;
 pub mod state;
+mod stream;
 /// Test doubles (kubelet, PodResources, manager, pods) on real unix sockets:
 /// built for tests only, never into the release binary.
 #[cfg(any(test, feature = "testing"))]

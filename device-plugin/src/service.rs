@@ -2,30 +2,22 @@
 //! the snapshot, the placement function, the allocate module and the
 //! scheduler extender's assignments (`assignment`).
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use tessera_proto::deviceplugin::v1beta1 as dp;
 use tessera_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::allocate;
-use crate::assignment::{self, AssignmentError, Match, Pending, PodInfo, PodsOnNode};
+use crate::assignment::{self, Match, Pending, PodInfo, PodsOnNode};
 use crate::constraints;
 use crate::device_id::DeviceId;
 use crate::placement::{self, GpuLoad, Policy};
-use crate::state::{PluginState, Snapshot};
+use crate::refusal::AssignmentError;
+use crate::state::{INVENTORY_WAIT, PluginState, Snapshot};
+use crate::stream::{DeviceStream, device_stream};
 use tessera_node::cdi::HostPaths;
 use tessera_node::manager::ManagerApi;
-
-/// How long Allocate and GetPreferredAllocation wait for the manager's first
-/// inventory after the plugin starts ([`PluginState::with_inventory`]): long
-/// enough for a manager that is up to answer under load, short against the
-/// kubelet's patience with a pod's admission.
-pub(crate) const INVENTORY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves one node's slices to the kubelet.
 pub(crate) struct PluginService<M, P> {
@@ -152,41 +144,6 @@ pub fn plugin_options() -> dp::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
     }
-}
-
-pub(crate) type DeviceStream =
-    Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
-
-/// ListAndWatch's stream for both resources the plugin serves (slices here, KAI's
-/// reservation GPUs in `kai.rs`): the device list `project` makes of the watched
-/// state, sent first and then again whenever it changes, until the kubelet hangs up
-/// or the state's sender is dropped.
-pub(crate) fn device_stream<T: Send + Sync + 'static>(
-    mut rx: tokio::sync::watch::Receiver<T>,
-    project: impl Fn(&T) -> Vec<dp::Device> + Send + 'static,
-) -> DeviceStream {
-    let (tx, out) = mpsc::channel(4);
-    tokio::spawn(async move {
-        let mut last: Option<Vec<dp::Device>> = None;
-        loop {
-            let devices = project(&rx.borrow_and_update());
-            if last.as_ref() != Some(&devices) {
-                let msg = dp::ListAndWatchResponse {
-                    devices: devices.clone(),
-                };
-                if tx.send(Ok(msg)).await.is_err() {
-                    return;
-                }
-                tracing::debug!(devices = devices.len(), "sent device list");
-                last = Some(devices);
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() { return },
-                () = tx.closed() => return,
-            }
-        }
-    });
-    Box::pin(ReceiverStream::new(out))
 }
 
 fn loads(snap: &Snapshot) -> Vec<GpuLoad> {

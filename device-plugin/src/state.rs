@@ -14,6 +14,13 @@ use crate::device_id::{DeviceId, MAX_DEVICE_ID_LEN};
 use crate::inventory::{Gpu, UtilizationWindow, gpus_of};
 use tessera_node::config::{Config, NodeConfig, SliceLayout};
 
+/// How long Allocate and GetPreferredAllocation (of both resources) wait for
+/// the manager's first inventory after the plugin starts
+/// ([`PluginState::with_inventory`]): long enough for a manager that is up to
+/// answer under load, short against the kubelet's patience with a pod's
+/// admission.
+pub(crate) const INVENTORY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One GPU and how it is sliced under the config in force.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSlices {
