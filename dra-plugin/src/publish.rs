@@ -315,7 +315,11 @@ mod tests {
     async fn client(api: &FakeApiServer, dir: &std::path::Path) -> kube::Client {
         let kc = dir.join("kubeconfig");
         api.write_kubeconfig(&kc).expect("kubeconfig");
-        crate::plugin::kube_client(Some(&kc)).await.expect("client")
+        // The one construction (`tessera_node::kube`), not `plugin`'s wrapper:
+        // publish sits below plugin, its tests too.
+        tessera_node::kube::client(&tessera_node::kube::KubeSource::Kubeconfig(kc))
+            .await
+            .expect("client")
     }
 
     fn ours(api: &FakeApiServer) -> Vec<serde_json::Value> {
