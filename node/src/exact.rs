@@ -6,7 +6,9 @@
 //! - `tessera.dev/dropin-memory-percent`, when its memory is a share of the card (HAMi's
 //!   `gpumem-percentage: 30`, a KAI `gpu-fraction: 0.3`): the webhook cannot know the
 //!   card the pod lands on, so the bytes are worked out here, from the GPU the slices
-//!   are on ([`card_memory`], [`share_bytes`]).
+//!   are on ([`card_memory`], [`share_bytes`]); a KAI fraction's entry also carries its
+//!   share of the card's compute (`computePercent`, `33.3` allowed), which
+//!   `dropin-limits`' whole-percent field cannot hold.
 //!
 //! Only ever lowered: a tenant can edit its pod's annotations after admission, so the
 //! values are a ceiling the pod puts on itself, never a grant.
@@ -43,14 +45,25 @@ pub struct ExactLimit {
     /// fields older nodes check strictly).
     #[serde(skip)]
     pub memory_ppm: Option<u32>,
+    /// A share of the card's compute, in millionths of the GPU (a KAI fraction's: `0.333`
+    /// is 333,000), from [`ANNOTATION_EXACT_MEMORY_PERCENT`]'s `computePercent`: the same
+    /// unit as an allocation's `compute_share_ppm`.
+    #[serde(skip)]
+    pub compute_ppm: Option<u32>,
 }
 
 /// One container's entry in [`ANNOTATION_EXACT_MEMORY_PERCENT`]. Unknown fields are
-/// ignored, so a later webhook may add one without an older node refusing the pod.
+/// ignored, so a later webhook may add one without an older node refusing the pod (a
+/// node from before `computePercent` reads the memory share and keeps the slices'
+/// compute, as it always did).
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct MemoryPercent {
     slices: u32,
     percent: f64,
+    /// Percent of the card's compute (a KAI fraction is a share of the whole GPU, its
+    /// compute as much as its memory).
+    compute_percent: Option<f64>,
 }
 
 /// The exact limits of a pod's containers, by container name, from both annotations;
@@ -79,7 +92,7 @@ pub fn from_annotations(
     };
     let shares: BTreeMap<String, MemoryPercent> = serde_json::from_str(raw).map_err(|e| {
         format!(
-            "annotation {ANNOTATION_EXACT_MEMORY_PERCENT}: not the webhook's memory shares ({{\"<container>\":{{\"slices\":3,\"percent\":30}}}}): {e}"
+            "annotation {ANNOTATION_EXACT_MEMORY_PERCENT}: not the webhook's shares of the card ({{\"<container>\":{{\"slices\":3,\"percent\":30,\"computePercent\":30}}}}): {e}"
         )
     })?;
     for (name, share) in shares {
@@ -89,6 +102,14 @@ pub fn from_annotations(
                 share.percent
             )
         })?;
+        let compute_ppm = match share.compute_percent {
+            None => None,
+            Some(c) => Some(percent_to_ppm(c).ok_or_else(|| {
+                format!(
+                    "annotation {ANNOTATION_EXACT_MEMORY_PERCENT}: container {name:?}: computePercent {c} is not a share of the card above 0 and at most 100"
+                )
+            })?),
+        };
         if share.slices == 0 {
             return Err(format!(
                 "annotation {ANNOTATION_EXACT_MEMORY_PERCENT}: container {name:?}: slices must be above 0"
@@ -99,6 +120,7 @@ pub fn from_annotations(
             memory_mib: None,
             compute_percent: None,
             memory_ppm: None,
+            compute_ppm: None,
         });
         if entry.slices != share.slices {
             return Err(format!(
@@ -107,6 +129,7 @@ pub fn from_annotations(
             ));
         }
         entry.memory_ppm = Some(ppm);
+        entry.compute_ppm = compute_ppm;
     }
     Ok(map)
 }
@@ -179,6 +202,10 @@ pub fn cap(devices: &mut [mgr::DeviceRequest], exact: &ExactLimit, cards: &Cards
         // Percent to ppm: exact, no rounding (1% = 10,000 ppm).
         d.compute_share_ppm = d.compute_share_ppm.min(c * 10_000);
     }
+    if let Some(ppm) = exact.compute_ppm {
+        // Already a share of the whole GPU, the allocation's unit: no card to look up.
+        d.compute_share_ppm = d.compute_share_ppm.min(ppm);
+    }
     true
 }
 
@@ -217,6 +244,7 @@ mod tests {
                 memory_mib: Some(3000),
                 compute_percent: Some(30),
                 memory_ppm: None,
+                compute_ppm: None,
             }
         );
         assert_eq!(m["b"].memory_mib, None);
@@ -242,6 +270,7 @@ mod tests {
             memory_mib: m,
             compute_percent: c,
             memory_ppm: None,
+            compute_ppm: None,
         };
         let cards = Cards::new();
         let mut d = [device(1, 4 * gib, 125_000)];
@@ -283,6 +312,7 @@ mod tests {
                 memory_mib: None,
                 compute_percent: None,
                 memory_ppm: Some(300_000),
+                compute_ppm: None,
             }
         );
         // KAI's 0.3 as the float it is, a fraction of a percent, and a later webhook's
@@ -295,6 +325,17 @@ mod tests {
         assert_eq!(m["a"].memory_ppm, Some(300_000));
         assert_eq!(m["b"].memory_ppm, Some(5_000));
         assert_eq!(m["c"].memory_ppm, Some(100_000));
+        assert_eq!(m["a"].compute_ppm, None);
+        // A KAI fraction's compute share beside its memory share: 0.3 and 0.333 of the
+        // GPU, in the allocation's unit.
+        let m = from_annotations(&ann2(
+            None,
+            r#"{"a":{"slices":3,"percent":30,"computePercent":30},"b":{"slices":3,"percent":33.3,"computePercent":33.3}}"#,
+        ))
+        .expect("parses");
+        assert_eq!(m["a"].compute_ppm, Some(300_000));
+        assert_eq!(m["b"].memory_ppm, Some(333_000));
+        assert_eq!(m["b"].compute_ppm, Some(333_000));
         // Beside a compute percentage for the same container and slices: one limit.
         let m = from_annotations(&ann2(
             Some(r#"{"cuda":{"slices":3,"computePercent":20}}"#),
@@ -313,6 +354,10 @@ mod tests {
             r#"{"cuda":{"slices":3,"percent":0.00001}}"#,
             r#"{"cuda":{"slices":3}}"#,
             r#"{"cuda":{"slices":0,"percent":30}}"#,
+            r#"{"cuda":{"slices":3,"percent":30,"computePercent":0}}"#,
+            r#"{"cuda":{"slices":3,"percent":30,"computePercent":101}}"#,
+            r#"{"cuda":{"slices":3,"percent":30,"computePercent":"30"}}"#,
+            r#"{"cuda":{"slices":3,"computePercent":30}}"#,
         ] {
             let e = from_annotations(&ann2(None, bad)).expect_err(bad);
             assert!(e.contains(ANNOTATION_EXACT_MEMORY_PERCENT), "{bad}: {e}");
@@ -375,6 +420,7 @@ mod tests {
             memory_mib: None,
             compute_percent: None,
             memory_ppm: Some(ppm),
+            compute_ppm: None,
         };
         let cards = Cards::from([("GPU-a".to_owned(), 80 * gib)]);
         // 30% of an 80 GiB card on three 10 GiB slices (37.5%): 24 GiB, compute kept.
@@ -400,5 +446,47 @@ mod tests {
         let mut d = [device(3, 30 * gib, 375_000)];
         assert!(cap(&mut d, &share(3, 300_000), &Cards::new()));
         assert_eq!(d[0].memory_limit_bytes, 30 * gib);
+    }
+
+    #[test]
+    fn a_share_of_the_cards_compute_lowers_and_never_raises() {
+        let gib = 1u64 << 30;
+        let fraction = |slices, ppm| ExactLimit {
+            slices,
+            memory_mib: None,
+            compute_percent: None,
+            memory_ppm: Some(ppm),
+            compute_ppm: Some(ppm),
+        };
+        let cards = Cards::from([("GPU-a".to_owned(), 80 * gib)]);
+        // KAI's 0.3 on three of eight slices (37.5%): 30% of the GPU's compute, exactly,
+        // and 24 GiB.
+        let mut d = [device(3, 30 * gib, 375_000)];
+        assert!(cap(&mut d, &fraction(3, 300_000), &cards));
+        assert_eq!(d[0], device(3, 24 * gib, 300_000));
+        // 0.333: 333,000 ppm, not the slices' 375,000.
+        let mut d = [device(3, 30 * gib, 375_000)];
+        assert!(cap(&mut d, &fraction(3, 333_000), &cards));
+        assert_eq!(d[0].compute_share_ppm, 333_000);
+        // Needs no card: a GPU the node no longer lists still gets the compute share.
+        let mut d = [device(3, 30 * gib, 375_000)];
+        assert!(cap(&mut d, &fraction(3, 300_000), &Cards::new()));
+        assert_eq!(d[0], device(3, 30 * gib, 300_000));
+        // A tenant's whole card is no raise; with a whole-percent cap beside it, the
+        // smaller holds.
+        let mut d = [device(3, 30 * gib, 375_000)];
+        assert!(cap(&mut d, &fraction(3, 1_000_000), &cards));
+        assert_eq!(d[0], device(3, 30 * gib, 375_000));
+        let mut d = [device(3, 30 * gib, 375_000)];
+        let both = ExactLimit {
+            compute_percent: Some(20),
+            ..fraction(3, 300_000)
+        };
+        assert!(cap(&mut d, &both, &cards));
+        assert_eq!(d[0].compute_share_ppm, 200_000);
+        // Another slice count keeps the slices' compute.
+        let mut d = [device(4, 40 * gib, 500_000)];
+        assert!(!cap(&mut d, &fraction(3, 300_000), &cards));
+        assert_eq!(d[0].compute_share_ppm, 500_000);
     }
 }
