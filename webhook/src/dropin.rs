@@ -129,6 +129,11 @@ pub struct Exact {
     /// of the card: only the node knows the card, so it works out the bytes
     /// ([`ANNOTATION_EXACT_MEMORY_PERCENT`]).
     pub memory_ppm: Option<u32>,
+    /// A share of the card's compute in millionths of the GPU: a KAI fraction's, which
+    /// is a share of the whole GPU (`0.3` is 300,000, `0.333` 333,000), written beside
+    /// its memory share (`computePercent` in [`ANNOTATION_EXACT_MEMORY_PERCENT`]: a
+    /// fraction of a percent does not fit `dropin-limits`' whole percent).
+    pub compute_ppm: Option<u32>,
 }
 
 /// A pod's translation.
@@ -508,18 +513,24 @@ fn slices_for(
         {
             exact.compute_percent = Some(c);
         }
-        // A share of the card below its slices' (30% on 3 of 8 slices, 37.5%).
-        let share = match ask.memory {
-            Memory::Percent(p) => Some(p as f64 / 100.0),
-            Memory::Fraction(f) => Some(f),
-            Memory::Whole | Memory::Mib(_) => None,
+        // A share of the card below its slices' (30% on 3 of 8 slices, 37.5%). KAI's
+        // fraction is a share of the whole GPU, its compute too; HAMi's and Volcano's
+        // percentages are memory only (their compute is `gpucores`, above, or no cap).
+        let (share, of_compute) = match ask.memory {
+            Memory::Percent(p) => (Some(p as f64 / 100.0), false),
+            Memory::Fraction(f) => (Some(f), true),
+            Memory::Whole | Memory::Mib(_) => (None, false),
         };
         if let Some(f) = share
             && f * per_gpu < whole - 1e-9
         {
             // In (0, 1] (refused otherwise above), so the ppm is in 1..=1e6; KAI's 0.3
             // is 300,000 exactly after rounding.
-            exact.memory_ppm = Some(((f * 1e6).round() as u32).max(1));
+            let ppm = ((f * 1e6).round() as u32).max(1);
+            exact.memory_ppm = Some(ppm);
+            if of_compute {
+                exact.compute_ppm = Some(ppm);
+            }
         }
     }
     Ok((per_gpu_slices * ask.gpus, exact))
@@ -1197,25 +1208,32 @@ pub fn exact_limits(t: &Translation) -> Option<String> {
 }
 
 /// The value of [`ANNOTATION_EXACT_MEMORY_PERCENT`]: the containers whose share of the
-/// card's memory is below their slices', in percent (`30`, `33.3333`); `None` when there
-/// are none. Its own annotation, not a field of [`ANNOTATION_EXACT_LIMITS`]: an older
-/// node refuses unknown fields there (and would fail the pod mid-upgrade), where it
-/// ignores an annotation it does not know and keeps the slices' limits.
+/// card's memory is below their slices', in percent (`30`, `33.3333`), with their share
+/// of its compute where it is one too (a KAI fraction: `computePercent`); `None` when
+/// there are none. Its own annotation, not a field of [`ANNOTATION_EXACT_LIMITS`]: an
+/// older node refuses unknown fields there (and would fail the pod mid-upgrade), where
+/// it ignores an annotation it does not know, or a field of this one, and keeps the
+/// slices' limits.
 pub fn exact_memory_percent(t: &Translation) -> Option<String> {
+    // A whole percent as an integer (`30`, as `dropin-limits` writes it), else the
+    // decimal (`33.3`): ppm / 10,000 is exact in f64 at this size.
+    let percent = |ppm: u32| {
+        if ppm % 10_000 == 0 {
+            json!(ppm / 10_000)
+        } else {
+            json!(f64::from(ppm) / 10_000.0)
+        }
+    };
     let mut m = Map::new();
     for plan in &t.containers {
         let Some(ppm) = plan.exact.memory_ppm else {
             continue;
         };
-        let percent = if ppm % 10_000 == 0 {
-            json!(ppm / 10_000)
-        } else {
-            json!(f64::from(ppm) / 10_000.0)
-        };
-        m.insert(
-            plan.name.clone(),
-            json!({"slices": plan.slices, "percent": percent}),
-        );
+        let mut e = json!({"slices": plan.slices, "percent": percent(ppm)});
+        if let Some(c) = plan.exact.compute_ppm {
+            e["computePercent"] = percent(c);
+        }
+        m.insert(plan.name.clone(), e);
     }
     (!m.is_empty()).then(|| Value::Object(m).to_string())
 }
@@ -1522,10 +1540,16 @@ mod tests {
             memory_mib: m,
             compute_percent: c,
             memory_ppm: None,
+            compute_ppm: None,
         };
         let share = |ppm: u32, c: Option<u64>| Exact {
             memory_ppm: Some(ppm),
             ..e(None, c)
+        };
+        // A KAI fraction: a share of the whole GPU, its memory and its compute.
+        let fraction = |ppm: u32| Exact {
+            compute_ppm: Some(ppm),
+            ..share(ppm, None)
         };
         // 3000 MiB: one 4 GiB slice, limited to 3000 MiB.
         assert_eq!(
@@ -1554,11 +1578,24 @@ mod tests {
         );
         assert_eq!(
             exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.3")])),
-            vec![(3, share(300_000, None))]
+            vec![(3, fraction(300_000))]
         );
         assert_eq!(
             exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.33")])),
-            vec![(3, share(330_000, None))]
+            vec![(3, fraction(330_000))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.333")])),
+            vec![(3, fraction(333_000))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.1")])),
+            vec![(1, fraction(100_000))]
+        );
+        // A fraction that is whole slices (0.5: 4 of 8): nothing, compute included.
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.5")])),
+            vec![(4, e(None, None))]
         );
         // Beside a compute cap that takes more slices (50%: 4 of 8).
         assert_eq!(
@@ -1651,7 +1688,17 @@ mod tests {
         );
         assert_eq!(
             shared(&[], &[(KAI_GPU_FRACTION, "0.333")]),
-            (Some(json!({"main": {"slices": 3, "percent": 33.3}})), None)
+            (
+                Some(json!({"main": {"slices": 3, "percent": 33.3, "computePercent": 33.3}})),
+                None
+            )
+        );
+        assert_eq!(
+            shared(&[], &[(KAI_GPU_FRACTION, "0.3")]),
+            (
+                Some(json!({"main": {"slices": 3, "percent": 30, "computePercent": 30}})),
+                None
+            )
         );
         assert_eq!(shared(&[(HAMI_GPUMEM_PERCENTAGE, "50")], &[]), (None, None));
     }

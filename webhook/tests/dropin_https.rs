@@ -324,6 +324,25 @@ async fn kai_examples_become_slices_on_the_right_container() {
             "{warnings:?}"
         );
     }
+
+    // A third of a GPU, as KAI's users write it: three slices (37.5%), and the fraction
+    // of the card's memory and compute for the node to lay over them (a fraction of a
+    // percent, which dropin-limits' whole percent cannot hold); the second pass (inside
+    // `admitted`) keeps it.
+    let (out, _) = admitted(&pod(
+        vec![container("main", json!({}))],
+        json!({"gpu-fraction": "0.333"}),
+        "kai-scheduler",
+    ))
+    .await;
+    assert_slices(&out, 0, "3");
+    let share = out["metadata"]["annotations"][ANNOTATION_EXACT_MEMORY_PERCENT]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {ANNOTATION_EXACT_MEMORY_PERCENT}: {out:#}"));
+    assert_eq!(
+        serde_json::from_str::<Value>(share).expect("json"),
+        json!({"main": {"slices": 3, "percent": 33.3, "computePercent": 33.3}})
+    );
 }
 
 #[tokio::test(start_paused = true)]
