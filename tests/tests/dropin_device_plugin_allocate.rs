@@ -7,7 +7,8 @@
 //! with different asks (the kubelet names devices, not pods) leave it at its slices,
 //! for the pass to lower; a tenant's raise is no raise. A share of the card's memory
 //! (`tessera.dev/dropin-memory-percent`, HAMi's `gpumem-percentage: 30`) is that share of
-//! the GPU the slices are on: 24 GiB of an 80 GiB GPU.
+//! the GPU the slices are on: 24 GiB of an 80 GiB GPU; a KAI fraction's `0.3` is that
+//! share of its compute too, 300,000 ppm, where its two slices give 500,000.
 
 mod device_plugin_support;
 
@@ -144,13 +145,34 @@ async fn exact_limits_are_laid_at_allocate_when_the_pod_is_certain() {
         (24 * GI, 500_000)
     );
 
-    // A tenant who wrote the whole card as its share gets its slice.
+    // KAI's `gpu-fraction: 0.3`: two slices, limited to 30 % of the GPU's memory and
+    // 30 % of its compute, from the start.
     api.remove(&pod_path("share"));
     api.put(
-        &pod_path("greedy-share"),
-        share_pod("greedy-share", 1, r#"{"main":{"slices":1,"percent":100}}"#),
+        &pod_path("fraction"),
+        share_pod(
+            "fraction",
+            2,
+            r#"{"main":{"slices":2,"percent":30,"computePercent":30}}"#,
+        ),
     );
-    allocate(&node, "GPU-b::2").await;
-    assert_eq!(limits_of(&node, "GPU-b::2"), (20 * GI, 250_000));
+    allocate_all(&node, &["GPU-b::2", "GPU-b::3"]).await;
+    assert_eq!(
+        limits_of_all(&node, &["GPU-b::2", "GPU-b::3"]),
+        (24 * GI, 300_000)
+    );
+
+    // A tenant who wrote the whole card as its share, memory and compute, gets its slice.
+    api.remove(&pod_path("fraction"));
+    api.put(
+        &pod_path("greedy-share"),
+        share_pod(
+            "greedy-share",
+            1,
+            r#"{"main":{"slices":1,"percent":100,"computePercent":100}}"#,
+        ),
+    );
+    allocate(&node, "GPU-a::3").await;
+    assert_eq!(limits_of(&node, "GPU-a::3"), (20 * GI, 250_000));
     node.stop().await;
 }

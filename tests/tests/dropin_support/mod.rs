@@ -82,14 +82,20 @@ pub const RAISED_SHARE: &str = "kai-0.3-raised";
 /// 9830.4 MiB, rounded down to whole 2 MiB pages.
 pub const THIRTY_PERCENT: u64 = 9830 * MI;
 
-/// Twenty-two pods, six or more per project, each with what it must get: exactly its
+/// KAI's `0.333` of the card's memory on these GPUs: 10911.7 MiB of the 32 GiB, in
+/// whole 2 MiB pages.
+pub const A_THIRD: u64 = 10910 * MI;
+
+/// Twenty-three pods, six or more per project, each with what it must get: exactly its
 /// ask. Most ask for whole slices (a 4 GiB multiple, an eighth of the card); a HAMi
 /// pod of 3000 MiB, a Volcano one of 5000 MiB capped at 30 % and a KAI one of 7000 MiB
 /// are scheduled as whole slices (1, 3, 2) and limited to exactly their words; so are
 /// 30 % of the card's memory in each project's words (three slices, 37.5 %, limited to
-/// [`THIRTY_PERCENT`]); one more 3000 MiB pod's tenant raises its limits on the pod
-/// after admission and gets no more than its slices ([`RAISED`]), and so does a KAI
-/// `0.3` whose tenant raises its share to the whole card ([`RAISED_SHARE`]).
+/// [`THIRTY_PERCENT`]), and KAI's fractions `0.3` and `0.333` in compute too (300,000
+/// and 333,000 ppm of the GPU, not the slices' 375,000); one more 3000 MiB pod's tenant
+/// raises its limits on the pod after admission and gets no more than its slices
+/// ([`RAISED`]), and so does a KAI `0.3` whose tenant raises its share, memory and
+/// compute, to the whole card ([`RAISED_SHARE`]).
 pub fn pods() -> Vec<(Value, Want)> {
     let none = json!({});
     vec![
@@ -228,8 +234,8 @@ pub fn pods() -> Vec<(Value, Want)> {
             ),
             want(7000 * MI, 250_000, false, 0),
         ),
-        // KAI: 0.3 of a GPU: three slices (37.5 %), its memory limited to 30 % of the
-        // card (the fraction's compute stays its slices').
+        // KAI: 0.3 of a GPU: three slices (37.5 %), limited to 30 % of the card, its
+        // memory and its compute.
         (
             pod(
                 "kai-0.3",
@@ -237,9 +243,21 @@ pub fn pods() -> Vec<(Value, Want)> {
                 &[("main", none.clone())],
                 json!({"schedulerName": "kai-scheduler"}),
             ),
-            want(THIRTY_PERCENT, 375_000, false, 0),
+            want(THIRTY_PERCENT, 300_000, false, 0),
         ),
-        // The same, whose tenant then writes the whole card as its share: its slices.
+        // KAI: a third of a GPU written as `0.333`: three slices, limited to 33.3 %
+        // of the card (a share no whole percent or whole slice count gives).
+        (
+            pod(
+                "kai-0.333",
+                json!({"gpu-fraction": "0.333"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(A_THIRD, 333_000, false, 0),
+        ),
+        // The same, whose tenant then writes the whole card as its share (memory and
+        // compute): its slices.
         (
             pod(
                 RAISED_SHARE,
@@ -392,7 +410,7 @@ pub fn as_stored(translated: &Value) -> Value {
             stored["metadata"]["annotations"][key].is_string(),
             "the webhook wrote a share of the card: {translated:#}"
         );
-        stored["metadata"]["annotations"][key] = json!(r#"{"main":{"slices":3,"percent":100}}"#);
+        stored["metadata"]["annotations"][key] = json!(r#"{"main":{"slices":3,"percent":100,"computePercent":100}}"#);
     }
     if translated["metadata"]["name"] == RAISED {
         let key = tessera_contract::dropin::ANNOTATION_EXACT_LIMITS;
