@@ -943,7 +943,20 @@ mod tests {
             Ok(Some(300_000)),
             "one container's share of the card is the claim's"
         );
+        assert_eq!(
+            pod_asks(
+                &a(&[(
+                    share,
+                    r#"{"main":{"slices":3,"percent":33.3,"computePercent":33.3}}"#
+                )]),
+                "ns/p"
+            )
+            .map(|p| p.exact.and_then(|e| e.compute_ppm)),
+            Ok(Some(333_000)),
+            "a KAI fraction's share of the compute is the claim's too"
+        );
         for bad in [
+            r#"{"main":{"slices":3,"percent":30,"computePercent":101}}"#,
             r#"{"main":{"slices":3,"percent":0}}"#,
             r#"{"main":{"slices":3,"percent":101}}"#,
             r#"{"main":{"slices":3,"percent":"thirty"}}"#,
