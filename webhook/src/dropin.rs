@@ -1218,7 +1218,7 @@ pub fn exact_memory_percent(t: &Translation) -> Option<String> {
     // A whole percent as an integer (`30`, as `dropin-limits` writes it), else the
     // decimal (`33.3`): ppm / 10,000 is exact in f64 at this size.
     let percent = |ppm: u32| {
-        if ppm % 10_000 == 0 {
+        if ppm.is_multiple_of(10_000) {
             json!(ppm / 10_000)
         } else {
             json!(f64::from(ppm) / 10_000.0)

@@ -410,7 +410,8 @@ pub fn as_stored(translated: &Value) -> Value {
             stored["metadata"]["annotations"][key].is_string(),
             "the webhook wrote a share of the card: {translated:#}"
         );
-        stored["metadata"]["annotations"][key] = json!(r#"{"main":{"slices":3,"percent":100,"computePercent":100}}"#);
+        stored["metadata"]["annotations"][key] =
+            json!(r#"{"main":{"slices":3,"percent":100,"computePercent":100}}"#);
     }
     if translated["metadata"]["name"] == RAISED {
         let key = tessera_contract::dropin::ANNOTATION_EXACT_LIMITS;
