@@ -153,6 +153,21 @@ pub const ANNOTATION_ORIGINAL: &str = "tessera.dev/dropin-original";
 /// granted slices, so a copy a tenant writes or edits can only lower its own limits.
 pub const ANNOTATION_EXACT_LIMITS: &str = "tessera.dev/dropin-limits";
 
+/// Pod annotation the webhook writes on a translated pod whose memory is a share of the
+/// card (HAMi's `gpumem-percentage`, Volcano's `vgpu-memory-percentage`, KAI's
+/// `gpu-fraction`) that is not a whole number of slices: per container, the slices it
+/// was given and the share, in percent of the card (a JSON number, `33.3` allowed), as
+/// `{"main":{"slices":3,"percent":30}}`; for a KAI fraction, which is a share of the
+/// whole GPU, also its share of the compute, `"computePercent":30` (`33.3` for `0.333`,
+/// which the whole-percent field of [`ANNOTATION_EXACT_LIMITS`] cannot hold). Only the
+/// node knows the card it lands on, so the node works out the bytes at Allocate /
+/// prepare; like [`ANNOTATION_EXACT_LIMITS`] it only ever lowers the slices' limits. A separate annotation, not a field of that one:
+/// an older node refuses unknown fields there and would fail the pod during a rolling
+/// upgrade, where it ignores this annotation and keeps the slices' limits. Its entries'
+/// unknown fields are ignored for the same reason: a node from before `computePercent`
+/// keeps the slices' compute.
+pub const ANNOTATION_EXACT_MEMORY_PERCENT: &str = "tessera.dev/dropin-memory-percent";
+
 /// HAMi-core's variables. The shim reads none of them (it reads only
 /// `TESSERA_*` and the control file); the webhook warns when a pod sets one.
 pub const HAMI_CORE_ENV: [&str; 4] = [

@@ -211,6 +211,7 @@ pub async fn run_with_pods<A: PodApi>(
         if let Some(injected) = pods {
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
+                state.clone(),
                 lister,
                 Some(injected),
                 sync,
@@ -218,6 +219,7 @@ pub async fn run_with_pods<A: PodApi>(
         } else {
             tasks.spawn(pod_resources_loop(
                 manager.clone(),
+                state.clone(),
                 lister,
                 kube.clone().map(KubePodApi::new),
                 sync,
@@ -502,6 +504,7 @@ struct SyncSettings {
 
 async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     manager: Arc<M>,
+    state: Arc<PluginState>,
     pods: P,
     pod_api: Option<A>,
     sync: SyncSettings,
@@ -518,6 +521,7 @@ async fn pod_resources_loop<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
             pod_api.as_ref(),
             &sync.resource,
             &mut tracker,
+            &state.snapshot().cards(),
         )
         .await
         {
@@ -587,6 +591,7 @@ mod tests {
         let passes = Passes::default();
         let task = tokio::spawn(pod_resources_loop(
             manager.clone(),
+            Arc::new(PluginState::new("n", Config::default(), BTreeMap::new())),
             kubelet.clone(),
             None::<crate::testing::FakePods>,
             SyncSettings {

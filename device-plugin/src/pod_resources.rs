@@ -350,6 +350,7 @@ pub fn plan_exact(
     allocations: &[mgr::Allocation],
     resource: &str,
     exact: &PodExact,
+    cards: &tessera_node::exact::Cards,
 ) -> Vec<(String, Vec<mgr::DeviceRequest>)> {
     let owners = owners(pods, resource);
     let mut out = Vec::new();
@@ -364,7 +365,7 @@ pub fn plan_exact(
             continue;
         };
         let mut devices = a.devices.clone();
-        if tessera_node::exact::cap(&mut devices, e) && devices != a.devices {
+        if tessera_node::exact::cap(&mut devices, e, cards) && devices != a.devices {
             out.push((a.id.clone(), devices));
         }
     }
@@ -445,13 +446,15 @@ async fn look_up_annotations<A: PodApi>(
 
 /// One pass: list, plan, apply. Nothing is deleted when either list fails.
 /// `pod_api` is None without the Kubernetes API: every policy stays the
-/// node's.
+/// node's. `cards`: each GPU's memory as a pod's share of the card counts it
+/// (`Snapshot::cards`).
 pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     manager: &M,
     pods: &P,
     pod_api: Option<&A>,
     resource: &str,
     tracker: &mut OrphanTracker,
+    cards: &tessera_node::exact::Cards,
 ) -> Result<SyncReport, Status> {
     let listed = pods.list().await?;
     let allocations = manager.list_allocations().await?;
@@ -527,7 +530,7 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     // names devices, not pods): lowered once the kubelet names the owner. The manager
     // refuses a limit below what the allocation already holds; that is logged and tried
     // again each pass.
-    for (id, devices) in plan_exact(&listed, &allocations, resource, &exact) {
+    for (id, devices) in plan_exact(&listed, &allocations, resource, &exact, cards) {
         let req = mgr::ResizeAllocationRequest {
             id: id.clone(),
             devices: devices.clone(),
@@ -648,12 +651,16 @@ mod tests {
             one_slice("b", "GPU-a::1"),
             one_slice("c", "GPU-a::2"),
             one_slice("orphan", "GPU-a::3"),
+            one_slice("d", "GPU-a::4"),
         ];
         let listed = pods(&[
             ("ns", "a", "cuda", RES, &["GPU-a::0"]),
             ("ns", "b", "cuda", RES, &["GPU-a::1"]),
             ("ns", "c", "cuda", RES, &["GPU-a::2"]),
+            ("ns", "d", "cuda", RES, &["GPU-a::4"]),
         ]);
+        // Eight 4 GiB slices: a share of the card is a share of 32 GiB.
+        let cards = tessera_node::exact::Cards::from([("GPU-a".to_owned(), 32 * GI)]);
         let limits = |v: &str| {
             let ann = BTreeMap::from([(
                 tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(),
@@ -677,17 +684,30 @@ mod tests {
                 ("ns".to_owned(), "c".to_owned()),
                 limits(r#"{"other":{"slices":1,"memoryMiB":1000}}"#),
             ),
+            // A share of the card: 10% of 32 GiB, 3276.8 MiB, in whole 2 MiB pages.
+            (
+                ("ns".to_owned(), "d".to_owned()),
+                tessera_node::exact::from_annotations(&BTreeMap::from([(
+                    tessera_node::exact::ANNOTATION_EXACT_MEMORY_PERCENT.to_owned(),
+                    r#"{"cuda":{"slices":1,"percent":10}}"#.to_owned(),
+                )]))
+                .expect("parses"),
+            ),
         ]
         .into();
-        let plan = plan_exact(&listed, &allocations, RES, &exact);
-        assert_eq!(plan.len(), 1, "{plan:?}");
+        let plan = plan_exact(&listed, &allocations, RES, &exact, &cards);
+        assert_eq!(plan.len(), 2, "{plan:?}");
         assert_eq!(plan[0].0, "a");
         assert_eq!(plan[0].1[0].memory_limit_bytes, 3000 << 20);
         assert_eq!(plan[0].1[0].compute_share_ppm, 100_000);
+        assert_eq!(plan[1].0, "d");
+        assert_eq!(plan[1].1[0].memory_limit_bytes, 3276 << 20);
+        assert_eq!(plan[1].1[0].compute_share_ppm, 125_000);
         // Once lowered, the next pass has nothing to do.
         let mut lowered = allocations.clone();
         lowered[0].devices = plan[0].1.clone();
-        assert!(plan_exact(&listed, &lowered, RES, &exact).is_empty());
+        lowered[4].devices = plan[1].1.clone();
+        assert!(plan_exact(&listed, &lowered, RES, &exact, &cards).is_empty());
     }
 
     fn owner(ns: &str, pod: &str, ctr: &str) -> Owner {
@@ -911,7 +931,7 @@ mod tests {
         api: &crate::testing::FakePods,
         t: &mut OrphanTracker,
     ) -> SyncReport {
-        sync_once(m, kubelet, Some(api), RES, t)
+        sync_once(m, kubelet, Some(api), RES, t, &Default::default())
             .await
             .expect("pass")
     }

@@ -103,11 +103,12 @@ impl<P: PodsOnNode> Assigned<P> {
         pods: &[PodInfo],
         plan: &mut allocate::Plan,
         known: Option<&Pending>,
+        snap: &Snapshot,
     ) {
         let n = plan.device_ids.len() as u64;
         let known = known.map(|p| (p.namespace.as_str(), p.name.as_str(), p.container.as_str()));
         if let Some(e) = assignment::exact_for_request(pods, &self.node, n, known)
-            && tessera_node::exact::cap(&mut plan.devices, &e)
+            && tessera_node::exact::cap(&mut plan.devices, &e, &snap.cards())
         {
             tracing::info!(id = %plan.id, limits = ?plan.devices, "exact limits of the pod's words");
         }
@@ -305,7 +306,7 @@ impl<M: ManagerApi, P: PodsOnNode> DevicePlugin for PluginService<M, P> {
                     a.mark(p).await.map_err(refused)?;
                     tracing::info!(pod = %p.pod(), container = %p.container, devices = ?plan.device_ids, "serving the chosen GPUs (the scheduler extender's or KAI-Scheduler's)");
                 }
-                a.lay_exact_limits(&pods, &mut plan, known.as_ref());
+                a.lay_exact_limits(&pods, &mut plan, known.as_ref(), &snap);
             }
             let alloc = allocate::create(self.manager.as_ref(), &plan)
                 .await

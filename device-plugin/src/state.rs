@@ -62,6 +62,19 @@ impl Snapshot {
     pub fn gpu(&self, uuid: &str) -> Option<&GpuSlices> {
         self.gpus.iter().find(|g| g.gpu.uuid == uuid)
     }
+
+    /// Each GPU's memory as a share of "the card" counts it
+    /// (`tessera_node::exact::card_memory`): a pod's `gpumem-percentage` is laid over
+    /// its slices as that share of the GPU they are on.
+    pub fn cards(&self) -> tessera_node::exact::Cards {
+        self.gpus
+            .iter()
+            .map(|g| {
+                let card = tessera_node::exact::card_memory(&g.layout, g.gpu.memory_total_bytes);
+                (g.gpu.uuid.clone(), card)
+            })
+            .collect()
+    }
 }
 
 struct Inputs {

@@ -156,7 +156,7 @@ fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> Result<PodAsks
         1 => exact.into_values().next(),
         0 => None,
         n => {
-            tracing::warn!(%pod, "annotation {}: {n} containers have exact limits and one claim serves them all; the claim keeps its slices' limits", tessera_node::exact::ANNOTATION_EXACT_LIMITS);
+            tracing::warn!(%pod, "annotations {} / {}: {n} containers have exact limits and one claim serves them all; the claim keeps its slices' limits", tessera_node::exact::ANNOTATION_EXACT_LIMITS, tessera_node::exact::ANNOTATION_EXACT_MEMORY_PERCENT);
             None
         }
     };
@@ -488,8 +488,18 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
                 "resource claim {want}: its pod's GPU constraint: {why}"
             ));
         }
+        // A share of the card (`gpumem-percentage`) is a share of the GPU the claim's
+        // slices are on, as this node lays its slices out.
+        let cards: tessera_node::exact::Cards = view
+            .gpus
+            .iter()
+            .map(|g| {
+                let card = tessera_node::exact::card_memory(&g.slices, g.memory_total_bytes);
+                (g.uuid.clone(), card)
+            })
+            .collect();
         if let Some(e) = &asks.exact
-            && !tessera_node::exact::cap(&mut plan.limits, e)
+            && !tessera_node::exact::cap(&mut plan.limits, e, &cards)
         {
             tracing::warn!(claim = %want, "the pod's exact limits are for {} slices on one GPU; the claim keeps its slices' limits", e.slices);
         }
@@ -923,6 +933,37 @@ mod tests {
         );
         let e = pod_asks(&a(&[(exact, "lots")]), "ns/p").expect_err("unreadable");
         assert!(e.contains("ns/p") && e.contains(exact), "{e}");
+        let share = tessera_node::exact::ANNOTATION_EXACT_MEMORY_PERCENT;
+        assert_eq!(
+            pod_asks(
+                &a(&[(share, r#"{"main":{"slices":3,"percent":30}}"#)]),
+                "ns/p"
+            )
+            .map(|p| p.exact.and_then(|e| e.memory_ppm)),
+            Ok(Some(300_000)),
+            "one container's share of the card is the claim's"
+        );
+        assert_eq!(
+            pod_asks(
+                &a(&[(
+                    share,
+                    r#"{"main":{"slices":3,"percent":33.3,"computePercent":33.3}}"#
+                )]),
+                "ns/p"
+            )
+            .map(|p| p.exact.and_then(|e| e.compute_ppm)),
+            Ok(Some(333_000)),
+            "a KAI fraction's share of the compute is the claim's too"
+        );
+        for bad in [
+            r#"{"main":{"slices":3,"percent":30,"computePercent":101}}"#,
+            r#"{"main":{"slices":3,"percent":0}}"#,
+            r#"{"main":{"slices":3,"percent":101}}"#,
+            r#"{"main":{"slices":3,"percent":"thirty"}}"#,
+        ] {
+            let e = pod_asks(&a(&[(share, bad)]), "ns/p").expect_err(bad);
+            assert!(e.contains("ns/p") && e.contains(share), "{e}");
+        }
         assert_eq!(
             pod_asks(
                 &a(&[

@@ -182,7 +182,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_device_plugin_on_a
         }
         assert!(gone, "{name}: its allocation outlived the pod");
     }
-    assert_eq!(cases.len(), 18);
+    assert_eq!(cases.len(), 23);
     let _ = stop.send(());
     tokio::time::timeout(T, plugin)
         .await

@@ -158,5 +158,5 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
             .into_inner();
         assert_eq!(gone.claims[&uid].error, "", "{name}");
     }
-    assert_eq!(cases.len(), 18);
+    assert_eq!(cases.len(), 23);
 }

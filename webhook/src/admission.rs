@@ -63,12 +63,13 @@ const USER_ANNOTATIONS: [&str; 8] = [
 
 /// Annotations under `tessera.dev/` the webhook itself writes: the original words of a
 /// translated pod, informational only (nothing decides anything from it), and its exact
-/// limits, which the node enforces only as the smaller of them and the pod's slices. So a
+/// limits (MiB and compute, and a share of the card's memory), which the node enforces only as the smaller of them and the pod's slices. So a
 /// copy a user wrote can mislead a reader, or lower the user's own limits, never more. A
 /// translated pod's are always the webhook's (written over, or taken off).
-const WEBHOOK_ANNOTATIONS: [&str; 2] = [
+const WEBHOOK_ANNOTATIONS: [&str; 3] = [
     tessera_contract::dropin::ANNOTATION_ORIGINAL,
     tessera_contract::dropin::ANNOTATION_EXACT_LIMITS,
+    tessera_contract::dropin::ANNOTATION_EXACT_MEMORY_PERCENT,
 ];
 
 /// Why a pod is refused. Each message names the container (or annotation) and says what

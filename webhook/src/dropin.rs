@@ -120,18 +120,20 @@ pub struct ContainerPlan {
 }
 
 /// A container's exact ask, where it is below what its whole slices give. `None`: the
-/// slices' own value is the ask (or the ask is a share of the card, whose size only the
-/// node knows, and is given as whole slices).
+/// slices' own value is the ask.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Exact {
     pub memory_mib: Option<u64>,
     pub compute_percent: Option<u64>,
-}
-
-impl Exact {
-    fn is_none(&self) -> bool {
-        self.memory_mib.is_none() && self.compute_percent.is_none()
-    }
+    /// A share of the card's memory (`gpumem-percentage`, a KAI fraction), in millionths
+    /// of the card: only the node knows the card, so it works out the bytes
+    /// ([`ANNOTATION_EXACT_MEMORY_PERCENT`]).
+    pub memory_ppm: Option<u32>,
+    /// A share of the card's compute in millionths of the GPU: a KAI fraction's, which
+    /// is a share of the whole GPU (`0.3` is 300,000, `0.333` 333,000), written beside
+    /// its memory share (`computePercent` in [`ANNOTATION_EXACT_MEMORY_PERCENT`]: a
+    /// fraction of a percent does not fit `dropin-limits`' whole percent).
+    pub compute_ppm: Option<u32>,
 }
 
 /// A pod's translation.
@@ -484,7 +486,7 @@ fn slices_for(
                 ));
             }
             Rounding::Up => warnings.push(format!(
-                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU) for scheduling; {slice}; the limits are exactly the words where they are MiB or a compute percentage, the whole slices where they are a share of the card's memory",
+                "{who}: {what} rounded up to {per_gpu_slices} whole slices ({} MiB, {}% of a GPU) for scheduling; {slice}; the limits are exactly the words (a share of the card's memory is worked out on the node, from the GPU the slices are on)",
                 u64::from(per_gpu_slices) * shape.memory_mib,
                 f64::from(per_gpu_slices) * 100.0 / per_gpu
             )),
@@ -510,6 +512,25 @@ fn slices_for(
             && (c as f64) * per_gpu / 100.0 < whole - 1e-9
         {
             exact.compute_percent = Some(c);
+        }
+        // A share of the card below its slices' (30% on 3 of 8 slices, 37.5%). KAI's
+        // fraction is a share of the whole GPU, its compute too; HAMi's and Volcano's
+        // percentages are memory only (their compute is `gpucores`, above, or no cap).
+        let (share, of_compute) = match ask.memory {
+            Memory::Percent(p) => (Some(p as f64 / 100.0), false),
+            Memory::Fraction(f) => (Some(f), true),
+            Memory::Whole | Memory::Mib(_) => (None, false),
+        };
+        if let Some(f) = share
+            && f * per_gpu < whole - 1e-9
+        {
+            // In (0, 1] (refused otherwise above), so the ppm is in 1..=1e6; KAI's 0.3
+            // is 300,000 exactly after rounding.
+            let ppm = ((f * 1e6).round() as u32).max(1);
+            exact.memory_ppm = Some(ppm);
+            if of_compute {
+                exact.compute_ppm = Some(ppm);
+            }
         }
     }
     Ok((per_gpu_slices * ask.gpus, exact))
@@ -1136,6 +1157,10 @@ pub fn apply(raw: &mut Value, t: &Translation) {
             Some(v) => map.insert(ANNOTATION_EXACT_LIMITS.into(), json!(v)),
             None => map.remove(ANNOTATION_EXACT_LIMITS),
         };
+        match exact_memory_percent(t) {
+            Some(v) => map.insert(ANNOTATION_EXACT_MEMORY_PERCENT.into(), json!(v)),
+            None => map.remove(ANNOTATION_EXACT_MEMORY_PERCENT),
+        };
         if t.cap_compute {
             map.insert(
                 tessera_contract::labels::ANNOTATION_COMPUTE_POLICY.into(),
@@ -1160,11 +1185,15 @@ pub fn apply(raw: &mut Value, t: &Translation) {
     }
 }
 
-/// The value of [`ANNOTATION_EXACT_LIMITS`]: the containers whose ask is below their
-/// slices; `None` when there are none.
+/// The value of [`ANNOTATION_EXACT_LIMITS`]: the containers whose ask in MiB or percent
+/// of compute is below their slices; `None` when there are none.
 pub fn exact_limits(t: &Translation) -> Option<String> {
     let mut m = Map::new();
-    for plan in t.containers.iter().filter(|p| !p.exact.is_none()) {
+    for plan in t
+        .containers
+        .iter()
+        .filter(|p| p.exact.memory_mib.is_some() || p.exact.compute_percent.is_some())
+    {
         let mut e = Map::new();
         e.insert("slices".into(), json!(plan.slices));
         if let Some(v) = plan.exact.memory_mib {
@@ -1174,6 +1203,37 @@ pub fn exact_limits(t: &Translation) -> Option<String> {
             e.insert("computePercent".into(), json!(v));
         }
         m.insert(plan.name.clone(), Value::Object(e));
+    }
+    (!m.is_empty()).then(|| Value::Object(m).to_string())
+}
+
+/// The value of [`ANNOTATION_EXACT_MEMORY_PERCENT`]: the containers whose share of the
+/// card's memory is below their slices', in percent (`30`, `33.3333`), with their share
+/// of its compute where it is one too (a KAI fraction: `computePercent`); `None` when
+/// there are none. Its own annotation, not a field of [`ANNOTATION_EXACT_LIMITS`]: an
+/// older node refuses unknown fields there (and would fail the pod mid-upgrade), where
+/// it ignores an annotation it does not know, or a field of this one, and keeps the
+/// slices' limits.
+pub fn exact_memory_percent(t: &Translation) -> Option<String> {
+    // A whole percent as an integer (`30`, as `dropin-limits` writes it), else the
+    // decimal (`33.3`): ppm / 10,000 is exact in f64 at this size.
+    let percent = |ppm: u32| {
+        if ppm.is_multiple_of(10_000) {
+            json!(ppm / 10_000)
+        } else {
+            json!(f64::from(ppm) / 10_000.0)
+        }
+    };
+    let mut m = Map::new();
+    for plan in &t.containers {
+        let Some(ppm) = plan.exact.memory_ppm else {
+            continue;
+        };
+        let mut e = json!({"slices": plan.slices, "percent": percent(ppm)});
+        if let Some(c) = plan.exact.compute_ppm {
+            e["computePercent"] = percent(c);
+        }
+        m.insert(plan.name.clone(), e);
     }
     (!m.is_empty()).then(|| Value::Object(m).to_string())
 }
@@ -1479,6 +1539,17 @@ mod tests {
         let e = |m: Option<u64>, c: Option<u64>| Exact {
             memory_mib: m,
             compute_percent: c,
+            memory_ppm: None,
+            compute_ppm: None,
+        };
+        let share = |ppm: u32, c: Option<u64>| Exact {
+            memory_ppm: Some(ppm),
+            ..e(None, c)
+        };
+        // A KAI fraction: a share of the whole GPU, its memory and its compute.
+        let fraction = |ppm: u32| Exact {
+            compute_ppm: Some(ppm),
+            ..share(ppm, None)
         };
         // 3000 MiB: one 4 GiB slice, limited to 3000 MiB.
         assert_eq!(
@@ -1495,10 +1566,53 @@ mod tests {
             exact(&pod(&[(HAMI_GPUMEM, "8192"), (HAMI_GPUCORES, "25")], &[])),
             vec![(2, e(None, None))]
         );
-        // A share of the card's memory is whole slices (only the node knows the card).
+        // A share of the card's memory: the share, for the node to work out on the
+        // card it lands on; in each project's words.
         assert_eq!(
             exact(&pod(&[(HAMI_GPUMEM_PERCENTAGE, "30")], &[])),
-            vec![(3, e(None, None))]
+            vec![(3, share(300_000, None))]
+        );
+        assert_eq!(
+            exact(&pod(&[(VOLCANO_VGPU_MEMORY_PERCENTAGE, "30")], &[])),
+            vec![(3, share(300_000, None))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.3")])),
+            vec![(3, fraction(300_000))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.33")])),
+            vec![(3, fraction(330_000))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.333")])),
+            vec![(3, fraction(333_000))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.1")])),
+            vec![(1, fraction(100_000))]
+        );
+        // A fraction that is whole slices (0.5: 4 of 8): nothing, compute included.
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "0.5")])),
+            vec![(4, e(None, None))]
+        );
+        // Beside a compute cap that takes more slices (50%: 4 of 8).
+        assert_eq!(
+            exact(&pod(
+                &[(HAMI_GPUMEM_PERCENTAGE, "10"), (HAMI_GPUCORES, "50")],
+                &[]
+            )),
+            vec![(4, share(100_000, None))]
+        );
+        // A share that is whole slices (25%: 2 of 8), or the whole card: nothing.
+        assert_eq!(
+            exact(&pod(&[(HAMI_GPUMEM_PERCENTAGE, "25")], &[])),
+            vec![(2, e(None, None))]
+        );
+        assert_eq!(
+            exact(&pod(&[], &[(KAI_GPU_FRACTION, "1")])),
+            vec![(8, e(None, None))]
         );
         assert_eq!(
             exact(&pod(
@@ -1540,6 +1654,53 @@ mod tests {
         .expect("JSON");
         assert_eq!(v, json!({"main": {"slices": 1, "memoryMiB": 3000}}));
         assert_eq!(applied(&[(HAMI_GPUMEM, "4096")]), Value::Null);
+
+        // The share of the card goes in its own annotation, over the tenant's.
+        let shared = |limits: &[(&str, &str)], annotations: &[(&str, &str)]| {
+            let mut with = vec![(
+                ANNOTATION_EXACT_MEMORY_PERCENT,
+                r#"{"main":{"slices":8,"percent":100}}"#,
+            )];
+            with.extend_from_slice(annotations);
+            let p = pod(limits, &with);
+            let t = translate(&p, &c).expect("ok").expect("translated");
+            let mut raw = serde_json::to_value(&p).expect("json");
+            apply(&mut raw, &t);
+            let a = &raw["metadata"]["annotations"];
+            let parse = |v: &Value| {
+                v.as_str()
+                    .map(|s| serde_json::from_str::<Value>(s).expect("JSON"))
+            };
+            (
+                parse(&a[ANNOTATION_EXACT_MEMORY_PERCENT]),
+                parse(&a[ANNOTATION_EXACT_LIMITS]),
+            )
+        };
+        assert_eq!(
+            shared(
+                &[(HAMI_GPUMEM_PERCENTAGE, "30"), (HAMI_GPUCORES, "20")],
+                &[]
+            ),
+            (
+                Some(json!({"main": {"slices": 3, "percent": 30}})),
+                Some(json!({"main": {"slices": 3, "computePercent": 20}}))
+            )
+        );
+        assert_eq!(
+            shared(&[], &[(KAI_GPU_FRACTION, "0.333")]),
+            (
+                Some(json!({"main": {"slices": 3, "percent": 33.3, "computePercent": 33.3}})),
+                None
+            )
+        );
+        assert_eq!(
+            shared(&[], &[(KAI_GPU_FRACTION, "0.3")]),
+            (
+                Some(json!({"main": {"slices": 3, "percent": 30, "computePercent": 30}})),
+                None
+            )
+        );
+        assert_eq!(shared(&[(HAMI_GPUMEM_PERCENTAGE, "50")], &[]), (None, None));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 mod common;
 
 use serde_json::{Value, json};
-use tessera_contract::dropin::{ANNOTATION_ORIGINAL, Dialect};
+use tessera_contract::dropin::{ANNOTATION_EXACT_MEMORY_PERCENT, ANNOTATION_ORIGINAL, Dialect};
 use tessera_webhook::admission::HOOK_PATH;
 use tessera_webhook::dropin::Config;
 
@@ -157,6 +157,29 @@ async fn hami_examples_become_slices() {
             "{warnings:?}"
         );
     }
+
+    // 30% of the card's memory: three slices (37.5%), and the share for the node to lay
+    // over them on the GPU it gets; the second pass (inside `admitted`) takes the
+    // annotation for the webhook's own.
+    let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "30"});
+    let (out, warnings) = admitted(&pod(
+        vec![container("cuda", limits)],
+        json!({}),
+        "hami-scheduler",
+    ))
+    .await;
+    assert_slices(&out, 0, "3");
+    assert!(
+        warnings.iter().any(|w| w.contains("rounded up")),
+        "{warnings:?}"
+    );
+    let share = out["metadata"]["annotations"][ANNOTATION_EXACT_MEMORY_PERCENT]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {ANNOTATION_EXACT_MEMORY_PERCENT}: {out:#}"));
+    assert_eq!(
+        serde_json::from_str::<Value>(share).expect("json"),
+        json!({"cuda": {"slices": 3, "percent": 30}})
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -301,6 +324,25 @@ async fn kai_examples_become_slices_on_the_right_container() {
             "{warnings:?}"
         );
     }
+
+    // A third of a GPU, as KAI's users write it: three slices (37.5%), and the fraction
+    // of the card's memory and compute for the node to lay over them (a fraction of a
+    // percent, which dropin-limits' whole percent cannot hold); the second pass (inside
+    // `admitted`) keeps it.
+    let (out, _) = admitted(&pod(
+        vec![container("main", json!({}))],
+        json!({"gpu-fraction": "0.333"}),
+        "kai-scheduler",
+    ))
+    .await;
+    assert_slices(&out, 0, "3");
+    let share = out["metadata"]["annotations"][ANNOTATION_EXACT_MEMORY_PERCENT]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {ANNOTATION_EXACT_MEMORY_PERCENT}: {out:#}"));
+    assert_eq!(
+        serde_json::from_str::<Value>(share).expect("json"),
+        json!({"main": {"slices": 3, "percent": 33.3, "computePercent": 33.3}})
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -73,12 +73,29 @@ pub const MI: u64 = 1 << 20;
 /// (`tessera.dev/dropin-limits`) to ask for the whole card: see [`as_stored`].
 pub const RAISED: &str = "hami-3000m-raised";
 
-/// Eighteen pods, five or more per project, each with what it must get: exactly its
+/// The pod whose tenant, after admission, edits its share of the card's memory
+/// (`tessera.dev/dropin-memory-percent`) to all of it: see [`as_stored`].
+pub const RAISED_SHARE: &str = "kai-0.3-raised";
+
+/// 30 % of the card's memory, as the node works it out on these GPUs: the card is the
+/// eight 4 GiB slices (32 GiB, the GPU's other 8 GiB are no slice's), 30 % of it is
+/// 9830.4 MiB, rounded down to whole 2 MiB pages.
+pub const THIRTY_PERCENT: u64 = 9830 * MI;
+
+/// KAI's `0.333` of the card's memory on these GPUs: 10911.7 MiB of the 32 GiB, in
+/// whole 2 MiB pages.
+pub const A_THIRD: u64 = 10910 * MI;
+
+/// Twenty-three pods, six or more per project, each with what it must get: exactly its
 /// ask. Most ask for whole slices (a 4 GiB multiple, an eighth of the card); a HAMi
 /// pod of 3000 MiB, a Volcano one of 5000 MiB capped at 30 % and a KAI one of 7000 MiB
-/// are scheduled as whole slices (1, 3, 2) and limited to exactly their words; one
-/// more 3000 MiB pod's tenant raises its limits on the pod after admission and gets
-/// no more than its slices ([`RAISED`]).
+/// are scheduled as whole slices (1, 3, 2) and limited to exactly their words; so are
+/// 30 % of the card's memory in each project's words (three slices, 37.5 %, limited to
+/// [`THIRTY_PERCENT`]), and KAI's fractions `0.3` and `0.333` in compute too (300,000
+/// and 333,000 ppm of the GPU, not the slices' 375,000); one more 3000 MiB pod's tenant
+/// raises its limits on the pod after admission and gets no more than its slices
+/// ([`RAISED`]), and so does a KAI `0.3` whose tenant raises its share, memory and
+/// compute, to the whole card ([`RAISED_SHARE`]).
 pub fn pods() -> Vec<(Value, Want)> {
     let none = json!({});
     vec![
@@ -107,6 +124,19 @@ pub fn pods() -> Vec<(Value, Want)> {
                 none.clone(),
             ),
             want(16 * GI, 500_000, false, 0),
+        ),
+        // HAMi: 30 % of the card's memory: three slices (37.5 %), limited to 30 %.
+        (
+            pod(
+                "hami-30pct",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "30"}),
+                )],
+                none.clone(),
+            ),
+            want(THIRTY_PERCENT, 375_000, false, 0),
         ),
         // HAMi: 16 GiB, 50 % of the cores, high priority (0 in HAMi's words).
         (
@@ -204,6 +234,39 @@ pub fn pods() -> Vec<(Value, Want)> {
             ),
             want(7000 * MI, 250_000, false, 0),
         ),
+        // KAI: 0.3 of a GPU: three slices (37.5 %), limited to 30 % of the card, its
+        // memory and its compute.
+        (
+            pod(
+                "kai-0.3",
+                json!({"gpu-fraction": "0.3"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(THIRTY_PERCENT, 300_000, false, 0),
+        ),
+        // KAI: a third of a GPU written as `0.333`: three slices, limited to 33.3 %
+        // of the card (a share no whole percent or whole slice count gives).
+        (
+            pod(
+                "kai-0.333",
+                json!({"gpu-fraction": "0.333"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(A_THIRD, 333_000, false, 0),
+        ),
+        // The same, whose tenant then writes the whole card as its share (memory and
+        // compute): its slices.
+        (
+            pod(
+                RAISED_SHARE,
+                json!({"gpu-fraction": "0.3"}),
+                &[("main", none.clone())],
+                json!({"schedulerName": "kai-scheduler"}),
+            ),
+            want(12 * GI, 375_000, false, 0),
+        ),
         // KAI: 20 GiB, for the named container of two.
         (
             pod(
@@ -249,6 +312,20 @@ pub fn pods() -> Vec<(Value, Want)> {
                 json!({"schedulerName": "volcano"}),
             ),
             want(8 * GI, 250_000, false, 0),
+        ),
+        // Volcano: 30 % of the memory capped at 20 % of the cores: three slices, both
+        // exact.
+        (
+            pod(
+                "volcano-30pct-20",
+                none.clone(),
+                &[(
+                    "cuda",
+                    json!({"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory-percentage": "30", "volcano.sh/vgpu-cores": "20"}),
+                )],
+                json!({"schedulerName": "volcano"}),
+            ),
+            want(THIRTY_PERCENT, 200_000, true, 0),
         ),
         // Volcano: 8 GiB capped at 25 %.
         (
@@ -322,10 +399,20 @@ pub fn slices_of(translated: &Value) -> (String, u32) {
 }
 
 /// The translated pod as the API server holds it when the node reads it: as admitted,
-/// except [`RAISED`], whose tenant has since rewritten its exact limits to the whole
-/// card (a pod's annotations can be edited after admission, where no webhook looks).
+/// except [`RAISED`] and [`RAISED_SHARE`], whose tenants have since rewritten their
+/// exact limits to the whole card (a pod's annotations can be edited after admission,
+/// where no webhook looks).
 pub fn as_stored(translated: &Value) -> Value {
     let mut stored = translated.clone();
+    if translated["metadata"]["name"] == RAISED_SHARE {
+        let key = tessera_contract::dropin::ANNOTATION_EXACT_MEMORY_PERCENT;
+        assert!(
+            stored["metadata"]["annotations"][key].is_string(),
+            "the webhook wrote a share of the card: {translated:#}"
+        );
+        stored["metadata"]["annotations"][key] =
+            json!(r#"{"main":{"slices":3,"percent":100,"computePercent":100}}"#);
+    }
     if translated["metadata"]["name"] == RAISED {
         let key = tessera_contract::dropin::ANNOTATION_EXACT_LIMITS;
         assert!(
