@@ -244,6 +244,9 @@ struct Behind {
     id: ClientId,
     granted_at: u64,
     revoked_at: u64,
+    /// Revoked for idling while no one else waited: the work's last sign,
+    /// where its charge may end (see [`Scheduler::drain_ended`]).
+    idle_since: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,6 +269,7 @@ enum Phase {
         id: ClientId,
         granted_at: u64,
         revoked_at: u64,
+        idle_since: Option<u64>,
     },
 }
 
@@ -332,6 +336,7 @@ impl Scheduler {
                     id: b.id,
                     granted_at: b.granted_at,
                     revoked_at: b.revoked_at,
+                    idle_since: b.idle_since,
                 };
                 true
             }
@@ -499,7 +504,8 @@ impl Scheduler {
                     if drained.is_none() {
                         self.events.push(Event::DrainTimedOut { id: b.id });
                     }
-                    let end = self.drain_ended(b, drained, now);
+                    let reported = drained.and_then(|_| view.reported_end(b.id));
+                    let end = self.drain_ended(b, drained, reported, now);
                     // The new holder's time starts where the revoked work
                     // was said to end (see `View::reported_end`), or at its
                     // grant if that was later.
@@ -549,7 +555,13 @@ impl Scheduler {
                         .find(id)
                         .is_some_and(|c| c.policy == Policy::Guaranteed);
                     if !busy && (contested || capped) {
-                        return self.revoke(id, granted_at, now, Reason::Idle);
+                        // Alone, the idle tail kept no one from the GPU: it
+                        // is not charged (`drain_ended`). A host gap would
+                        // otherwise cost a capped program `idle_release` per
+                        // step, a third of its share with 2 ms steps.
+                        let idle_since = (!contested).then_some(last_activity);
+                        self.phase = self.revoked_phase(id, granted_at, now, idle_since);
+                        return Action::Revoke(id, Reason::Idle);
                     }
                     if now >= quantum_end {
                         if busy && self.pick(now, Some((id, granted_at))) == Some(id) {
@@ -586,6 +598,7 @@ impl Scheduler {
                     id,
                     granted_at,
                     revoked_at,
+                    idle_since,
                 } => {
                     let deadline = revoked_at.saturating_add(self.cfg.drain_timeout_ns);
                     let drained = view.drained(id);
@@ -603,6 +616,7 @@ impl Scheduler {
                                     id,
                                     granted_at,
                                     revoked_at,
+                                    idle_since,
                                 }),
                             );
                         }
@@ -617,8 +631,10 @@ impl Scheduler {
                         id,
                         granted_at,
                         revoked_at,
+                        idle_since,
                     };
-                    self.drain_ended(b, drained, now);
+                    let reported = drained.and_then(|_| view.reported_end(id));
+                    self.drain_ended(b, drained, reported, now);
                     self.phase = Phase::Idle {
                         revoked_at: Some(revoked_at),
                     };
@@ -631,10 +647,30 @@ impl Scheduler {
 
     /// Charges a revoked holder whose drain ended (`drained`, or timed out
     /// at `now`) and lets it count as having work a little longer; returns
-    /// where its charge ended.
-    fn drain_ended(&mut self, b: Behind, drained: Option<u64>, now: u64) -> u64 {
+    /// where its drain ended.
+    ///
+    /// The charge ends at the drain, never before the revocation: the time
+    /// up to it was the holder's to use. Except for a holder revoked for
+    /// idling while no one else waited (`idle_since`): its charge ends where
+    /// its processes said the work ended (`reported`), never before the
+    /// last activity the arbiter saw itself. A report can shave at most
+    /// `idle_release` off one grant, and only while the GPU is uncontested.
+    fn drain_ended(
+        &mut self,
+        b: Behind,
+        drained: Option<u64>,
+        reported: Option<u64>,
+        now: u64,
+    ) -> u64 {
         let end = drained.unwrap_or(now).clamp(b.revoked_at, now);
-        self.charge(b.id, b.granted_at, end);
+        let charged_to = match b.idle_since {
+            Some(since) => reported.or(drained).unwrap_or(now).clamp(since, end),
+            None => end,
+        };
+        self.charge(b.id, b.granted_at, charged_to);
+        // The grace counts from the drain, whatever was charged: a program
+        // back from a host gap within it is still active (its credit kept,
+        // not lifted to the virtual clock as a newcomer's).
         let grace = end.saturating_add(self.cfg.idle_release_ns);
         if let Some(c) = self.find_mut(b.id)
             && c.grace_until == u64::MAX
@@ -680,15 +716,27 @@ impl Scheduler {
     }
 
     fn revoke(&mut self, id: ClientId, granted_at: u64, now: u64, why: Reason) -> Action {
+        self.phase = self.revoked_phase(id, granted_at, now, None);
+        Action::Revoke(id, why)
+    }
+
+    /// The phase after revoking `id` at `now`.
+    fn revoked_phase(
+        &mut self,
+        id: ClientId,
+        granted_at: u64,
+        now: u64,
+        idle_since: Option<u64>,
+    ) -> Phase {
         if let Some(c) = self.find_mut(id) {
             c.grace_until = u64::MAX;
         }
-        self.phase = Phase::Draining {
+        Phase::Draining {
             id,
             granted_at,
             revoked_at: now,
-        };
-        Action::Revoke(id, why)
+            idle_since,
+        }
     }
 
     fn charge(&mut self, id: ClientId, start: u64, end: u64) {
@@ -1105,6 +1153,32 @@ mod tests {
         }
     }
 
+    /// A capped program alone with host gaps longer than `idle_release`
+    /// (a data loader between steps) gives the GPU back in each gap. With
+    /// no one else waiting, the idle tail before that revocation is not
+    /// charged: it reaches its share, not two thirds of it (20% of 30 when
+    /// each 2 ms step was charged 3 ms). Beside another client the tail is
+    /// charged as before, and the caps hold.
+    #[test]
+    fn a_capped_program_alone_is_not_charged_its_host_gaps() {
+        let gappy = || syncing_client(1, MS, 2, 2 * MS);
+        let mut w = World::new(cfg(), vec![(gappy(), 300_000, Policy::Guaranteed)]);
+        w.run_until(11 * S);
+        near("alone, 2 ms host gaps", w.busy(1, 2 * S, 11 * S), 30.0, 1.0);
+        let mut w = World::new(
+            cfg(),
+            vec![
+                (gappy(), 300_000, Policy::Guaranteed),
+                (client(2, MS, 2), 700_000, Policy::Guaranteed),
+            ],
+        );
+        w.run_until(11 * S);
+        for (id, cap) in [(1, 30.0), (2, 70.0)] {
+            let got = w.busy(id, 2 * S, 11 * S);
+            assert!(got <= cap + 1.0, "client {id}: {got:.2}% past its {cap}%");
+        }
+    }
+
     /// Programs that synchronise after every one or two launches (a
     /// training step's `loss.item()`), with and without a host gap: a
     /// holder waiting on its own work is busy, so its grants run to the
@@ -1492,44 +1566,56 @@ mod tests {
 
     #[test]
     fn a_grant_is_charged_from_when_it_was_published() {
-        let mut s = Scheduler::new(cfg());
-        s.add(1, 500_000, Policy::Guaranteed);
-        // A process waits at the gate.
-        let waiting = vec![client(1, MS, 2)];
-        let mut view = FakeView {
-            clients: &waiting,
-            now: S,
-            report_ns: 0,
-        };
-        assert_eq!(s.step(S, &mut view), Action::Grant(1));
-        // Published 300 µs after the decision; then the process has
-        // nothing to run (no launches, not waiting): released when idle.
-        let published = S + 300 * US;
-        s.granted_at(published);
-        let mut idle = vec![client(1, MS, 2)];
-        idle[0].until = 0;
-        idle[0].granted = true;
-        let mut view = FakeView {
-            clients: &idle,
-            now: published + cfg().idle_release_ns,
-            report_ns: 0,
-        };
-        assert_eq!(s.step(view.now, &mut view), Action::Revoke(1, Reason::Idle));
-        view.now += 10 * US;
-        assert!(matches!(s.step(view.now, &mut view), Action::Wait { .. }));
-        let charged: Vec<(u64, u64)> = s
-            .take_events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Charged { start, end, .. } => Some((start, end)),
-                _ => None,
-            })
-            .collect();
-        // Nothing ran: the drain ended with the revocation.
-        assert_eq!(
-            charged,
-            vec![(published, published + cfg().idle_release_ns)]
-        );
+        // Alone, the unused grant costs nothing (its idle tail kept no one
+        // from the GPU); with another client waiting, the tail up to the
+        // revocation is charged. Either way from the publication on.
+        for contested in [false, true] {
+            let mut s = Scheduler::new(cfg());
+            s.add(1, 500_000, Policy::Guaranteed);
+            s.add(2, 100_000, Policy::Guaranteed);
+            // A process waits at the gate.
+            let waiting = vec![client(1, MS, 2)];
+            let mut view = FakeView {
+                clients: &waiting,
+                now: S,
+                report_ns: 0,
+            };
+            assert_eq!(s.step(S, &mut view), Action::Grant(1));
+            // Published 300 µs after the decision; then the process has
+            // nothing to run (no launches, not waiting): released when idle.
+            let published = S + 300 * US;
+            s.granted_at(published);
+            let mut idle = vec![client(1, MS, 2)];
+            idle[0].until = 0;
+            idle[0].granted = true;
+            if contested {
+                idle.push(client(2, MS, 2));
+            }
+            let mut view = FakeView {
+                clients: &idle,
+                now: published + cfg().idle_release_ns,
+                report_ns: 0,
+            };
+            assert_eq!(s.step(view.now, &mut view), Action::Revoke(1, Reason::Idle));
+            view.now += 10 * US;
+            let _ = s.step(view.now, &mut view);
+            let charged: Vec<(u64, u64)> = s
+                .take_events()
+                .into_iter()
+                .filter_map(|e| match e {
+                    Event::Charged { id: 1, start, end } => Some((start, end)),
+                    _ => None,
+                })
+                .collect();
+            // Nothing ran: alone, the charge ends where the grant began;
+            // contested, with the revocation.
+            let end = if contested {
+                published + cfg().idle_release_ns
+            } else {
+                published
+            };
+            assert_eq!(charged, vec![(published, end)], "contested: {contested}");
+        }
     }
 
     #[test]
