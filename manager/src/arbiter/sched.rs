@@ -560,8 +560,7 @@ impl Scheduler {
                         // otherwise cost a capped program `idle_release` per
                         // step, a third of its share with 2 ms steps.
                         let idle_since = (!contested).then_some(last_activity);
-                        self.phase = self.revoked_phase(id, granted_at, now, idle_since);
-                        return Action::Revoke(id, Reason::Idle);
+                        return self.revoke(id, granted_at, now, Reason::Idle, idle_since);
                     }
                     if now >= quantum_end {
                         if busy && self.pick(now, Some((id, granted_at))) == Some(id) {
@@ -578,7 +577,7 @@ impl Scheduler {
                             };
                             continue;
                         }
-                        return self.revoke(id, granted_at, now, Reason::Quantum);
+                        return self.revoke(id, granted_at, now, Reason::Quantum, None);
                     }
                     self.phase = Phase::Held {
                         id,
@@ -715,28 +714,26 @@ impl Scheduler {
         pick
     }
 
-    fn revoke(&mut self, id: ClientId, granted_at: u64, now: u64, why: Reason) -> Action {
-        self.phase = self.revoked_phase(id, granted_at, now, None);
-        Action::Revoke(id, why)
-    }
-
-    /// The phase after revoking `id` at `now`.
-    fn revoked_phase(
+    /// Revokes `id`'s grant at `now`; `idle_since`: revoked for idling with
+    /// no one else waiting, the work's last sign (see [`Self::drain_ended`]).
+    fn revoke(
         &mut self,
         id: ClientId,
         granted_at: u64,
         now: u64,
+        why: Reason,
         idle_since: Option<u64>,
-    ) -> Phase {
+    ) -> Action {
         if let Some(c) = self.find_mut(id) {
             c.grace_until = u64::MAX;
         }
-        Phase::Draining {
+        self.phase = Phase::Draining {
             id,
             granted_at,
             revoked_at: now,
             idle_since,
-        }
+        };
+        Action::Revoke(id, why)
     }
 
     fn charge(&mut self, id: ClientId, start: u64, end: u64) {
