@@ -925,10 +925,45 @@ mod tests {
         }
     }
 
+    /// Pods' annotations as the Kubernetes API would give them. Kept here,
+    /// not `crate::testing::FakePods`: that double implements this module's
+    /// trait, so using it from this module's tests would tie the two both
+    /// ways (issue 35: no import circle).
+    #[derive(Default)]
+    struct Annotations(std::sync::Mutex<BTreeMap<(String, String), BTreeMap<String, String>>>);
+
+    impl Annotations {
+        fn set(&self, namespace: &str, pod: &str, annotations: &[(&str, &str)]) {
+            let a = annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            self.0
+                .lock()
+                .expect("annotations")
+                .insert((namespace.to_owned(), pod.to_owned()), a);
+        }
+    }
+
+    impl PodApi for Annotations {
+        async fn annotations(
+            &self,
+            namespace: &str,
+            pod: &str,
+        ) -> Result<BTreeMap<String, String>, crate::node_labels::NodeApiError> {
+            let pods = self.0.lock().expect("annotations");
+            pods.get(&(namespace.to_owned(), pod.to_owned()))
+                .cloned()
+                .ok_or_else(|| {
+                    crate::node_labels::NodeApiError::NotFound(format!("pod {namespace}/{pod}"))
+                })
+        }
+    }
+
     async fn pass(
         m: &FakeManager,
         kubelet: &StaticPods,
-        api: &crate::testing::FakePods,
+        api: &Annotations,
         t: &mut OrphanTracker,
     ) -> SyncReport {
         sync_once(m, kubelet, Some(api), RES, t, &Default::default())
@@ -945,7 +980,7 @@ mod tests {
             ("ns", "a", "main", RES, &["G::0"]),
             ("ns", "b", "main", RES, &["G::1"]),
         ]));
-        let api = crate::testing::FakePods::default();
+        let api = Annotations::default();
         api.set("ns", "a", &[(ANNOTATION_PRIORITY, "10")]);
         api.set("ns", "b", &[(ANNOTATION_PRIORITY, "20")]);
         let mut t = OrphanTracker::new(Duration::from_secs(60));
@@ -993,7 +1028,7 @@ mod tests {
             ("ns", "bad", "main", RES, &["G::0"]),
             ("ns", "zero", "main", RES, &["G::1"]),
         ]));
-        let api = crate::testing::FakePods::default();
+        let api = Annotations::default();
         api.set(
             "ns",
             "bad",

@@ -2010,11 +2010,8 @@ mod tests {
                 json!([{"name": "data", "emptyDir": {}}])
             );
             assert_eq!(c["volumeMounts"].as_array().map(Vec::len), Some(1));
-            // And the whole admission takes it (before, KAI's current key was left on
-            // and refused as a pod's own NVIDIA_VISIBLE_DEVICES).
-            if let Err(e) = crate::admission::mutate_pod(&raw) {
-                panic!("{key}: refused: {e:?}");
-            }
+            // The whole admission of this pod: admission.rs's
+            // `kai_pods_are_admitted_whole_and_a_second_pass_changes_nothing`.
         }
         // A pod's own NVIDIA_VISIBLE_DEVICES from its own ConfigMap stays (and is refused
         // as for any slice container).
@@ -2104,10 +2101,8 @@ mod tests {
                 .contains("0.5")
         );
 
-        // The whole admission takes it, and a second pass changes nothing.
-        let (once, _) = crate::admission::mutate_pod_with(&raw, &kai_picks).expect("admitted");
-        let (twice, _) = crate::admission::mutate_pod_with(&once, &kai_picks).expect("again");
-        assert_eq!(once, twice);
+        // The whole admission, twice: admission.rs's
+        // `kai_pods_are_admitted_whole_and_a_second_pass_changes_nothing`.
         // With KAI's words kept, the same slices beside them are no contradiction;
         // others are, naming both.
         let with = |n: &str| {
