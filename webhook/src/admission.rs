@@ -858,38 +858,14 @@ mod tests {
     /// this module (issue 35: no import circle, tests included).
     #[test]
     fn kai_pods_are_admitted_whole_and_a_second_pass_changes_nothing() {
-        use tessera_contract::dropin::{
-            KAI_CONFIGMAP_ANNOTATION, KAI_GPU_FRACTION, KAI_VISIBLE_DEVICES_KEY,
-        };
-        let from =
-            |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
-        let kai_pod = |key: &str, scheduler: Option<&str>| {
-            let mut raw = json!({
-                "metadata": {"name": "p", "annotations": {
-                    KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
-                "spec": {"containers": [{"name": "main", "image": "x", "env": [
-                    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(key)},
-                    {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
-                    {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")},
-                    {"name": "HOME", "value": "/root"}
-                ], "envFrom": [
-                    {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}}
-                ], "volumeMounts": [{"name": "p-abc-runai-sh-gpu-0-vol", "mountPath": "/kai"}]}],
-                "volumes": [
-                    {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}}
-                ]}
-            });
-            if let Some(s) = scheduler {
-                raw["spec"]["schedulerName"] = json!(s);
-            }
-            raw
-        };
+        use crate::dropin::kai_admitted_pod;
+        use tessera_contract::dropin::KAI_VISIBLE_DEVICES_KEY;
         // Tessera picks the GPU: KAI's older key and its current one
         // (NVIDIA_VISIBLE_DEVICES from its own ConfigMap) both come off with
         // the translation; before, the current key was left on and refused as
         // a pod's own NVIDIA_VISIBLE_DEVICES.
         for key in [KAI_VISIBLE_DEVICES_KEY, "NVIDIA_VISIBLE_DEVICES"] {
-            let raw = kai_pod(key, None);
+            let raw = kai_admitted_pod(key);
             let once = match mutate_pod(&raw) {
                 Ok(v) => v,
                 Err(e) => panic!("{key}: refused: {e:?}"),
@@ -901,7 +877,8 @@ mod tests {
             kai_gpu_choice: true,
             ..Config::default()
         };
-        let raw = kai_pod("NVIDIA_VISIBLE_DEVICES", Some("kai-scheduler"));
+        let mut raw = kai_admitted_pod("NVIDIA_VISIBLE_DEVICES");
+        raw["spec"]["schedulerName"] = json!("kai-scheduler");
         let (once, _) = mutate_pod_with(&raw, &kai_picks).expect("admitted");
         let (twice, _) = mutate_pod_with(&once, &kai_picks).expect("again");
         assert_eq!(once, twice);

@@ -1262,6 +1262,29 @@ pub fn hami_core_env_warnings(pod: &Pod) -> Vec<String> {
     out
 }
 
+/// A pod asking for half a GPU in KAI's words, as KAI's own admission leaves
+/// it: NVIDIA_VISIBLE_DEVICES (from `key` of KAI's GPU ConfigMap), KAI's other
+/// GPU variables, its envFrom and its ConfigMap's volume (pkg/binder/common in
+/// KAI-Scheduler). For this module's tests and `admission`'s.
+#[cfg(test)]
+pub(crate) fn kai_admitted_pod(key: &str) -> Value {
+    let from = |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
+    json!({
+        "metadata": {"name": "p", "annotations": {
+            KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
+        "spec": {"containers": [{"name": "main", "image": "x", "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from(key)},
+            {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
+            {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")}
+        ], "envFrom": [
+            {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}}
+        ], "volumeMounts": [{"name": "p-abc-runai-sh-gpu-0-vol", "mountPath": "/kai"}]}],
+        "volumes": [
+            {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}}
+        ]}
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2049,22 +2072,8 @@ mod tests {
             kai_gpu_choice: true,
             ..Config::default()
         };
-        let from =
-            |key: &str| json!({"configMapKeyRef": {"name": "p-abc-runai-sh-gpu-0", "key": key}});
-        let raw = json!({
-            "metadata": {"name": "p", "annotations": {
-                KAI_GPU_FRACTION: "0.5", KAI_CONFIGMAP_ANNOTATION: "p-abc-runai-sh-gpu"}},
-            "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "main", "image": "x", "env": [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": from("NVIDIA_VISIBLE_DEVICES")},
-                {"name": "RUNAI_NUM_OF_GPUS", "valueFrom": from("RUNAI_NUM_OF_GPUS")},
-                {"name": "GPU_PORTION", "valueFrom": from("GPU_PORTION")}
-            ], "envFrom": [
-                {"configMapRef": {"name": "p-abc-runai-sh-gpu-0-evar", "optional": false}}
-            ], "volumeMounts": [{"name": "p-abc-runai-sh-gpu-0-vol", "mountPath": "/kai"}]}],
-            "volumes": [
-                {"name": "p-abc-runai-sh-gpu-0-vol", "configMap": {"name": "p-abc-runai-sh-gpu-0"}}
-            ]}
-        });
+        let mut raw = kai_admitted_pod("NVIDIA_VISIBLE_DEVICES");
+        raw["spec"]["schedulerName"] = json!("kai-scheduler");
         let p: Pod = serde_json::from_value(raw.clone()).expect("pod");
         let t = translate(&p, &kai_picks).expect("ok").expect("kai");
         assert!(t.remove_annotations.is_empty() && t.remove_volumes.is_empty());
