@@ -539,6 +539,10 @@ fn a_run_child_without_the_shim_counts_in_the_run_and_is_stopped_first_when_over
         state_of(bare) != Some('S') && state_of(bare) != Some('R')
     });
     assert!(stopped.is_some(), "not stopped:\n{}", m.log());
+    // The manager counts a stop once its signal is sent: the process can be seen
+    // gone a moment before the counter moves (it did, beside four busy processes).
+    let counted = eventually(HANG, || stops_for(&m, "over_limit_no_shim") >= 1.0);
+    assert!(counted.is_some(), "stop not counted:\n{}", m.log());
     assert_eq!(stops_for(&m, "over_limit_no_shim"), 1.0, "{}", m.log());
     assert_eq!(stops(&m), 1.0, "{}", m.log());
     assert!(matches!(state_of(gov), Some('S' | 'R')), "{}", m.log());
@@ -596,6 +600,9 @@ fn an_exited_process_still_listed_past_the_grace_counts_against_its_allocation()
         m.log()
     );
     assert!(listed(), "still listed: its memory is the driver's");
+    // Counted once the signal is sent, a moment after the process can be seen gone.
+    let counted = eventually(HANG, || stops_for(&m, "over_limit_no_shim") >= 1.0);
+    assert!(counted.is_some(), "stop not counted:\n{}", m.log());
     assert_eq!(stops_for(&m, "over_limit_no_shim"), 1.0, "{}", m.log());
     assert_eq!(
         stops(&m),
