@@ -1,7 +1,9 @@
 //! The CDI spec of one prepared claim: kind `vgpu.tessera.dev/claim`, one
 //! device named by the claim's uid (never reused, so a runtime can never
 //! confuse two claims), whose edits put a container under the claim's
-//! allocation: the shim preloaded, the allocation's control (read-only) and
+//! allocation (a claim prepared as one allocation per request, `crate::split`,
+//! has one device per request instead, `<uid>_<k>`, each under its own
+//! allocation, in the same file): the shim preloaded, the allocation's control (read-only) and
 //! state (read-write) files and the hook mounted, the `TESSERA_*`
 //! environment. The GPU itself reaches the container the way the node's
 //! device-list strategy says: `NVIDIA_VISIBLE_DEVICES` in these edits, or
@@ -57,6 +59,41 @@ pub fn spec(
     ld_so_preload: bool,
     visible_devices: bool,
 ) -> Result<Spec, EditsError> {
+    let device = device(uid, alloc, host, ld_so_preload, visible_devices)?;
+    Ok(spec_of(vec![device]))
+}
+
+/// The spec of a claim with these devices (one per allocation the claim
+/// was prepared as: [`part_name`]).
+pub fn spec_of(devices: Vec<Device>) -> Spec {
+    Spec {
+        kind: KIND.to_owned(),
+        devices,
+    }
+}
+
+/// The CDI device of claim part `k` (1-based) of claim `uid`, for a claim
+/// prepared as one allocation per request (`crate::split`): `<uid>_<k>`.
+/// `_` is in no uid ([`crate::claim::check_uid`]), so no claim's own device
+/// name is ever another claim's part.
+pub fn part_name(uid: &str, k: usize) -> String {
+    format!("{uid}_{k}")
+}
+
+/// The claim uid a device name of this kind belongs to: its spec is
+/// [`spec_path`] of it.
+pub fn claim_of(device: &str) -> &str {
+    device.split_once('_').map_or(device, |(uid, _)| uid)
+}
+
+/// One device named `name`, putting a container under `alloc`: see [`spec`].
+pub fn device(
+    name: &str,
+    alloc: &mgr::Allocation,
+    host: &HostPaths,
+    ld_so_preload: bool,
+    visible_devices: bool,
+) -> Result<Device, EditsError> {
     let edits = allocation_edits(
         alloc,
         EditOptions {
@@ -72,12 +109,9 @@ pub fn spec(
             ld_preload: true,
         },
     )?;
-    Ok(Spec {
-        kind: KIND.to_owned(),
-        devices: vec![Device {
-            name: uid.to_owned(),
-            edits,
-        }],
+    Ok(Device {
+        name: name.to_owned(),
+        edits,
     })
 }
 
@@ -189,6 +223,9 @@ mod tests {
                 .all(|(k, _)| k != "NVIDIA_VISIBLE_DEVICES")
         );
         assert_eq!(device_id("u1"), "vgpu.tessera.dev/claim=u1");
+        assert_eq!(part_name("u1", 2), "u1_2");
+        assert_eq!(claim_of(&part_name("u1-x", 2)), "u1-x");
+        assert_eq!(claim_of("u1-x"), "u1-x");
 
         // ldSoPreload: the host's preload file at /etc/ld.so.preload,
         // read-only, as the device plugin mounts it.

@@ -57,8 +57,25 @@ pub struct PreparedDevice {
 pub struct PreparedClaim {
     pub namespace: String,
     pub name: String,
+    /// The claim's allocation; for a claim prepared as one allocation per
+    /// request (`crate::split`), the first.
     pub allocation: String,
+    /// The claim's other allocations, when it was prepared as one per
+    /// request; absent for a claim of one allocation, so that records of
+    /// those read as before (and an older plugin, which would not know to
+    /// delete these, refuses a file with them rather than leak them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_allocations: Vec<String>,
     pub devices: Vec<PreparedDevice>,
+}
+
+impl PreparedClaim {
+    /// Every allocation the claim was prepared as.
+    pub fn allocations(&self) -> Vec<String> {
+        std::iter::once(self.allocation.clone())
+            .chain(self.more_allocations.iter().cloned())
+            .collect()
+    }
 }
 
 /// Every prepared claim, by uid.
@@ -159,6 +176,7 @@ mod tests {
             namespace: "ns".into(),
             name: "c".into(),
             allocation: "dra-u".into(),
+            more_allocations: Vec::new(),
             devices: vec![
                 PreparedDevice {
                     requests: vec!["gpu".into()],
@@ -190,9 +208,24 @@ mod tests {
         .unwrap();
         let old = Store::open(dir.path()).unwrap();
         assert_eq!(old.data.claims["u"].devices[0].share_id, None);
+        assert_eq!(old.data.claims["u"].allocations(), ["dra-u"]);
         let mut s = old;
         s.insert("u", c.clone()).unwrap();
+        // A claim of one allocation is written as before: no new field.
+        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(!text.contains("moreAllocations"), "{text}");
+        // A claim of one allocation per request records them all.
+        let split = PreparedClaim {
+            allocation: "dra-u-1".into(),
+            more_allocations: vec!["dra-u-2".into()],
+            ..c.clone()
+        };
+        s.insert("v", split.clone()).unwrap();
+        let again = Store::open(dir.path()).unwrap();
+        assert_eq!(again.data.claims["v"], split);
+        assert_eq!(again.data.claims["v"].allocations(), ["dra-u-1", "dra-u-2"]);
         s.remove("u").unwrap();
+        s.remove("v").unwrap();
         assert!(Store::open(dir.path()).unwrap().data.claims.is_empty());
 
         std::fs::write(

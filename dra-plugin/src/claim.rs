@@ -174,6 +174,86 @@ pub fn plan(
     gpus: &[NodeGpu],
     default_policy: mgr::ComputePolicy,
 ) -> Result<ClaimPlan, ClaimError> {
+    plan_of(claim, want, driver, node, gpus, default_policy, None)
+}
+
+/// The plan of one of the claim's requests alone (its main name, as
+/// [`served_requests`] gives it): the devices allocated for it, their limits,
+/// and the config that applies to it. A claim split per container
+/// (`crate::split`) makes one allocation of each.
+pub fn plan_request(
+    claim: &ResourceClaim,
+    want: &ClaimRef,
+    driver: &str,
+    node: &str,
+    gpus: &[NodeGpu],
+    default_policy: mgr::ComputePolicy,
+    request: &str,
+) -> Result<ClaimPlan, ClaimError> {
+    plan_of(
+        claim,
+        want,
+        driver,
+        node,
+        gpus,
+        default_policy,
+        Some(request),
+    )
+}
+
+/// The request a result is for: `<request>/<subrequest>` (a `firstAvailable`
+/// request's choice) is its request's.
+pub fn main_request(result_request: &str) -> &str {
+    result_request
+        .split_once('/')
+        .map_or(result_request, |(main, _)| main)
+}
+
+/// The requests of the claim this node serves for `driver` (main names), in
+/// the order their first device appears in the allocation: the same order on
+/// every read of the same claim (an allocation is never changed), so the
+/// names derived from it are stable across retries.
+pub fn served_requests(claim: &ResourceClaim, driver: &str, node: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref());
+    for r in results.into_iter().flatten() {
+        if r.driver == driver && r.pool == node {
+            let main = main_request(&r.request);
+            if !out.iter().any(|o| o == main) {
+                out.push(main.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The names of the requests in the claim's spec.
+pub fn spec_requests(claim: &ResourceClaim) -> Vec<String> {
+    claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+fn plan_of(
+    claim: &ResourceClaim,
+    want: &ClaimRef,
+    driver: &str,
+    node: &str,
+    gpus: &[NodeGpu],
+    default_policy: mgr::ComputePolicy,
+    only: Option<&str>,
+) -> Result<ClaimPlan, ClaimError> {
     let name = want.to_string();
     let have_uid = claim.metadata.uid.clone().unwrap_or_default();
     if have_uid != want.uid {
@@ -196,6 +276,7 @@ pub fn plan(
         .iter()
         .flatten()
         .filter(|r| r.driver == driver && r.pool == node)
+        .filter(|r| only.is_none_or(|o| main_request(&r.request) == o))
         .collect();
     if mine.is_empty() {
         return Err(ClaimError::NoResultForNode {

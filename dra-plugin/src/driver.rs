@@ -1,12 +1,15 @@
 //! NodePrepareResources and NodeUnprepareResources: for each claim, read it
 //! from the API server, plan it ([`crate::claim`]), make its manager
-//! allocation (`dra-<uid>`), write its CDI spec, record it in the
-//! checkpoint, and answer its devices; undo all of it on unprepare.
+//! allocation (`dra-<uid>`; or one per request, `dra-<uid>-<k>`, for a pod's
+//! extended-resource claim whose containers have exact limits of their own:
+//! [`crate::split`]), write its CDI spec, record it in the checkpoint, and
+//! answer its devices; undo all of it on unprepare.
 //!
 //! Every name is derived from the claim's uid, so a step repeated after a
 //! crash finds what the first try made (the manager's CreateAllocation is
 //! idempotent for the same id and request), and unprepare cleans up even a
-//! claim the checkpoint never recorded. A claim that fails leaves nothing
+//! claim the checkpoint never recorded (the allocations of one split per
+//! request carry its uid in a label, and are found by it). A claim that fails leaves nothing
 //! behind: what was made for it is removed before its error is answered.
 //! Calls are serialised: the kubelet may call concurrently, and a claim's
 //! steps must not interleave with its own unprepare.
@@ -15,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodExtendedResourceClaimStatus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_contract::Policy;
 use tessera_contract::labels::{
@@ -33,15 +36,37 @@ use tonic::Code;
 use crate::cdi;
 use crate::checkpoint::{PreparedClaim, PreparedDevice, Store};
 use crate::claim::{self, ClaimError, ClaimRef, NodeGpu};
+use crate::split::{self, Layout};
 
 /// Value of the `source` label on this plugin's allocations.
 pub const SOURCE_DRA_PLUGIN: &str = "dra-plugin";
 /// Label naming the claim (`namespace/name`) an allocation serves.
 pub const CLAIM_LABEL: &str = "claim";
+/// Label with the uid of the claim an allocation of one request serves (only
+/// on those, [`part_allocation_id`]): how unprepare finds them when the
+/// checkpoint never recorded the claim.
+pub const CLAIM_UID_LABEL: &str = "claim-uid";
+/// Label naming the request of the claim an allocation of one request serves.
+pub const REQUEST_LABEL: &str = "request";
+/// The manager's longest allocation id (a DNS label).
+const MAX_ALLOCATION_ID: usize = 63;
 
 /// The allocation id of claim `uid`.
 pub fn allocation_id(uid: &str) -> String {
     format!("dra-{}", uid.to_ascii_lowercase())
+}
+
+/// The allocation id of request `k` (1-based, in [`claim::served_requests`]'
+/// order) of claim `uid`, prepared as one allocation per request; an error for
+/// a uid too long to leave room (Kubernetes uids, 36 characters, fit).
+pub fn part_allocation_id(uid: &str, k: usize) -> Result<String, String> {
+    let id = format!("{}-{k}", allocation_id(uid));
+    if id.len() > MAX_ALLOCATION_ID {
+        return Err(format!(
+            "claim uid {uid:?} is too long for an allocation per request ({id:?} is over {MAX_ALLOCATION_ID} characters)"
+        ));
+    }
+    Ok(id)
 }
 
 /// Where the claims come from: the API server, or a test's double.
@@ -53,17 +78,27 @@ pub trait ClaimSource: Send + Sync + 'static {
         name: &str,
     ) -> impl std::future::Future<Output = Result<Option<ResourceClaim>, String>> + Send;
 
-    /// The annotations of pod `namespace/name` when it exists with `uid`,
-    /// None otherwise. A source without pods answers None for every pod.
-    fn pod_annotations(
+    /// What the driver reads of pod `namespace/name` when it exists with
+    /// `uid`, None otherwise. A source without pods answers None for every pod.
+    fn consumer_pod(
         &self,
         _namespace: &str,
         _name: &str,
         _uid: &str,
-    ) -> impl std::future::Future<Output = Result<Option<BTreeMap<String, String>>, String>> + Send
-    {
+    ) -> impl std::future::Future<Output = Result<Option<ConsumerPod>, String>> + Send {
         async { Ok(None) }
     }
+}
+
+/// What the driver reads of the pod a claim is reserved for: its words, never
+/// who it is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConsumerPod {
+    pub annotations: BTreeMap<String, String>,
+    /// `status.extendedResourceClaimStatus`: the claim kube-scheduler wrote for
+    /// the pod's extended resources served by DRA, and each container's
+    /// request in it ([`crate::split`]).
+    pub extended: Option<PodExtendedResourceClaimStatus>,
 }
 
 /// Claims read through kube-rs.
@@ -78,12 +113,12 @@ impl ClaimSource for KubeClaims {
             .map_err(|e| format!("cannot read resource claim {namespace}/{name}: {e}"))
     }
 
-    async fn pod_annotations(
+    async fn consumer_pod(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, String> {
+    ) -> Result<Option<ConsumerPod>, String> {
         let pod = kube::Api::<Pod>::namespaced(self.0.clone(), namespace)
             .get_opt(name)
             .await
@@ -91,19 +126,26 @@ impl ClaimSource for KubeClaims {
         // A pod of that name but another uid is a later pod, not the claim's.
         Ok(pod
             .filter(|p| p.metadata.uid.as_deref() == Some(uid))
-            .map(|p| p.metadata.annotations.unwrap_or_default()))
+            .map(|p| ConsumerPod {
+                annotations: p.metadata.annotations.unwrap_or_default(),
+                extended: p.status.and_then(|s| s.extended_resource_claim_status),
+            }))
     }
 }
 
-/// What a claim's consumer pod asks for in its own annotations.
+/// What a claim's consumer pod asks for in its own words.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct PodAsks {
+    /// The pod, `namespace/name` (for messages); empty without one.
+    pod: String,
     guaranteed: bool,
     priority: Option<i32>,
-    /// A translated pod's exact limits (`tessera.dev/dropin-limits`), when it names one
-    /// container: the claim kube-scheduler writes for a pod is one for all its
-    /// containers, so only a pod with one such container says what the claim's are.
-    exact: Option<tessera_node::exact::ExactLimit>,
+    /// A translated pod's exact limits (`tessera.dev/dropin-limits`,
+    /// `tessera.dev/dropin-memory-percent`), by container: which of them apply
+    /// to the claim, and how, is [`crate::split::layout`]'s.
+    exact: BTreeMap<String, tessera_node::exact::ExactLimit>,
+    /// Its `status.extendedResourceClaimStatus`.
+    extended: Option<PodExtendedResourceClaimStatus>,
     /// Its vendor, model and UUID lists (`tessera_contract::gpu_filter`): the claim's
     /// GPUs must pass them. kube-scheduler writes the claim of a pod's
     /// `tessera.dev/vgpu` with no selector, so the prepare is where they hold.
@@ -152,14 +194,6 @@ fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> Result<PodAsks
     // fails the prepare: run on its slices, the pod would get more than its words.
     let exact = tessera_node::exact::from_annotations(annotations)
         .map_err(|e| format!("pod {pod}: {e}"))?;
-    let exact = match exact.len() {
-        1 => exact.into_values().next(),
-        0 => None,
-        n => {
-            tracing::warn!(%pod, "annotations {} / {}: {n} containers have exact limits and one claim serves them all; the claim keeps its slices' limits", tessera_node::exact::ANNOTATION_EXACT_LIMITS, tessera_node::exact::ANNOTATION_EXACT_MEMORY_PERCENT);
-            None
-        }
-    };
     // As the device plugin reads them: a constraint that does not parse (the webhook
     // refuses those) loosens only the pod's own choice of GPU.
     let gpus = tessera_contract::gpu_filter::GpuFilter::from_annotations(annotations)
@@ -168,9 +202,11 @@ fn pod_asks(annotations: &BTreeMap<String, String>, pod: &str) -> Result<PodAsks
             Default::default()
         });
     Ok(PodAsks {
+        pod: pod.to_owned(),
         guaranteed,
         priority,
         exact,
+        extended: None,
         gpus,
     })
 }
@@ -498,14 +534,70 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
                 (g.uuid.clone(), card)
             })
             .collect();
-        if let Some(e) = &asks.exact
-            && !tessera_node::exact::cap(&mut plan.limits, e, &cards)
-        {
-            tracing::warn!(claim = %want, "the pod's exact limits are for {} slices on one GPU; the claim keeps its slices' limits", e.slices);
-        }
+        let cap = |limits: &mut Vec<mgr::DeviceRequest>, e: &tessera_node::exact::ExactLimit| {
+            if !tessera_node::exact::cap(limits, e, &cards) {
+                tracing::warn!(claim = %want, "the pod's exact limits are for {} slices on one GPU; they keep their slices' limits", e.slices);
+            }
+        };
+        let served = claim::served_requests(&rc, &self.opts.driver_name, &self.opts.node_name);
+        let layout = split::layout(
+            &asks.pod,
+            &want.name,
+            &claim::spec_requests(&rc),
+            &served,
+            &asks.exact,
+            asks.extended.as_ref(),
+        )
+        .map_err(|e| format!("resource claim {want}: {e}"))?;
+        let planned = plan.devices.clone();
+        let parts = match layout {
+            Layout::Whole(exact) => {
+                if let Some(e) = &exact {
+                    cap(&mut plan.limits, e);
+                }
+                vec![Part {
+                    id: allocation_id(&want.uid),
+                    cdi: want.uid.clone(),
+                    request: None,
+                    plan,
+                }]
+            }
+            Layout::PerRequest(split) => {
+                let mut parts = Vec::with_capacity(split.len());
+                for (i, p) in split.into_iter().enumerate() {
+                    let mut rp = claim::plan_request(
+                        &rc,
+                        &want,
+                        &self.opts.driver_name,
+                        &self.opts.node_name,
+                        &view.gpus,
+                        default_policy,
+                        &p.request,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    if rp.priority.is_none() {
+                        rp.priority = asks.priority;
+                    }
+                    if let Some(e) = &p.exact {
+                        cap(&mut rp.limits, e);
+                    }
+                    parts.push(Part {
+                        id: part_allocation_id(&want.uid, i + 1)
+                            .map_err(|e| format!("resource claim {want}: {e}"))?,
+                        cdi: cdi::part_name(&want.uid, i + 1),
+                        request: Some(p.request),
+                        plan: rp,
+                    });
+                }
+                parts
+            }
+        };
 
         let mut made = Made::new(self.manager.as_ref(), &self.opts.cdi_dir, &want.uid);
-        match self.make(&mut made, store, &want, &plan, &view.node).await {
+        match self
+            .make(&mut made, store, &want, &parts, &planned, &view.node)
+            .await
+        {
             Ok(devices) => {
                 made.keep();
                 tracing::info!(claim = %want, uid = %want.uid, devices = devices.len(), "claim prepared");
@@ -536,26 +628,35 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             return Ok(PodAsks::default());
         };
         let pod = format!("{namespace}/{name}");
-        match self.claims.pod_annotations(namespace, &name, &uid).await? {
-            Some(a) => pod_asks(&a, &pod),
+        match self.claims.consumer_pod(namespace, &name, &uid).await? {
+            Some(p) => Ok(PodAsks {
+                extended: p.extended,
+                ..pod_asks(&p.annotations, &pod)?
+            }),
             None => Ok(PodAsks::default()),
         }
     }
 
-    /// The steps of a prepare, in order; the checkpoint last, so that a
-    /// claim it records is whole.
+    /// The steps of a prepare, in order: each part's allocation (and its
+    /// priority), the spec with a device for each, the checkpoint last, so
+    /// that a claim it records is whole. `planned`: the claim's devices, in
+    /// the order of its results (every part's).
     async fn make(
         &self,
         made: &mut Made<'_, M>,
         store: &mut Store,
         want: &ClaimRef,
-        plan: &claim::ClaimPlan,
+        parts: &[Part],
+        planned: &[claim::PlannedDevice],
         node: &NodeConfig,
     ) -> Result<Vec<PreparedDevice>, String> {
-        let id = allocation_id(&want.uid);
-        let alloc = made.allocation(allocation_request(&id, want, plan)).await?;
-        if let Some(p) = plan.priority {
-            made.priority(&id, p).await?;
+        let mut allocs = Vec::with_capacity(parts.len());
+        for part in parts {
+            let req = allocation_request(&part.id, want, &part.plan, part.request.as_deref());
+            allocs.push(made.allocation(req).await?);
+            if let Some(p) = part.plan.priority {
+                made.priority(&part.id, p).await?;
+            }
         }
         if node.ld_so_preload {
             // A node-wide file every claim shares: kept whatever happens.
@@ -567,20 +668,28 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             })?;
         }
         let cdi_strategy = node.device_list_strategy.cdi;
-        let spec = cdi::spec(
-            &want.uid,
-            &alloc,
-            &self.opts.host,
-            node.ld_so_preload,
-            !cdi_strategy,
-        )
-        .map_err(|e| e.to_string())?;
-        made.spec(&spec)?;
-        let devices = prepared_devices(&want.uid, &plan.devices, cdi_strategy);
+        let spec_devices = parts
+            .iter()
+            .zip(&allocs)
+            .map(|(part, alloc)| {
+                cdi::device(
+                    &part.cdi,
+                    alloc,
+                    &self.opts.host,
+                    node.ld_so_preload,
+                    !cdi_strategy,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        made.spec(&cdi::spec_of(spec_devices))?;
+        let devices = prepared_devices(parts, planned, cdi_strategy);
+        let mut ids = parts.iter().map(|p| p.id.clone());
         let record = PreparedClaim {
             namespace: want.namespace.clone(),
             name: want.name.clone(),
-            allocation: id,
+            allocation: ids.next().unwrap_or_default(),
+            more_allocations: ids.collect(),
             devices: devices.clone(),
         };
         store.insert(&want.uid, record).map_err(|e| e.to_string())?;
@@ -589,14 +698,30 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
 
     async fn unprepare_one(&self, store: &mut Store, uid: &str) -> Result<(), String> {
         claim::check_uid(uid).map_err(|e| e.to_string())?;
-        match self.manager.delete_allocation(allocation_id(uid)).await {
-            Ok(()) => {}
-            Err(s) if s.code() == Code::NotFound => {}
-            Err(s) => {
-                return Err(format!(
-                    "claim {uid}: cannot delete its allocation: {}",
-                    s.message()
-                ));
+        let ids = match store.data.claims.get(uid) {
+            Some(c) => {
+                let mut ids = c.allocations();
+                // A claim recorded per request may have had its whole-claim
+                // allocation made by an earlier try that died (the pod's words
+                // changed before the retry): gone too, NotFound is fine.
+                let one = allocation_id(uid);
+                if !ids.contains(&one) {
+                    ids.push(one);
+                }
+                ids
+            }
+            None => self.unrecorded_allocations(uid).await?,
+        };
+        for id in ids {
+            match self.manager.delete_allocation(id.clone()).await {
+                Ok(()) => {}
+                Err(s) if s.code() == Code::NotFound => {}
+                Err(s) => {
+                    return Err(format!(
+                        "claim {uid}: cannot delete its allocation {id}: {}",
+                        s.message()
+                    ));
+                }
             }
         }
         cdi::remove(&self.opts.cdi_dir, uid)
@@ -605,15 +730,65 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
         tracing::info!(claim = %uid, "claim unprepared");
         Ok(())
     }
+
+    /// The allocations a claim the checkpoint does not record may have (a
+    /// plugin that died between its allocations and its checkpoint): its one
+    /// allocation's id, and those of one per request, found by their label
+    /// (and id: a label alone is any client's word).
+    async fn unrecorded_allocations(&self, uid: &str) -> Result<Vec<String>, String> {
+        let one = allocation_id(uid);
+        let prefix = format!("{one}-");
+        let listed = self.manager.list_allocations().await.map_err(|s| {
+            format!(
+                "claim {uid}: cannot list the manager's allocations: {}",
+                s.message()
+            )
+        })?;
+        let mut ids = vec![one];
+        ids.extend(
+            listed
+                .into_iter()
+                .filter(|a| {
+                    a.id.starts_with(&prefix)
+                        && a.labels.get(CLAIM_UID_LABEL).map(String::as_str) == Some(uid)
+                        && a.labels.get(SOURCE).map(String::as_str) == Some(SOURCE_DRA_PLUGIN)
+                })
+                .map(|a| a.id),
+        );
+        Ok(ids)
+    }
+}
+
+/// One allocation a claim is prepared as: the whole claim, or one request of it.
+struct Part {
+    id: String,
+    /// Its device's name in the claim's CDI spec.
+    cdi: String,
+    /// The request it serves alone; None for the whole claim.
+    request: Option<String>,
+    plan: claim::ClaimPlan,
 }
 
 /// The manager request of a claim's plan: its limits, policy, labels, and
-/// the manager's device ids (`<uuid>::<slice>`: slices only).
+/// the manager's device ids (`<uuid>::<slice>`: slices only). `request`: the
+/// one request of the claim it serves, labelled with it and the claim's uid
+/// (an allocation of the whole claim has neither, as it always had: the
+/// manager's CreateAllocation is idempotent only for the same request).
 fn allocation_request(
     id: &str,
     want: &ClaimRef,
     plan: &claim::ClaimPlan,
+    request: Option<&str>,
 ) -> mgr::CreateAllocationRequest {
+    let mut labels: HashMap<String, String> = [
+        (SOURCE.to_owned(), SOURCE_DRA_PLUGIN.to_owned()),
+        (CLAIM_LABEL.to_owned(), want.to_string()),
+    ]
+    .into();
+    if let Some(r) = request {
+        labels.insert(CLAIM_UID_LABEL.to_owned(), want.uid.clone());
+        labels.insert(REQUEST_LABEL.to_owned(), r.to_owned());
+    }
     mgr::CreateAllocationRequest {
         id: id.to_owned(),
         devices: plan.limits.clone(),
@@ -626,11 +801,7 @@ fn allocation_request(
                 _ => None,
             })
             .collect(),
-        labels: [
-            (SOURCE.to_owned(), SOURCE_DRA_PLUGIN.to_owned()),
-            (CLAIM_LABEL.to_owned(), want.to_string()),
-        ]
-        .into(),
+        labels,
     }
 }
 
@@ -657,11 +828,13 @@ pub fn node_gpus(status: &mgr::NodeStatus, node: &NodeConfig) -> Vec<NodeGpu> {
         .collect()
 }
 
-/// The devices answered for a claim: the claim's own CDI device on the first
-/// device of each request, NVIDIA's device of each GPU on its first device
-/// under the `cdi` strategy (a runtime injects each CDI device once).
+/// The devices answered for a claim: the CDI device of the allocation that
+/// serves it (the claim's own, or its request's) on the first device of each
+/// request (the kubelet gives a container the CDI devices of its own
+/// requests), NVIDIA's device of each GPU on its first device under the `cdi`
+/// strategy (a runtime injects each CDI device once).
 fn prepared_devices(
-    uid: &str,
+    parts: &[Part],
     planned: &[claim::PlannedDevice],
     cdi_strategy: bool,
 ) -> Vec<PreparedDevice> {
@@ -671,8 +844,15 @@ fn prepared_devices(
         .iter()
         .map(|d| {
             let mut ids = Vec::new();
-            if seen_requests.insert(d.request.clone()) {
-                ids.push(cdi::device_id(uid));
+            let part = parts.iter().find(|p| {
+                p.request
+                    .as_deref()
+                    .is_none_or(|r| r == claim::main_request(&d.request))
+            });
+            if let Some(part) = part
+                && seen_requests.insert(d.request.clone())
+            {
+                ids.push(cdi::device_id(&part.cdi));
             }
             if cdi_strategy && seen_gpus.insert((d.request.clone(), d.gpu_uuid.clone())) {
                 ids.push(cdi::nvidia_device_id(&d.gpu_uuid));
@@ -900,6 +1080,7 @@ mod tests {
                 "ns/p"
             ),
             Ok(PodAsks {
+                pod: "ns/p".into(),
                 guaranteed: true,
                 priority: Some(100),
                 ..PodAsks::default()
@@ -907,7 +1088,10 @@ mod tests {
         );
         assert_eq!(
             pod_asks(&a(&[(ANNOTATION_COMPUTE_POLICY, "burst")]), "ns/p"),
-            Ok(PodAsks::default())
+            Ok(PodAsks {
+                pod: "ns/p".into(),
+                ..PodAsks::default()
+            })
         );
         let exact = tessera_node::exact::ANNOTATION_EXACT_LIMITS;
         assert_eq!(
@@ -915,9 +1099,9 @@ mod tests {
                 &a(&[(exact, r#"{"main":{"slices":1,"memoryMiB":3000}}"#)]),
                 "ns/p"
             )
-            .map(|p| p.exact.and_then(|e| e.memory_mib)),
+            .map(|p| p.exact.get("main").and_then(|e| e.memory_mib)),
             Ok(Some(3000)),
-            "one container's exact limits are the claim's"
+            "one container's exact limits"
         );
         assert_eq!(
             pod_asks(
@@ -927,9 +1111,9 @@ mod tests {
                 )]),
                 "ns/p"
             )
-            .map(|p| p.exact),
-            Ok(None),
-            "two containers share the claim: neither's words are its limits"
+            .map(|p| p.exact.len()),
+            Ok(2),
+            "each container's, for crate::split to lay over the claim's requests"
         );
         let e = pod_asks(&a(&[(exact, "lots")]), "ns/p").expect_err("unreadable");
         assert!(e.contains("ns/p") && e.contains(exact), "{e}");
@@ -939,9 +1123,9 @@ mod tests {
                 &a(&[(share, r#"{"main":{"slices":3,"percent":30}}"#)]),
                 "ns/p"
             )
-            .map(|p| p.exact.and_then(|e| e.memory_ppm)),
+            .map(|p| p.exact.get("main").and_then(|e| e.memory_ppm)),
             Ok(Some(300_000)),
-            "one container's share of the card is the claim's"
+            "one container's share of the card"
         );
         assert_eq!(
             pod_asks(
@@ -951,9 +1135,9 @@ mod tests {
                 )]),
                 "ns/p"
             )
-            .map(|p| p.exact.and_then(|e| e.compute_ppm)),
+            .map(|p| p.exact.get("main").and_then(|e| e.compute_ppm)),
             Ok(Some(333_000)),
-            "a KAI fraction's share of the compute is the claim's too"
+            "a KAI fraction's share of the compute too"
         );
         for bad in [
             r#"{"main":{"slices":3,"percent":30,"computePercent":101}}"#,
@@ -972,7 +1156,10 @@ mod tests {
                 ]),
                 "ns/p"
             ),
-            Ok(PodAsks::default()),
+            Ok(PodAsks {
+                pod: "ns/p".into(),
+                ..PodAsks::default()
+            }),
             "values the webhook refuses are not asks"
         );
     }
@@ -997,14 +1184,14 @@ mod tests {
                 .map_err(|e| e.to_string())
         }
 
-        async fn pod_annotations(
+        async fn consumer_pod(
             &self,
             _namespace: &str,
             name: &str,
             uid: &str,
-        ) -> Result<Option<BTreeMap<String, String>>, String> {
+        ) -> Result<Option<ConsumerPod>, String> {
             assert_eq!(uid, "pod-uid");
-            match name {
+            let annotations = match name {
                 "pod-capped" => Ok(Some(BTreeMap::from([
                     (
                         ANNOTATION_COMPUTE_POLICY.to_owned(),
@@ -1018,7 +1205,11 @@ mod tests {
                     "GPU-a".to_owned(),
                 )]))),
                 _ => Err(format!("cannot read pod ns/{name}: unreachable")),
-            }
+            };
+            Ok(annotations?.map(|annotations| ConsumerPod {
+                annotations,
+                extended: None,
+            }))
         }
     }
 
@@ -1112,5 +1303,281 @@ mod tests {
         }
         assert_eq!(r.manager.count(Method::Status), 1);
         assert_eq!(r.manager.count(Method::Create), 0);
+    }
+
+    /// kube-scheduler's claim for a pod of two containers that ask for
+    /// `tessera.dev/vgpu` (DRAExtendedResource): a request per container (one
+    /// slice for `a`, two for `b`), reserved for the pod, which maps each
+    /// container to its request in its status and has exact limits for both.
+    struct TwoContainers {
+        /// (container, request) pairs of the pod's `requestMappings`; None:
+        /// no `extendedResourceClaimStatus`.
+        mappings: Option<Vec<(&'static str, &'static str)>>,
+    }
+
+    const R0: &str = "container-0-request-0";
+    const R1: &str = "container-1-request-0";
+
+    impl ClaimSource for TwoContainers {
+        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+            let result = |request: &str, n: u32| {
+                serde_json::json!({"request": request, "driver": "vgpu.tessera.dev",
+                    "pool": "node-1", "device": slice_device("GPU-a", n)})
+            };
+            let claim = serde_json::json!({
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                "spec": {"devices": {"requests": [
+                    {"name": R0, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 1}},
+                    {"name": R1, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 2}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [result(R0, 0), result(R1, 1), result(R1, 2)]}},
+                    "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+                }
+            });
+            serde_json::from_value(claim)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        }
+
+        async fn consumer_pod(
+            &self,
+            _namespace: &str,
+            name: &str,
+            uid: &str,
+        ) -> Result<Option<ConsumerPod>, String> {
+            assert_eq!((name, uid), ("p", "pod-uid"));
+            let extended = self.mappings.as_ref().map(|m| {
+                serde_json::from_value(serde_json::json!({
+                    "resourceClaimName": "two",
+                    "requestMappings": m.iter().map(|(c, r)| serde_json::json!(
+                        {"containerName": c, "resourceName": "tessera.dev/vgpu", "requestName": r}
+                    )).collect::<Vec<_>>(),
+                }))
+                .expect("status")
+            });
+            Ok(Some(ConsumerPod {
+                annotations: BTreeMap::from([(
+                    tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(),
+                    r#"{"a":{"slices":1,"memoryMiB":3000},"b":{"slices":2,"memoryMiB":5000}}"#
+                        .to_owned(),
+                )]),
+                extended,
+            }))
+        }
+    }
+
+    impl Rig {
+        fn with(&self, source: TwoContainers) -> Driver<TwoContainers, FakeManager> {
+            Driver::new(
+                self.driver.opts.clone(),
+                self.manager.clone(),
+                source,
+                Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
+                Store::open(&self.dir.path().join("plugin")).expect("store"),
+            )
+        }
+
+        fn alloc(&self, id: &str) -> Option<mgr::Allocation> {
+            self.manager.allocations().into_iter().find(|a| a.id == id)
+        }
+    }
+
+    fn mapped() -> TwoContainers {
+        TwoContainers {
+            mappings: Some(vec![("a", R0), ("b", R1)]),
+        }
+    }
+
+    /// Each container's request is an allocation of its own with that container's exact
+    /// limits over its slices, and its own CDI device, answered on its request's devices
+    /// only; prepared twice it is answered the same; unprepared, all of it goes.
+    #[tokio::test(start_paused = true)]
+    async fn a_pods_claim_is_an_allocation_per_container_with_its_own_limits() {
+        let r = rig();
+        let driver = r.with(mapped());
+        let a = driver.prepare(vec![claim("two")]).await;
+        let got = &a.claims["uid-two"];
+        assert_eq!(got.error, "");
+        let one = r.alloc("dra-uid-two-1").expect("a's allocation");
+        let two = r.alloc("dra-uid-two-2").expect("b's allocation");
+        assert_eq!(
+            r.manager.allocations().len(),
+            2,
+            "no whole-claim allocation"
+        );
+        // 4 GiB slices, 4 to the 16 GiB GPU: a's one slice lowered to 3000 MiB, b's two
+        // to 5000 MiB; compute stays the slices'.
+        assert_eq!(one.devices[0].slices, 1);
+        assert_eq!(one.devices[0].memory_limit_bytes, 3000 << 20);
+        assert_eq!(one.devices[0].compute_share_ppm, 250_000);
+        assert_eq!(two.devices[0].slices, 2);
+        assert_eq!(two.devices[0].memory_limit_bytes, 5000 << 20);
+        assert_eq!(two.devices[0].compute_share_ppm, 500_000);
+        assert_eq!(one.device_ids, ["GPU-a::0"]);
+        assert_eq!(two.device_ids, ["GPU-a::1", "GPU-a::2"]);
+        assert_eq!(one.labels[CLAIM_UID_LABEL], "uid-two");
+        assert_eq!(two.labels[REQUEST_LABEL], R1);
+
+        // Each request's first device carries its own allocation's CDI device.
+        let ids: Vec<(&str, &[String])> = got
+            .devices
+            .iter()
+            .map(|d| (d.request_names[0].as_str(), d.cdi_device_ids.as_slice()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (R0, &["vgpu.tessera.dev/claim=uid-two_1".to_owned()][..]),
+                (R1, &["vgpu.tessera.dev/claim=uid-two_2".to_owned()][..]),
+                (R1, &[][..]),
+            ]
+        );
+        // One spec file, a device per allocation.
+        let spec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(cdi::spec_path(&r.dir.path().join("cdi"), "uid-two"))
+                .expect("spec"),
+        )
+        .expect("JSON");
+        for (device, alloc) in [
+            ("uid-two_1", "dra-uid-two-1"),
+            ("uid-two_2", "dra-uid-two-2"),
+        ] {
+            let env = cdi::host_env(&spec, device).expect(device);
+            assert!(
+                env.iter()
+                    .any(|(k, v)| k == "TESSERA_ALLOCATION" && v == alloc),
+                "{device}: {env:?}"
+            );
+        }
+        assert!(
+            cdi::host_env(&spec, "uid-two").is_none(),
+            "no whole-claim device"
+        );
+
+        let store = Store::open(&r.dir.path().join("plugin")).expect("store");
+        assert_eq!(
+            store.data.claims["uid-two"].allocations(),
+            ["dra-uid-two-1", "dra-uid-two-2"]
+        );
+        let again = driver.prepare(vec![claim("two")]).await;
+        assert_eq!(again, a, "the checkpoint answers");
+        assert_eq!(r.manager.count(Method::Create), 2);
+
+        let gone = driver.unprepare(vec![claim("two")]).await;
+        assert_eq!(gone.claims["uid-two"].error, "");
+        assert!(r.manager.allocations().is_empty());
+        assert!(!r.spec_exists("two"));
+        assert_eq!(r.manager.count(Method::List), 0, "the record named them");
+        let store = Store::open(&r.dir.path().join("plugin")).expect("store");
+        assert!(store.data.claims.is_empty());
+
+        // Swapped in the pod's status, the limits follow the mapping: each is for the
+        // other's slice count, so neither applies and both keep their slices'.
+        let r = rig();
+        let driver = r.with(TwoContainers {
+            mappings: Some(vec![("b", R0), ("a", R1)]),
+        });
+        let a = driver.prepare(vec![claim("two")]).await;
+        assert_eq!(a.claims["uid-two"].error, "");
+        let one = r.alloc("dra-uid-two-1").expect("b's");
+        let two = r.alloc("dra-uid-two-2").expect("a's");
+        assert_eq!(one.devices[0].memory_limit_bytes, 4 * GI);
+        assert_eq!(two.devices[0].memory_limit_bytes, 8 * GI);
+    }
+
+    /// A mapping that cannot be kube-scheduler's fails the prepare naming the pod and
+    /// the field, and makes nothing; a pod without the status keeps one allocation on
+    /// its slices.
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_mapping_fails_and_no_status_keeps_one_allocation() {
+        for mappings in [
+            vec![("a", R0), ("b", "container-9-request-0")],
+            vec![("a", R0), ("b", R0)],
+        ] {
+            let r = rig();
+            let driver = r.with(TwoContainers {
+                mappings: Some(mappings.clone()),
+            });
+            let a = driver.prepare(vec![claim("two")]).await;
+            let e = &a.claims["uid-two"].error;
+            assert!(
+                e.contains("pod ns/p") && e.contains(split::FIELD),
+                "{mappings:?}: {e}"
+            );
+            assert!(r.manager.allocations().is_empty());
+            assert!(!r.spec_exists("two"));
+        }
+
+        let r = rig();
+        let driver = r.with(TwoContainers { mappings: None });
+        let a = driver.prepare(vec![claim("two")]).await;
+        assert_eq!(a.claims["uid-two"].error, "");
+        let made = r.manager.allocations();
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0].id, "dra-uid-two");
+        assert_eq!(made[0].devices[0].memory_limit_bytes, 12 * GI);
+        assert!(!made[0].labels.contains_key(CLAIM_UID_LABEL));
+        let ids: Vec<&[String]> = a.claims["uid-two"]
+            .devices
+            .iter()
+            .map(|d| d.cdi_device_ids.as_slice())
+            .collect();
+        let own = ["vgpu.tessera.dev/claim=uid-two".to_owned()];
+        assert_eq!(ids, [&own[..], &own[..], &[][..]]);
+    }
+
+    /// A later part's failure undoes the parts before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_part_undoes_the_parts_before_it() {
+        let r = rig();
+        // Another allocation holds the second part's id: its create is refused.
+        r.manager.insert(mgr::Allocation {
+            id: "dra-uid-two-2".into(),
+            ..Default::default()
+        });
+        let driver = r.with(mapped());
+        let a = driver.prepare(vec![claim("two")]).await;
+        assert!(
+            a.claims["uid-two"].error.contains("refused the allocation"),
+            "{a:?}"
+        );
+        assert_eq!(
+            r.manager.calls().last(),
+            Some(&(Method::Delete, "dra-uid-two-1".to_owned()))
+        );
+        let left: Vec<String> = r.manager.allocations().into_iter().map(|a| a.id).collect();
+        assert_eq!(left, ["dra-uid-two-2"], "only the one it did not make");
+        assert!(!r.spec_exists("two"));
+    }
+
+    /// A claim the checkpoint never recorded (the plugin died after its allocations)
+    /// is unprepared whole: its parts are found by their label and id, and nothing
+    /// else is touched.
+    #[tokio::test(start_paused = true)]
+    async fn an_unrecorded_claims_parts_are_found_and_deleted() {
+        let r = rig();
+        let labelled = |id: &str, uid: &str| mgr::Allocation {
+            id: id.into(),
+            labels: [
+                (SOURCE.to_owned(), SOURCE_DRA_PLUGIN.to_owned()),
+                (CLAIM_UID_LABEL.to_owned(), uid.to_owned()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        r.manager.insert(labelled("dra-uid-two-1", "uid-two"));
+        r.manager.insert(labelled("dra-uid-two-2", "uid-two"));
+        // Not its parts: another claim's label, no label, another id.
+        r.manager.insert(labelled("dra-uid-two-3", "uid-other"));
+        r.manager.insert(mgr::Allocation {
+            id: "dra-uid-two-4".into(),
+            ..Default::default()
+        });
+        r.manager.insert(labelled("run-7", "uid-two"));
+        let gone = r.driver.unprepare(vec![claim("two")]).await;
+        assert_eq!(gone.claims["uid-two"].error, "");
+        let mut left: Vec<String> = r.manager.allocations().into_iter().map(|a| a.id).collect();
+        left.sort();
+        assert_eq!(left, ["dra-uid-two-3", "dra-uid-two-4", "run-7"]);
     }
 }

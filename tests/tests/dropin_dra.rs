@@ -14,6 +14,11 @@
 //! translation wrote on the pod; a process started with the claim's CDI edits sees
 //! exactly that memory in `cuMemGetInfo` and in NVML, gets all of it, and is refused
 //! the next byte.
+//!
+//! A pod of two containers with exact asks gets one claim for both, with a request per
+//! container, and the pod's `status.extendedResourceClaimStatus` maps each container to
+//! its request, as kube-scheduler writes them: the driver makes an allocation per
+//! request, and each container's process sees exactly its own ask.
 
 // The manager and the client roles; this file defines its own `role` test.
 mod dra_support;
@@ -37,26 +42,118 @@ const T: Duration = Duration::from_secs(15);
 
 dra_role_test!();
 
-/// The claim kube-scheduler writes for a pod's extended resource served by DRA: one
-/// request of `slices` devices of the class, allocated here on one GPU (the test's
-/// choice of devices: the plugin must serve whichever it is given), reserved for the
-/// pod, with no config of its own.
-fn scheduler_claim(name: &str, uid: &str, gpu: &str, slices: u32, pod: (&str, &str)) -> Value {
-    let results: Vec<Value> = (0..slices)
-        .map(|i| json!({"request": "container-0-request-0", "driver": DRIVER_NAME, "pool": NODE, "device": slice_device(gpu, i)}))
+/// The claim kube-scheduler writes for a pod's extended resource served by DRA, and
+/// the pod's `status.extendedResourceClaimStatus` that goes with it: one request per
+/// container that asks (`container-<i>-request-0`, `i` its index among the pod's
+/// containers) of its `slices` devices of the class, allocated here on one GPU, one
+/// container after the other (the test's choice of devices: the plugin must serve
+/// whichever it is given), reserved for the pod, with no config of its own; the status
+/// names the claim and maps each container to its request.
+fn scheduler_claim(
+    name: &str,
+    uid: &str,
+    gpu: &str,
+    containers: &[(usize, &str, u32)],
+    pod: (&str, &str),
+) -> (Value, Value) {
+    let request = |index: usize| format!("container-{index}-request-0");
+    let mut next = 0;
+    let mut results = Vec::new();
+    for &(index, _, slices) in containers {
+        for _ in 0..slices {
+            results.push(json!({"request": request(index), "driver": DRIVER_NAME, "pool": NODE, "device": slice_device(gpu, next)}));
+            next += 1;
+        }
+    }
+    let requests: Vec<Value> = containers
+        .iter()
+        .map(|&(index, _, slices)| {
+            json!({"name": request(index), "exactly": {
+            "deviceClassName": DRIVER_NAME, "allocationMode": "ExactCount", "count": slices}})
+        })
         .collect();
-    json!({
+    let mappings: Vec<Value> = containers
+        .iter()
+        .map(|&(index, container, _)| {
+            json!({"containerName": container,
+            "resourceName": "tessera.dev/vgpu", "requestName": request(index)})
+        })
+        .collect();
+    let claim = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "team", "uid": uid,
                      "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}},
-        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
-            "deviceClassName": DRIVER_NAME, "allocationMode": "ExactCount", "count": slices}}]}},
+        "spec": {"devices": {"requests": requests}},
         "status": {
             "allocation": {"devices": {"results": results}},
             "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}],
         },
-    })
+    });
+    let status = json!({"resourceClaimName": name, "requestMappings": mappings});
+    (claim, status)
+}
+
+/// Each container of a translated pod that has slices: (its index, its name, its slices).
+fn containers_with_slices(translated: &Value) -> Vec<(usize, String, u32)> {
+    translated["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let n = c["resources"]["limits"]["tessera.dev/vgpu"].as_str()?;
+            Some((
+                i,
+                c["name"].as_str().expect("a name").to_owned(),
+                n.parse().expect("a count"),
+            ))
+        })
+        .collect()
+}
+
+/// The manager, the fake API server and the real DRA plugin on a simulated node, the
+/// plugin registered with a fake kubelet.
+struct Rig {
+    n: tessera_e2e::SimNode,
+    m: ManagerProc,
+    gpu: String,
+    api: FakeApiServer,
+    plugin: Plugin,
+    kubelet: tessera_proto::dra::v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+}
+
+async fn rig(seed: u64) -> Rig {
+    let n = sim_node(seed);
+    let m = ManagerProc::on(&n);
+    let gpu = off_runtime(|| node_status(&m.socket)).gpus[0].uuid.clone();
+    let api = FakeApiServer::start().await.expect("API server");
+    let dir = n.dir.path();
+    api.write_kubeconfig(&dir.join("kubeconfig"))
+        .expect("kubeconfig");
+    std::fs::write(dir.join("config.yaml"), CONFIG).expect("config");
+    let plugin = Plugin::start(&plugin_args(dir, &m.socket), &dir.join("plugin.log"));
+    let (_, kubelet) = match register(&dir.join("registry"), DRIVER_NAME, T).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", plugin.log()),
+    };
+    Rig {
+        n,
+        m,
+        gpu,
+        api,
+        plugin,
+        kubelet,
+    }
+}
+
+/// The manager's allocation `id`, if it has one.
+fn allocation(m: &ManagerProc, id: &str) -> Option<mgr::Allocation> {
+    off_runtime(|| node_status(&m.socket))
+        .allocations
+        .into_iter()
+        .filter_map(|a| a.allocation)
+        .find(|a| a.id == id)
 }
 
 /// `f` on a thread of its own: the manager helpers run a runtime of their own.
@@ -66,19 +163,15 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
-    let n = sim_node(0xd40d);
-    let m = ManagerProc::on(&n);
-    let gpu = off_runtime(|| node_status(&m.socket)).gpus[0].uuid.clone();
-    let api = FakeApiServer::start().await.expect("API server");
+    let Rig {
+        n,
+        m,
+        gpu,
+        api,
+        plugin,
+        mut kubelet,
+    } = rig(0xd40d).await;
     let dir = n.dir.path();
-    api.write_kubeconfig(&dir.join("kubeconfig"))
-        .expect("kubeconfig");
-    std::fs::write(dir.join("config.yaml"), CONFIG).expect("config");
-    let plugin = Plugin::start(&plugin_args(dir, &m.socket), &dir.join("plugin.log"));
-    let (_, mut kubelet) = match register(&dir.join("registry"), DRIVER_NAME, T).await {
-        Ok(r) => r,
-        Err(e) => panic!("{e}\n{}", plugin.log()),
-    };
 
     let cases = pods();
     for (i, (original, want)) in cases.iter().enumerate() {
@@ -86,20 +179,20 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         let translated = tessera_webhook::admission::mutate_pod(original)
             .unwrap_or_else(|e| panic!("{name}: refused: {e}"));
         let (_, slices) = slices_of(&translated);
-        // The pod as the API server holds it after admission, with its uid.
+        let with = containers_with_slices(&translated);
+        let with: Vec<(usize, &str, u32)> =
+            with.iter().map(|(i, c, n)| (*i, c.as_str(), *n)).collect();
+        // The pod as the API server holds it after admission and scheduling, with its
+        // uid and the scheduler's mapping of its container to the claim's request.
         let pod_uid = format!("{i:08x}-0000-4000-8000-00000000beef");
-        let mut stored = as_stored(&translated);
-        stored["metadata"]["uid"] = json!(pod_uid);
-        api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
         let uid = format!("{i:08x}-0000-4000-8000-00000000c1a1");
         let claim_name = format!("{name}-extended-resources-abcde");
-        api.put_claim(scheduler_claim(
-            &claim_name,
-            &uid,
-            &gpu,
-            slices,
-            (name, &pod_uid),
-        ));
+        let (scheduled, status) = scheduler_claim(&claim_name, &uid, &gpu, &with, (name, &pod_uid));
+        let mut stored = as_stored(&translated);
+        stored["metadata"]["uid"] = json!(pod_uid);
+        stored["status"] = json!({"extendedResourceClaimStatus": status});
+        api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
+        api.put_claim(scheduled);
         let claim = dra::Claim {
             namespace: "team".into(),
             uid: uid.clone(),
@@ -159,4 +252,132 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         assert_eq!(gone.claims[&uid].error, "", "{name}");
     }
     assert_eq!(cases.len(), 23);
+}
+
+/// A HAMi pod of two containers, 3000 MiB and 5000 MiB (one 4 GiB slice and two), gets
+/// one claim from kube-scheduler with a request per container: the driver makes an
+/// allocation per request with that container's exact limit, and each container's
+/// process, started with its own request's CDI device, sees exactly its own ask in
+/// `cuMemGetInfo` and NVML, allocates all of it and is refused the next byte, both at
+/// once on the one GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_containers_of_one_pod_each_get_exactly_their_own_ask_through_one_claim() {
+    let Rig {
+        n,
+        m,
+        gpu,
+        api,
+        plugin,
+        mut kubelet,
+    } = rig(0xd40e).await;
+    let dir = n.dir.path();
+    let name = "hami-two-containers";
+    let original = pod(
+        name,
+        json!({}),
+        &[
+            (
+                "trainer",
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+            ),
+            (
+                "evaluator",
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "5000"}),
+            ),
+        ],
+        json!({}),
+    );
+    let translated = tessera_webhook::admission::mutate_pod(&original)
+        .unwrap_or_else(|e| panic!("{name}: refused: {e}"));
+    let with = containers_with_slices(&translated);
+    let with: Vec<(usize, &str, u32)> = with.iter().map(|(i, c, n)| (*i, c.as_str(), *n)).collect();
+    assert_eq!(
+        with,
+        [(0, "trainer", 1), (1, "evaluator", 2)],
+        "{translated:#}"
+    );
+
+    let pod_uid = "00000001-0000-4000-8000-00000000beef";
+    let uid = "00000001-0000-4000-8000-00000000c1a1";
+    let claim_name = format!("{name}-extended-resources-fghij");
+    let (scheduled, status) = scheduler_claim(&claim_name, uid, &gpu, &with, (name, pod_uid));
+    let mut stored = as_stored(&translated);
+    stored["metadata"]["uid"] = json!(pod_uid);
+    stored["status"] = json!({"extendedResourceClaimStatus": status});
+    api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
+    api.put_claim(scheduled);
+    let claim = dra::Claim {
+        namespace: "team".into(),
+        uid: uid.into(),
+        name: claim_name,
+    };
+    let r = kubelet
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![claim.clone()],
+        })
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    let prepared = &r.claims[uid];
+    assert_eq!(prepared.error, "", "{}", plugin.log());
+    assert_eq!(prepared.devices.len(), 3);
+
+    // An allocation per container's request, each its container's ask.
+    let per_request = [
+        ("container-0-request-0", 1, 3000 * MI),
+        ("container-1-request-0", 2, 5000 * MI),
+    ];
+    let mut probes = Vec::new();
+    for (k, (request, slices, memory)) in per_request.into_iter().enumerate() {
+        let a = allocation(&m, &format!("dra-{uid}-{}", k + 1))
+            .unwrap_or_else(|| panic!("{request}: no allocation"));
+        assert_eq!(a.devices.len(), 1, "{request}: one GPU");
+        assert_eq!(a.devices[0].slices, slices, "{request}");
+        assert_eq!(a.devices[0].memory_limit_bytes, memory, "{request}");
+        // The kubelet gives a container the CDI devices of its own request's devices.
+        let ids: Vec<&String> = prepared
+            .devices
+            .iter()
+            .filter(|d| d.request_names == [request])
+            .flat_map(|d| &d.cdi_device_ids)
+            .collect();
+        assert_eq!(ids.len(), 1, "{request}: {ids:?}");
+        probes.push((
+            request,
+            memory,
+            probe_with_claim(&n, &dir.join("cdi"), ids[0]),
+        ));
+    }
+    assert!(
+        allocation(&m, &format!("dra-{uid}")).is_none(),
+        "no allocation of the whole claim"
+    );
+    // Both at once: each holds all of its own ask while the other holds its.
+    for (request, memory, p) in &mut probes {
+        assert_pod_holds_exactly(&n, p, *memory, request);
+    }
+    for (_, _, p) in probes {
+        p.finish();
+    }
+
+    let gone = kubelet
+        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+            claims: vec![claim],
+        })
+        .await
+        .expect("NodeUnprepareResources")
+        .into_inner();
+    assert_eq!(gone.claims[uid].error, "");
+    assert!(
+        off_runtime(|| node_status(&m.socket))
+            .allocations
+            .is_empty(),
+        "every allocation of the claim is gone"
+    );
+    assert!(
+        std::fs::read_dir(dir.join("cdi"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "its spec is gone"
+    );
 }

@@ -135,17 +135,19 @@ pub fn plugin_args(dir: &Path, manager_socket: &Path) -> Vec<String> {
 }
 
 /// A probe started as a runtime would start a container with the claim's
-/// CDI device: the spec's env, with mounted paths read as their host paths,
+/// CDI device (or one of its requests'): the spec's env, with mounted paths read as their host paths,
 /// and only the claim's GPUs visible (what the NVIDIA toolkit does with
 /// NVIDIA_VISIBLE_DEVICES).
 pub fn probe_with_claim(n: &SimNode, cdi_dir: &Path, cdi_id: &str) -> ProbeChild {
-    let (kind, uid) = cdi_id.split_once('=').expect("qualified CDI name");
+    let (kind, device) = cdi_id.split_once('=').expect("qualified CDI name");
     assert_eq!(kind, cdi::KIND);
+    // The claim's own device, or one of its requests' (`<uid>_<k>`), in the claim's spec.
     let spec: Value = serde_json::from_str(
-        &std::fs::read_to_string(cdi::spec_path(cdi_dir, uid)).expect("the claim's spec"),
+        &std::fs::read_to_string(cdi::spec_path(cdi_dir, cdi::claim_of(device)))
+            .expect("the claim's spec"),
     )
     .expect("spec JSON");
-    let env = cdi::host_env(&spec, uid).expect("the claim's device in its spec");
+    let env = cdi::host_env(&spec, device).expect("the claim's device in its spec");
     let mut c = n.probe(Mode::Dlopen, &[]);
     for (k, v) in &env {
         c.env(k, v);
