@@ -149,10 +149,14 @@ impl Node {
                 sd.drained_epoch.store(le, Ordering::SeqCst);
                 ds.drain_signal.fetch_add(1, Ordering::SeqCst);
             }
+            let slot = a.state.slot(p.member.slot);
+            // A process waiting for its kernel is in a synchronisation, as
+            // the shim's pacer marks its wait for the work in flight.
             if p.running_until.is_some() {
+                slot.syncing.fetch_or(1, Ordering::SeqCst);
                 continue;
             }
-            let slot = a.state.slot(p.member.slot);
+            slot.syncing.fetch_and(!1, Ordering::SeqCst);
             if grant::may_submit(w) && w & grant::OPEN == 0 {
                 if p.waiting {
                     p.waiting = false;

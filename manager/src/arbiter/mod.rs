@@ -71,6 +71,10 @@ pub struct ArbiterConfig {
     pub quantum: Duration,
     /// A holder that launched nothing for this long gives the GPU back.
     pub idle_release: Duration,
+    /// The same while another allocation waits for the GPU (at most
+    /// `idle_release`): the holder's idle time is then the waiter's loss.
+    /// See `SchedConfig::contested_idle_release_ns`.
+    pub contested_idle_release: Duration,
     /// Longest wait for a revoked grant's work to drain.
     pub drain_timeout: Duration,
     /// How far a `guaranteed` allocation kept from its share by others may
@@ -104,6 +108,7 @@ impl Default for ArbiterConfig {
         ArbiterConfig {
             quantum: Duration::from_nanos(s.quantum_ns),
             idle_release: Duration::from_nanos(s.idle_release_ns),
+            contested_idle_release: Duration::from_nanos(s.contested_idle_release_ns),
             drain_timeout: Duration::from_nanos(s.drain_timeout_ns),
             catch_up: Duration::from_nanos(s.catch_up_ns),
             poll: Duration::from_micros(250),
@@ -132,6 +137,14 @@ impl ArbiterConfig {
                 "idle release {:.3} ms must be positive and at most the quantum ({:.3} ms)",
                 ms(self.idle_release),
                 ms(self.quantum)
+            ));
+        }
+        if self.contested_idle_release.is_zero() || self.contested_idle_release > self.idle_release
+        {
+            return bad(format!(
+                "contested idle release {:.3} ms must be positive and at most the idle release ({:.3} ms)",
+                ms(self.contested_idle_release),
+                ms(self.idle_release)
             ));
         }
         if self.drain_timeout < self.poll || self.drain_timeout > Duration::from_secs(60) {
@@ -163,6 +176,7 @@ impl ArbiterConfig {
         SchedConfig {
             quantum_ns: ns(self.quantum),
             idle_release_ns: ns(self.idle_release),
+            contested_idle_release_ns: ns(self.contested_idle_release),
             drain_timeout_ns: ns(self.drain_timeout),
             catch_up_ns: ns(self.catch_up),
             sync_is_activity: self.sync_is_activity,

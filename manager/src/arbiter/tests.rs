@@ -178,6 +178,20 @@ fn bad_configurations_are_refused() {
         ),
         (
             ArbiterConfig {
+                contested_idle_release: Duration::from_millis(2),
+                ..d
+            },
+            "contested idle release",
+        ),
+        (
+            ArbiterConfig {
+                contested_idle_release: Duration::ZERO,
+                ..d
+            },
+            "contested idle release",
+        ),
+        (
+            ArbiterConfig {
                 poll: Duration::ZERO,
                 ..d
             },

@@ -760,15 +760,32 @@ pub fn shape_scenarios(measure: Duration) -> Vec<Scenario> {
     vec![two, long, graphs]
 }
 
+/// The arbiter's idle release while another allocation waits, for the
+/// rounds of this process (`--contested-idle-release`); 0: the default.
+static CONTESTED_IDLE_RELEASE_NS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the arbiter's contested idle release for every later round, so two
+/// rules can be compared at one load (`tessera-bench --contested-idle-release`).
+pub fn set_contested_idle_release(d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    CONTESTED_IDLE_RELEASE_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Runs `scenarios` at once, scenario `i` on device `i` of a fresh node,
-/// under one in-process arbiter with the default configuration.
+/// under one in-process arbiter with the default configuration (but for
+/// [`set_contested_idle_release`]).
 ///
 /// # Errors
 /// When the arbiter cannot start or a scenario panicked (set-up failures).
 pub fn run_round(scenarios: &[Scenario]) -> Result<Vec<Outcome>, String> {
     let node = SimNode::builder().devices(scenarios.len() as u32).build();
-    let arbiter = Arbiter::new(tessera_manager::arbiter::ArbiterConfig::default())
-        .map_err(|e| e.to_string())?;
+    let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
+    let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
+    if contested != 0 {
+        cfg.contested_idle_release = Duration::from_nanos(contested);
+    }
+    let arbiter = Arbiter::new(cfg).map_err(|e| e.to_string())?;
     std::thread::scope(|s| {
         let runs: Vec<_> = scenarios
             .iter()
