@@ -348,10 +348,8 @@ impl Config {
             c.arbiter.quantum = q;
             // An idle holder is released within a quantum at the latest.
             c.arbiter.idle_release = c.arbiter.idle_release.min(q);
-            c.arbiter.contested_idle_release = c
-                .arbiter
-                .contested_idle_release
-                .min(c.arbiter.idle_release);
+            c.arbiter.contested_idle_release =
+                c.arbiter.contested_idle_release.min(c.arbiter.idle_release);
             c.arbiter.poll = c.arbiter.poll.min(c.arbiter.idle_release);
             c.arbiter
                 .validate()

@@ -1227,8 +1227,16 @@ mod tests {
             let mut w = World::new(
                 cfg,
                 vec![
-                    (syncing_client(1, MS, 2, 2 * MS), 300_000, Policy::Guaranteed),
-                    (syncing_client(2, MS, 2, 2 * MS), 700_000, Policy::Guaranteed),
+                    (
+                        syncing_client(1, MS, 2, 2 * MS),
+                        300_000,
+                        Policy::Guaranteed,
+                    ),
+                    (
+                        syncing_client(2, MS, 2, 2 * MS),
+                        700_000,
+                        Policy::Guaranteed,
+                    ),
                 ],
             );
             w.run_until(11 * S);
@@ -1244,7 +1252,8 @@ mod tests {
             ..cfg()
         };
         let (a0, b0, total0) = run(before);
-        let seen = format!("{a:.2} + {b:.2} = {total:.2}%; before {a0:.2} + {b0:.2} = {total0:.2}%");
+        let seen =
+            format!("{a:.2} + {b:.2} = {total:.2}%; before {a0:.2} + {b0:.2} = {total0:.2}%");
         assert!(a <= 31.0 && b <= 71.0, "past a cap: {seen}");
         // Each gets more, the GPU is busier (the test can fail: with the
         // rule before both sides are the same run).
