@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde::Deserialize;
 use tessera_node::config::{FULL_COMPUTE_PPM, SliceLayout};
 use tessera_proto::manager::v1 as mgr;
@@ -164,41 +164,17 @@ struct VgpuConfig {
     priority: Option<i32>,
 }
 
-/// Works out the plan for `claim` (as read from the API server) on this
-/// node, for the kubelet's `want`.
-pub fn plan(
-    claim: &ResourceClaim,
-    want: &ClaimRef,
-    driver: &str,
-    node: &str,
-    gpus: &[NodeGpu],
-    default_policy: mgr::ComputePolicy,
-) -> Result<ClaimPlan, ClaimError> {
-    plan_of(claim, want, driver, node, gpus, default_policy, None)
-}
-
-/// The plan of one of the claim's requests alone (its main name, as
-/// [`served_requests`] gives it): the devices allocated for it, their limits,
-/// and the config that applies to it. A claim split per container
-/// (`crate::split`) makes one allocation of each.
-pub fn plan_request(
-    claim: &ResourceClaim,
-    want: &ClaimRef,
-    driver: &str,
-    node: &str,
-    gpus: &[NodeGpu],
-    default_policy: mgr::ComputePolicy,
-    request: &str,
-) -> Result<ClaimPlan, ClaimError> {
-    plan_of(
-        claim,
-        want,
-        driver,
-        node,
-        gpus,
-        default_policy,
-        Some(request),
-    )
+/// The device results of the claim's allocation (none while it is not
+/// allocated), every driver's and node's.
+pub fn results(claim: &ResourceClaim) -> impl Iterator<Item = &DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
 }
 
 /// The request a result is for: `<request>/<subrequest>` (a `firstAvailable`
@@ -215,13 +191,7 @@ pub fn main_request(result_request: &str) -> &str {
 /// names derived from it are stable across retries.
 pub fn served_requests(claim: &ResourceClaim, driver: &str, node: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref());
-    for r in results.into_iter().flatten() {
+    for r in results(claim) {
         if r.driver == driver && r.pool == node {
             let main = main_request(&r.request);
             if !out.iter().any(|o| o == main) {
@@ -245,7 +215,13 @@ pub fn spec_requests(claim: &ResourceClaim) -> Vec<String> {
         .collect()
 }
 
-fn plan_of(
+/// Works out the plan for `claim` (as read from the API server) on this
+/// node, for the kubelet's `want`: of the whole claim, or (`only`) of one of
+/// its requests alone (its main name, as [`served_requests`] gives it): the
+/// devices allocated for it, their limits, and the config that applies to
+/// it. A claim split per container (`crate::split`) makes one allocation of
+/// each request.
+pub fn plan(
     claim: &ResourceClaim,
     want: &ClaimRef,
     driver: &str,
@@ -561,6 +537,7 @@ mod tests {
             "node-1",
             &gpus(),
             mgr::ComputePolicy::Guaranteed,
+            None,
         )
     }
 
@@ -727,7 +704,8 @@ mod tests {
                 "vgpu.tessera.dev",
                 "node-1",
                 &g,
-                mgr::ComputePolicy::Guaranteed
+                mgr::ComputePolicy::Guaranteed,
+                None,
             ),
             Err(ClaimError::Unhealthy { .. })
         ));

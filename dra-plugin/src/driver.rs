@@ -511,6 +511,7 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             &self.opts.node_name,
             &view.gpus,
             default_policy,
+            None,
         )
         .map_err(|e| e.to_string())?;
         if plan.priority.is_none() {
@@ -565,14 +566,14 @@ impl<C: ClaimSource, M: ManagerApi> Driver<C, M> {
             Layout::PerRequest(split) => {
                 let mut parts = Vec::with_capacity(split.len());
                 for (i, p) in split.into_iter().enumerate() {
-                    let mut rp = claim::plan_request(
+                    let mut rp = claim::plan(
                         &rc,
                         &want,
                         &self.opts.driver_name,
                         &self.opts.node_name,
                         &view.gpus,
                         default_policy,
-                        &p.request,
+                        Some(&p.request),
                     )
                     .map_err(|e| e.to_string())?;
                     if rp.priority.is_none() {

@@ -110,15 +110,7 @@ pub fn claim_key(claim: &ResourceClaim) -> String {
 /// The devices of `driver` allocated to `claim`.
 pub fn allocated(claim: &ResourceClaim, driver: &str) -> Vec<Allocated> {
     let key = claim_key(claim);
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref());
-    results
-        .into_iter()
-        .flatten()
+    tessera_dra_plugin::claim::results(claim)
         .filter(|r| r.driver == driver)
         .map(|r| {
             let read = |name: &str| {

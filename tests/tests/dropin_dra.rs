@@ -147,6 +147,74 @@ async fn rig(seed: u64) -> Rig {
     }
 }
 
+/// A translated pod as kube-scheduler leaves it: its name and uid, and the claim it
+/// writes for the pod's extended resources (`claim_name`, `uid`) over the containers
+/// `with` (`containers_with_slices`).
+struct Scheduled<'a> {
+    name: &'a str,
+    pod_uid: &'a str,
+    uid: &'a str,
+    claim_name: String,
+    with: &'a [(usize, &'a str, u32)],
+}
+
+/// Stores the pod and its claim as the API server holds them after admission and
+/// scheduling (the pod's uid, and its status mapping each container to the claim's
+/// request), has the kubelet prepare the claim, and returns the claim and the plugin's
+/// answer for it, checked to be no error.
+async fn prepare_scheduled(
+    api: &FakeApiServer,
+    kubelet: &mut tessera_proto::dra::v1::dra_plugin_client::DraPluginClient<
+        tonic::transport::Channel,
+    >,
+    plugin: &Plugin,
+    gpu: &str,
+    translated: &Value,
+    s: Scheduled<'_>,
+) -> (dra::Claim, dra::NodePrepareResourceResponse) {
+    let (claim_json, status) =
+        scheduler_claim(&s.claim_name, s.uid, gpu, s.with, (s.name, s.pod_uid));
+    let mut stored = as_stored(translated);
+    stored["metadata"]["uid"] = json!(s.pod_uid);
+    stored["status"] = json!({"extendedResourceClaimStatus": status});
+    api.put(&format!("/api/v1/namespaces/team/pods/{}", s.name), stored);
+    api.put_claim(claim_json);
+    let claim = dra::Claim {
+        namespace: "team".into(),
+        uid: s.uid.into(),
+        name: s.claim_name,
+    };
+    let mut r = kubelet
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![claim.clone()],
+        })
+        .await
+        .expect("NodePrepareResources")
+        .into_inner();
+    let prepared = r.claims.remove(s.uid).expect("an answer for the claim");
+    assert_eq!(prepared.error, "", "{}: {}", s.name, plugin.log());
+    (claim, prepared)
+}
+
+/// Has the kubelet unprepare `claim`, checked to be no error.
+async fn unprepare(
+    kubelet: &mut tessera_proto::dra::v1::dra_plugin_client::DraPluginClient<
+        tonic::transport::Channel,
+    >,
+    claim: dra::Claim,
+    name: &str,
+) {
+    let uid = claim.uid.clone();
+    let gone = kubelet
+        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+            claims: vec![claim],
+        })
+        .await
+        .expect("NodeUnprepareResources")
+        .into_inner();
+    assert_eq!(gone.claims[&uid].error, "", "{name}");
+}
+
 /// The manager's allocation `id`, if it has one.
 fn allocation(m: &ManagerProc, id: &str) -> Option<mgr::Allocation> {
     off_runtime(|| node_status(&m.socket))
@@ -187,27 +255,16 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         let pod_uid = format!("{i:08x}-0000-4000-8000-00000000beef");
         let uid = format!("{i:08x}-0000-4000-8000-00000000c1a1");
         let claim_name = format!("{name}-extended-resources-abcde");
-        let (scheduled, status) = scheduler_claim(&claim_name, &uid, &gpu, &with, (name, &pod_uid));
-        let mut stored = as_stored(&translated);
-        stored["metadata"]["uid"] = json!(pod_uid);
-        stored["status"] = json!({"extendedResourceClaimStatus": status});
-        api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
-        api.put_claim(scheduled);
-        let claim = dra::Claim {
-            namespace: "team".into(),
-            uid: uid.clone(),
-            name: claim_name,
+        let scheduled = Scheduled {
+            name,
+            pod_uid: &pod_uid,
+            uid: &uid,
+            claim_name,
+            with: &with,
         };
-
-        let r = kubelet
-            .node_prepare_resources(dra::NodePrepareResourcesRequest {
-                claims: vec![claim.clone()],
-            })
-            .await
-            .expect("NodePrepareResources")
-            .into_inner();
-        let prepared = &r.claims[&uid];
-        assert_eq!(prepared.error, "", "{name}: {}", plugin.log());
+        let (claim, prepared) =
+            prepare_scheduled(&api, &mut kubelet, &plugin, &gpu, &translated, scheduled).await;
+        let prepared = &prepared;
         assert_eq!(prepared.devices.len(), slices as usize, "{name}");
 
         // The allocation is the ask, with the translation's policy and priority.
@@ -242,14 +299,7 @@ async fn each_dialects_pods_get_exactly_their_ask_through_the_dra_driver() {
         assert_pod_holds_exactly(&n, &mut p, want.memory, name);
         p.finish();
 
-        let gone = kubelet
-            .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
-                claims: vec![claim],
-            })
-            .await
-            .expect("NodeUnprepareResources")
-            .into_inner();
-        assert_eq!(gone.claims[&uid].error, "", "{name}");
+        unprepare(&mut kubelet, claim, name).await;
     }
     assert_eq!(cases.len(), 23);
 }
@@ -300,26 +350,16 @@ async fn two_containers_of_one_pod_each_get_exactly_their_own_ask_through_one_cl
     let pod_uid = "00000001-0000-4000-8000-00000000beef";
     let uid = "00000001-0000-4000-8000-00000000c1a1";
     let claim_name = format!("{name}-extended-resources-fghij");
-    let (scheduled, status) = scheduler_claim(&claim_name, uid, &gpu, &with, (name, pod_uid));
-    let mut stored = as_stored(&translated);
-    stored["metadata"]["uid"] = json!(pod_uid);
-    stored["status"] = json!({"extendedResourceClaimStatus": status});
-    api.put(&format!("/api/v1/namespaces/team/pods/{name}"), stored);
-    api.put_claim(scheduled);
-    let claim = dra::Claim {
-        namespace: "team".into(),
-        uid: uid.into(),
-        name: claim_name,
+    let scheduled = Scheduled {
+        name,
+        pod_uid,
+        uid,
+        claim_name,
+        with: &with,
     };
-    let r = kubelet
-        .node_prepare_resources(dra::NodePrepareResourcesRequest {
-            claims: vec![claim.clone()],
-        })
-        .await
-        .expect("NodePrepareResources")
-        .into_inner();
-    let prepared = &r.claims[uid];
-    assert_eq!(prepared.error, "", "{}", plugin.log());
+    let (claim, prepared) =
+        prepare_scheduled(&api, &mut kubelet, &plugin, &gpu, &translated, scheduled).await;
+    let prepared = &prepared;
     assert_eq!(prepared.devices.len(), 3);
 
     // An allocation per container's request, each its container's ask.
@@ -360,14 +400,7 @@ async fn two_containers_of_one_pod_each_get_exactly_their_own_ask_through_one_cl
         p.finish();
     }
 
-    let gone = kubelet
-        .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
-            claims: vec![claim],
-        })
-        .await
-        .expect("NodeUnprepareResources")
-        .into_inner();
-    assert_eq!(gone.claims[uid].error, "");
+    unprepare(&mut kubelet, claim, name).await;
     assert!(
         off_runtime(|| node_status(&m.socket))
             .allocations
