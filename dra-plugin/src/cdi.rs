@@ -43,26 +43,6 @@ pub fn nvidia_device_id(gpu_uuid: &str) -> String {
     qualified_name(KIND_NVIDIA, gpu_uuid)
 }
 
-/// The spec for claim `uid` under `alloc`, the manager's answer: its edits
-/// are [`allocation_edits`]'s (the device plugin's Allocate answers are
-/// built by the same function), with `LD_PRELOAD` set to the hook (DRA pods
-/// never pass the webhook). `visible_devices`: set `NVIDIA_VISIBLE_DEVICES`
-/// to the allocation's GPUs (the `envvar` strategy); otherwise the GPUs come
-/// as NVIDIA CDI devices. `host`: the hook library, and the preload file
-/// mounted at `/etc/ld.so.preload` when `ld_so_preload` (the node config's
-/// `ldSoPreload`), as the device plugin mounts it: a program that clears
-/// `LD_PRELOAD` still loads the shim.
-pub fn spec(
-    uid: &str,
-    alloc: &mgr::Allocation,
-    host: &HostPaths,
-    ld_so_preload: bool,
-    visible_devices: bool,
-) -> Result<Spec, EditsError> {
-    let device = device(uid, alloc, host, ld_so_preload, visible_devices)?;
-    Ok(spec_of(vec![device]))
-}
-
 /// The spec of a claim with these devices (one per allocation the claim
 /// was prepared as: [`part_name`]).
 pub fn spec_of(devices: Vec<Device>) -> Spec {
@@ -86,7 +66,17 @@ pub fn claim_of(device: &str) -> &str {
     device.split_once('_').map_or(device, |(uid, _)| uid)
 }
 
-/// One device named `name`, putting a container under `alloc`: see [`spec`].
+/// One device named `name` (a claim's uid, or its [`part_name`]), putting a
+/// container under `alloc`, the manager's answer: its edits are
+/// [`allocation_edits`]'s (the device plugin's Allocate answers are built by
+/// the same function), with `LD_PRELOAD` set to the hook (DRA pods never pass
+/// the webhook). `visible_devices`: set `NVIDIA_VISIBLE_DEVICES` to the
+/// allocation's GPUs (the `envvar` strategy); otherwise the GPUs come as
+/// NVIDIA CDI devices. `host`: the hook library, and the preload file mounted
+/// at `/etc/ld.so.preload` when `ld_so_preload` (the node config's
+/// `ldSoPreload`), as the device plugin mounts it: a program that clears
+/// `LD_PRELOAD` still loads the shim. A claim's spec is [`spec_of`] its
+/// devices.
 pub fn device(
     name: &str,
     alloc: &mgr::Allocation,
@@ -176,7 +166,14 @@ mod tests {
             hook_library: "/lib/libtessera.so".into(),
             preload_file: "/host/ld.so.preload".into(),
         };
-        let typed = spec("u1", &alloc, &host, false, true).expect("spec");
+        // Built as the driver builds it: a device per allocation, then the
+        // spec of them.
+        let spec = |ld_so_preload: bool, visible_devices: bool| {
+            spec_of(vec![
+                device("u1", &alloc, &host, ld_so_preload, visible_devices).expect("device"),
+            ])
+        };
+        let typed = spec(false, true);
         let s = typed.to_json();
         assert_eq!(s["kind"], KIND);
         assert_eq!(s["devices"][0]["name"], "u1");
@@ -213,9 +210,7 @@ mod tests {
             "the node's hook"
         );
         assert_eq!(m.as_array().map(Vec::len), Some(3), "no preload file: {m}");
-        let cdi = spec("u1", &alloc, &host, false, false)
-            .expect("spec")
-            .to_json();
+        let cdi = spec(false, false).to_json();
         assert!(
             host_env(&cdi, "u1")
                 .unwrap()
@@ -229,9 +224,7 @@ mod tests {
 
         // ldSoPreload: the host's preload file at /etc/ld.so.preload,
         // read-only, as the device plugin mounts it.
-        let pre = spec("u1", &alloc, &host, true, true)
-            .expect("spec")
-            .to_json();
+        let pre = spec(true, true).to_json();
         let m = pre["devices"][0]["containerEdits"]["mounts"]
             .as_array()
             .cloned()

@@ -891,35 +891,60 @@ mod tests {
 
     const GI: u64 = 1 << 30;
 
-    /// The API server's claims: any name, one allocated slice of GPU-a,
-    /// with a priority (so that every step of a prepare is taken).
-    struct Claims;
+    /// What `consumer_pod` answers for pod `name` with `uid`.
+    type PodOf = dyn Fn(&str, &str) -> Result<Option<ConsumerPod>, String> + Send + Sync;
 
-    impl ClaimSource for Claims {
+    /// The one test double of the API server: each claim, by namespace and
+    /// name, as JSON, and each pod as the driver reads it.
+    struct Api {
+        claim: fn(&str, &str) -> serde_json::Value,
+        pod: Box<PodOf>,
+    }
+
+    impl ClaimSource for Api {
         async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
-            let claim = serde_json::json!({
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
-                "status": {"allocation": {"devices": {
-                    "results": [{"request": "gpu", "driver": "vgpu.tessera.dev", "pool": "node-1",
-                                 "device": slice_device("GPU-a", name.len() as u32 % 4)}],
-                    "config": [{"source": "FromClaim", "opaque": {"driver": "vgpu.tessera.dev", "parameters": {
-                        "apiVersion": crate::claim::CONFIG_API_VERSION, "kind": crate::claim::CONFIG_KIND,
-                        "priority": 5}}}]
-                }}}
-            });
-            serde_json::from_value(claim)
+            serde_json::from_value((self.claim)(namespace, name))
                 .map(Some)
                 .map_err(|e| e.to_string())
+        }
+
+        async fn consumer_pod(
+            &self,
+            _namespace: &str,
+            name: &str,
+            uid: &str,
+        ) -> Result<Option<ConsumerPod>, String> {
+            (self.pod)(name, uid)
+        }
+    }
+
+    /// The API server's claims: any name, one allocated slice of GPU-a,
+    /// with a priority (so that every step of a prepare is taken); no pods.
+    fn claims() -> Api {
+        Api {
+            claim: |namespace, name| {
+                serde_json::json!({
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
+                    "status": {"allocation": {"devices": {
+                        "results": [{"request": "gpu", "driver": "vgpu.tessera.dev", "pool": "node-1",
+                                     "device": slice_device("GPU-a", name.len() as u32 % 4)}],
+                        "config": [{"source": "FromClaim", "opaque": {"driver": "vgpu.tessera.dev", "parameters": {
+                            "apiVersion": crate::claim::CONFIG_API_VERSION, "kind": crate::claim::CONFIG_KIND,
+                            "priority": 5}}}]
+                    }}}
+                })
+            },
+            pod: Box::new(|_, _| Ok(None)),
         }
     }
 
     struct Rig {
         dir: tempfile::TempDir,
         manager: Arc<FakeManager>,
-        driver: Driver<Claims, FakeManager>,
+        driver: Driver<Api, FakeManager>,
     }
 
     fn rig() -> Rig {
@@ -946,7 +971,7 @@ mod tests {
         let config = Arc::new(ConfigFile::open(None, "node-1").expect("defaults"));
         std::fs::create_dir(dir.path().join("plugin")).expect("plugin dir");
         let store = Store::open(&dir.path().join("plugin")).expect("store");
-        let driver = Driver::new(opts, manager.clone(), Claims, config, store);
+        let driver = Driver::new(opts, manager.clone(), claims(), config, store);
         Rig {
             dir,
             manager,
@@ -967,6 +992,17 @@ mod tests {
             self.driver
                 .prepare(names.iter().map(|n| claim(n)).collect())
                 .await
+        }
+
+        /// A driver on this rig's manager, store and CDI dir, reading `source`.
+        fn with(&self, source: Api) -> Driver<Api, FakeManager> {
+            Driver::new(
+                self.driver.opts.clone(),
+                self.manager.clone(),
+                source,
+                Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
+                Store::open(&self.dir.path().join("plugin")).expect("store"),
+            )
         }
 
         fn spec_exists(&self, name: &str) -> bool {
@@ -1167,51 +1203,44 @@ mod tests {
 
     /// Claims as kube-scheduler writes them for a pod's `tessera.dev/vgpu`: no config,
     /// reserved for pod `pod-<claim>`, whose annotations depend on the claim's name.
-    struct Reserved;
-
-    impl ClaimSource for Reserved {
-        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
-            let claim = serde_json::json!({
-                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
-                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
-                "status": {
-                    "allocation": {"devices": {"results": [{"request": "r", "driver": "vgpu.tessera.dev",
-                        "pool": "node-1", "device": slice_device("GPU-a", 0)}]}},
-                    "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": "pod-uid"}],
-                }
-            });
-            serde_json::from_value(claim)
-                .map(Some)
-                .map_err(|e| e.to_string())
+    fn reserved() -> Api {
+        Api {
+            claim: |namespace, name| {
+                serde_json::json!({
+                    "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                    "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "vgpu.tessera.dev"}}]}},
+                    "status": {
+                        "allocation": {"devices": {"results": [{"request": "r", "driver": "vgpu.tessera.dev",
+                            "pool": "node-1", "device": slice_device("GPU-a", 0)}]}},
+                        "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": "pod-uid"}],
+                    }
+                })
+            },
+            pod: Box::new(reserved_pod),
         }
+    }
 
-        async fn consumer_pod(
-            &self,
-            _namespace: &str,
-            name: &str,
-            uid: &str,
-        ) -> Result<Option<ConsumerPod>, String> {
-            assert_eq!(uid, "pod-uid");
-            let annotations = match name {
-                "pod-capped" => Ok(Some(BTreeMap::from([
-                    (
-                        ANNOTATION_COMPUTE_POLICY.to_owned(),
-                        "guaranteed".to_owned(),
-                    ),
-                    (ANNOTATION_PRIORITY.to_owned(), "7".to_owned()),
-                ]))),
-                "pod-plain" => Ok(Some(BTreeMap::new())),
-                "pod-not-a" => Ok(Some(BTreeMap::from([(
-                    tessera_contract::gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE.to_owned(),
-                    "GPU-a".to_owned(),
-                )]))),
-                _ => Err(format!("cannot read pod ns/{name}: unreachable")),
-            };
-            Ok(annotations?.map(|annotations| ConsumerPod {
-                annotations,
-                extended: None,
-            }))
-        }
+    fn reserved_pod(name: &str, uid: &str) -> Result<Option<ConsumerPod>, String> {
+        assert_eq!(uid, "pod-uid");
+        let annotations = match name {
+            "pod-capped" => Ok(Some(BTreeMap::from([
+                (
+                    ANNOTATION_COMPUTE_POLICY.to_owned(),
+                    "guaranteed".to_owned(),
+                ),
+                (ANNOTATION_PRIORITY.to_owned(), "7".to_owned()),
+            ]))),
+            "pod-plain" => Ok(Some(BTreeMap::new())),
+            "pod-not-a" => Ok(Some(BTreeMap::from([(
+                tessera_contract::gpu_filter::ANNOTATION_GPU_UUIDS_EXCLUDE.to_owned(),
+                "GPU-a".to_owned(),
+            )]))),
+            _ => Err(format!("cannot read pod ns/{name}: unreachable")),
+        };
+        Ok(annotations?.map(|annotations| ConsumerPod {
+            annotations,
+            extended: None,
+        }))
     }
 
     /// A config-less claim takes its pod's policy and priority; a pod that cannot be
@@ -1219,13 +1248,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_config_less_claim_takes_its_pods_policy_and_priority() {
         let r = rig();
-        let driver = Driver::new(
-            r.driver.opts.clone(),
-            r.manager.clone(),
-            Reserved,
-            Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
-            Store::open(&r.dir.path().join("plugin")).expect("store"),
-        );
+        let driver = r.with(reserved());
         let a = driver.prepare(vec![claim("capped")]).await;
         assert_eq!(a.claims["uid-capped"].error, "");
         let made = r.manager.allocations();
@@ -1310,83 +1333,69 @@ mod tests {
     /// `tessera.dev/vgpu` (DRAExtendedResource): a request per container (one
     /// slice for `a`, two for `b`), reserved for the pod, which maps each
     /// container to its request in its status and has exact limits for both.
-    struct TwoContainers {
-        /// (container, request) pairs of the pod's `requestMappings`; None:
-        /// no `extendedResourceClaimStatus`.
-        mappings: Option<Vec<(&'static str, &'static str)>>,
+    ///
+    /// `mappings`: the (container, request) pairs of the pod's
+    /// `requestMappings`; None: no `extendedResourceClaimStatus`.
+    fn two_containers(mappings: Option<Vec<(&'static str, &'static str)>>) -> Api {
+        Api {
+            claim: two_containers_claim,
+            pod: Box::new(move |name, uid| two_containers_pod(name, uid, mappings.as_deref())),
+        }
     }
 
     const R0: &str = "container-0-request-0";
     const R1: &str = "container-1-request-0";
 
-    impl ClaimSource for TwoContainers {
-        async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
-            let result = |request: &str, n: u32| {
-                serde_json::json!({"request": request, "driver": "vgpu.tessera.dev",
-                    "pool": "node-1", "device": slice_device("GPU-a", n)})
-            };
-            let claim = serde_json::json!({
-                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
-                "spec": {"devices": {"requests": [
-                    {"name": R0, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 1}},
-                    {"name": R1, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 2}}]}},
-                "status": {
-                    "allocation": {"devices": {"results": [result(R0, 0), result(R1, 1), result(R1, 2)]}},
-                    "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
-                }
-            });
-            serde_json::from_value(claim)
-                .map(Some)
-                .map_err(|e| e.to_string())
-        }
+    fn two_containers_claim(namespace: &str, name: &str) -> serde_json::Value {
+        let result = |request: &str, n: u32| {
+            serde_json::json!({"request": request, "driver": "vgpu.tessera.dev",
+                "pool": "node-1", "device": slice_device("GPU-a", n)})
+        };
+        serde_json::json!({
+            "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+            "spec": {"devices": {"requests": [
+                {"name": R0, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 1}},
+                {"name": R1, "exactly": {"deviceClassName": "vgpu.tessera.dev", "count": 2}}]}},
+            "status": {
+                "allocation": {"devices": {"results": [result(R0, 0), result(R1, 1), result(R1, 2)]}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+            }
+        })
+    }
 
-        async fn consumer_pod(
-            &self,
-            _namespace: &str,
-            name: &str,
-            uid: &str,
-        ) -> Result<Option<ConsumerPod>, String> {
-            assert_eq!((name, uid), ("p", "pod-uid"));
-            let extended = self.mappings.as_ref().map(|m| {
-                serde_json::from_value(serde_json::json!({
-                    "resourceClaimName": "two",
-                    "requestMappings": m.iter().map(|(c, r)| serde_json::json!(
-                        {"containerName": c, "resourceName": "tessera.dev/vgpu", "requestName": r}
-                    )).collect::<Vec<_>>(),
-                }))
-                .expect("status")
-            });
-            Ok(Some(ConsumerPod {
-                annotations: BTreeMap::from([(
-                    tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(),
-                    r#"{"a":{"slices":1,"memoryMiB":3000},"b":{"slices":2,"memoryMiB":5000}}"#
-                        .to_owned(),
-                )]),
-                extended,
+    fn two_containers_pod(
+        name: &str,
+        uid: &str,
+        mappings: Option<&[(&'static str, &'static str)]>,
+    ) -> Result<Option<ConsumerPod>, String> {
+        assert_eq!((name, uid), ("p", "pod-uid"));
+        let extended = mappings.map(|m| {
+            serde_json::from_value(serde_json::json!({
+                "resourceClaimName": "two",
+                "requestMappings": m.iter().map(|(c, r)| serde_json::json!(
+                    {"containerName": c, "resourceName": "tessera.dev/vgpu", "requestName": r}
+                )).collect::<Vec<_>>(),
             }))
-        }
+            .expect("status")
+        });
+        Ok(Some(ConsumerPod {
+            annotations: BTreeMap::from([(
+                tessera_node::exact::ANNOTATION_EXACT_LIMITS.to_owned(),
+                r#"{"a":{"slices":1,"memoryMiB":3000},"b":{"slices":2,"memoryMiB":5000}}"#
+                    .to_owned(),
+            )]),
+            extended,
+        }))
     }
 
     impl Rig {
-        fn with(&self, source: TwoContainers) -> Driver<TwoContainers, FakeManager> {
-            Driver::new(
-                self.driver.opts.clone(),
-                self.manager.clone(),
-                source,
-                Arc::new(ConfigFile::open(None, "node-1").expect("defaults")),
-                Store::open(&self.dir.path().join("plugin")).expect("store"),
-            )
-        }
-
         fn alloc(&self, id: &str) -> Option<mgr::Allocation> {
             self.manager.allocations().into_iter().find(|a| a.id == id)
         }
     }
 
-    fn mapped() -> TwoContainers {
-        TwoContainers {
-            mappings: Some(vec![("a", R0), ("b", R1)]),
-        }
+    fn mapped() -> Api {
+        two_containers(Some(vec![("a", R0), ("b", R1)]))
     }
 
     /// Each container's request is an allocation of its own with that container's exact
@@ -1475,9 +1484,7 @@ mod tests {
         // Swapped in the pod's status, the limits follow the mapping: each is for the
         // other's slice count, so neither applies and both keep their slices'.
         let r = rig();
-        let driver = r.with(TwoContainers {
-            mappings: Some(vec![("b", R0), ("a", R1)]),
-        });
+        let driver = r.with(two_containers(Some(vec![("b", R0), ("a", R1)])));
         let a = driver.prepare(vec![claim("two")]).await;
         assert_eq!(a.claims["uid-two"].error, "");
         let one = r.alloc("dra-uid-two-1").expect("b's");
@@ -1496,9 +1503,7 @@ mod tests {
             vec![("a", R0), ("b", R0)],
         ] {
             let r = rig();
-            let driver = r.with(TwoContainers {
-                mappings: Some(mappings.clone()),
-            });
+            let driver = r.with(two_containers(Some(mappings.clone())));
             let a = driver.prepare(vec![claim("two")]).await;
             let e = &a.claims["uid-two"].error;
             assert!(
@@ -1510,7 +1515,7 @@ mod tests {
         }
 
         let r = rig();
-        let driver = r.with(TwoContainers { mappings: None });
+        let driver = r.with(two_containers(None));
         let a = driver.prepare(vec![claim("two")]).await;
         assert_eq!(a.claims["uid-two"].error, "");
         let made = r.manager.allocations();
