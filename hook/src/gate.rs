@@ -92,7 +92,13 @@ pub fn while_syncing<R>(gov: &Governed, dev: Option<usize>, wait: impl FnOnce() 
     if gov.member() != Some(gate.member()) {
         return wait();
     }
-    gate.syncing(dev, wait)
+    let r = gate.syncing(dev, wait);
+    // Back on the host: a program whose host part is long gives its grant
+    // back now rather than after the arbiter's idle release.
+    if let Some(d) = dev {
+        gate.synced(d, PACER.idle(d));
+    }
+    r
 }
 
 /// Called once a process has joined its allocation (at `cuInit`, and again

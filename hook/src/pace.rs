@@ -33,7 +33,13 @@
 //!   every [`RECHECK_NS`]. So a revocation finds at most the kernel running
 //!   at the quantum's end (and what the budget let queue behind it before
 //!   then), never a second long kernel: the hand-over is bounded by the
-//!   longest kernel plus the budget.
+//!   longest kernel plus the budget. Kernels shorter than the budget may
+//!   be queued to end up to the budget past the quantum's end, so the
+//!   device runs on while the arbiter and the next holder wake;
+//! - a pre-armed grant (the next holder, granted at the revocation while
+//!   the revoked work drains) queues short kernels up to the budget behind
+//!   that drain, and nothing behind its first longer one until the arbiter
+//!   says when its time started.
 //!
 //! The kernel length is learned from the markers: the time between two
 //! consecutive markers, when the second launch was queued behind the first
@@ -146,8 +152,17 @@ impl Pace {
             // revoked holder's last kernel, so it starts when that ends,
             // not known here; predicted from now, a second 20 ms kernel
             // went behind it and into the next drain (hand-over p99 30 ms).
-            // Nothing more is queued until the arbiter says when this
-            // grant's time started; look again shortly.
+            // Short kernels may fill the budget behind it: however late
+            // they start, they end a budget after the drain, far inside
+            // this grant's quantum, and one 50 µs kernel alone ran out
+            // long before the arbiter had read the drain's report and said
+            // when this grant's time started (the device idled about
+            // 450 µs per hand-over).
+            if self.est_ns > 0 && (in_flight as u64 + 1) * self.est_ns <= self.budget_ns {
+                return Step::Go;
+            }
+            // Otherwise nothing more is queued until the arbiter says
+            // when this grant's time started; look again shortly.
             return Step::HoldUntil(now.saturating_add(RECHECK_NS));
         }
         if self.est_ns == 0 && quantum_end.is_some() {
@@ -170,14 +185,29 @@ impl Pace {
         let quantum_end = quantum_end.filter(|&q| {
             q <= now.saturating_add(MAX_AHEAD_NS) && now < q.saturating_add(STALE_AFTER_NS)
         });
+        // Kernels shorter than the budget may run up to the budget past the
+        // quantum's end: that much is queued when the revocation comes, so
+        // the device runs on while the arbiter wakes and the next holder's
+        // thread wakes to queue its first kernel behind it. Holding them at
+        // the end left the device idle through both wake-ups (with 50 µs
+        // kernels, more than the kernel itself); the drain is then at most
+        // the budget, within the half millisecond the hand-over may exceed
+        // the longest kernel by, and charged to this holder. Longer kernels
+        // may only start before the end: one running past it is the drain.
+        let tail = if self.est_ns <= self.budget_ns {
+            self.budget_ns
+        } else {
+            0
+        };
         if self.est_ns > 0
             && let Some(q) = quantum_end
-            && end.saturating_add(self.est_ns) <= q
+            && end.saturating_add(self.est_ns) <= q.saturating_add(tail)
         {
-            // Queued now, it would end before the quantum does, where the
-            // arbiter's revocation comes: it is in no drain, so it is not
-            // held (a hold woken late on a loaded host idles the device
-            // the holder is charged for). The hard bound still applies.
+            // Queued now, it would end before the quantum does (or within
+            // the short kernels' tail), where the arbiter's revocation
+            // comes: it is in no drain beyond that, so it is not held (a
+            // hold woken late on a loaded host idles the device the holder
+            // is charged for). The hard bound still applies.
             return Step::Go;
         }
         let mut release = if self.est_ns == 0 {
@@ -464,9 +494,11 @@ mod tests {
         for kernel in [50_000u64, MS, 20 * MS] {
             let (acts, busy_ppm) = run_with_quantum(kernel, 250_000, true);
             assert!(!acts.is_empty());
+            // Kernels shorter than the budget may run up to the budget
+            // past the end; a longer one only when it started before it.
             for (i, left) in acts.iter().enumerate() {
                 assert!(
-                    *left <= kernel,
+                    *left <= kernel.max(250_000),
                     "{kernel} ns kernels: {left} ns in flight at quantum end {i}"
                 );
             }
@@ -485,6 +517,76 @@ mod tests {
         assert!(
             acts.iter().any(|&left| left > kernel),
             "the test can fail: {acts:?}"
+        );
+    }
+
+    /// Short kernels keep the device busy through the revocation's
+    /// signalling: they may be queued to end up to the budget past the
+    /// quantum's end (so the next holder's first kernel, queued when its
+    /// thread wakes, follows without a gap), never further.
+    #[test]
+    fn short_kernels_may_run_up_to_the_budget_past_the_quantum_end() {
+        let us = 1_000;
+        let mut p = Pace::new(250 * us);
+        p.learned(50 * us);
+        let q = Some(MS);
+        // Running until 1 ms, the quantum's end: the next ends at 1.05 ms,
+        // inside the tail: go (before, it was held until the end).
+        p.launched(950 * us, false);
+        assert_eq!(p.before(960 * us, 1, q, None), Step::Go);
+        // Queued work ends at 1.2 ms: one more ends at 1.25 ms, the tail's
+        // end: go.
+        p.last_end = 1_200 * us;
+        assert_eq!(p.before(1_100 * us, 3, q, None), Step::Go);
+        // Past the tail: nothing more is queued; looked at again shortly.
+        p.last_end = 1_210 * us;
+        assert_eq!(
+            p.before(1_100 * us, 3, q, None),
+            Step::HoldUntil(1_100 * us + RECHECK_NS)
+        );
+        // The test can fail: a 1 ms kernel gets no tail, it may only start
+        // before the end (held until it, then looked at again past it).
+        let mut long = Pace::new(250 * us);
+        long.learned(MS);
+        long.launched(9 * MS, false); // runs 9..10 ms
+        let q = Some(10 * MS);
+        assert_eq!(
+            long.before(9 * MS + 1, 1, q, None),
+            Step::HoldUntil(10 * MS)
+        );
+        assert_eq!(
+            long.before(10 * MS, 1, Some(10 * MS - 50 * us), None),
+            Step::WaitOlder
+        );
+    }
+
+    /// A pre-armed grant with short kernels fills the budget behind the
+    /// revoked holder's drain (one 50 µs kernel ran out long before the
+    /// arbiter said when the grant's time started); longer ones queue
+    /// nothing behind the first.
+    #[test]
+    fn a_pre_armed_grant_queues_short_kernels_up_to_the_budget() {
+        let pending = Some(GRANT_START_PENDING);
+        let mut p = Pace::new(250_000);
+        p.learned(50_000);
+        let q = Some(20 * MS);
+        assert_eq!(p.before(MS, 1, q, pending), Step::Go);
+        assert_eq!(p.before(MS, 4, q, pending), Step::Go);
+        assert_eq!(
+            p.before(MS, 5, q, pending),
+            Step::HoldUntil(MS + RECHECK_NS)
+        );
+        let mut long = Pace::new(250_000);
+        long.learned(200_000);
+        assert_eq!(
+            long.before(MS, 1, q, pending),
+            Step::HoldUntil(MS + RECHECK_NS)
+        );
+        // Nothing learned: nothing queued behind the first.
+        let fresh = Pace::new(250_000);
+        assert_eq!(
+            fresh.before(MS, 1, q, pending),
+            Step::HoldUntil(MS + RECHECK_NS)
         );
     }
 

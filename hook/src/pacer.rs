@@ -258,6 +258,19 @@ impl<E: Events> Pacer<E> {
 }
 
 impl<E: Events> Pacer<E> {
+    /// Whether nothing of this process's paced work is in flight on `dev`
+    /// (its latest launch's marker is done); `false` when that is not known
+    /// (nothing paced yet, or pacing off).
+    pub(crate) fn idle(&self, dev: usize) -> bool {
+        if dev >= MAX_DEVICES || budget_ns() == 0 {
+            return false;
+        }
+        let guard = self.slots[dev].lock();
+        guard
+            .as_ref()
+            .is_some_and(|p| !p.markers.is_empty() && !p.last_in_flight())
+    }
+
     /// When the last paced launch on `dev` ended, on CLOCK_MONOTONIC (see
     /// `Drain::ended_at`): the device's own timestamps, anchored to the host
     /// clock by a probe event recorded after the drain, on an idle device,

@@ -228,7 +228,19 @@ pub struct Slot {
     /// was padding: the layout, its size and `ABI_VERSION` are unchanged,
     /// and older processes read as never synchronising.
     pub syncing: AtomicU32,
-    pub reserved: [u64; 3],
+    /// Bit `d` set: this process's synchronisation on device `d` returned
+    /// with nothing of its left in flight, and by what it learned of itself
+    /// its host part before the next launch is long (longer than the
+    /// arbiter's contested idle release): it is idle now, and a holder
+    /// whose launching processes all are gives the GPU back at once when
+    /// another allocation waits, instead of idling it through the release.
+    /// Cleared at the process's next launch. A hint: set falsely it only
+    /// gives the process's own grant away (its drain still charged to it).
+    /// Taken from what was reserved space (zero in older files): the
+    /// layout, its size and `ABI_VERSION` are unchanged.
+    pub yielding: AtomicU32,
+    pub _pad_yield: u32,
+    pub reserved: [u64; 2],
     pub devices: [SlotDevice; MAX_DEVICES],
 }
 

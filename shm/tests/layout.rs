@@ -53,6 +53,9 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(StateFile, slots), 128 + 16 * 64);
     assert_eq!(offset_of!(Slot, devices), 64);
     assert_eq!(offset_of!(Slot, gate_waiting), 32);
+    assert_eq!(offset_of!(Slot, syncing), 36);
+    // Taken from reserved space (zero in older files): size and ABI unchanged.
+    assert_eq!(offset_of!(Slot, yielding), 40);
     assert_eq!(offset_of!(DeviceState, waiters), 16);
     assert_eq!(offset_of!(DeviceState, wait_ns), 24);
     assert_eq!(offset_of!(DeviceState, drain_signal), 32);

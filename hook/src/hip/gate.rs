@@ -97,7 +97,13 @@ pub(super) fn while_syncing<R>(g: &Governed, wait: impl FnOnce() -> R) -> R {
             .then(|| g.index_of(d))
             .flatten()
     };
-    gate.syncing(dev, wait)
+    let r = gate.syncing(dev, wait);
+    // Back on the host: a program whose host part is long gives its grant
+    // back now rather than after the arbiter's idle release.
+    if let Some(d) = dev {
+        gate.synced(d, nested(|| PACER.idle(d)));
+    }
+    r
 }
 
 /// Before a launch on the current device (on `stream`, `None` for a launch

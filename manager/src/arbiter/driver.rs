@@ -238,6 +238,10 @@ impl View for FileView<'_> {
         self.member(id)
             .is_some_and(|m| m.files.state().syncing(m.dev))
     }
+    fn yielding(&mut self, id: ClientId) -> bool {
+        self.member(id)
+            .is_some_and(|m| m.files.state().yielding(m.dev))
+    }
     fn drained(&mut self, id: ClientId) -> Option<u64> {
         let now = self.now;
         match self.member(id) {
@@ -292,6 +296,10 @@ impl Driver {
         loop {
             let now = self.sys.monotonic_ns();
             self.housekeeping(now);
+            // The holder's doorbell, read before deciding: a process that
+            // yields after this read (its host part began) wakes the sleep
+            // below at once, one before it is seen by the decision.
+            let holder_bell = self.bell_of(self.sched.holder());
             let until = self.decide(now);
             // Sleep until the decision's deadline, the next poll, or a
             // command; while a grant drains, on the holder's doorbell.
@@ -337,6 +345,36 @@ impl Driver {
                 }
                 continue;
             }
+            if let Some(id) = self.sched.holder()
+                && let Some((files, dev)) = self
+                    .members
+                    .iter()
+                    .find(|m| m.id == id)
+                    .map(|m| (Arc::clone(&m.files), m.dev))
+            {
+                // Held: sleep on the holder's doorbell, which its processes
+                // ring when they yield (a host gap begins), so the GPU is
+                // given to a waiter within a wake-up, not a poll.
+                let bell = files.state().drain_signal(dev);
+                let seen = match holder_bell {
+                    Some((h, v)) if h == id => v,
+                    _ => bell.load(std::sync::atomic::Ordering::Acquire),
+                };
+                self.sys.futex_wait(bell, seen, sleep.max(1));
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        if self.command(cmd) {
+                            return;
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+                continue;
+            }
             match rx.recv_timeout(Duration::from_nanos(sleep)) {
                 Ok(cmd) => {
                     if self.command(cmd) {
@@ -350,6 +388,19 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// The doorbell value of `id`'s state file on its device, with `id`.
+    fn bell_of(&self, id: Option<ClientId>) -> Option<(ClientId, u32)> {
+        let id = id?;
+        let m = self.members.iter().find(|m| m.id == id)?;
+        Some((
+            id,
+            m.files
+                .state()
+                .drain_signal(m.dev)
+                .load(std::sync::atomic::Ordering::Acquire),
+        ))
     }
 
     /// Handles a command; true when the thread must stop.

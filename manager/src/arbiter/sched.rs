@@ -110,6 +110,14 @@ pub trait View {
     /// work in flight: activity, as a launch is (it launches again when
     /// the wait ends), though it submits nothing meanwhile.
     fn syncing(&mut self, id: ClientId) -> bool;
+    /// Whether the client's processes say they are idle on the host for a
+    /// while (a synchronisation returned with nothing in flight, before a
+    /// host part they learned is long): a holder that yields is idle now,
+    /// without waiting out the idle release. A hint: it can only give the
+    /// client's own grant away.
+    fn yielding(&mut self, _id: ClientId) -> bool {
+        false
+    }
     /// When the work the client submitted under its revoked grant finished
     /// (every process that submitted reported drained), or `None` while it
     /// has not. The time is where the grant's charge ends; it is at most
@@ -559,12 +567,14 @@ impl Scheduler {
                     }
                     let contested = self.clients.iter().any(|c| c.id != id && c.waiting);
                     let release = self.idle_release(contested);
+                    // A holder whose processes yield (a host gap began) is
+                    // idle now: waiting out the release only idled the GPU.
+                    let capped = self.is_capped(id);
+                    let yielded = (contested || capped) && view.yielding(id);
                     // A process still waking up from the gate counts as
                     // busy: it has work it has not launched yet.
-                    let busy = now < last_activity.saturating_add(release) || view.waiting(id);
-                    let capped = self
-                        .find(id)
-                        .is_some_and(|c| c.policy == Policy::Guaranteed);
+                    let busy = (!yielded && now < last_activity.saturating_add(release))
+                        || view.waiting(id);
                     if !busy && (contested || capped) {
                         // Alone, the idle tail kept no one from the GPU: it
                         // is not charged (`drain_ended`). A host gap would
@@ -723,6 +733,12 @@ impl Scheduler {
             c.waiting = was;
         }
         pick
+    }
+
+    /// Whether `id` is a `guaranteed` client (its share a cap).
+    fn is_capped(&self, id: ClientId) -> bool {
+        self.find(id)
+            .is_some_and(|c| c.policy == Policy::Guaranteed)
     }
 
     /// How long a holder may launch nothing before it is done early:
@@ -891,6 +907,12 @@ mod tests {
         /// spends `gap_ns` on the host before the next batch.
         sync: bool,
         gap_ns: u64,
+        /// Says it yields through its host gaps (as the shim does once it
+        /// has learned its host part is long, `Slot::yielding`).
+        yields: bool,
+        /// Says it yields all the time, work in flight or not (a tenant's
+        /// false word).
+        lies: bool,
     }
 
     struct World {
@@ -925,6 +947,11 @@ mod tests {
             self.clients
                 .iter()
                 .any(|c| c.id == id && c.syncing_at(self.now))
+        }
+        fn yielding(&mut self, id: ClientId) -> bool {
+            self.clients
+                .iter()
+                .any(|c| c.id == id && c.yielding_at(self.now))
         }
         fn drained(&mut self, id: ClientId) -> Option<u64> {
             let Some(c) = self.clients.iter().find(|c| c.id == id) else {
@@ -975,6 +1002,17 @@ mod tests {
                 running && self.has_work(now) && self.room(now) == 0
             }
         }
+        /// Yielding: a client that says so, its batch run, in its host gap.
+        fn yielding_at(&self, now: u64) -> bool {
+            if self.lies {
+                return true;
+            }
+            self.yields
+                && self.sync
+                && self.launches > 0
+                && !self.inflight.iter().any(|&e| e > now)
+                && now < self.last_end + self.gap_ns
+        }
         fn busy_in(&self, a: u64, b: u64) -> u64 {
             self.ran
                 .iter()
@@ -999,6 +1037,8 @@ mod tests {
             stuck: false,
             sync: false,
             gap_ns: 0,
+            yields: false,
+            lies: false,
         }
     }
 
@@ -1258,6 +1298,51 @@ mod tests {
         // Each gets more, the GPU is busier (the test can fail: with the
         // rule before both sides are the same run).
         assert!(a >= a0 + 2.0 && b >= b0 && total >= total0 + 4.0, "{seen}");
+    }
+
+    /// The same pair when the programs yield at their gaps (the shim
+    /// learned that their host part outlasts the contested release): the
+    /// grant changes hands as a gap begins, not a release later, so neither
+    /// pays an idle tail per step. The 30 gets its cap, the 70 what it
+    /// wants of what is left, and a program that yields without a gap
+    /// (a tenant's false word) only gives its own grant away.
+    #[test]
+    fn paired_programs_that_yield_at_their_host_gaps_lose_no_idle_tail() {
+        let run = |yields: bool, lies: bool| {
+            let mut a = syncing_client(1, MS, 2, 2 * MS);
+            let mut b = syncing_client(2, MS, 2, 2 * MS);
+            a.yields = yields;
+            b.yields = yields;
+            a.lies = lies;
+            let mut w = World::new(
+                cfg(),
+                vec![
+                    (a, 300_000, Policy::Guaranteed),
+                    (b, 700_000, Policy::Guaranteed),
+                ],
+            );
+            w.run_until(11 * S);
+            (w.busy(1, 2 * S, 11 * S), w.busy(2, 2 * S, 11 * S))
+        };
+        let (a, b) = run(true, false);
+        let (a0, b0) = run(false, false);
+        let seen = format!("yielding {a:.2} + {b:.2}; not {a0:.2} + {b0:.2}");
+        assert!(a <= 31.0 && b <= 71.0, "past a cap: {seen}");
+        // Each wants half the GPU (2 ms of kernels, 2 ms on the host): the
+        // 30 gets its cap (it no longer pays an idle tail per step), and
+        // the 70 loses nothing. (What the 70 still misses of what it wants
+        // is the 30's steps: one begun in the 70's gap runs to its end,
+        // and the 70's next step waits for it.)
+        assert!(a >= 29.0, "{seen}");
+        assert!(a >= a0 + 3.0 && b >= b0, "the test can fail: {seen}");
+        // The 30 saying it yields all the time, work in flight or not,
+        // gives only its own grant away: it stays under its cap, and the
+        // 70 gets at least what it got before.
+        let (af, bf) = run(true, true);
+        assert!(
+            af <= 31.0 && bf >= b0,
+            "false yields {af:.2} + {bf:.2}; {seen}"
+        );
     }
 
     /// Programs that synchronise after every one or two launches (a

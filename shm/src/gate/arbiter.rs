@@ -170,6 +170,39 @@ impl State {
         })
     }
 
+    /// Whether the allocation's processes on device `dev` are idle by
+    /// their own word ([`crate::layout::Slot::yielding`]): at least one
+    /// live process yields, none is in a synchronisation, and every other
+    /// live process that ever launched on `dev` yields too or waits at the
+    /// gate (one that streams, or just went quiet, keeps the holder busy
+    /// by the idle release as before).
+    pub fn yielding(&self, dev: usize) -> bool {
+        if dev >= MAX_DEVICES {
+            return false;
+        }
+        let bit = 1u32 << dev;
+        let mut any = false;
+        for s in self.gate_slot_range() {
+            if !matches!(
+                Owner::unpack(s.owner.load(Ordering::Acquire)),
+                Owner::Alive { .. }
+            ) {
+                continue;
+            }
+            if s.syncing.load(Ordering::Acquire) & bit != 0 {
+                return false;
+            }
+            if s.yielding.load(Ordering::Acquire) & bit != 0 {
+                any = true;
+            } else if s.devices[dev].launches.load(Ordering::Acquire) != 0
+                && s.gate_waiting.load(Ordering::Acquire) & bit == 0
+            {
+                return false;
+            }
+        }
+        any
+    }
+
     /// Submissions to device `dev` by all processes: a counter whose
     /// changes show activity (it may also drop when a slot is reused).
     pub fn launches(&self, dev: usize) -> u64 {
@@ -235,6 +268,7 @@ impl State {
 /// synchronisation) leaves no phantom demand or activity.
 pub(crate) fn forget_waiting(file: &StateFile, slot: usize) {
     file.slots[slot].syncing.store(0, Ordering::Release);
+    file.slots[slot].yielding.store(0, Ordering::Release);
     let bits = file.slots[slot].gate_waiting.swap(0, Ordering::AcqRel);
     for dev in 0..MAX_DEVICES {
         if bits & (1 << dev) != 0 {

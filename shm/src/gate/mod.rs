@@ -54,7 +54,7 @@ mod tests;
 
 pub use arbiter::Undrained;
 pub(crate) use arbiter::forget_waiting;
-pub use process::{Drain, Gate, GateEvent, GateLog};
+pub use process::{Drain, Gate, GateEvent, GateLog, YIELD_AFTER_NS};
 // The gate's clock and futex, where the arbiter has always found them.
 pub use crate::sys::{futex_wait, futex_wake_all, monotonic_ns};
 

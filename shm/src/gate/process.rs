@@ -73,7 +73,19 @@ struct DevLocal {
     /// Pid of the process that started this device's drainer (0 = none);
     /// a forked child, which has no such thread, starts its own.
     drainer_pid: AtomicU32,
+    /// When the first synchronisation since the last launch returned (own
+    /// clock; 0: none since): the next launch measures the host part from it.
+    synced_at: AtomicU64,
+    /// Learned host part between a synchronisation's return and the next
+    /// launch, ns (a moving average; 0 until learned).
+    host_ns: AtomicU64,
 }
+
+/// A process whose host part after a synchronisation is at least this long
+/// (learned) yields at the synchronisation's return: the arbiter's
+/// contested idle release (0.5 ms by default), so a program yields only
+/// where the arbiter would take its grant back anyway, without the wait.
+pub const YIELD_AFTER_NS: u64 = 500_000;
 
 struct Inner {
     control: &'static Control,
@@ -186,6 +198,9 @@ impl Gate {
         if dev >= i.n_devices {
             return;
         }
+        if i.devs[dev].synced_at.load(Ordering::Relaxed) != 0 {
+            i.host_part_ended(dev);
+        }
         let w = i.control.device(dev).grant.load(Ordering::Acquire);
         let sd = i.slot_dev(dev);
         if grant::may_submit(w)
@@ -224,6 +239,50 @@ impl Gate {
             slot.syncing.fetch_and(!bit, Ordering::AcqRel);
         }
         r
+    }
+
+    /// A synchronisation on device `dev` (see [`Gate::syncing`]) returned;
+    /// `idle`: nothing of this process's is in flight on it now. The next
+    /// launch learns how long the host part was; when what was learned is
+    /// at least [`YIELD_AFTER_NS`] and the process is idle, it yields
+    /// ([`crate::layout::Slot::yielding`]) and wakes the arbiter, which
+    /// then need not wait out its idle release to see a host gap.
+    pub fn synced(&self, dev: usize, idle: bool) {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return;
+        }
+        let d = &i.devs[dev];
+        // The host part runs from the first return since the last launch:
+        // a later wait on work already done (a program's `cuEventSynchronize`
+        // just before its next launch) returns at once and does not end it.
+        let _ = d.synced_at.compare_exchange(
+            0,
+            i.sys.monotonic_ns().max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        let bit = 1u32 << dev;
+        let slot = i.state.slot(i.member.slot);
+        if !idle
+            || d.host_ns.load(Ordering::Relaxed) < YIELD_AFTER_NS
+            || slot.syncing.load(Ordering::Acquire) & bit != 0
+        {
+            return;
+        }
+        slot.yielding.fetch_or(bit, Ordering::AcqRel);
+        let bell = &i.state.device(dev).drain_signal;
+        bell.fetch_add(1, Ordering::AcqRel);
+        i.sys.futex_wake_all(bell);
+    }
+
+    /// The learned host part after a synchronisation on `dev`, ns (0 until
+    /// learned).
+    pub fn host_part_ns(&self, dev: usize) -> u64 {
+        self.inner
+            .devs
+            .get(dev)
+            .map_or(0, |d| d.host_ns.load(Ordering::Relaxed))
     }
 
     /// Whether this process's allocation holds a grant on device `dev` that
@@ -299,6 +358,31 @@ fn count_launch(sd: &SlotDevice) {
 }
 
 impl Inner {
+    /// The first launch after a synchronisation on `dev`: the host part
+    /// ended. Learns its length (a quarter per sample, as the pacer learns
+    /// kernels) and takes back a yield. Off the hot path: only after a
+    /// synchronisation.
+    #[cold]
+    fn host_part_ended(&self, dev: usize) {
+        let d = &self.devs[dev];
+        let since = d.synced_at.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            let sample = self.sys.monotonic_ns().saturating_sub(since);
+            let est = d.host_ns.load(Ordering::Relaxed);
+            let est = if est == 0 {
+                sample
+            } else {
+                (est * 3 + sample) / 4
+            };
+            d.host_ns.store(est.max(1), Ordering::Relaxed);
+        }
+        let bit = 1u32 << dev;
+        let slot = self.state.slot(self.member.slot);
+        if slot.yielding.load(Ordering::Relaxed) & bit != 0 {
+            slot.yielding.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
     #[inline]
     fn slot_dev(&self, dev: usize) -> &SlotDevice {
         &self.state.slot(self.member.slot).devices[dev]

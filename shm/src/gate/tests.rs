@@ -632,3 +632,79 @@ fn a_synchronising_process_is_seen_until_its_last_wait_ends() {
     });
     g.stop();
 }
+
+#[test]
+fn a_process_whose_host_part_is_long_yields_at_its_synchronisations_until_it_launches() {
+    use crate::gate::YIELD_AFTER_NS;
+    let f = files(1_000_000);
+    let sys = FakeSys::new(&f.control.device(0).grant, |_| {});
+    let g = fake_gate(&f, 23, Arc::clone(&sys), Arc::default());
+    let bell = || f.state.drain_signal(0).load(Ordering::SeqCst);
+    // A step: launch, wait for it, back on the host for `host_ns`.
+    let step = |host_ns: u64, idle: bool| {
+        g.before_submit(0);
+        g.syncing(Some(0), || ());
+        g.synced(0, idle);
+        let yielded = f.state.yielding(0);
+        sys.now.fetch_add(host_ns, Ordering::SeqCst);
+        yielded
+    };
+    // Nothing learned yet: no yield.
+    assert!(!step(2_000_000, true));
+    // A second wait on work already done, just before the launch (the
+    // program's own event wait), does not restart the host part.
+    g.syncing(Some(0), || ());
+    g.synced(0, true);
+    // 2 ms on the host learned: the next return yields, and rings the
+    // arbiter's doorbell.
+    let rung = bell();
+    assert!(step(2_000_000, true));
+    assert!(bell() > rung, "the arbiter is woken");
+    assert_eq!(g.host_part_ns(0), 2_000_000);
+    // The next launch takes it back.
+    g.before_submit(0);
+    assert!(!f.state.yielding(0));
+    // Work still in flight at the return: no yield.
+    g.syncing(Some(0), || ());
+    g.synced(0, false);
+    assert!(!f.state.yielding(0));
+    // Another thread still in a synchronisation: no yield either.
+    sys.now.fetch_add(2_000_000, Ordering::SeqCst);
+    g.syncing(Some(0), || {
+        g.before_submit(0);
+        g.synced(0, true);
+        assert!(!f.state.yielding(0));
+    });
+    // Another live process of the allocation that launched and neither
+    // yields nor waits at the gate keeps the allocation busy.
+    let other = gate(&f, 24, Arc::default(), Arc::default());
+    other.before_submit(0);
+    g.before_submit(0);
+    g.syncing(Some(0), || ());
+    g.synced(0, true);
+    assert!(
+        f.state
+            .slot(g.member().slot)
+            .yielding
+            .load(Ordering::SeqCst)
+            & 1
+            != 0,
+        "this process yields"
+    );
+    assert!(!f.state.yielding(0), "the other streams");
+    // Short host parts learned: no more yields (a quarter per sample).
+    let mine = || {
+        f.state
+            .slot(g.member().slot)
+            .yielding
+            .load(Ordering::SeqCst)
+            & 1
+            != 0
+    };
+    for _ in 0..16 {
+        step(10_000, true);
+    }
+    assert!(g.host_part_ns(0) < YIELD_AFTER_NS);
+    step(10_000, true);
+    assert!(!mine());
+}

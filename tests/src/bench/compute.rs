@@ -1378,6 +1378,20 @@ impl Shape {
         self.sync_every > 0
     }
 
+    /// Whether the program's host gaps are long enough that the arbiter
+    /// takes its grant back at each (longer than the idle release while
+    /// another allocation waits): they are then not in its GPU time. Shorter
+    /// waits (a synchronisation's round trip, a 100 µs gap) are held.
+    pub fn released_at_gaps(&self) -> bool {
+        let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
+        let release = if contested == 0 {
+            tessera_manager::arbiter::ArbiterConfig::default().contested_idle_release
+        } else {
+            Duration::from_nanos(contested)
+        };
+        self.sync_every > 0 && self.gap >= release
+    }
+
     /// The scenario of this shape for `allocs`, named `<shape>, <label>`.
     pub fn scenario(&self, label: &str, allocs: Vec<AllocSpec>, measure: Duration) -> Scenario {
         let mut sc = Scenario::new(
@@ -1443,26 +1457,50 @@ pub fn mixes(shape: &Shape) -> Vec<(&'static str, Vec<AllocSpec>)> {
     out
 }
 
-/// What each allocation should get: a guaranteed one its share, or what it
-/// wants when that is less; a burst one at least its share, and what the
-/// others leave of the GPU, up to what it wants. `wanted` is the busy % the
-/// same program reaches alone on a GPU it has to itself (100 for a program
-/// that never waits on the host).
-pub fn targets(allocs: &[AllocSpec], wanted: f64) -> Vec<f64> {
+/// What each allocation should get, in busy % of the GPU. `bare` is the
+/// busy % the same program reaches alone on a GPU it has to itself (its
+/// own rate: below 100 for one that synchronises, and for 50 µs kernels,
+/// which the device's kernel-to-kernel gap keeps about 2% idle).
+///
+/// A share is a share of GPU time, and in its time a program runs at its
+/// own rate: a guaranteed share `s` is `s` % of the GPU's time, so
+/// `s × bare / 100` busy (its throughput is `s` % of its bare
+/// throughput); a burst one gets at least its share, and what the others
+/// leave. Where the program waits on the host for longer than the arbiter's
+/// idle release (`released`), those waits are not in its GPU time (the
+/// grant goes back at each): it gets its share of the GPU's busy time, or
+/// what it wants (`bare`) when that is less.
+pub fn targets(allocs: &[AllocSpec], bare: f64, released: bool) -> Vec<f64> {
     let share = |a: &AllocSpec| f64::from(a.share_ppm) / 10_000.0;
+    let time = |a: &AllocSpec| match a.policy {
+        Policy::Guaranteed => share(a),
+        Policy::Burst => {
+            let others: f64 = allocs
+                .iter()
+                .filter(|o| !std::ptr::eq(*o, a))
+                .map(share)
+                .sum();
+            share(a).max(100.0 - others)
+        }
+    };
     allocs
         .iter()
-        .enumerate()
-        .map(|(i, a)| match a.policy {
-            Policy::Guaranteed => share(a).min(wanted),
-            Policy::Burst => {
-                let others: f64 = allocs
-                    .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| j != i)
-                    .map(|(_, o)| share(o).min(wanted))
-                    .sum();
-                share(a).max(100.0 - others).min(wanted)
+        .map(|a| {
+            if released {
+                let want = |o: &AllocSpec| share(o).min(bare);
+                match a.policy {
+                    Policy::Guaranteed => want(a),
+                    Policy::Burst => {
+                        let others: f64 = allocs
+                            .iter()
+                            .filter(|o| !std::ptr::eq(*o, a))
+                            .map(want)
+                            .sum();
+                        share(a).max(100.0 - others).min(bare)
+                    }
+                }
+            } else {
+                time(a).min(100.0) * bare / 100.0
             }
         })
         .collect()
@@ -1473,8 +1511,14 @@ pub fn targets(allocs: &[AllocSpec], wanted: f64) -> Vec<f64> {
 pub struct ShapeRow {
     pub shape: String,
     pub mix: String,
+    /// Busy % of the GPU each allocation should get ([`targets`]).
     pub targets: Vec<f64>,
-    pub wanted: Option<f64>,
+    /// The busy % the same program reaches alone on a whole GPU, measured
+    /// in the same round.
+    pub bare: f64,
+    /// Whether the program's host gaps are outside its GPU time
+    /// ([`Shape::released_at_gaps`]).
+    pub released: bool,
     pub outcome: Outcome,
 }
 
@@ -1488,21 +1532,63 @@ impl ShapeRow {
             .map(|(a, t)| (a - t).abs())
             .fold(0.0, f64::max)
     }
+
+    /// Each allocation's throughput as a % of the same program's alone on
+    /// a whole GPU.
+    pub fn of_bare(&self) -> Vec<f64> {
+        self.outcome
+            .achieved
+            .iter()
+            .map(|a| {
+                if self.bare > 0.0 {
+                    a / self.bare * 100.0
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// The busy time the allocations fell short of their targets together,
+    /// per hand-over, in µs (pairs that hand over; `None` otherwise): what
+    /// switching cost beyond the programs' own idle time at their own rate.
+    pub fn lost_per_handover_us(&self) -> Option<f64> {
+        let o = &self.outcome;
+        if o.handovers_measured == 0 || o.allocs.len() < 2 {
+            return None;
+        }
+        let want: f64 = self.targets.iter().sum::<f64>().min(100.0);
+        let short = (want - o.gpu_busy).max(0.0) / 100.0 * o.measured.as_secs_f64() * 1e6;
+        Some(short / o.handovers_measured as f64)
+    }
+}
+
+/// Whether [`run_shapes`] runs a shape's mixes at once (`--together`)
+/// rather than one mix at a time.
+static MIXES_TOGETHER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs a shape's mixes at once in [`run_shapes`] (`tessera-bench
+/// --together`): up to ten workload processes then share the host's cores,
+/// which is a load, not an idle box.
+pub fn set_mixes_together(on: bool) {
+    MIXES_TOGETHER.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Runs every shape under every mix ([`shapes`], [`mixes`]) whose name
 /// (`<shape>, <mix>`) contains `only` (any case; all when `None`): one
-/// round per shape, its mixes at once on GPUs of one node, beside the same
-/// program alone on a GPU of its own (a whole-GPU allocation, no gate) when
-/// it waits on the host, which measures what it wants.
+/// round per mix (per shape with [`set_mixes_together`]), on GPUs of one
+/// node, beside the same program alone on a GPU of its own (a whole-GPU
+/// allocation, no gate), which measures its own rate (`bare`) at the same
+/// load.
 ///
 /// # Errors
 /// When the arbiter cannot start or a scenario panicked.
 pub fn run_shapes(measure: Duration, only: Option<&str>) -> Result<Vec<ShapeRow>, String> {
     let only = only.map(str::to_lowercase);
+    let together = MIXES_TOGETHER.load(std::sync::atomic::Ordering::Relaxed);
     let mut rows = Vec::new();
     for shape in shapes() {
-        let mut round: Vec<(String, Scenario)> = mixes(&shape)
+        let chosen: Vec<(String, Scenario)> = mixes(&shape)
             .into_iter()
             .map(|(label, allocs)| (label.to_string(), shape.scenario(label, allocs, measure)))
             .filter(|(_, sc)| {
@@ -1510,49 +1596,66 @@ pub fn run_shapes(measure: Duration, only: Option<&str>) -> Result<Vec<ShapeRow>
                     .is_none_or(|o| sc.name.to_lowercase().contains(o.as_str()))
             })
             .collect();
-        if round.is_empty() {
-            continue;
-        }
-        let bare = shape.waits();
-        if bare {
-            round.push((
-                "wanted".into(),
-                shape.scenario(
-                    "alone on a whole GPU",
-                    vec![AllocSpec::guaranteed(100)],
-                    measure,
-                ),
-            ));
-        }
-        let scs: Vec<Scenario> = round.iter().map(|(_, sc)| sc.clone()).collect();
-        let mut outcomes = run_round(&scs)?;
-        let wanted = if bare {
-            outcomes.pop().map(|o| o.achieved[0].min(100.0))
+        let rounds: Vec<Vec<(String, Scenario)>> = if together {
+            vec![chosen]
         } else {
-            None
+            chosen.into_iter().map(|m| vec![m]).collect()
         };
-        for ((label, sc), outcome) in round.into_iter().zip(outcomes) {
-            rows.push(ShapeRow {
-                shape: shape.name.clone(),
-                mix: label,
-                targets: targets(&sc.allocs, wanted.unwrap_or(100.0)),
-                wanted,
-                outcome,
-            });
+        for round in rounds.into_iter().filter(|r| !r.is_empty()) {
+            rows.extend(run_shape_round(&shape, round, measure)?);
         }
     }
     Ok(rows)
 }
 
+/// One round of [`run_shapes`]: `round`'s scenarios at once, beside the
+/// program alone on a whole GPU.
+fn run_shape_round(
+    shape: &Shape,
+    mut round: Vec<(String, Scenario)>,
+    measure: Duration,
+) -> Result<Vec<ShapeRow>, String> {
+    // The same program alone on a whole GPU, at the same time: its own
+    // rate, what a share of GPU time is a share of.
+    round.push((
+        "bare".into(),
+        shape.scenario(
+            "alone on a whole GPU",
+            vec![AllocSpec::guaranteed(100)],
+            measure,
+        ),
+    ));
+    let scs: Vec<Scenario> = round.iter().map(|(_, sc)| sc.clone()).collect();
+    let mut outcomes = run_round(&scs)?;
+    round.pop();
+    let bare = outcomes.pop().map_or(100.0, |o| {
+        o.achieved.first().copied().unwrap_or(0.0).min(100.0)
+    });
+    let released = shape.released_at_gaps();
+    Ok(round
+        .into_iter()
+        .zip(outcomes)
+        .map(|((label, sc), outcome)| ShapeRow {
+            shape: shape.name.clone(),
+            mix: label,
+            targets: targets(&sc.allocs, bare, released),
+            bare,
+            released,
+            outcome,
+        })
+        .collect())
+}
+
 /// The columns of [`shape_table`].
-pub const SHAPE_COLUMNS: [&str; 8] = [
+pub const SHAPE_COLUMNS: [&str; 9] = [
     "shape",
     "allocations",
-    "target → achieved %",
-    "wanted %",
+    "target → achieved busy %",
+    "bare %",
+    "of bare %",
     "GPU busy %",
     "hand-over p50 / p99 ms",
-    "idle per hand-over µs",
+    "lost per hand-over µs",
     "worst miss pp",
 ];
 
@@ -1574,39 +1677,50 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
                 .iter()
                 .zip(&r.targets)
                 .zip(&o.achieved)
-                .map(|((a, t), got)| {
-                    let share = f64::from(a.share_ppm) / 10_000.0;
-                    if (t - share).abs() < 0.005 {
-                        format!("{t:.0} → {got:.2}")
-                    } else {
-                        format!("{t:.1} → {got:.2}")
-                    }
-                })
+                .map(|((_, t), got)| format!("{t:.2} → {got:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / ");
+            let of_bare = r
+                .of_bare()
+                .iter()
+                .map(|v| format!("{v:.1}"))
                 .collect::<Vec<_>>()
                 .join(" / ");
             vec![
                 r.shape.clone(),
                 r.mix.clone(),
                 pairs,
-                r.wanted.map_or("-".into(), |w| format!("{w:.1}")),
+                format!(
+                    "{:.1}{}",
+                    r.bare,
+                    if r.released { " (gaps released)" } else { "" }
+                ),
+                of_bare,
                 format!("{:.2}", o.gpu_busy),
                 if o.handover_p50.is_some() {
                     format!("{} / {}", ms(o.handover_p50), ms(o.handover_p99))
                 } else {
                     "-".into()
                 },
-                idle_per_handover(o),
+                r.lost_per_handover_us()
+                    .map_or("-".into(), |v| format!("{v:.0}")),
                 format!("{:.2}", r.worst_pp()),
             ]
         })
         .collect();
     let mut notes = vec![
         format!(
-            "{} s per scenario after 0.7 s of warm-up; a shape's allocation mixes at once on GPUs of one simulated node (real-driver costs, docs/simulator.md), quantum 10 ms; achieved = the allocation's busy time on the GPU's engine (ground truth), all its processes together.",
-            measure.as_secs_f64()
+            "{} s per scenario after 0.7 s of warm-up; {} on GPUs of one simulated node (real-driver costs, docs/simulator.md), beside the same program alone on a GPU of its own, quantum 10 ms; achieved = the allocation's busy time on the GPU's engine (ground truth), all its processes together.",
+            measure.as_secs_f64(),
+            if MIXES_TOGETHER.load(std::sync::atomic::Ordering::Relaxed) {
+                "a shape's allocation mixes at once (--together)"
+            } else {
+                "one allocation mix at a time"
+            }
         ),
-        "Target: a guaranteed share, or what the program wants when that is less; a burst share, or more when the other leaves time, up to what it wants. Wanted (programs that wait on the host): the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate).".into(),
-        "Hand-over: revocation to the next holder's time starting; idle per hand-over: the GPU's idle time over the window divided by the hand-overs in it (pairs only; where a program waits on the host it includes time no one wanted the GPU).".into(),
+        "Bare: the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate), its own rate (below 100 where it synchronises, and with 50 us kernels, which the device's 1 us kernel-to-kernel gap keeps 2% idle); of bare: achieved / bare, the allocation's throughput as a share of the program's own alone.".into(),
+        "Target (busy %): a share is a share of GPU time, used at the program's own rate: guaranteed s -> s x bare / 100; burst: at least its share, and what the other leaves. Where the program waits on the host longer than the arbiter's idle release (gaps released), the waits are not in its GPU time: its share of the GPU's busy time, or bare when that is less.".into(),
+        "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only).".into(),
     ];
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
     Ok(crate::bench::Table {
