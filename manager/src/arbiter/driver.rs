@@ -302,7 +302,7 @@ impl Driver {
             let holder_bell = self.bell_of(self.sched.holder());
             let until = self.decide(now);
             // Sleep until the decision's deadline, the next poll, or a
-            // command; while a grant drains, on the holder's doorbell.
+            // command.
             let now = self.sys.monotonic_ns();
             let poll = if self.sched.holder().is_some()
                 || now.saturating_sub(self.last_busy) < self.cfg.idle_after.as_nanos() as u64
@@ -313,7 +313,12 @@ impl Driver {
             };
             let wake = until.map_or(u64::MAX, |u| u.max(now));
             let sleep = wake.saturating_sub(now).min(poll.as_nanos() as u64);
-            if let Some(id) = self.sched.draining()
+            // While a grant is held or drains, sleep on its allocation's
+            // doorbell: a drain's report rings it, and so does a process
+            // that yields (a host gap begins), so the GPU changes hands
+            // within a wake-up, not a poll. Commands wait for the poll.
+            let draining = self.sched.draining();
+            if let Some(id) = draining.or(self.sched.holder())
                 && let Some((files, dev)) = self
                     .members
                     .iter()
@@ -321,46 +326,20 @@ impl Driver {
                     .map(|m| (Arc::clone(&m.files), m.dev))
             {
                 let bell = files.state().drain_signal(dev);
-                let seen = bell.load(std::sync::atomic::Ordering::Acquire);
+                let seen = match holder_bell {
+                    // Read before deciding: a yield since wakes at once.
+                    Some((h, v)) if h == id && draining.is_none() => v,
+                    _ => bell.load(std::sync::atomic::Ordering::Acquire),
+                };
                 // Re-check after reading the bell: a drain reported in
                 // between must not be slept through.
                 let mut view = FileView {
                     members: &mut self.members,
                     now,
                 };
-                if view.drained(id).is_none() {
+                if draining.is_none() || view.drained(id).is_none() {
                     self.sys.futex_wait(bell, seen, sleep.max(1));
                 }
-                match rx.try_recv() {
-                    Ok(cmd) => {
-                        if self.command(cmd) {
-                            return;
-                        }
-                    }
-                    Err(std::sync::mpsc::TryRecvError::Empty) => {}
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                        self.shutdown();
-                        return;
-                    }
-                }
-                continue;
-            }
-            if let Some(id) = self.sched.holder()
-                && let Some((files, dev)) = self
-                    .members
-                    .iter()
-                    .find(|m| m.id == id)
-                    .map(|m| (Arc::clone(&m.files), m.dev))
-            {
-                // Held: sleep on the holder's doorbell, which its processes
-                // ring when they yield (a host gap begins), so the GPU is
-                // given to a waiter within a wake-up, not a poll.
-                let bell = files.state().drain_signal(dev);
-                let seen = match holder_bell {
-                    Some((h, v)) if h == id => v,
-                    _ => bell.load(std::sync::atomic::Ordering::Acquire),
-                };
-                self.sys.futex_wait(bell, seen, sleep.max(1));
                 match rx.try_recv() {
                     Ok(cmd) => {
                         if self.command(cmd) {

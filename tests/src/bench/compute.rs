@@ -1472,35 +1472,33 @@ pub fn mixes(shape: &Shape) -> Vec<(&'static str, Vec<AllocSpec>)> {
 /// what it wants (`bare`) when that is less.
 pub fn targets(allocs: &[AllocSpec], bare: f64, released: bool) -> Vec<f64> {
     let share = |a: &AllocSpec| f64::from(a.share_ppm) / 10_000.0;
-    let time = |a: &AllocSpec| match a.policy {
-        Policy::Guaranteed => share(a),
-        Policy::Burst => {
-            let others: f64 = allocs
-                .iter()
-                .filter(|o| !std::ptr::eq(*o, a))
-                .map(share)
-                .sum();
-            share(a).max(100.0 - others)
+    // What each allocation asks of the GPU: its share of the time, or,
+    // where its gaps are released, of the busy time up to what it wants.
+    let ask = |a: &AllocSpec| {
+        if released {
+            share(a).min(bare)
+        } else {
+            share(a)
         }
     };
     allocs
         .iter()
         .map(|a| {
-            if released {
-                let want = |o: &AllocSpec| share(o).min(bare);
-                match a.policy {
-                    Policy::Guaranteed => want(a),
-                    Policy::Burst => {
-                        let others: f64 = allocs
-                            .iter()
-                            .filter(|o| !std::ptr::eq(*o, a))
-                            .map(want)
-                            .sum();
-                        share(a).max(100.0 - others).min(bare)
-                    }
+            let time = match a.policy {
+                Policy::Guaranteed => ask(a),
+                Policy::Burst => {
+                    let others: f64 = allocs
+                        .iter()
+                        .filter(|o| !std::ptr::eq(*o, a))
+                        .map(ask)
+                        .sum();
+                    share(a).max(100.0 - others)
                 }
+            };
+            if released {
+                time.min(bare)
             } else {
-                time(a).min(100.0) * bare / 100.0
+                time.min(100.0) * bare / 100.0
             }
         })
         .collect()
@@ -1738,4 +1736,34 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
 /// When an arbiter cannot start or a workload does not start.
 pub fn other_tables(measure: Duration) -> Result<Vec<crate::bench::Table>, String> {
     Ok(vec![no_arbiter(measure)?, gate_cost()?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AllocSpec, targets};
+
+    fn near(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-9, "{got:?} != {want:?}");
+        }
+    }
+
+    /// A share of the GPU's time at the program's own rate; where the
+    /// program's gaps are released, a share of the busy time up to what it
+    /// wants.
+    #[test]
+    fn targets_are_shares_of_time_at_the_programs_own_rate() {
+        let (g, b) = (AllocSpec::guaranteed, AllocSpec::burst);
+        near(&targets(&[g(30), g(70)], 95.0, false), &[28.5, 66.5]);
+        near(&targets(&[g(30)], 100.0, false), &[30.0]);
+        // Burst: its share, or what the other leaves.
+        near(&targets(&[b(30), b(70)], 90.0, false), &[27.0, 63.0]);
+        near(&targets(&[g(30), b(10)], 100.0, false), &[30.0, 70.0]);
+        // Released gaps: what it wants caps it, and a burst one gets what
+        // a capped other leaves, up to that.
+        near(&targets(&[g(30), g(70)], 48.0, true), &[30.0, 48.0]);
+        near(&targets(&[b(30), b(70)], 48.0, true), &[48.0, 48.0]);
+        near(&targets(&[g(30), b(70)], 60.0, true), &[30.0, 60.0]);
+    }
 }
