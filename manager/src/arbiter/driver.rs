@@ -53,6 +53,9 @@ pub(super) struct Shared {
     pub handovers: VecDeque<u64>,
     /// The client holding the GPU and since when (a charge in progress).
     pub holding: Option<(ClientId, u64)>,
+    /// Times the GPU thread woke to decide (its own counter, read without
+    /// the lock).
+    pub wakeups: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Clone)]
@@ -271,11 +274,15 @@ pub(super) struct Driver {
     last_params: u64,
     /// When the GPU last had a holder or demand (for the slower idle poll).
     last_busy: u64,
+    /// [`Shared::wakeups`].
+    wakeups: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Driver {
     pub fn new(cfg: ArbiterConfig, shared: Arc<Mutex<Shared>>, sys: Arc<dyn Sys>) -> Self {
+        let wakeups = Arc::clone(&lock(&shared).wakeups);
         Driver {
+            wakeups,
             sched: Scheduler::new(cfg.sched()),
             cfg,
             sys,
@@ -293,14 +300,24 @@ impl Driver {
         // Grants of a capped allocation are due at exact times, and the
         // default 50 µs slack shows in its share.
         self.sys.set_timer_slack(1_000);
+        // The last sleep on a doorbell ended before its time.
+        let mut rung = false;
         loop {
+            self.wakeups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let now = self.sys.monotonic_ns();
             self.housekeeping(now);
             // The holder's doorbell, read before deciding: a process that
             // yields after this read (its host part began) wakes the sleep
             // below at once, one before it is seen by the decision.
             let holder_bell = self.bell_of(self.sched.holder());
+            let phase = (self.sched.holder(), self.sched.draining());
             let until = self.decide(now);
+            // A ring that changed nothing (a tenant ringing its own bell over
+            // and over) does not cut the next sleep short: the doorbell can
+            // wake this thread at most once per poll more than the clock
+            // does, whatever is rung.
+            let bell_heard = !(rung && phase == (self.sched.holder(), self.sched.draining()));
             // Sleep until the decision's deadline, the next poll, or a
             // command.
             let now = self.sys.monotonic_ns();
@@ -318,7 +335,9 @@ impl Driver {
             // that yields (a host gap begins), so the GPU changes hands
             // within a wake-up, not a poll. Commands wait for the poll.
             let draining = self.sched.draining();
-            if let Some(id) = draining.or(self.sched.holder())
+            rung = false;
+            if bell_heard
+                && let Some(id) = draining.or(self.sched.holder())
                 && let Some((files, dev)) = self
                     .members
                     .iter()
@@ -339,6 +358,7 @@ impl Driver {
                 };
                 if draining.is_none() || view.drained(id).is_none() {
                     self.sys.futex_wait(bell, seen, sleep.max(1));
+                    rung = self.sys.monotonic_ns() < now.saturating_add(sleep);
                 }
                 match rx.try_recv() {
                     Ok(cmd) => {

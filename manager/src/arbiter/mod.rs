@@ -256,6 +256,9 @@ pub struct GpuStats {
     pub allocations: usize,
     /// Recent hand-over latencies on this GPU, most recent last.
     pub handover_ns: Vec<u64>,
+    /// Times the GPU's thread has woken to decide: its clock's polls and
+    /// deadlines, commands, and doorbells (a drain's report, a yield).
+    pub wakeups: u64,
 }
 
 /// The `p`-th percentile (0..=100) of `samples`, nearest rank.
@@ -457,6 +460,7 @@ impl Arbiter {
                     gpu_uuid: uuid.clone(),
                     allocations: s.members.len(),
                     handover_ns: s.handovers.iter().copied().collect(),
+                    wakeups: s.wakeups.load(std::sync::atomic::Ordering::Relaxed),
                 }
             })
             .collect();

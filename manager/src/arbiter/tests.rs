@@ -283,3 +283,50 @@ fn a_grant_publishes_its_quantum_end_and_a_renewal_moves_it() {
     assert_eq!(p.gate.grant_start(0), None);
     p.gate.stop();
 }
+
+/// Tenants are hostile: the doorbell the arbiter sleeps on while a grant is
+/// held lives in the holder's own state file, so its processes can ring it
+/// as often as they like. A ring that changes nothing does not cut the next
+/// sleep short, so the GPU thread wakes at most about twice per poll
+/// however fast the bell rings (a bound in wake-ups, not in time: it holds
+/// whatever the machine's load).
+#[test]
+fn a_tenant_ringing_its_own_doorbell_wakes_the_arbiter_at_most_twice_per_poll() {
+    let _s = serial();
+    let cfg = ArbiterConfig::default();
+    let poll = cfg.poll.as_nanos() as u64;
+    let quantum = cfg.quantum.as_nanos() as u64;
+    let arb = Arbiter::new(cfg).unwrap();
+    let a = alloc("bell", 300_000, Policy::Burst);
+    arb.add_allocation(a.files(), 0).unwrap();
+    let p = process(&a, 105, None);
+    p.gate.before_submit(0);
+    assert!(p.gate.grant_until(0).is_some(), "held");
+    let wakeups = || arb.gpu_stats()[0].wakeups;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ringer = {
+        let (stop, bell) = (Arc::clone(&stop), a.state.drain_signal(0));
+        std::thread::spawn(move || {
+            let mut rings = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                bell.fetch_add(1, Ordering::AcqRel);
+                tessera_shm::sys::futex_wake_all(bell);
+                rings += 1;
+            }
+            rings
+        })
+    };
+    let (w0, t0) = (wakeups(), Instant::now());
+    std::thread::sleep(Duration::from_millis(500));
+    let (w1, span) = (wakeups(), t0.elapsed().as_nanos() as u64);
+    stop.store(true, Ordering::Relaxed);
+    let rings = ringer.join().unwrap();
+    // Two per poll, one per quantum end, and a few for the reads' edges.
+    let bound = 2 * span / poll + span / quantum + 10;
+    assert!(
+        w1 - w0 <= bound,
+        "{} wake-ups in {span} ns with {rings} rings (bound {bound})",
+        w1 - w0
+    );
+    p.gate.stop();
+}
