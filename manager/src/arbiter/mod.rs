@@ -100,6 +100,12 @@ pub struct ArbiterConfig {
     /// when that drain ends. False grants only after the drain, the rule
     /// before; the bench compares the two.
     pub prearm: bool,
+    /// A program's host gaps are part of its steps (true, the default):
+    /// back from one it keeps what it was behind, and its learned return
+    /// cuts others' grants short so that it waits for at most one kernel.
+    /// False treats every return as a newcomer's, the rule before; the
+    /// bench compares the two. See `SchedConfig::host_gaps`.
+    pub host_gaps: bool,
 }
 
 impl Default for ArbiterConfig {
@@ -117,6 +123,7 @@ impl Default for ArbiterConfig {
             stats_window: Duration::from_secs(10),
             sync_is_activity: s.sync_is_activity,
             prearm: s.prearm,
+            host_gaps: s.host_gaps,
         }
     }
 }
@@ -181,6 +188,7 @@ impl ArbiterConfig {
             catch_up_ns: ns(self.catch_up),
             sync_is_activity: self.sync_is_activity,
             prearm: self.prearm,
+            host_gaps: self.host_gaps,
         }
     }
 }
