@@ -333,11 +333,15 @@ impl Driver {
             // While a grant is held or drains, sleep on its allocation's
             // doorbell: a drain's report rings it, and so does a process
             // that yields (a host gap begins), so the GPU changes hands
-            // within a wake-up, not a poll. Commands wait for the poll.
+            // within a wake-up, not a poll. While no one holds it, on the
+            // doorbell of the allocation expected back from a host gap
+            // soonest: its processes ring it as they reach the gate. Commands
+            // wait for the poll.
             let draining = self.sched.draining();
+            let back = self.sched.expected_back(now);
             rung = false;
             if bell_heard
-                && let Some(id) = draining.or(self.sched.holder())
+                && let Some(id) = draining.or(self.sched.holder()).or(back)
                 && let Some((files, dev)) = self
                     .members
                     .iter()
@@ -356,7 +360,14 @@ impl Driver {
                     members: &mut self.members,
                     now,
                 };
-                if draining.is_none() || view.drained(id).is_none() {
+                let due = if back == Some(id) {
+                    // Back already (it reached the gate before the read):
+                    // decide again at once.
+                    !view.waiting(id)
+                } else {
+                    draining.is_none() || view.drained(id).is_none()
+                };
+                if due {
                     self.sys.futex_wait(bell, seen, sleep.max(1));
                     rung = self.sys.monotonic_ns() < now.saturating_add(sleep);
                 }

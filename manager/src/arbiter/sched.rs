@@ -37,6 +37,16 @@
 //!   seen waiting in a synchronisation on its own work is not idle: its
 //!   work runs and it launches again when the wait returns, so a program
 //!   that synchronises every step keeps its grant to the quantum's end.
+//! - **Host gaps are part of a step** (`host_gaps`). A client back at its
+//!   gate within `catch_up` of going idle keeps its arrival times' history
+//!   and is lifted only to `catch_up` of its share behind the virtual
+//!   clock: a program that waits on the host between steps uses less than
+//!   its share and is owed more at a pick. From its gate the scheduler
+//!   learns each client's host gap and the length of its steps; a client
+//!   owed more is *expected back* at its work's end plus its gap. A grant
+//!   is cut short at such a return (the holder's pacer queues nothing past
+//!   it), and a step that would run into one waits for it, once between
+//!   two grants and only where the step fits into a gap at all.
 //! - **Pre-armed hand-over.** A revoked holder's work still runs for up to
 //!   one kernel (the shim's pacer queues nothing to start past the quantum's
 //!   end). The next holder is granted at the revocation, not after the
@@ -839,6 +849,25 @@ impl Scheduler {
             .min()
     }
 
+    /// The client with work that is expected back from a host gap soonest
+    /// (not yet given up on), while no one holds the GPU: the caller sleeps
+    /// on its doorbell, which its processes ring as they reach the gate, so
+    /// the return is seen within a wake-up, not a poll.
+    pub fn expected_back(&self, now: u64) -> Option<ClientId> {
+        if !self.cfg.host_gaps || !matches!(self.phase, Phase::Idle { .. }) {
+            return None;
+        }
+        self.clients
+            .iter()
+            .filter(|c| !c.waiting && c.gap_ns > 0)
+            .filter_map(|c| {
+                let back = c.away_from?.saturating_add(c.gap_ns);
+                (now < back.saturating_add(c.gap_ns / 4)).then_some((back, c.id))
+            })
+            .min()
+            .map(|(_, id)| id)
+    }
+
     /// Where a grant to `id` whose time starts at `start` ends: a quantum
     /// later, or where a client owed more is expected back from its host
     /// gap (no earlier than the contested idle release from `start`), so
@@ -1277,80 +1306,86 @@ mod tests {
         /// Runs the fake node until `end`.
         fn run_until(&mut self, end: u64) {
             while self.now < end {
-                let now = self.now;
-                let quantum_end = self.sched.quantum_end();
-                for c in &mut self.clients {
-                    while c.inflight.front().is_some_and(|&e| e <= now) {
-                        c.inflight.pop_front();
-                    }
-                    if c.granted && now >= c.wakes_at && c.has_work(now) {
-                        let room = c.room(now);
-                        if c.syncs(now) && c.batch_left == 0 {
-                            c.batch_left = room;
-                        }
-                        let q = match quantum_end {
-                            Some((h, q)) if c.paced && h == c.id => q,
-                            _ => u64::MAX,
-                        };
-                        for _ in 0..room {
-                            let start = self.engine_free.max(now);
-                            if start >= q && c.inflight.iter().any(|&e| e > now) {
-                                break;
-                            }
-                            if c.syncs(now) {
-                                c.batch_left -= 1;
-                            }
-                            let stop = start + c.kernel_ns;
-                            self.engine_free = stop;
-                            c.inflight.push_back(stop);
-                            c.last_end = stop;
-                            c.ran.push((start, stop));
-                            c.launches += 1;
-                        }
-                    }
-                }
-                let deadline = loop {
-                    let mut view = FakeView {
-                        clients: &self.clients,
-                        now,
-                        report_ns: self.drain_report_ns,
-                    };
-                    match self.sched.step(now, &mut view) {
-                        Action::Grant(id) => {
-                            let wake = self.wake_ns;
-                            let c = self.c(id);
-                            c.granted = true;
-                            c.wakes_at = now + wake;
-                        }
-                        Action::Revoke(id, _) => self.c(id).granted = false,
-                        Action::Wait { until } => break until,
-                    }
-                };
-                self.events.extend(self.sched.take_events());
-                // Next moment anything can change: the arbiter's poll or
-                // deadline, a kernel ending, a waking process, a drain
-                // report, work starting or stopping.
-                let mut next = now + POLL;
-                let mut at = |t: u64| {
-                    if t > now {
-                        next = next.min(t);
-                    }
-                };
-                if let Some(d) = deadline {
-                    at(d);
-                }
-                for c in &self.clients {
-                    if let Some(&e) = c.inflight.front() {
-                        at(e);
-                    }
-                    at(c.last_end + self.drain_report_ns);
-                    at(c.last_end + c.gap_ns);
-                    at(c.wakes_at);
-                    at(c.from);
-                    at(c.until);
-                }
-                self.now = next;
+                self.now = self.tick();
             }
+        }
+
+        /// Everything that happens at `now`; returns the next moment
+        /// anything can change.
+        fn tick(&mut self) -> u64 {
+            let now = self.now;
+            let quantum_end = self.sched.quantum_end();
+            for c in &mut self.clients {
+                while c.inflight.front().is_some_and(|&e| e <= now) {
+                    c.inflight.pop_front();
+                }
+                if c.granted && now >= c.wakes_at && c.has_work(now) {
+                    let room = c.room(now);
+                    if c.syncs(now) && c.batch_left == 0 {
+                        c.batch_left = room;
+                    }
+                    let q = match quantum_end {
+                        Some((h, q)) if c.paced && h == c.id => q,
+                        _ => u64::MAX,
+                    };
+                    for _ in 0..room {
+                        let start = self.engine_free.max(now);
+                        if start >= q && c.inflight.iter().any(|&e| e > now) {
+                            break;
+                        }
+                        if c.syncs(now) {
+                            c.batch_left -= 1;
+                        }
+                        let stop = start + c.kernel_ns;
+                        self.engine_free = stop;
+                        c.inflight.push_back(stop);
+                        c.last_end = stop;
+                        c.ran.push((start, stop));
+                        c.launches += 1;
+                    }
+                }
+            }
+            let deadline = loop {
+                let mut view = FakeView {
+                    clients: &self.clients,
+                    now,
+                    report_ns: self.drain_report_ns,
+                };
+                match self.sched.step(now, &mut view) {
+                    Action::Grant(id) => {
+                        let wake = self.wake_ns;
+                        let c = self.c(id);
+                        c.granted = true;
+                        c.wakes_at = now + wake;
+                    }
+                    Action::Revoke(id, _) => self.c(id).granted = false,
+                    Action::Wait { until } => break until,
+                }
+            };
+            self.events.extend(self.sched.take_events());
+            // Next moment anything can change: the arbiter's poll or
+            // deadline, a kernel ending, a waking process, a drain
+            // report, work starting or stopping.
+            let mut next = now + POLL;
+            let mut at = |t: u64| {
+                if t > now {
+                    next = next.min(t);
+                }
+            };
+            if let Some(d) = deadline {
+                at(d);
+            }
+            for c in &self.clients {
+                if let Some(&e) = c.inflight.front() {
+                    at(e);
+                }
+                at(c.last_end + self.drain_report_ns);
+                at(c.last_end + c.gap_ns);
+                at(c.wakes_at);
+                at(c.from);
+                at(c.until);
+            }
+            next
         }
 
         fn busy(&self, id: ClientId, a: u64, b: u64) -> f64 {
@@ -1612,6 +1647,58 @@ mod tests {
             assert!(a <= 31.0 && b <= 71.0, "past a cap: {seen}");
             assert!(a >= 29.0 && b >= wants - 1.0, "{seen}");
             assert!(b >= b0 + 3.0, "the test can fail: {seen}");
+        }
+    }
+
+    /// While a capped program is in its host gap and no one holds the GPU,
+    /// the scheduler names it as the one expected back (the driver sleeps
+    /// on its doorbell), and only then: not while it waits at its gate, not
+    /// once it is a quarter of a gap late, never with the rule off.
+    #[test]
+    fn an_idle_gpu_expects_a_program_back_from_its_host_gap() {
+        for host_gaps in [true, false] {
+            let mut a = syncing_client(1, MS, 2, 2 * MS);
+            a.yields = true;
+            let cfg = SchedConfig { host_gaps, ..cfg() };
+            let mut w = World::new(cfg, vec![(a, 300_000, Policy::Guaranteed)]);
+            w.run_until(S);
+            let (mut expected, mut wrong) = (0, Vec::new());
+            // Its gaps learned as 2 ms, then one lasts 50 ms: it is late,
+            // and given up on (until it is back and learns again).
+            let learned = 2 * MS;
+            let mut slow_since = None;
+            for i in 0..3_000 {
+                if i == 400 {
+                    w.clients[0].gap_ns = 50 * MS;
+                    slow_since = Some(w.clients[0].last_end);
+                }
+                let end = w.now + 10 * US;
+                w.run_until(end);
+                // What the scheduler sees now, not at its last step.
+                w.tick();
+                let now = w.now;
+                let back = w.sched.expected_back(now);
+                let c = &w.clients[0];
+                let away = w.sched.holder().is_none() && !c.waiting_at(now);
+                // Given up on a quarter of a gap after it was due (the
+                // learned gap is the true one plus at most a poll).
+                let late = now > c.last_end + learned + POLL + learned / 4 + POLL;
+                if back == Some(1) {
+                    expected += 1;
+                }
+                if back.is_some() && (back != Some(1) || !away || late) {
+                    wrong.push(now);
+                }
+                if slow_since.is_some_and(|t| c.last_end > t) {
+                    break;
+                }
+            }
+            assert!(wrong.is_empty(), "host_gaps {host_gaps}: {wrong:?}");
+            if host_gaps {
+                assert!(expected >= 20, "expected back {expected} times of 3000");
+            } else {
+                assert_eq!(expected, 0);
+            }
         }
     }
 

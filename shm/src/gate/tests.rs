@@ -190,6 +190,7 @@ fn closed_gate_waits_for_the_grant_and_counts_demand() {
     f.arbiter.beat(monotonic_ns()).unwrap();
     let sys = CountingSys::new(&f);
     let g = counted_gate(&f, 12, Arc::clone(&sys), Arc::default());
+    let bell = f.state.drain_signal(0).load(Ordering::SeqCst);
     let passed = Arc::new(AtomicBool::new(false));
     let t = {
         let (g, passed) = (g.clone(), Arc::clone(&passed));
@@ -202,6 +203,12 @@ fn closed_gate_waits_for_the_grant_and_counts_demand() {
         f.state.gate_waiters(0) == 1
     });
     let registered = monotonic_ns();
+    // It rang the allocation's doorbell as it began to wait: an arbiter
+    // with no holder sleeps on the doorbell of the allocation it expects
+    // back, and sees the return within a wake-up, not a poll.
+    until("the waiter to ring", Duration::from_secs(5), || {
+        f.state.drain_signal(0).load(Ordering::SeqCst) != bell
+    });
     until(
         "the waiter to sleep on the closed word",
         Duration::from_secs(5),
