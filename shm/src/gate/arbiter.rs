@@ -135,6 +135,17 @@ impl State {
         &self.raw().slots[..n]
     }
 
+    /// The gate slots of live processes: what the three readings of demand
+    /// below look at (a dead process's bits are not demand, nor activity).
+    fn live_slots(&self) -> impl Iterator<Item = &crate::layout::Slot> {
+        self.gate_slot_range().iter().filter(|s| {
+            matches!(
+                Owner::unpack(s.owner.load(Ordering::Acquire)),
+                Owner::Alive { .. }
+            )
+        })
+    }
+
     /// Processes with a thread blocked at device `dev`'s gate. The shared
     /// counter is only a filter: what counts are the live slots' own bits,
     /// so a count left behind by a killed process is not demand.
@@ -143,14 +154,8 @@ impl State {
             return 0;
         }
         let bit = 1u32 << dev;
-        self.gate_slot_range()
-            .iter()
-            .filter(|s| {
-                matches!(
-                    Owner::unpack(s.owner.load(Ordering::Acquire)),
-                    Owner::Alive { .. }
-                ) && s.gate_waiting.load(Ordering::Acquire) & bit != 0
-            })
+        self.live_slots()
+            .filter(|s| s.gate_waiting.load(Ordering::Acquire) & bit != 0)
             .count() as u32
     }
 
@@ -161,13 +166,8 @@ impl State {
             return false;
         }
         let bit = 1u32 << dev;
-        self.gate_slot_range().iter().any(|s| {
-            s.syncing.load(Ordering::Acquire) & bit != 0
-                && matches!(
-                    Owner::unpack(s.owner.load(Ordering::Acquire)),
-                    Owner::Alive { .. }
-                )
-        })
+        self.live_slots()
+            .any(|s| s.syncing.load(Ordering::Acquire) & bit != 0)
     }
 
     /// Whether the allocation's processes on device `dev` are idle by
@@ -182,13 +182,7 @@ impl State {
         }
         let bit = 1u32 << dev;
         let mut any = false;
-        for s in self.gate_slot_range() {
-            if !matches!(
-                Owner::unpack(s.owner.load(Ordering::Acquire)),
-                Owner::Alive { .. }
-            ) {
-                continue;
-            }
+        for s in self.live_slots() {
             if s.syncing.load(Ordering::Acquire) & bit != 0 {
                 return false;
             }

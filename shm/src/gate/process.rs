@@ -277,8 +277,9 @@ impl Gate {
     }
 
     /// The learned host part after a synchronisation on `dev`, ns (0 until
-    /// learned).
-    pub fn host_part_ns(&self, dev: usize) -> u64 {
+    /// learned). For the tests: the arbiter reads only the yield bit.
+    #[cfg(test)]
+    pub(crate) fn host_part_ns(&self, dev: usize) -> u64 {
         self.inner
             .devs
             .get(dev)

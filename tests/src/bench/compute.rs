@@ -772,6 +772,17 @@ pub fn set_contested_idle_release(d: Duration) {
     CONTESTED_IDLE_RELEASE_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The arbiter's configuration the shapes run under: the default, but for
+/// [`set_contested_idle_release`].
+fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
+    let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
+    let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
+    if contested != 0 {
+        cfg.contested_idle_release = Duration::from_nanos(contested);
+    }
+    cfg
+}
+
 /// Runs `scenarios` at once, scenario `i` on device `i` of a fresh node,
 /// under one in-process arbiter with the default configuration (but for
 /// [`set_contested_idle_release`]).
@@ -780,12 +791,7 @@ pub fn set_contested_idle_release(d: Duration) {
 /// When the arbiter cannot start or a scenario panicked (set-up failures).
 pub fn run_round(scenarios: &[Scenario]) -> Result<Vec<Outcome>, String> {
     let node = SimNode::builder().devices(scenarios.len() as u32).build();
-    let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
-    let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
-    if contested != 0 {
-        cfg.contested_idle_release = Duration::from_nanos(contested);
-    }
-    let arbiter = Arbiter::new(cfg).map_err(|e| e.to_string())?;
+    let arbiter = Arbiter::new(arbiter_config()).map_err(|e| e.to_string())?;
     std::thread::scope(|s| {
         let runs: Vec<_> = scenarios
             .iter()
@@ -1383,13 +1389,7 @@ impl Shape {
     /// another allocation waits): they are then not in its GPU time. Shorter
     /// waits (a synchronisation's round trip, a 100 µs gap) are held.
     pub fn released_at_gaps(&self) -> bool {
-        let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
-        let release = if contested == 0 {
-            tessera_manager::arbiter::ArbiterConfig::default().contested_idle_release
-        } else {
-            Duration::from_nanos(contested)
-        };
-        self.sync_every > 0 && self.gap >= release
+        self.sync_every > 0 && self.gap >= arbiter_config().contested_idle_release
     }
 
     /// The scenario of this shape for `allocs`, named `<shape>, <label>`.
