@@ -820,6 +820,7 @@ impl Scheduler {
     /// the host gap learned from its own gate (`gap_ns`). Late by up to a
     /// quarter of its gap (a gap is not always the same, and the arbiter
     /// sees a return at its next look), it is still expected.
+    ///
     /// Returns when it is expected, when it is given up on, and its gap.
     fn owed_return(&self, now: u64, x: ClientId) -> Option<(u64, u64, u64)> {
         if !self.cfg.host_gaps {
