@@ -257,13 +257,9 @@ impl Pace {
         if elapsed_ns == 0 {
             return;
         }
-        self.est_ns = if self.est_ns == 0 {
-            elapsed_ns
-        } else {
-            // A quarter of each new sample: follows a change within a few
-            // launches, and one odd launch moves it little.
-            (self.est_ns * 3 + elapsed_ns) / 4
-        };
+        // A quarter of each new sample: follows a change within a few
+        // launches, and one odd launch moves it little.
+        self.est_ns = tessera_contract::quarter_average(self.est_ns, elapsed_ns);
     }
 }
 

@@ -56,6 +56,7 @@
 //!   and quantum start only when the previous holder's work is reported
 //!   done (`prearm`).
 
+use tessera_contract::quarter_average;
 use tessera_contract::units::FULL_COMPUTE_PPM;
 use tessera_shm::Policy;
 
@@ -248,15 +249,6 @@ struct Client {
     grace_until: u64,
     /// Tie-break: the least recently granted goes first.
     last_grant: u64,
-}
-
-/// A running estimate: a quarter of each new sample (the first taken whole).
-fn learn(old: u64, sample: u64) -> u64 {
-    if old == 0 {
-        sample.max(1)
-    } else {
-        (old * 3 + sample) / 4
-    }
 }
 
 impl Client {
@@ -758,7 +750,7 @@ impl Scheduler {
             && std::mem::take(&mut c.idle_revoked)
         {
             // A step's GPU part ended and its host part began.
-            c.hold_ns = learn(c.hold_ns, end.saturating_sub(b.granted_at));
+            c.hold_ns = quarter_average(c.hold_ns, end.saturating_sub(b.granted_at));
             c.away_from = Some(end);
         }
         if let Some(c) = self.find_mut(b.id)
@@ -988,7 +980,7 @@ impl Scheduler {
                 // (away longer than `catch_up`, it had no work).
                 let gap = now.saturating_sub(from);
                 if gap <= catch_up {
-                    c.gap_ns = learn(c.gap_ns, gap);
+                    c.gap_ns = quarter_average(c.gap_ns, gap);
                 }
                 c.away_from = None;
             }

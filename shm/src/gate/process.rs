@@ -360,8 +360,8 @@ fn count_launch(sd: &SlotDevice) {
 
 impl Inner {
     /// The first launch after a synchronisation on `dev`: the host part
-    /// ended. Learns its length (a quarter per sample, as the pacer learns
-    /// kernels) and takes back a yield. Off the hot path: only after a
+    /// ended. Learns its length ([`tessera_contract::quarter_average`], as
+    /// the pacer learns kernels) and takes back a yield. Off the hot path: only after a
     /// synchronisation.
     #[cold]
     fn host_part_ended(&self, dev: usize) {
@@ -370,12 +370,10 @@ impl Inner {
         if since != 0 {
             let sample = self.sys.monotonic_ns().saturating_sub(since);
             let est = d.host_ns.load(Ordering::Relaxed);
-            let est = if est == 0 {
-                sample
-            } else {
-                (est * 3 + sample) / 4
-            };
-            d.host_ns.store(est.max(1), Ordering::Relaxed);
+            d.host_ns.store(
+                tessera_contract::quarter_average(est, sample),
+                Ordering::Relaxed,
+            );
         }
         let bit = 1u32 << dev;
         let slot = self.state.slot(self.member.slot);
