@@ -252,6 +252,22 @@ struct Client {
 }
 
 impl Client {
+    /// When it is expected back at its gate from a host gap, and when it is
+    /// given up on; `None` while it waits there, is not away, or has no
+    /// gap learned yet.
+    ///
+    /// Expected where its work ended plus the host gap learned from its own
+    /// gate (`gap_ns`). Late by up to a quarter of its gap (a gap is not
+    /// always the same, and the arbiter sees a return at its next look), it
+    /// is still expected.
+    fn expected_back(&self) -> Option<(u64, u64)> {
+        if self.waiting || self.gap_ns == 0 {
+            return None;
+        }
+        let back = self.away_from?.saturating_add(self.gap_ns);
+        Some((back, back.saturating_add(self.gap_ns / 4)))
+    }
+
     fn vcost(&self, held: u64) -> u128 {
         u128::from(held) * u128::from(FULL_COMPUTE_PPM) / u128::from(self.share_ppm.max(1))
     }
@@ -808,10 +824,8 @@ impl Scheduler {
     ///
     /// Owed more: back, it would win a pick against `x` as `x` stands now
     /// (less virtual time once lifted as [`Self::refresh`] lifts it, not
-    /// capped then, no lower priority). Expected: where its work ended plus
-    /// the host gap learned from its own gate (`gap_ns`). Late by up to a
-    /// quarter of its gap (a gap is not always the same, and the arbiter
-    /// sees a return at its next look), it is still expected.
+    /// capped then, no lower priority). Expected: see
+    /// [`Client::expected_back`].
     ///
     /// Returns when it is expected, when it is given up on, and its gap.
     fn owed_return(&self, now: u64, x: ClientId) -> Option<(u64, u64, u64)> {
@@ -822,10 +836,9 @@ impl Scheduler {
         let catch_up = self.cfg.catch_up_ns;
         self.clients
             .iter()
-            .filter(|y| y.id != x && !y.waiting && y.gap_ns > 0 && y.priority >= xc.priority)
+            .filter(|y| y.id != x && y.priority >= xc.priority)
             .filter_map(|y| {
-                let back = y.away_from?.saturating_add(y.gap_ns);
-                let give_up = back.saturating_add(y.gap_ns / 4);
+                let (back, give_up) = y.expected_back()?;
                 if now >= give_up {
                     return None;
                 }
@@ -852,10 +865,9 @@ impl Scheduler {
         }
         self.clients
             .iter()
-            .filter(|c| !c.waiting && c.gap_ns > 0)
             .filter_map(|c| {
-                let back = c.away_from?.saturating_add(c.gap_ns);
-                (now < back.saturating_add(c.gap_ns / 4)).then_some((back, c.id))
+                let (back, give_up) = c.expected_back()?;
+                (now < give_up).then_some((back, c.id))
             })
             .min()
             .map(|(_, id)| id)
