@@ -579,16 +579,13 @@ impl Driver {
                     // hundred grants a second, such gaps add up to whole
                     // holds of uncharged GPU time).
                     let at = self.sys.monotonic_ns();
-                    self.sched.granted_at(at);
-                    if let Some(m) = self.members.iter().find(|m| m.id == id) {
+                    if let Some(until) = self.sched.granted_at(at)
+                        && let Some(m) = self.members.iter().find(|m| m.id == id)
+                    {
                         // The quantum's end first: a process that sees the
                         // grant sees its end (the shim's pacer queues no
                         // kernel to start past it). It may be cut short of
                         // a quantum (a client owed more is due back).
-                        let until = match self.sched.quantum_end() {
-                            Some((h, end)) if h == id => end,
-                            _ => at.saturating_add(self.sched.config().quantum_ns),
-                        };
                         let _ = m.files.control().set_grant_until(m.dev, until);
                         // Pre-armed behind a drain, its time starts where
                         // that work ends: the pacer must not predict its

@@ -497,19 +497,27 @@ impl Scheduler {
     /// Tells the scheduler when the grant it just decided was really
     /// published (deciding took time): the holder's processes could start
     /// no earlier, so its charge and quantum start then.
-    pub fn granted_at(&mut self, at: u64) {
-        if let Phase::Held {
+    ///
+    /// Returns that grant's quantum end, moved with its start, for the
+    /// caller to publish with the grant: the end of the grant just decided,
+    /// never another client's. `None` only where no grant is held (no
+    /// [`Action::Grant`] came before): then there is nothing to publish.
+    pub fn granted_at(&mut self, at: u64) -> Option<u64> {
+        let Phase::Held {
             granted_at,
             quantum_end,
             last_activity,
             ..
         } = &mut self.phase
-            && at > *granted_at
-        {
+        else {
+            return None;
+        };
+        if at > *granted_at {
             *quantum_end += at - *granted_at;
             *last_activity = (*last_activity).max(at);
             *granted_at = at;
         }
+        Some(*quantum_end)
     }
 
     /// Events since the last call.
@@ -2117,6 +2125,29 @@ mod tests {
         w.run_until(S + 4 * MS);
         assert_eq!(w.sched.holder(), Some(2));
         assert_eq!(w.sched.clients().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn publishing_a_grant_moves_its_quantum_end_and_hands_it_over() {
+        let mut s = Scheduler::new(cfg());
+        s.add(1, 500_000, Policy::Guaranteed);
+        let waiting = vec![client(1, MS, 2)];
+        let mut view = FakeView {
+            clients: &waiting,
+            now: S,
+            report_ns: 0,
+        };
+        // Nothing granted yet: no end to publish.
+        assert_eq!(s.granted_at(S), None);
+        assert_eq!(s.step(S, &mut view), Action::Grant(1));
+        assert_eq!(s.quantum_end(), Some((1, S + cfg().quantum_ns)));
+        // Published 300 µs after the decision: the quantum starts then.
+        let published = S + 300 * US;
+        let end = published + cfg().quantum_ns;
+        assert_eq!(s.granted_at(published), Some(end));
+        assert_eq!(s.quantum_end(), Some((1, end)));
+        // A publication said to be earlier than the decision moves nothing.
+        assert_eq!(s.granted_at(S), Some(end));
     }
 
     #[test]
