@@ -60,11 +60,16 @@ pub fn before_submit(gov: &Governed, stream: CUstream) -> Result<Option<usize>, 
     };
     // Pace first, the gate after: a launch held by the pacer is still
     // stopped at the gate if the grant was revoked meanwhile.
-    let paced = PACER.before(gate, dev, stream);
-    gate.before_submit(dev);
-    if paced {
-        PACER.start(gate, dev, stream);
-    }
+    // After the gate, the launch takes its number among the allocation's;
+    // if another process's launch took one since the pacer decided, the
+    // decision is made again with it counted (see `Pacer::start`).
+    let paced = loop {
+        let paced = PACER.before(gate, dev, stream);
+        gate.before_submit(dev);
+        if !paced || PACER.start(gate, dev, stream) {
+            break paced;
+        }
+    };
     Ok(paced.then_some(dev))
 }
 

@@ -18,7 +18,7 @@ use tessera_shm::layout::{GRANT_START_PENDING, MAX_DEVICES};
 use tessera_shm::sys::monotonic_ns;
 
 use crate::log::Level;
-use crate::pace::{DEFAULT_BUDGET_NS, MAX_IN_FLIGHT, Pace, Step};
+use crate::pace::{DEFAULT_BUDGET_NS, MAX_IN_FLIGHT, MAX_SHARED, Pace, Step};
 
 /// What the pacer needs of a vendor's runtime: events recorded on streams,
 /// queried, timed and waited on, and what they belong to. Associated
@@ -74,6 +74,15 @@ struct Marker<E: Events> {
     /// between the two (a holder whose kernels outlast its quantum never
     /// queues one behind another within a grant, so this is how it learns).
     start: Option<E::Event>,
+    /// The allocation's launch count with this launch (`Gate::take_launch`):
+    /// the time between this marker and the one before covers every launch
+    /// the allocation queued in between, the other processes' too.
+    seq: u64,
+    /// Nothing of the allocation's was queued before this launch, so its
+    /// start event timed it alone. Otherwise the time from the start event
+    /// includes the other processes' work queued ahead: it can only be too
+    /// long, and teaches only a first length or a shorter one.
+    clean: bool,
 }
 
 /// One device's pacing in this process: the decision, the markers of the
@@ -86,6 +95,14 @@ struct Paced<E: Events> {
     owner: E::Owner,
     /// The start event of the launch being submitted (see [`Marker::start`]).
     pending_start: Option<E::Event>,
+    /// The allocation's launch count with the launch being submitted.
+    pending_seq: u64,
+    /// The allocation's launch count the launch being submitted was
+    /// decided with.
+    decided_at: u64,
+    /// Nothing of the allocation's was queued before the launch being
+    /// submitted (see [`Marker::clean`]).
+    pending_clean: bool,
 }
 
 // SAFETY: the handles are valid from any thread of the process (the
@@ -136,6 +153,9 @@ impl<E: Events> Pacer<E> {
                 spare: Vec::new(),
                 owner,
                 pending_start: None,
+                pending_seq: 0,
+                decided_at: 0,
+                pending_clean: false,
             });
             if p.owner != owner {
                 // Another owner: its events cannot mark this one's streams.
@@ -150,31 +170,65 @@ impl<E: Events> Pacer<E> {
                 p.owner = owner;
             }
             let done: Vec<bool> = p.markers.iter().map(|m| E::done(m.ev)).collect();
+            // The latest launch seen done: every launch of the allocation
+            // queued before it is done too.
+            if let Some(m) = done.iter().rposition(|d| *d).map(|i| &p.markers[i])
+                && m.seq != 0
+            {
+                gate.saw_done(dev, m.seq, monotonic_ns());
+            }
             for (i, &finished) in done.iter().enumerate() {
                 let m = &p.markers[i];
                 if !finished || m.learned {
                     continue;
                 }
+                // From the start event, the launch alone; from the marker
+                // before, every launch the allocation queued in between
+                // (its other processes share the device's queue), so the
+                // time is split among them. Counts that do not make sense
+                // (a count not written, wrapped, or far apart) teach
+                // nothing: a length learned from them would be a guess.
+                let est = p.pace.estimate();
                 let from = match (m.start, i.checked_sub(1)) {
-                    (Some(s), _) => Some(s),
-                    (None, Some(j)) if m.behind => Some(p.markers[j].ev),
+                    (Some(s), _) => Some((s, 1)),
+                    (None, Some(j)) if m.behind => {
+                        let n = m.seq.wrapping_sub(p.markers[j].seq);
+                        (m.seq != 0 && p.markers[j].seq != 0 && (1..=MAX_SHARED).contains(&n))
+                            .then(|| (p.markers[j].ev, n))
+                    }
                     _ => None,
                 };
-                if let Some(from) = from {
-                    if let Some(ns) = E::elapsed_ns(from, p.markers[i].ev) {
-                        p.pace.learned(ns);
+                if let Some((from, n)) = from {
+                    if let Some(ns) = E::elapsed_ns(from, p.markers[i].ev)
+                        && (m.start.is_none() || m.clean || est == 0 || ns < est)
+                    {
+                        p.pace.learned(ns / n);
                     }
                     p.markers[i].learned = true;
                 }
             }
             let in_flight = done.iter().filter(|d| !**d).count();
-            match p.pace.before(
-                monotonic_ns(),
+            let now = monotonic_ns();
+            // The allocation's launches not seen done: a launch of another
+            // process's among them is queued on the same device, and a
+            // launch of this one's goes behind it.
+            let count = gate.launch_count(dev);
+            let pending = u64::from((count as u32).wrapping_sub(gate.launches_done(dev)));
+            let queue_end = p.pace.shared_queue_end(now, pending, gate.done_at(dev));
+            let step = p.pace.before_shared(
+                now,
                 in_flight,
                 gate.grant_until(dev),
                 gate.grant_start(dev),
-            ) {
-                Step::Go => return true,
+                queue_end,
+            );
+            match step {
+                Step::Go => {
+                    // Decided with this count: `start` numbers the launch
+                    // only if it still stands.
+                    p.decided_at = count;
+                    return true;
+                }
                 Step::WaitOlder => {
                     // Completion is in order (one engine, FIFO): the first
                     // marker not done is the oldest launch in flight.
@@ -194,31 +248,56 @@ impl<E: Events> Pacer<E> {
         }
     }
 
-    /// Just before a paced launch on `dev`, after the gate: when nothing of
-    /// the process's is in flight there, records the start event the
-    /// launch's length will be measured from; not under a pre-armed grant
-    /// still behind another holder's drain (the launch waits for that work,
-    /// and the wait is no part of its length).
-    pub(crate) fn start(&self, gate: &Gate, dev: usize, stream: E::Stream) {
+    /// Just before a paced launch on `dev`, after the gate: numbers the
+    /// launch among the allocation's (`Gate::take_launch`), if no other
+    /// launch took a number since the pacer decided on this one; `false`
+    /// if one did, and the decision is to be made again (through
+    /// [`Self::before`] and the gate) with it counted: two processes
+    /// deciding at once from the same count each queued a kernel to start
+    /// before the quantum's end, and the second ran into the drain (a third
+    /// of the hand-overs of two processes drained two kernels). Numbered
+    /// here, just before the launch, the numbers follow the device's queue
+    /// (numbered at the decision, a process held at the gate took its
+    /// number before another's launch that ran first, and the lengths both
+    /// learned were off by a kernel).
+    ///
+    /// When nothing of the process's is in flight there, records the start
+    /// event the launch's length will be measured from; not under a
+    /// pre-armed grant still behind another holder's drain (the launch
+    /// waits for that work, and the wait is no part of its length).
+    pub(crate) fn start(&self, gate: &Gate, dev: usize, stream: E::Stream) -> bool {
         let behind_another = gate.grant_start(dev) == Some(GRANT_START_PENDING);
         let mut guard = self.slots[dev].lock();
         let Some(p) = guard.as_mut() else {
-            return;
+            return true;
         };
         if let Some(old) = p.pending_start.take() {
             p.spare.push(old);
         }
-        if behind_another || p.last_in_flight() {
-            return;
+        let Some(seq) = gate.take_launch(dev, p.decided_at) else {
+            return false;
+        };
+        p.pending_seq = seq;
+        let behind = p.last_in_flight();
+        // A start event (nothing of the process's in flight) times the
+        // launch alone when nothing of the allocation's was queued before
+        // it: every launch numbered before it seen done. An event on a
+        // stream of its own completes at once, whatever other processes
+        // queued on the device (the simulator and a real GPU alike), so
+        // otherwise its time includes theirs (see [`Marker::clean`]).
+        p.pending_clean = seq != 0 && gate.launches_done(dev) == seq.wrapping_sub(1) as u32;
+        if behind_another || behind {
+            return true;
         }
         let Some(ev) = p.take_event() else {
-            return;
+            return true;
         };
         if E::record(ev, stream) {
             p.pending_start = Some(ev);
         } else {
             p.spare.push(ev);
         }
+        true
     }
 
     /// After a paced launch on `dev`: records its marker on `stream`, and
@@ -233,6 +312,8 @@ impl<E: Events> Pacer<E> {
         let behind = p.last_in_flight();
         p.pace.launched(monotonic_ns(), behind);
         let start = p.pending_start.take();
+        let seq = std::mem::take(&mut p.pending_seq);
+        let clean = std::mem::take(&mut p.pending_clean);
         let Some(ev) = p.take_event() else {
             p.spare.extend(start);
             return;
@@ -248,6 +329,8 @@ impl<E: Events> Pacer<E> {
             behind,
             learned: false,
             start,
+            seq,
+            clean,
         });
         while p.markers.len() > MAX_IN_FLIGHT + 1 {
             let m = p.markers.remove(0);
@@ -456,7 +539,7 @@ mod tests {
         fake(|f| f.clock = t);
         let paced = p.before(gate, 0, ());
         if paced {
-            p.start(gate, 0, ());
+            assert!(p.start(gate, 0, ()), "no other process numbered a launch");
             p.after(0, ());
         }
         paced
@@ -546,6 +629,81 @@ mod tests {
             p.slots[0].lock().as_ref().unwrap().pace.estimate(),
             1_399_000
         );
+    }
+
+    const MS: u64 = 1_000_000;
+
+    /// The markers and start events of the latest launches, oldest first.
+    fn markers(p: &Pacer<FakeEvents>) -> Vec<(usize, Option<usize>)> {
+        let slot = p.slots[0].lock();
+        let m = &slot.as_ref().unwrap().markers;
+        m.iter().map(|m| (m.ev, m.start)).collect()
+    }
+
+    fn estimate(p: &Pacer<FakeEvents>) -> u64 {
+        p.slots[0].lock().as_ref().unwrap().pace.estimate()
+    }
+
+    /// Another process of the same allocation numbers a launch.
+    fn another_launch(gate: &Gate) {
+        assert!(gate.take_launch(0, gate.launch_count(0)).is_some());
+    }
+
+    /// The device runs the work of all of an allocation's processes in one
+    /// queue: the time between two markers of one process covers the
+    /// others' launches queued in between, and is split among them all.
+    #[test]
+    fn a_length_is_learned_per_launch_of_the_whole_allocation() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        // Alone: learned from its start event, 1 ms.
+        assert!(launch(&p, &gate, 0));
+        let (m1, _) = markers(&p)[0];
+        fake(|f| f.events[m1] = (true, Some(MS), true));
+        // Another's launch queued behind it, then this one's next behind
+        // both; the device ran them to 2 and 3 ms.
+        another_launch(&gate);
+        fake(|f| f.events[m1].2 = false);
+        assert!(launch(&p, &gate, 10));
+        let (m2, start2) = markers(&p)[1];
+        assert_eq!(start2, None, "queued behind its own");
+        fake(|f| {
+            f.events[m1].2 = true;
+            f.events[m2] = (true, Some(3 * MS), true);
+        });
+        assert!(launch(&p, &gate, 3 * MS));
+        // 2 ms over two launches: 1 ms; taken whole, (3 + 2) / 4 ms.
+        assert_eq!(estimate(&p), MS);
+        // Alone again on the device but for another's launch not seen
+        // done: its start event times that one too. Longer than what was
+        // learned, it teaches nothing (a shorter one would).
+        finish_all();
+        assert!(launch(&p, &gate, 4 * MS));
+        another_launch(&gate);
+        finish_all();
+        assert!(launch(&p, &gate, 5 * MS));
+        let (m4, start4) = *markers(&p).last().unwrap();
+        assert!(start4.is_some(), "nothing of its own in flight");
+        fake(|f| f.events[m4] = (true, Some(5 * MS + 1_800_000), true));
+        assert!(launch(&p, &gate, 7 * MS));
+        assert_eq!(estimate(&p), MS);
+    }
+
+    /// A launch decided with a count that another process's launch moved
+    /// on before this one was numbered is decided again (through the gate)
+    /// with it counted.
+    #[test]
+    fn a_launch_decided_before_another_was_numbered_is_decided_again() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        assert!(p.before(&gate, 0, ()));
+        another_launch(&gate);
+        assert!(
+            !p.start(&gate, 0, ()),
+            "numbered with a count that moved on"
+        );
+        assert!(p.before(&gate, 0, ()));
+        assert!(p.start(&gate, 0, ()));
+        p.after(0, ());
+        assert_eq!(gate.launch_count(0), 2);
     }
 
     #[test]

@@ -177,13 +177,37 @@ pub struct DeviceState {
     /// bumped by a process after it stores a `drained_epoch`. Only a hint;
     /// the arbiter checks the slots themselves.
     pub drain_signal: AtomicU32,
-    pub _pad2: u32,
+    /// The latest of the allocation's paced launches on this device that
+    /// one of its processes saw done, as the low 32 bits of its count in
+    /// `launches` (a launch done means every one queued before it is done:
+    /// one engine, in order). With `launches` it bounds how much work is
+    /// queued. Written and read by the allocation's processes only (issue
+    /// 36); taken from padding (zero in older files).
+    pub launches_done: AtomicU32,
     /// CLOCK_MONOTONIC ns of the latest drain a process reported (the
     /// largest written). The arbiter charges a grant up to this time,
     /// clamped to what it observed itself, so its own wake-up latency is
     /// not charged.
     pub drained_at_ns: AtomicU64,
-    pub reserved2: [u64; 2],
+    /// Paced launches the allocation's processes have decided on for this
+    /// device, each numbered by the count as it took it
+    /// (`Gate::take_launch`, a compare-and-swap, so that a decision and its
+    /// number are one step). With `launches_done` it says how many of the
+    /// allocation's launches may still be queued, so that the allocation,
+    /// not each process on its own, keeps no more than the running kernel
+    /// past a quantum's end: the device runs every process's work in one
+    /// queue, and a revocation drains all of it (issue 36). Between two
+    /// launches of one process the numbers also say how many of the
+    /// others' ran in between, so its kernels' length is learned right.
+    /// Written and read by the allocation's processes only, a hint among
+    /// them: the arbiter never reads it. Taken from reserved space (zero in
+    /// older files), so the layout and `ABI_VERSION` are unchanged.
+    pub launches: AtomicU64,
+    /// CLOCK_MONOTONIC ns at which `launches_done` last moved on: about
+    /// when the launch after it started, where the process that saw it
+    /// was waiting for it. Same writers and readers as `launches`; taken
+    /// from reserved space (zero in older files).
+    pub done_at_ns: AtomicU64,
 }
 
 /// One process's use of one device.

@@ -132,11 +132,17 @@ pub(super) fn before_submit(stream: Option<hipStream_t>) -> Result<Option<usize>
     };
     // Pace first, the gate after: a launch held by the pacer is still
     // stopped at the gate if the grant was revoked meanwhile.
-    let paced = stream.is_some_and(|s| PACER.before(gate, dev, s));
-    gate.before_submit(dev);
-    if let (true, Some(s)) = (paced, stream) {
-        PACER.start(gate, dev, s);
-    }
+    // After the gate, the launch takes its number among the allocation's;
+    // if another process's launch took one since the pacer decided, the
+    // decision is made again with it counted (see `Pacer::start`).
+    let paced = loop {
+        let paced = stream.is_some_and(|s| PACER.before(gate, dev, s));
+        gate.before_submit(dev);
+        match (paced, stream) {
+            (true, Some(s)) if !PACER.start(gate, dev, s) => continue,
+            _ => break paced,
+        }
+    };
     Ok(paced.then_some(dev))
 }
 

@@ -327,6 +327,90 @@ impl Gate {
         (start != 0).then_some(start)
     }
 
+    /// Numbers a paced launch this process decided on, on device `dev`,
+    /// among all its allocation's processes' (the state file's `launches`):
+    /// the next number, if the count is still `seen` (what the decision was
+    /// made with), so that the decision and the count are one step among
+    /// the allocation's processes; `None`: another launch was numbered
+    /// meanwhile, decide again. Between two launches of one process, the
+    /// numbers say how many launches of the allocation were queued, its
+    /// own second one included. `Some(0)` for a device outside the
+    /// allocation (nothing shared, no number). A hint among the
+    /// allocation's own processes, never read by the arbiter.
+    pub fn take_launch(&self, dev: usize, seen: u64) -> Option<u64> {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return Some(0);
+        }
+        let next = seen.wrapping_add(1).max(1);
+        i.state
+            .device(dev)
+            .launches
+            .compare_exchange(seen, next, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| next)
+    }
+
+    /// The allocation's paced launches on device `dev` so far (see
+    /// [`Gate::take_launch`]; 0 outside the allocation).
+    pub fn launch_count(&self, dev: usize) -> u64 {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return 0;
+        }
+        i.state.device(dev).launches.load(Ordering::Relaxed)
+    }
+
+    /// The latest of the allocation's launches on device `dev` any of its
+    /// processes saw done (the low 32 bits of its count; 0 outside the
+    /// allocation or before any was seen).
+    pub fn launches_done(&self, dev: usize) -> u32 {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return 0;
+        }
+        i.state.device(dev).launches_done.load(Ordering::Relaxed)
+    }
+
+    /// Records that this process saw the allocation's launch number `seq`
+    /// (see [`Gate::take_launch`]) done on device `dev` at `now`: the
+    /// shared number moves forward only (in wrapping order; a number more
+    /// than half the range behind is taken as behind), and when it does,
+    /// `now` is recorded with it.
+    pub fn saw_done(&self, dev: usize, seq: u64, now: u64) {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return;
+        }
+        let seq = seq as u32;
+        let d = i.state.device(dev);
+        let mut cur = d.launches_done.load(Ordering::Relaxed);
+        while (seq.wrapping_sub(cur) as i32) > 0 {
+            match d.launches_done.compare_exchange_weak(
+                cur,
+                seq,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    d.done_at_ns.store(now, Ordering::Relaxed);
+                    return;
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// When the allocation's latest launch seen done on device `dev` was
+    /// seen so (0: never, or outside the allocation).
+    pub fn done_at(&self, dev: usize) -> u64 {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return 0;
+        }
+        i.state.device(dev).done_at_ns.load(Ordering::Relaxed)
+    }
+
     /// Whether device `dev`'s gate currently runs free (arbiter silent).
     pub fn running_free(&self, dev: usize) -> bool {
         dev < MAX_DEVICES && self.inner.devs[dev].free.load(Ordering::Relaxed)

@@ -715,3 +715,38 @@ fn a_process_whose_host_part_is_long_yields_at_its_synchronisations_until_it_lau
     step(10_000, true);
     assert!(!mine());
 }
+
+/// The allocation's launch numbers, shared by its processes' pacers: a
+/// number is taken only with the count the decision was made with, and
+/// the latest launch seen done moves forward only, with when it was seen.
+#[test]
+fn launch_numbers_are_taken_in_one_step_with_the_decision() {
+    let f = files(300_000);
+    let a = gate(&f, 21, Arc::default(), Arc::default());
+    let b = gate(&f, 22, Arc::default(), Arc::default());
+    assert_eq!(a.launch_count(0), 0);
+    // Both decided with the count at 0: the first to number its launch
+    // gets 1, the other is told to decide again, and then gets 2.
+    assert_eq!(a.take_launch(0, 0), Some(1));
+    assert_eq!(b.take_launch(0, 0), None);
+    assert_eq!(b.take_launch(0, b.launch_count(0)), Some(2));
+    assert_eq!(a.launch_count(0), 2, "the processes share one count");
+    // Seen done: forward only, and the time moves with it.
+    assert_eq!((a.launches_done(0), a.done_at(0)), (0, 0));
+    b.saw_done(0, 2, 5_000);
+    a.saw_done(0, 1, 6_000);
+    assert_eq!((a.launches_done(0), a.done_at(0)), (2, 5_000));
+    // In wrapping order: a number just past the 32-bit wrap (its low bits
+    // 2) is ahead of one just before it.
+    f.state
+        .device(0)
+        .launches_done
+        .store(u32::MAX - 1, Ordering::SeqCst);
+    a.saw_done(0, u64::from(u32::MAX) + 3, 7_000);
+    assert_eq!((b.launches_done(0), b.done_at(0)), (2, 7_000));
+    a.saw_done(0, u64::from(u32::MAX), 8_000);
+    assert_eq!((b.launches_done(0), b.done_at(0)), (2, 7_000));
+    // A device outside the allocation: nothing shared, no number.
+    assert_eq!(a.take_launch(5, 0), Some(0));
+    assert_eq!(a.launch_count(5), 0);
+}
