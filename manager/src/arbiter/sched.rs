@@ -366,10 +366,6 @@ impl Scheduler {
         }
     }
 
-    pub fn config(&self) -> SchedConfig {
-        self.cfg
-    }
-
     /// Adds a client (no effect if it exists). It starts level with the
     /// clients that have work, neither owed nor owing.
     pub fn add(&mut self, id: ClientId, share_ppm: u32, policy: Policy) {
