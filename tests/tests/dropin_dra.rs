@@ -124,7 +124,11 @@ struct Rig {
 }
 
 async fn rig(seed: u64) -> Rig {
-    let n = sim_node(seed);
+    rig_on(sim_node(seed)).await
+}
+
+/// [`rig`] on the simulated node `n`.
+async fn rig_on(n: tessera_e2e::SimNode) -> Rig {
     let m = ManagerProc::on(&n);
     let gpu = off_runtime(|| node_status(&m.socket)).gpus[0].uuid.clone();
     let api = FakeApiServer::start().await.expect("API server");
@@ -174,16 +178,49 @@ async fn prepare_scheduled(
 ) -> (dra::Claim, dra::NodePrepareResourceResponse) {
     let (claim_json, status) =
         scheduler_claim(&s.claim_name, s.uid, gpu, s.with, (s.name, s.pod_uid));
+    let (claim, prepared) = prepare_stored(
+        api,
+        kubelet,
+        translated,
+        (s.name, s.pod_uid),
+        claim_json,
+        status,
+    )
+    .await;
+    assert_eq!(prepared.error, "", "{}: {}", s.name, plugin.log());
+    (claim, prepared)
+}
+
+/// Stores the translated pod (`pod`: its name and uid, with `status` as its
+/// `status.extendedResourceClaimStatus`) and the claim `claim_json` as the API server
+/// holds them after scheduling, has the kubelet prepare the claim, and returns the claim
+/// and the plugin's answer for it, error or not.
+async fn prepare_stored(
+    api: &FakeApiServer,
+    kubelet: &mut tessera_proto::dra::v1::dra_plugin_client::DraPluginClient<
+        tonic::transport::Channel,
+    >,
+    translated: &Value,
+    pod: (&str, &str),
+    claim_json: Value,
+    status: Value,
+) -> (dra::Claim, dra::NodePrepareResourceResponse) {
     let mut stored = as_stored(translated);
-    stored["metadata"]["uid"] = json!(s.pod_uid);
+    stored["metadata"]["uid"] = json!(pod.1);
     stored["status"] = json!({"extendedResourceClaimStatus": status});
-    api.put(&format!("/api/v1/namespaces/team/pods/{}", s.name), stored);
-    api.put_claim(claim_json);
+    api.put(&format!("/api/v1/namespaces/team/pods/{}", pod.0), stored);
     let claim = dra::Claim {
         namespace: "team".into(),
-        uid: s.uid.into(),
-        name: s.claim_name,
+        uid: claim_json["metadata"]["uid"]
+            .as_str()
+            .expect("a uid")
+            .to_owned(),
+        name: claim_json["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_owned(),
     };
+    api.put_claim(claim_json);
     let mut r = kubelet
         .node_prepare_resources(dra::NodePrepareResourcesRequest {
             claims: vec![claim.clone()],
@@ -191,8 +228,10 @@ async fn prepare_scheduled(
         .await
         .expect("NodePrepareResources")
         .into_inner();
-    let prepared = r.claims.remove(s.uid).expect("an answer for the claim");
-    assert_eq!(prepared.error, "", "{}: {}", s.name, plugin.log());
+    let prepared = r
+        .claims
+        .remove(&claim.uid)
+        .expect("an answer for the claim");
     (claim, prepared)
 }
 
@@ -412,5 +451,225 @@ async fn two_containers_of_one_pod_each_get_exactly_their_own_ask_through_one_cl
             .map(|d| d.count() == 0)
             .unwrap_or(true),
         "its spec is gone"
+    );
+}
+
+/// The claim KAI-Scheduler's binder writes for a pod that asks for an extended resource
+/// a DeviceClass serves (KAI v0.17+, `pkg/binder/plugins/k8s-plugins/dynamicresources`):
+/// `<pod>-extended-resources-<suffix>`, the extended-resource annotation, the pod as its
+/// controlling owner, one request of `devices.len()` devices for the pod's first
+/// container, allocated the devices KAI's scheduler chose (`devices`, this node's pool)
+/// and reserved for the pod; and the pod's `status.extendedResourceClaimStatus` that the
+/// binder writes with it.
+fn kai_claim(uid: &str, devices: &[String], pod: (&str, &str), container: &str) -> (Value, Value) {
+    let name = format!("{}-extended-resources-kq7zt", pod.0);
+    let request = "container-0-request-0";
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": request, "driver": DRIVER_NAME, "pool": NODE, "device": d}))
+        .collect();
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name, "generateName": format!("{}-extended-resources-", pod.0),
+            "namespace": "team", "uid": uid,
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "finalizers": ["resource.kubernetes.io/delete-protection"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod.0, "uid": pod.1,
+                                 "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": {"devices": {"requests": [{"name": request, "exactly": {
+            "deviceClassName": DRIVER_NAME, "allocationMode": "ExactCount",
+            "count": devices.len()}}]}},
+        "status": {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}],
+        },
+    });
+    let status = json!({"resourceClaimName": name, "requestMappings": [
+        {"containerName": container, "resourceName": "tessera.dev/vgpu", "requestName": request}]});
+    (claim, status)
+}
+
+/// On a DRA node pool a KAI pod (`schedulerName: kai-scheduler`) is never seen by
+/// kube-scheduler: KAI v0.17+ places it and allocates its claim itself, running the
+/// structured allocator on the node's ResourceSlices, and its binder writes the claim.
+/// So KAI picks the GPU, and Tessera must enforce on exactly that one.
+///
+/// A half-GPU pod in KAI's words, translated by the webhook (`kaiGpuChoice` off, the
+/// default: its fraction comes off, so KAI's guard against fractions on DRA nodes does
+/// not hold it back, and KAI still schedules it), on a node of two GPUs: KAI's claim
+/// names four slices of the *second* GPU while the first is free. The driver prepares
+/// that GPU: the allocation, the CDI spec and the process's memory are on it alone,
+/// 16 GiB and 50 %. A claim KAI spread over both GPUs is prepared as the devices it
+/// names, two slices on each (docs/dropin.md, "Through DRA": such a claim keeps its
+/// slices' limits); one naming a slice the node does not publish, or a GPU it lacks, is
+/// refused naming the device, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kai_pod_runs_on_the_gpu_kais_allocator_chose_through_the_dra_driver() {
+    let two_gpus = tessera_e2e::SimNode::builder()
+        .config(tessera_sim::NodeConfig {
+            devices: 2,
+            memory_per_device: 40 * GI,
+            sms: 100,
+            cc_major: 8,
+            cc_minor: 6,
+            name: "E2E Simulated GPU".into(),
+            seed: 0xd40f,
+            ..Default::default()
+        })
+        .build();
+    let Rig {
+        n,
+        m,
+        gpu: _,
+        api,
+        plugin,
+        mut kubelet,
+    } = rig_on(two_gpus).await;
+    let dir = n.dir.path();
+    let gpus = off_runtime(|| node_status(&m.socket)).gpus;
+    let (first, second) = (gpus[0].uuid.clone(), gpus[1].uuid.clone());
+
+    let name = "kai-half-on-dra";
+    let original = pod(
+        name,
+        json!({"gpu-fraction": "0.5"}),
+        &[("main", json!({}))],
+        json!({"schedulerName": "kai-scheduler"}),
+    );
+    let translated = tessera_webhook::admission::mutate_pod(&original)
+        .unwrap_or_else(|e| panic!("{name}: refused: {e}"));
+    assert_eq!(translated["spec"]["schedulerName"], "kai-scheduler");
+    assert!(
+        translated["metadata"]["annotations"]
+            .get(tessera_contract::dropin::KAI_GPU_FRACTION)
+            .is_none(),
+        "KAI must not see a fraction on a DRA node: {translated:#}"
+    );
+    assert_eq!(containers_with_slices(&translated), [(0, "main".into(), 4)]);
+
+    // KAI's choice: slices 4 to 7 of the second GPU; the first GPU is all free.
+    let pod_uid = "0000000a-0000-4000-8000-00000000beef";
+    let uid = "0000000a-0000-4000-8000-00000000c1a1";
+    let chosen: Vec<String> = (4..8).map(|s| slice_device(&second, s)).collect();
+    let (claim_json, status) = kai_claim(uid, &chosen, (name, pod_uid), "main");
+    let (claim, prepared) = prepare_stored(
+        &api,
+        &mut kubelet,
+        &translated,
+        (name, pod_uid),
+        claim_json,
+        status,
+    )
+    .await;
+    assert_eq!(prepared.error, "", "{name}: {}", plugin.log());
+    let named: Vec<&str> = prepared
+        .devices
+        .iter()
+        .map(|d| d.device_name.as_str())
+        .collect();
+    assert_eq!(named, chosen, "{name}: exactly KAI's devices");
+    assert!(prepared.devices.iter().all(|d| d.pool_name == NODE));
+
+    let a = allocation(&m, &format!("dra-{uid}")).expect("the claim's allocation");
+    assert_eq!(a.devices.len(), 1, "{name}: one GPU: {a:?}");
+    let d = &a.devices[0];
+    assert_eq!(d.gpu_uuid, second, "{name}: on the GPU KAI chose");
+    assert_eq!(
+        (d.slices, d.memory_limit_bytes, d.compute_share_ppm),
+        (4, 16 * GI, 500_000),
+        "{name}"
+    );
+    // The container's CDI edits name that GPU, never the other.
+    let cdi_id = &prepared.devices[0].cdi_device_ids[0];
+    let spec = std::fs::read_to_string(tessera_dra_plugin::cdi::spec_path(&dir.join("cdi"), uid))
+        .expect("the claim's CDI spec");
+    assert!(
+        spec.contains(second.as_str()) && !spec.contains(first.as_str()),
+        "{name}: {spec}"
+    );
+    // Its process holds its 16 GiB on the second GPU, nothing on the first.
+    let mut p = probe_with_claim(&n, &dir.join("cdi"), cdi_id);
+    assert_pod_holds_exactly_on(&n, &mut p, 16 * GI, 1, name);
+    p.finish();
+    unprepare(&mut kubelet, claim, name).await;
+
+    // KAI's allocator (no constraint in the claim, as kube-scheduler's) spread the
+    // slices over both GPUs: the driver prepares what the claim names, two on each.
+    let uid = "0000000b-0000-4000-8000-00000000c1a1";
+    let spread = vec![
+        slice_device(&first, 0),
+        slice_device(&first, 1),
+        slice_device(&second, 0),
+        slice_device(&second, 1),
+    ];
+    let (claim_json, status) = kai_claim(uid, &spread, (name, pod_uid), "main");
+    let (claim, prepared) = prepare_stored(
+        &api,
+        &mut kubelet,
+        &translated,
+        (name, pod_uid),
+        claim_json,
+        status,
+    )
+    .await;
+    assert_eq!(prepared.error, "", "{name}: {}", plugin.log());
+    let a = allocation(&m, &format!("dra-{uid}")).expect("the spread claim's allocation");
+    let on: Vec<(&str, u32, u64)> = a
+        .devices
+        .iter()
+        .map(|d| (d.gpu_uuid.as_str(), d.slices, d.memory_limit_bytes))
+        .collect();
+    assert_eq!(
+        on,
+        [(first.as_str(), 2, 8 * GI), (second.as_str(), 2, 8 * GI)],
+        "{name}: spread"
+    );
+    unprepare(&mut kubelet, claim, name).await;
+
+    // Devices the node does not publish: a slice past the GPU's eight, a GPU it lacks.
+    let absent = [
+        slice_device(&second, 8),
+        slice_device("GPU-0000ffff-0000-4000-8000-00000000ffff", 0),
+    ];
+    for (i, device) in absent.iter().enumerate() {
+        let uid = format!("{:08x}-0000-4000-8000-00000000c1a1", 0xc + i);
+        let mut devices: Vec<String> = (0..3).map(|s| slice_device(&second, s)).collect();
+        devices.push(device.clone());
+        let (claim_json, status) = kai_claim(&uid, &devices, (name, pod_uid), "main");
+        let (_, refused) = prepare_stored(
+            &api,
+            &mut kubelet,
+            &translated,
+            (name, pod_uid),
+            claim_json,
+            status,
+        )
+        .await;
+        assert!(
+            refused.error.contains("not a device of this node")
+                && refused.error.contains(device.as_str()),
+            "{device}: {:?}",
+            refused.error
+        );
+        assert!(refused.devices.is_empty(), "{device}");
+        assert!(
+            allocation(&m, &format!("dra-{uid}")).is_none(),
+            "{device}: no allocation"
+        );
+    }
+    assert!(
+        off_runtime(|| node_status(&m.socket))
+            .allocations
+            .is_empty(),
+        "nothing left"
+    );
+    assert!(
+        std::fs::read_dir(dir.join("cdi"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "no spec left"
     );
 }

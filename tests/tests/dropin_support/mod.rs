@@ -434,6 +434,18 @@ pub fn assert_pod_holds_exactly(
     memory: u64,
     name: &str,
 ) {
+    assert_pod_holds_exactly_on(n, p, memory, 0, name);
+}
+
+/// [`assert_pod_holds_exactly`] on the node's GPU `gpu` (its index): the ground truth
+/// has the process's memory there and nothing on any other GPU.
+pub fn assert_pod_holds_exactly_on(
+    n: &tessera_e2e::SimNode,
+    p: &mut tessera_e2e::ProbeChild,
+    memory: u64,
+    gpu: usize,
+    name: &str,
+) {
     const T: std::time::Duration = std::time::Duration::from_secs(15);
     for step in ["init", "ctx", "nvml-init"] {
         let l = p.cmd(step, T);
@@ -451,5 +463,8 @@ pub fn assert_pod_holds_exactly(
         one.raw
     );
     let truth = n.node().process(p.pid()).expect("probe on the node").memory;
-    assert_eq!(truth[0], memory, "{name}: ground truth");
+    for (i, held) in truth.iter().enumerate() {
+        let want = if i == gpu { memory } else { 0 };
+        assert_eq!(*held, want, "{name}: ground truth on GPU {i}: {truth:?}");
+    }
 }
