@@ -775,7 +775,8 @@ fn dropin_dialects_reach_the_flags_and_the_match_condition() {
 /// The chart's `webhook.dropin.kaiGpuChoice`: off by default; on, the webhook keeps KAI's
 /// words (its flag, parsed by its own parser) and the device plugin serves KAI's
 /// reservation pods (its flag, parsed by the plugin's own parser), both from one value so
-/// a KAI pod is never left waiting for a reservation nothing serves.
+/// a KAI pod is never left waiting for a reservation nothing serves; refused with the DRA
+/// driver on the nodes (`kubeletPlugin` dra or both), where KAI places no fraction.
 #[test]
 #[ignore = "needs helm: .ci/chart runs it with HELM set"]
 fn kai_gpu_choice_reaches_the_webhook_and_the_device_plugin() {
@@ -808,6 +809,31 @@ fn kai_gpu_choice_reaches_the_webhook_and_the_device_plugin() {
             .options()
             .expect("options");
         assert_eq!(opts.kai_reservations, on, "{flags:?}");
+    }
+
+    // Not with the DRA driver on the nodes: KAI-Scheduler refuses fractions on a node
+    // whose GPUs a DRA driver publishes, so the chart refuses, naming both values. Off,
+    // the DRA modes render (KAI then picks the GPU by allocating the pod's claim).
+    for plugin in ["dra", "both"] {
+        let kubelet_plugin = format!("kubeletPlugin={plugin}");
+        let out = helm_output(&[
+            "--set",
+            "createNamespace=true",
+            "--set",
+            &kubelet_plugin,
+            "--set",
+            "webhook.dropin.kaiGpuChoice=true",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains("webhook.dropin.kaiGpuChoice=true")
+                && err.contains(&format!("kubeletPlugin=device-plugin, not \"{plugin}\"")),
+            "{plugin}: {err}"
+        );
+        let out = helm_template(&["--set", "createNamespace=true", "--set", &kubelet_plugin]);
+        let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
+        assert!(!webhook_args(&dep).options().dropin.kai_gpu_choice, "{plugin}");
     }
 }
 
