@@ -19,6 +19,10 @@
 //! container, and the pod's `status.extendedResourceClaimStatus` maps each container to
 //! its request, as kube-scheduler writes them: the driver makes an allocation per
 //! request, and each container's process sees exactly its own ask.
+//!
+//! A KAI pod is never seen by kube-scheduler: KAI-Scheduler (v0.17+) allocates its claim
+//! and so picks the GPU. Its claim, as KAI's binder writes it, on the second GPU of a
+//! two-GPU node, is prepared on that GPU and no other.
 
 // The manager and the client roles; this file defines its own `role` test.
 mod dra_support;
