@@ -833,7 +833,10 @@ fn kai_gpu_choice_reaches_the_webhook_and_the_device_plugin() {
         );
         let out = helm_template(&["--set", "createNamespace=true", "--set", &kubelet_plugin]);
         let dep: Deployment = find(&out, "Deployment", "tessera-webhook");
-        assert!(!webhook_args(&dep).options().dropin.kai_gpu_choice, "{plugin}");
+        assert!(
+            !webhook_args(&dep).options().dropin.kai_gpu_choice,
+            "{plugin}"
+        );
     }
 }
 
