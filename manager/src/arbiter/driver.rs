@@ -300,8 +300,8 @@ impl Driver {
         // Grants of a capped allocation are due at exact times, and the
         // default 50 µs slack shows in its share.
         self.sys.set_timer_slack(1_000);
-        // The last sleep on a doorbell ended before its time.
-        let mut rung = false;
+        // Whose doorbell ended the last sleep before its time.
+        let mut rung: Option<ClientId> = None;
         loop {
             self.wakeups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -314,10 +314,10 @@ impl Driver {
             let phase = (self.sched.holder(), self.sched.draining());
             let until = self.decide(now);
             // A ring that changed nothing (a tenant ringing its own bell over
-            // and over) does not cut the next sleep short: the doorbell can
-            // wake this thread at most once per poll more than the clock
-            // does, whatever is rung.
-            let bell_heard = !(rung && phase == (self.sched.holder(), self.sched.draining()));
+            // and over) does not cut the next sleep on that bell short: a
+            // doorbell can wake this thread at most once per poll more than
+            // the clock does, whatever is rung.
+            let deaf_to = rung.filter(|_| phase == (self.sched.holder(), self.sched.draining()));
             // Sleep until the decision's deadline, the next poll, or a
             // command.
             let now = self.sys.monotonic_ns();
@@ -337,11 +337,27 @@ impl Driver {
             // doorbell of the allocation expected back from a host gap
             // soonest: its processes ring it as they reach the gate. Commands
             // wait for the poll.
+            // While the holder is away in a host gap (its processes yield),
+            // on the doorbell of the one expected back soonest instead: the
+            // holder keeps its grant while uncontested, and only that
+            // return changes it.
             let draining = self.sched.draining();
-            let back = self.sched.expected_back(now);
-            rung = false;
-            if bell_heard
-                && let Some(id) = draining.or(self.sched.holder()).or(back)
+            let holder = self.sched.holder();
+            let holder_away = draining.is_none()
+                && holder.is_some_and(|h| {
+                    FileView {
+                        members: &mut self.members,
+                        now,
+                    }
+                    .yielding(h)
+                });
+            let back = self.sched.expected_back(now, holder_away);
+            rung = None;
+            if let Some(id) = draining
+                .or(back.filter(|_| holder_away))
+                .or(holder)
+                .or(back)
+                && deaf_to != Some(id)
                 && let Some((files, dev)) = self
                     .members
                     .iter()
@@ -369,7 +385,7 @@ impl Driver {
                 };
                 if due {
                     self.sys.futex_wait(bell, seen, sleep.max(1));
-                    rung = self.sys.monotonic_ns() < now.saturating_add(sleep);
+                    rung = (self.sys.monotonic_ns() < now.saturating_add(sleep)).then_some(id);
                 }
                 match rx.try_recv() {
                     Ok(cmd) => {

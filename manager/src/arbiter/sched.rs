@@ -860,12 +860,25 @@ impl Scheduler {
     }
 
     /// The client with work that is expected back from a host gap soonest
-    /// (not yet given up on), while no one holds the GPU: the caller sleeps
-    /// on its doorbell, which its processes ring as they reach the gate, so
-    /// the return is seen within a wake-up, not a poll.
-    pub fn expected_back(&self, now: u64) -> Option<ClientId> {
-        if !self.cfg.host_gaps || !matches!(self.phase, Phase::Idle { .. }) {
+    /// (not yet given up on), while no one holds the GPU, or while its
+    /// holder is away in a host gap itself (`holder_away`: its processes
+    /// yield): the caller sleeps on its doorbell, which its processes ring
+    /// as they reach the gate, so the return is seen within a wake-up, not
+    /// a poll. A holder away and uncontested keeps its grant (no one else
+    /// wants the GPU yet), and the one coming back is what changes that: on
+    /// the holder's doorbell, which had nothing more to say, the arbiter
+    /// saw the return only at its next poll (250 µs of idle GPU per step
+    /// of two programs taking turns in each other's host gaps).
+    pub fn expected_back(&self, now: u64, holder_away: bool) -> Option<ClientId> {
+        if !self.cfg.host_gaps {
             return None;
+        }
+        // (The holder is never expected back: it was granted waiting, and
+        // being seen waiting ends an absence.)
+        match self.phase {
+            Phase::Idle { .. } => {}
+            Phase::Held { behind: None, .. } if holder_away => {}
+            _ => return None,
         }
         self.clients
             .iter()
@@ -1686,7 +1699,7 @@ mod tests {
                 // What the scheduler sees now, not at its last step.
                 w.tick();
                 let now = w.now;
-                let back = w.sched.expected_back(now);
+                let back = w.sched.expected_back(now, false);
                 let c = &w.clients[0];
                 let away = w.sched.holder().is_none() && !c.waiting_at(now);
                 // Given up on a quarter of a gap after it was due (the
@@ -1709,6 +1722,51 @@ mod tests {
                 assert_eq!(expected, 0);
             }
         }
+    }
+
+    /// While the holder is away in a host gap, the one expected back soonest
+    /// is another client away in its own gap (never the holder, never one
+    /// waiting at its gate), and only while the caller says the holder is
+    /// away: two programs taking turns in each other's gaps are each
+    /// expected back while the other holds.
+    #[test]
+    fn a_holder_away_in_its_gap_expects_the_other_back() {
+        let mut a = syncing_client(1, MS, 2, 2 * MS);
+        a.yields = true;
+        let mut b = syncing_client(2, MS, 2, 2 * MS);
+        b.yields = true;
+        let mut w = World::new(
+            cfg(),
+            vec![(a, 500_000, Policy::Burst), (b, 500_000, Policy::Burst)],
+        );
+        w.run_until(S);
+        let (mut expected, mut wrong) = (0, Vec::new());
+        for _ in 0..3_000 {
+            let end = w.now + 10 * US;
+            w.run_until(end);
+            w.tick();
+            let now = w.now;
+            let Some(h) = w.sched.holder() else {
+                continue;
+            };
+            if w.sched.expected_back(now, false).is_some() {
+                wrong.push((now, "expected with the holder not away"));
+            }
+            if let Some(x) = w.sched.expected_back(now, true) {
+                let c = w.clients.iter().find(|c| c.id == x).unwrap();
+                if x == h || c.waiting_at(now) {
+                    wrong.push((now, "the holder, or one waiting"));
+                }
+                expected += 1;
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} wrong, the first: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        );
+        assert!(expected >= 100, "expected back {expected} times of 3000");
     }
 
     /// What a program keeps over its host gaps is bounded: one that had
