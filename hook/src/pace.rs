@@ -527,6 +527,25 @@ mod tests {
         assert_eq!(fresh.before(0, 1, None, None), Step::Go);
     }
 
+    /// The work in flight at each of the fake arbiter's acts (`late` after
+    /// every quantum end, up to `until`), from the launches made (queued
+    /// at, ends): how long the last launch queued before the act runs on.
+    fn left_at_acts(launches: &[(u64, u64)], quantum: u64, late: u64, until: u64) -> Vec<u64> {
+        (1..)
+            .map(|k| k * quantum + late)
+            .take_while(|&r| r < until)
+            .map(|r| {
+                let last = launches
+                    .iter()
+                    .filter(|(at, _)| *at < r)
+                    .map(|(_, e)| *e)
+                    .max()
+                    .unwrap_or(0);
+                last.saturating_sub(r)
+            })
+            .collect()
+    }
+
     /// A program that always wants to launch, on a fake FIFO device, under
     /// a fake arbiter whose quantum ends every 10 ms and which acts `late`
     /// after each end (renewing the grant, so the program runs on; each
@@ -567,19 +586,7 @@ mod tests {
             }
             now += 1_000; // the launch's host time
         }
-        let acts: Vec<u64> = (1..)
-            .map(|k| k * quantum + late)
-            .take_while(|&r| r < horizon - 2 * kernel)
-            .map(|r| {
-                let last = launches
-                    .iter()
-                    .filter(|(at, _)| *at < r)
-                    .map(|(_, e)| *e)
-                    .max()
-                    .unwrap_or(0);
-                last.saturating_sub(r)
-            })
-            .collect();
+        let acts = left_at_acts(&launches, quantum, late, horizon - 2 * kernel);
         let busy = ends.len() as u64 * kernel;
         let span = ends.last().copied().unwrap_or(1);
         (acts, busy * 1_000_000 / span)
@@ -747,19 +754,7 @@ mod tests {
                 }
             }
         }
-        let acts: Vec<u64> = (1..)
-            .map(|k| k * quantum + late)
-            .take_while(|&r| r < horizon - 2 * kernel)
-            .map(|r| {
-                let last = launches
-                    .iter()
-                    .filter(|(at, _)| *at < r)
-                    .map(|(_, e)| *e)
-                    .max()
-                    .unwrap_or(0);
-                last.saturating_sub(r)
-            })
-            .collect();
+        let acts = left_at_acts(&launches, quantum, late, horizon - 2 * kernel);
         let span = engine_free.max(1);
         (acts, busy * 1_000_000 / span)
     }
