@@ -125,7 +125,7 @@ pub fn on_join(gov: &Governed) {
         log,
     ) {
         Ok(g) => {
-            crate::pacer::read_budget();
+            crate::pacer::read_settings();
             GATE.store(Box::into_raw(Box::new(g)), Ordering::Release);
         }
         Err(e) => crate::log!(Level::Error, "compute gate not set up: {e}"),

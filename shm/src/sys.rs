@@ -1,5 +1,6 @@
 //! The one syscall layer of the compute gate and the arbiter: the monotonic
-//! clock, futex wait and wake on shared words, and timer slack. Everything
+//! clock, futex wait and wake on shared words, timer slack, and the
+//! scheduler slice of the threads that must wake promptly. Everything
 //! else in Tessera that sleeps on a shared word or reads the gate's clock
 //! goes through here (the manager's arbiter included).
 //!
@@ -8,8 +9,8 @@
 //! or a scheduler. The gate's hot path makes no system call, so it does not
 //! go through the trait at all: only waits, wake-ups and time do.
 //!
-//! nix provides the clock and `prctl`; it has no futex, so that one is raw
-//! `libc::syscall`, in this file only.
+//! nix provides the clock and `prctl`; it has no futex nor
+//! `sched_setattr`, so those are raw `libc::syscall`, in this file only.
 
 use std::sync::atomic::AtomicU32;
 
@@ -26,6 +27,9 @@ pub trait Sys: Send + Sync + 'static {
     fn futex_wake_all(&self, word: &AtomicU32);
     /// Asks for sleeps of the calling thread precise to `ns`.
     fn set_timer_slack(&self, ns: u64);
+    /// Asks the scheduler to run the calling thread soon after it wakes
+    /// ([`request_wake_slice`]); test doubles leave their threads alone.
+    fn wake_promptly(&self) {}
 }
 
 /// The real system calls.
@@ -44,6 +48,9 @@ impl Sys for Linux {
     }
     fn set_timer_slack(&self, ns: u64) {
         set_timer_slack(ns)
+    }
+    fn wake_promptly(&self) {
+        let _ = request_wake_slice(WAKE_SLICE_NS);
     }
 }
 
@@ -109,6 +116,99 @@ pub fn set_timer_slack(ns: u64) {
     let _ = nix::sys::prctl::set_timerslack(ns as libc::c_ulong);
 }
 
+/// The slice a latency-sensitive thread asks the scheduler for, in ns: the
+/// shortest Linux accepts for a `SCHED_OTHER` thread (0.1 ms).
+pub const WAKE_SLICE_NS: u64 = 100_000;
+
+/// What [`request_wake_slice`] did to the calling thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeSlice {
+    /// Its slice is now the one asked for.
+    Set,
+    /// Left as it was: its policy is not `SCHED_OTHER` (the program chose
+    /// FIFO, RR, BATCH, IDLE or deadline), its slice is already that short,
+    /// or the kernel keeps no slice per thread (before Linux 6.12).
+    Kept,
+    /// The kernel refused (a seccomp filter, say): left as it was.
+    Refused,
+}
+
+/// `struct sched_attr` as `sched_setattr(2)` takes it (the first version,
+/// 48 bytes; the kernel accepts any size it knows).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+/// Asks the scheduler to let the calling thread preempt sooner when it
+/// wakes, by a shorter slice (`ns`, at least 0.1 ms): under EEVDF (Linux
+/// 6.6+; per-thread slices since 6.12) a woken thread with a shorter slice
+/// has an earlier deadline, so it runs within about that slice instead of
+/// after the running thread's whole one (about 3 ms on a busy two-core
+/// host). The threads that wait for the GPU's work or the arbiter's word
+/// are these: a drain reported late is charged to its allocation, and a
+/// launch queued late idles the device. Their share of the CPU is
+/// unchanged (a slice is not a weight), and so are their policy and nice
+/// value; a thread whose policy the program set, or whose slice is
+/// already as short, is left alone.
+pub fn request_wake_slice(ns: u64) -> WakeSlice {
+    let Some(attr) = getattr() else {
+        return WakeSlice::Refused;
+    };
+    // A kernel without per-thread slices reports none (0) for SCHED_OTHER.
+    if attr.policy != libc::SCHED_OTHER as u32 || attr.runtime == 0 || attr.runtime <= ns {
+        return WakeSlice::Kept;
+    }
+    let want = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        policy: attr.policy,
+        nice: attr.nice,
+        runtime: ns,
+        ..SchedAttr::default()
+    };
+    // SAFETY: as above; the kernel only reads `want`.
+    let set = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &want as *const SchedAttr, 0u32) };
+    if set == 0 {
+        WakeSlice::Set
+    } else {
+        WakeSlice::Refused
+    }
+}
+
+/// The calling thread's scheduling policy, nice value and slice in ns
+/// (0 where the kernel keeps none per thread), as `sched_getattr(2)`
+/// reports them; `None` if refused.
+pub fn thread_sched() -> Option<(u32, i32, u64)> {
+    getattr().map(|a| (a.policy, a.nice, a.runtime))
+}
+
+fn getattr() -> Option<SchedAttr> {
+    let mut attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        ..SchedAttr::default()
+    };
+    // SAFETY: `attr` is a live sched_attr of the size it says; pid 0 is the
+    // calling thread; the kernel writes at most `size` bytes.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut SchedAttr,
+            std::mem::size_of::<SchedAttr>() as u32,
+            0u32,
+        )
+    };
+    (got == 0).then_some(attr)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +254,60 @@ mod tests {
         let t0 = monotonic_ns();
         futex_wait(&word, 0, 20_000_000);
         assert!(monotonic_ns() - t0 >= 20_000_000);
+    }
+
+    /// The slice is asked for per thread, and nothing else about the thread
+    /// changes: its nice value and policy stay the program's.
+    #[test]
+    fn a_thread_asks_for_a_short_slice_and_keeps_its_nice_value() {
+        std::thread::spawn(|| {
+            // SAFETY: gettid has no arguments; setpriority on our own tid
+            // only lowers our priority (allowed to anyone).
+            let tid = unsafe { libc::gettid() };
+            assert_eq!(
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 3) },
+                0
+            );
+            let (policy, nice, before) = thread_sched().expect("sched_getattr");
+            assert_eq!((policy, nice), (libc::SCHED_OTHER as u32, 3));
+            let got = request_wake_slice(WAKE_SLICE_NS);
+            let (policy, nice, after) = thread_sched().expect("sched_getattr");
+            assert_eq!((policy, nice), (libc::SCHED_OTHER as u32, 3), "{got:?}");
+            if before == 0 {
+                // No per-thread slices in this kernel: nothing to set.
+                assert_eq!((got, after), (WakeSlice::Kept, 0));
+            } else {
+                assert_eq!(got, WakeSlice::Set, "slice was {before} ns");
+                assert_eq!(after, WAKE_SLICE_NS);
+                // Asked again: already that short.
+                assert_eq!(request_wake_slice(WAKE_SLICE_NS), WakeSlice::Kept);
+            }
+        })
+        .join()
+        .unwrap();
+        // Another thread's slice is its own.
+        let other = std::thread::spawn(|| thread_sched().unwrap().2)
+            .join()
+            .unwrap();
+        assert_ne!(other, WAKE_SLICE_NS);
+    }
+
+    /// A program that chose its threads' policy keeps it.
+    #[test]
+    fn a_thread_whose_policy_the_program_chose_is_left_alone() {
+        std::thread::spawn(|| {
+            let p = libc::sched_param { sched_priority: 0 };
+            // SAFETY: pid 0 is this thread; SCHED_BATCH needs no privilege.
+            assert_eq!(
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &p) },
+                0
+            );
+            let before = thread_sched().unwrap();
+            assert_eq!(request_wake_slice(WAKE_SLICE_NS), WakeSlice::Kept);
+            assert_eq!(thread_sched().unwrap(), before);
+            assert_eq!(before.0, libc::SCHED_BATCH as u32);
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -33,7 +33,7 @@ pub(super) fn on_join(g: &Governed) {
     let log = Arc::new(|e: &GateEvent| crate::log!(Level::Warn, "compute gate (HIP): {e}"));
     match Gate::new(&files.control, &files.state, member, Arc::new(drain), log) {
         Ok(gate) => {
-            crate::pacer::read_budget();
+            crate::pacer::read_settings();
             let old = GATE.swap(Box::into_raw(Box::new(gate)), Ordering::AcqRel);
             // An earlier gate (of a slot this process left) stays leaked:
             // another thread may still be reading it.

@@ -300,6 +300,9 @@ impl Driver {
         // Grants of a capped allocation are due at exact times, and the
         // default 50 µs slack shows in its share.
         self.sys.set_timer_slack(1_000);
+        // And each decision is due at a time: woken after a busy thread's
+        // whole slice, it comes late on a loaded node.
+        self.sys.wake_promptly();
         // Whose doorbell ended the last sleep before its time.
         let mut rung: Option<ClientId> = None;
         loop {

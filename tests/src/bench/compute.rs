@@ -1504,6 +1504,30 @@ pub fn targets(allocs: &[AllocSpec], bare: f64, released: bool) -> Vec<f64> {
         .collect()
 }
 
+/// How far each allocation missed, pp: how far it fell short of its
+/// target, or, for a `guaranteed` one, how far it went past its cap (its
+/// share of the GPU's time). More than the target is no miss below the cap:
+/// the target is the share at the program's rate alone on a GPU, and a
+/// program that sleeps through the others' turns gets the host's CPU
+/// sooner when it runs than the same program never sleeping (with 50 µs
+/// kernels on a busy host, a guaranteed 30% ran at 116% of that rate); a
+/// burst allocation is owed at least its target, and whatever the others
+/// leave.
+pub fn misses(allocs: &[AllocSpec], targets: &[f64], achieved: &[f64]) -> Vec<f64> {
+    allocs
+        .iter()
+        .zip(targets)
+        .zip(achieved)
+        .map(|((a, t), got)| {
+            let over_cap = match a.policy {
+                Policy::Guaranteed => got - f64::from(a.share_ppm) / 10_000.0,
+                Policy::Burst => 0.0,
+            };
+            (t - got).max(over_cap).max(0.0)
+        })
+        .collect()
+}
+
 /// One row of the shape table.
 #[derive(Debug, Clone)]
 pub struct ShapeRow {
@@ -1521,13 +1545,10 @@ pub struct ShapeRow {
 }
 
 impl ShapeRow {
-    /// The largest distance of an allocation's share from its target, pp.
+    /// The largest miss of an allocation, pp ([`misses`]).
     pub fn worst_pp(&self) -> f64 {
-        self.outcome
-            .achieved
-            .iter()
-            .zip(&self.targets)
-            .map(|(a, t)| (a - t).abs())
+        misses(&self.outcome.allocs, &self.targets, &self.outcome.achieved)
+            .into_iter()
             .fold(0.0, f64::max)
     }
 
@@ -1719,6 +1740,7 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
         "Bare: the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate), its own rate (below 100 where it synchronises, and with 50 us kernels, which the device's 1 us kernel-to-kernel gap keeps 2% idle); of bare: achieved / bare, the allocation's throughput as a share of the program's own alone.".into(),
         "Target (busy %): a share is a share of GPU time, used at the program's own rate: guaranteed s -> s x bare / 100; burst: at least its share, and what the other leaves. Where the program waits on the host longer than the arbiter's idle release (gaps released), the waits are not in its GPU time: its share of the GPU's busy time, or bare when that is less.".into(),
         "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only).".into(),
+        "Worst miss: the most an allocation fell short of its target, or a guaranteed one went past its cap (its share of the GPU's time); more than the target is no miss below the cap (a program that sleeps through others' turns gets the host's CPU sooner than the same program never sleeping).".into(),
     ];
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
     Ok(crate::bench::Table {
@@ -1740,7 +1762,7 @@ pub fn other_tables(measure: Duration) -> Result<Vec<crate::bench::Table>, Strin
 
 #[cfg(test)]
 mod tests {
-    use super::{AllocSpec, targets};
+    use super::{AllocSpec, misses, targets};
 
     fn near(got: &[f64], want: &[f64]) {
         assert_eq!(got.len(), want.len());
@@ -1765,5 +1787,21 @@ mod tests {
         near(&targets(&[g(30), g(70)], 48.0, true), &[30.0, 48.0]);
         near(&targets(&[b(30), b(70)], 48.0, true), &[48.0, 48.0]);
         near(&targets(&[g(30), b(70)], 60.0, true), &[30.0, 60.0]);
+    }
+
+    /// Short of the target is a miss; past a guaranteed cap is one; more
+    /// than the target below the cap, or for a burst share, is not.
+    #[test]
+    fn a_miss_is_short_of_the_target_or_past_the_cap() {
+        let (g, b) = (AllocSpec::guaranteed, AllocSpec::burst);
+        near(
+            &misses(&[g(30), g(70)], &[27.0, 63.0], &[25.5, 64.0]),
+            &[1.5, 0.0],
+        );
+        near(&misses(&[g(30)], &[27.0], &[31.25]), &[1.25]);
+        near(
+            &misses(&[b(30), b(70)], &[27.0, 63.0], &[27.5, 70.0]),
+            &[0.0, 0.0],
+        );
     }
 }
