@@ -87,7 +87,12 @@ pub fn after_submit(dev: Option<usize>, stream: CUstream) {
 /// `tessera_shm::gate::Gate::syncing`): a holder waiting on its own work
 /// keeps its grant. Ungated processes (no gate, a forked child not yet
 /// joined) just wait.
-pub fn while_syncing<R>(gov: &Governed, dev: Option<usize>, wait: impl FnOnce() -> R) -> R {
+pub fn while_syncing<R>(
+    gov: &Governed,
+    dev: Option<usize>,
+    awaits: Awaits,
+    wait: impl FnOnce() -> R,
+) -> R {
     let p = GATE.load(Ordering::Acquire);
     if p.is_null() {
         return wait();
@@ -97,13 +102,50 @@ pub fn while_syncing<R>(gov: &Governed, dev: Option<usize>, wait: impl FnOnce() 
     if gov.member() != Some(gate.member()) {
         return wait();
     }
-    let r = gate.syncing(dev, wait);
+    let r = if leave_as_sync_begins(gate, dev, awaits, |d| PACER.settle(gate, d)) {
+        // Not marked as a synchronisation: the grant is given back.
+        wait()
+    } else {
+        gate.syncing(dev, wait)
+    };
     // Back on the host: a program whose host part is long gives its grant
     // back now rather than after the arbiter's idle release.
     if let Some(d) = dev {
         gate.synced(d, PACER.idle(d));
     }
     r
+}
+
+/// What a synchronisation waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaits {
+    /// All the work of a stream, a context or a device: a step's
+    /// `loss.item()`, after which its host part begins.
+    Work,
+    /// One event, which may be long done: a program bounding how far it
+    /// runs ahead waits on the event of a launch some launches back, before
+    /// its next launch. Never a reason to leave.
+    Event,
+}
+
+/// Before a synchronisation on `dev` followed by a host part the process
+/// learned is long: once at most its last kernel is in flight (`settle`,
+/// the pacer's), it gives its grant back as the wait begins
+/// (`Gate::leave`), so that the arbiter's wake-up and the next holder's
+/// overlap that kernel. Returns whether it left; either vendor's gate.
+pub(crate) fn leave_as_sync_begins(
+    gate: &Gate,
+    dev: Option<usize>,
+    awaits: Awaits,
+    settle: impl FnOnce(usize) -> bool,
+) -> bool {
+    match dev {
+        Some(d) if awaits == Awaits::Work && gate.would_leave(d) && settle(d) => {
+            gate.leave(d);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Called once a process has joined its allocation (at `cuInit`, and again

@@ -345,6 +345,37 @@ impl<E: Events> Pacer<E> {
     /// Whether nothing of this process's paced work is in flight on `dev`
     /// (its latest launch's marker is done); `false` when that is not known
     /// (nothing paced yet, or pacing off).
+    /// Before a synchronisation at which the process gives its grant back
+    /// (`Gate::leave`): waits, marked as a synchronisation, until at most
+    /// its last paced launch on `dev` is in flight, so that the
+    /// revocation's drain is that one kernel and not the queue behind it.
+    /// Returns whether the process may leave: its launches there are paced
+    /// (otherwise what it has queued is not known) and the last is still
+    /// in flight.
+    pub(crate) fn settle(&self, gate: &Gate, dev: usize) -> bool {
+        if dev >= MAX_DEVICES || budget_ns() == 0 {
+            return false;
+        }
+        loop {
+            let guard = self.slots[dev].lock();
+            let Some(p) = guard.as_ref() else {
+                return false;
+            };
+            let n = p.markers.len();
+            // Nothing in flight: the wait returns at once, and leaving
+            // would only send the next launch to wait for a grant.
+            if n == 0 || E::done(p.markers[n - 1].ev) {
+                return false;
+            }
+            if n < 2 || E::done(p.markers[n - 2].ev) {
+                return true;
+            }
+            let ev = p.markers[n - 2].ev;
+            drop(guard);
+            gate.syncing(Some(dev), || E::synchronize(ev));
+        }
+    }
+
     pub(crate) fn idle(&self, dev: usize) -> bool {
         if dev >= MAX_DEVICES || budget_ns() == 0 {
             return false;
@@ -682,6 +713,70 @@ mod tests {
             p.slots[0].lock().as_ref().unwrap().pace.estimate(),
             1_399_000
         );
+    }
+
+    /// Before leaving at a synchronisation, the process waits until only
+    /// its last launch is in flight (the drain is one kernel), and does not
+    /// leave with nothing in flight or nothing paced.
+    #[test]
+    fn settling_leaves_at_most_the_last_launch_in_flight() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        assert!(!p.settle(&gate, 0), "nothing paced");
+        assert!(launch(&p, &gate, 0));
+        assert!(launch(&p, &gate, 10));
+        // Two markers in flight: it waits for the older one only.
+        assert!(p.settle(&gate, 0));
+        let last = p.slots[0]
+            .lock()
+            .as_ref()
+            .unwrap()
+            .markers
+            .last()
+            .unwrap()
+            .ev;
+        assert!(!FakeEvents::done(last), "the last one still runs");
+        let older = {
+            let slot = p.slots[0].lock();
+            let m = &slot.as_ref().unwrap().markers;
+            m[m.len() - 2].ev
+        };
+        assert!(FakeEvents::done(older));
+        assert_eq!(fake(|f| f.syncs.clone()), vec![older]);
+        // Only the last in flight: no wait.
+        assert!(p.settle(&gate, 0));
+        assert_eq!(fake(|f| f.syncs.len()), 1);
+        // Everything done: the wait returns at once; no reason to leave.
+        finish_all();
+        assert!(!p.settle(&gate, 0));
+        assert!(!p.settle(&gate, MAX_DEVICES));
+    }
+
+    /// Only a wait for all of a stream's, context's or device's work
+    /// leaves, and only once the pacer has settled: a wait on one event may
+    /// be on a launch long done, just before the next launch (the bench's
+    /// programs bound how far they run ahead so), and leaving there sent
+    /// that launch to wait for a grant of its own.
+    #[test]
+    fn only_a_wait_for_all_the_work_leaves() {
+        use crate::gate::{Awaits, leave_as_sync_begins};
+        let gate = gate();
+        // A host part of over 0.5 ms learned, then a launch.
+        gate.before_submit(0);
+        gate.syncing(Some(0), || ());
+        gate.synced(0, true);
+        std::thread::sleep(std::time::Duration::from_micros(700));
+        gate.before_submit(0);
+        assert!(gate.would_leave(0));
+        assert!(!leave_as_sync_begins(&gate, Some(0), Awaits::Event, |_| {
+            true
+        }));
+        assert!(!leave_as_sync_begins(&gate, Some(0), Awaits::Work, |_| {
+            false
+        }));
+        assert!(!leave_as_sync_begins(&gate, None, Awaits::Work, |_| true));
+        assert!(gate.would_leave(0), "nothing left yet");
+        assert!(leave_as_sync_begins(&gate, Some(0), Awaits::Work, |_| true));
+        assert!(!gate.would_leave(0), "left: not again before a launch");
     }
 
     const MS: u64 = 1_000_000;

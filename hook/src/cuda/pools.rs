@@ -7,6 +7,7 @@
 //! graph allocation node, charged when the graph is launched (graphs.rs).
 
 use super::*;
+use crate::gate::Awaits;
 use crate::governor::PoolDriver;
 
 /// The driver's own answers for the pool accounting.
@@ -333,25 +334,33 @@ fn current_dev(g: &Governed) -> Option<usize> {
 pub unsafe fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuStreamSynchronize(stream)));
     let dev = g.device_of_stream(stream);
-    let r = crate::gate::while_syncing(g, dev, || call_real!(cuStreamSynchronize(stream)));
+    let r = crate::gate::while_syncing(g, dev, Awaits::Work, || {
+        call_real!(cuStreamSynchronize(stream))
+    });
     synced(g, r)
 }
 
 pub unsafe fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult {
     let g = governed_or!(call_real!(cuStreamSynchronize_ptsz(stream)));
     let dev = g.device_of_stream(stream);
-    let r = crate::gate::while_syncing(g, dev, || call_real!(cuStreamSynchronize_ptsz(stream)));
+    let r = crate::gate::while_syncing(g, dev, Awaits::Work, || {
+        call_real!(cuStreamSynchronize_ptsz(stream))
+    });
     synced(g, r)
 }
 
 pub unsafe fn cuCtxSynchronize() -> CUresult {
     let g = governed_or!(call_real!(cuCtxSynchronize()));
-    let r = crate::gate::while_syncing(g, current_dev(g), || call_real!(cuCtxSynchronize()));
+    let r = crate::gate::while_syncing(g, current_dev(g), Awaits::Work, || {
+        call_real!(cuCtxSynchronize())
+    });
     synced(g, r)
 }
 
 pub unsafe fn cuEventSynchronize(event: CUevent) -> CUresult {
     let g = governed_or!(call_real!(cuEventSynchronize(event)));
-    let r = crate::gate::while_syncing(g, current_dev(g), || call_real!(cuEventSynchronize(event)));
+    let r = crate::gate::while_syncing(g, current_dev(g), Awaits::Event, || {
+        call_real!(cuEventSynchronize(event))
+    });
     synced(g, r)
 }

@@ -85,7 +85,11 @@ fn gate_of(g: &Governed) -> Option<&'static Gate> {
 /// after the idle release. The current device, not a stream's or an
 /// event's own: the mark is a hint, and the current device is where a
 /// program's work almost always is; its context is not made for it.
-pub(super) fn while_syncing<R>(g: &Governed, wait: impl FnOnce() -> R) -> R {
+pub(super) fn while_syncing<R>(
+    g: &Governed,
+    awaits: crate::gate::Awaits,
+    wait: impl FnOnce() -> R,
+) -> R {
     let Some(gate) = gate_of(g) else {
         return wait();
     };
@@ -97,7 +101,13 @@ pub(super) fn while_syncing<R>(g: &Governed, wait: impl FnOnce() -> R) -> R {
             .then(|| g.index_of(d))
             .flatten()
     };
-    let r = gate.syncing(dev, wait);
+    let settle = |d| nested(|| PACER.settle(gate, d));
+    let r = if crate::gate::leave_as_sync_begins(gate, dev, awaits, settle) {
+        // Not marked as a synchronisation: the grant is given back.
+        wait()
+    } else {
+        gate.syncing(dev, wait)
+    };
     // Back on the host: a program whose host part is long gives its grant
     // back now rather than after the arbiter's idle release.
     if let Some(d) = dev {

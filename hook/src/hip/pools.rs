@@ -8,6 +8,7 @@
 //! to what the runtime reports (`hipMemPoolAttrReservedMemCurrent`).
 
 use super::*;
+use crate::gate::Awaits;
 use crate::governor::PoolDriver;
 
 /// `hipMemLocationTypeDevice`.
@@ -277,19 +278,22 @@ pub unsafe fn hipStreamSynchronize(stream: hipStream_t) -> hipError_t {
     let g = governed_or!(call_real!(hipStreamSynchronize(stream)));
     synced(
         g,
-        gate::while_syncing(g, || real!(hipStreamSynchronize(stream))),
+        gate::while_syncing(g, Awaits::Work, || real!(hipStreamSynchronize(stream))),
     )
 }
 
 pub unsafe fn hipDeviceSynchronize() -> hipError_t {
     let g = governed_or!(call_real!(hipDeviceSynchronize()));
-    synced(g, gate::while_syncing(g, || real!(hipDeviceSynchronize())))
+    synced(
+        g,
+        gate::while_syncing(g, Awaits::Work, || real!(hipDeviceSynchronize())),
+    )
 }
 
 pub unsafe fn hipEventSynchronize(event: hipEvent_t) -> hipError_t {
     let g = governed_or!(call_real!(hipEventSynchronize(event)));
     synced(
         g,
-        gate::while_syncing(g, || real!(hipEventSynchronize(event))),
+        gate::while_syncing(g, Awaits::Event, || real!(hipEventSynchronize(event))),
     )
 }

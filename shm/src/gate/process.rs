@@ -79,6 +79,10 @@ struct DevLocal {
     /// Learned host part between a synchronisation's return and the next
     /// launch, ns (a moving average; 0 until learned).
     host_ns: AtomicU64,
+    /// The process yielded as a synchronisation began ([`Gate::leave`]):
+    /// `synced_at` holds when, so that the next launch clears the yield;
+    /// the synchronisation's return restarts the host part there.
+    left: AtomicBool,
 }
 
 /// A process whose host part after a synchronisation is at least this long
@@ -241,6 +245,47 @@ impl Gate {
         r
     }
 
+    /// Whether a synchronisation on `dev` beginning now precedes a host part
+    /// learned to be long (at least [`YIELD_AFTER_NS`]) and follows a
+    /// launch: then, once at most the running kernel of the process's is
+    /// left, it may give its grant back at once ([`Gate::leave`]) rather
+    /// than when the wait returns.
+    pub fn would_leave(&self, dev: usize) -> bool {
+        let i = &*self.inner;
+        dev < i.n_devices
+            && i.devs[dev].synced_at.load(Ordering::Relaxed) == 0
+            && i.devs[dev].host_ns.load(Ordering::Relaxed) >= YIELD_AFTER_NS
+    }
+
+    /// Yields device `dev` as a synchronisation begins (see
+    /// [`Gate::would_leave`]): the process launches nothing more before a
+    /// host part it learned is long, so the arbiter may revoke while its
+    /// last kernel still runs and grant the next holder behind it. The
+    /// holder's sync return, the arbiter's wake-up and the next holder's
+    /// then overlap that kernel instead of idling the GPU one after another
+    /// (issue 36: 50–120 µs per hand-over with 1 ms kernels and 2 ms host
+    /// gaps). The kernel is the revocation's drain, charged to this
+    /// allocation as any drain is; a launch before the host part ends
+    /// clears the yield and waits for the next grant. A hint, as every
+    /// yield is: it can only give this allocation's own grant away.
+    pub fn leave(&self, dev: usize) {
+        let i = &*self.inner;
+        if dev >= i.n_devices {
+            return;
+        }
+        let d = &i.devs[dev];
+        d.left.store(true, Ordering::Relaxed);
+        // Non-zero: the next launch goes through `host_part_ended`, which
+        // clears the yield.
+        d.synced_at
+            .store(i.sys.monotonic_ns().max(1), Ordering::Relaxed);
+        let slot = i.state.slot(i.member.slot);
+        slot.yielding.fetch_or(1u32 << dev, Ordering::AcqRel);
+        let bell = &i.state.device(dev).drain_signal;
+        bell.fetch_add(1, Ordering::AcqRel);
+        i.sys.futex_wake_all(bell);
+    }
+
     /// A synchronisation on device `dev` (see [`Gate::syncing`]) returned;
     /// `idle`: nothing of this process's is in flight on it now. The next
     /// launch learns how long the host part was; when what was learned is
@@ -256,12 +301,17 @@ impl Gate {
         // The host part runs from the first return since the last launch:
         // a later wait on work already done (a program's `cuEventSynchronize`
         // just before its next launch) returns at once and does not end it.
-        let _ = d.synced_at.compare_exchange(
-            0,
-            i.sys.monotonic_ns().max(1),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let now = i.sys.monotonic_ns().max(1);
+        if d.left.swap(false, Ordering::Relaxed) {
+            // Yielded as the wait began: the host part starts now, not then
+            // (counted from then, it would hold the awaited kernel too, and
+            // a program with short host parts would learn long ones).
+            d.synced_at.store(now, Ordering::Relaxed);
+        } else {
+            let _ = d
+                .synced_at
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
         let bit = 1u32 << dev;
         let slot = i.state.slot(i.member.slot);
         if !idle

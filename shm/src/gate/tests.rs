@@ -716,6 +716,52 @@ fn a_process_whose_host_part_is_long_yields_at_its_synchronisations_until_it_lau
     assert!(!mine());
 }
 
+/// A process that learned its host parts are long leaves as its
+/// synchronisation begins, once per step: the arbiter may revoke while the
+/// awaited kernel runs. The host part it then learns starts at the wait's
+/// return, not at the leave (or short host parts would be learned long),
+/// and its next launch takes the yield back.
+#[test]
+fn a_process_with_long_host_parts_leaves_as_its_synchronisation_begins() {
+    let f = files(1_000_000);
+    let sys = FakeSys::new(&f.control.device(0).grant, |_| {});
+    let g = fake_gate(&f, 25, Arc::clone(&sys), Arc::default());
+    let bell = || f.state.drain_signal(0).load(Ordering::SeqCst);
+    // Nothing learned: it does not leave.
+    g.before_submit(0);
+    assert!(!g.would_leave(0));
+    g.syncing(Some(0), || ());
+    g.synced(0, true);
+    sys.now.fetch_add(2_000_000, Ordering::SeqCst);
+    g.before_submit(0);
+    assert_eq!(g.host_part_ns(0), 2_000_000);
+    // A long host part learned, after a launch: it leaves, and the arbiter
+    // hears it.
+    assert!(g.would_leave(0));
+    let rung = bell();
+    g.leave(0);
+    assert!(f.state.yielding(0));
+    assert!(bell() > rung, "the arbiter is woken");
+    // Left, it does not leave again before it launches.
+    assert!(!g.would_leave(0));
+    // The awaited kernel runs 1 ms; the wait returns; 100 us on the host.
+    sys.now.fetch_add(1_000_000, Ordering::SeqCst);
+    g.synced(0, true);
+    sys.now.fetch_add(100_000, Ordering::SeqCst);
+    g.before_submit(0);
+    assert!(!f.state.yielding(0), "the launch takes the yield back");
+    // Learned from the return (100 us), not from the leave (1.1 ms).
+    assert_eq!(g.host_part_ns(0), (3 * 2_000_000 + 100_000) / 4);
+    // A launch before the wait returns (another thread) takes it back too.
+    g.leave(0);
+    g.before_submit(0);
+    assert!(!f.state.yielding(0));
+    // Outside the allocation's devices: nothing.
+    assert!(!g.would_leave(5));
+    g.leave(5);
+    g.stop();
+}
+
 /// The allocation's launch numbers, shared by its processes' pacers: a
 /// number is taken only with the count the decision was made with, and
 /// the latest launch seen done moves forward only, with when it was seen.
