@@ -139,6 +139,7 @@ impl<E: Events> Pacer<E> {
     /// comes after the gate and [`Self::after`] once the runtime took it.
     pub(crate) fn before(&self, gate: &Gate, dev: usize, stream: E::Stream) -> bool {
         wake_promptly();
+        gate.launch_called(dev);
         let budget = budget_ns();
         if budget == 0 || dev >= MAX_DEVICES || E::capturing(stream) {
             return false;

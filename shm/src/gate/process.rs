@@ -245,6 +245,20 @@ impl Gate {
         r
     }
 
+    /// The program called a launch on `dev`: its host part ends here, not
+    /// when the launch is let through. The pacer may hold the launch for
+    /// up to a kernel first (waiting on the process's own work), and counted
+    /// in, that hold made a program that syncs every 2 20 ms kernels learn
+    /// a 20 ms host part: it yielded at every synchronisation.
+    /// [`Gate::before_submit`] does the same for a launch the pacer does not
+    /// see.
+    pub fn launch_called(&self, dev: usize) {
+        let i = &*self.inner;
+        if dev < i.n_devices && i.devs[dev].synced_at.load(Ordering::Relaxed) != 0 {
+            i.host_part_ended(dev);
+        }
+    }
+
     /// Whether a synchronisation on `dev` beginning now precedes a host part
     /// learned to be long (at least [`YIELD_AFTER_NS`]) and follows a
     /// launch: then, once at most the running kernel of the process's is

@@ -756,9 +756,20 @@ fn a_process_with_long_host_parts_leaves_as_its_synchronisation_begins() {
     g.leave(0);
     g.before_submit(0);
     assert!(!f.state.yielding(0));
+    // The host part ends when the launch is called, not when the pacer
+    // lets it through: a hold on the process's own work is not host time.
+    let before = g.host_part_ns(0);
+    g.syncing(Some(0), || ());
+    g.synced(0, true);
+    sys.now.fetch_add(100_000, Ordering::SeqCst);
+    g.launch_called(0);
+    sys.now.fetch_add(20_000_000, Ordering::SeqCst);
+    g.before_submit(0);
+    assert_eq!(g.host_part_ns(0), (3 * before + 100_000) / 4);
     // Outside the allocation's devices: nothing.
     assert!(!g.would_leave(5));
     g.leave(5);
+    g.launch_called(5);
     g.stop();
 }
 
