@@ -778,6 +778,12 @@ mod tests {
         assert!(gate.would_leave(0), "nothing left yet");
         assert!(leave_as_sync_begins(&gate, Some(0), Awaits::Work, |_| true));
         assert!(!gate.would_leave(0), "left: not again before a launch");
+        // The wait returns; the next launch's host part ends as the pacer
+        // sees the launch, before any hold of its.
+        gate.synced(0, true);
+        let p = Pacer::<FakeEvents>::new();
+        assert!(launch(&p, &gate, 0));
+        assert!(gate.would_leave(0), "the launch ended the host part");
     }
 
     const MS: u64 = 1_000_000;
