@@ -440,7 +440,7 @@ fn budget_ns() -> u64 {
 
 /// The slice a launching thread asks the scheduler for, in the process's
 /// environment (`100us`, the default, up to `100ms`; `0` leaves the
-/// program's threads as they are): see [`wake_promptly`]. A tenant's
+/// program's threads as they are): see `wake_promptly`. A tenant's
 /// setting, which only changes how promptly its own threads wake.
 pub const ENV_WAKE_SLICE: &str = "TESSERA_WAKE_SLICE";
 
