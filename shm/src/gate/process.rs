@@ -202,9 +202,7 @@ impl Gate {
         if dev >= i.n_devices {
             return;
         }
-        if i.devs[dev].synced_at.load(Ordering::Relaxed) != 0 {
-            i.host_part_ended(dev);
-        }
+        i.launch_called(dev);
         let w = i.control.device(dev).grant.load(Ordering::Acquire);
         let sd = i.slot_dev(dev);
         if grant::may_submit(w)
@@ -254,8 +252,8 @@ impl Gate {
     /// see.
     pub fn launch_called(&self, dev: usize) {
         let i = &*self.inner;
-        if dev < i.n_devices && i.devs[dev].synced_at.load(Ordering::Relaxed) != 0 {
-            i.host_part_ended(dev);
+        if dev < i.n_devices {
+            i.launch_called(dev);
         }
     }
 
@@ -293,11 +291,7 @@ impl Gate {
         // clears the yield.
         d.synced_at
             .store(i.sys.monotonic_ns().max(1), Ordering::Relaxed);
-        let slot = i.state.slot(i.member.slot);
-        slot.yielding.fetch_or(1u32 << dev, Ordering::AcqRel);
-        let bell = &i.state.device(dev).drain_signal;
-        bell.fetch_add(1, Ordering::AcqRel);
-        i.sys.futex_wake_all(bell);
+        i.yield_device(dev);
     }
 
     /// A synchronisation on device `dev` (see [`Gate::syncing`]) returned;
@@ -334,10 +328,7 @@ impl Gate {
         {
             return;
         }
-        slot.yielding.fetch_or(bit, Ordering::AcqRel);
-        let bell = &i.state.device(dev).drain_signal;
-        bell.fetch_add(1, Ordering::AcqRel);
-        i.sys.futex_wake_all(bell);
+        i.yield_device(dev);
     }
 
     /// The learned host part after a synchronisation on `dev`, ns (0 until
@@ -511,6 +502,25 @@ impl Inner {
     /// ended. Learns its length ([`tessera_contract::quarter_average`], as
     /// the pacer learns kernels) and takes back a yield. Off the hot path: only after a
     /// synchronisation.
+    /// The program called a launch on `dev` (inside the allocation): ends
+    /// a host part begun by a synchronisation. One load on the hot path.
+    #[inline]
+    fn launch_called(&self, dev: usize) {
+        if self.devs[dev].synced_at.load(Ordering::Relaxed) != 0 {
+            self.host_part_ended(dev);
+        }
+    }
+
+    /// Sets this slot's `yielding` bit for `dev` and rings the device's
+    /// doorbell, so the arbiter sees the yield within a wake-up.
+    fn yield_device(&self, dev: usize) {
+        let slot = self.state.slot(self.member.slot);
+        slot.yielding.fetch_or(1u32 << dev, Ordering::AcqRel);
+        let bell = &self.state.device(dev).drain_signal;
+        bell.fetch_add(1, Ordering::AcqRel);
+        self.sys.futex_wake_all(bell);
+    }
+
     #[cold]
     fn host_part_ended(&self, dev: usize) {
         let d = &self.devs[dev];
