@@ -451,33 +451,45 @@ static WAKE_SLICE: AtomicU64 = AtomicU64::new(tessera_shm::sys::WAKE_SLICE_NS);
 /// when it joins (either vendor's gate), never on a launch. A bad value is
 /// logged and the default stays.
 pub(crate) fn read_settings() {
-    let budget = std::env::var(ENV_QUEUE_BUDGET)
-        .ok()
-        .map(|v| parse_budget(&v));
-    match budget {
-        Some(Err(e)) => crate::log!(Level::Error, "{e}; the queue stays bounded"),
-        Some(Ok(ns)) => BUDGET_NS.store(ns, Ordering::Relaxed),
-        None => {}
-    }
-    match std::env::var(ENV_WAKE_SLICE)
-        .ok()
-        .map(|v| parse_wake_slice(&v))
-    {
-        Some(Err(e)) => crate::log!(Level::Error, "{e}; the default stays"),
-        Some(Ok(ns)) => WAKE_SLICE.store(ns, Ordering::Relaxed),
+    read_ns(
+        ENV_QUEUE_BUDGET,
+        &BUDGET_NS,
+        parse_budget,
+        "the queue stays bounded",
+    );
+    read_ns(
+        ENV_WAKE_SLICE,
+        &WAKE_SLICE,
+        parse_wake_slice,
+        "the default stays",
+    );
+}
+
+/// Reads the setting `name` into `into` with `parse`; a bad value is logged
+/// (with what happens instead, `otherwise`) and `into` is left as it is.
+fn read_ns(name: &str, into: &AtomicU64, parse: fn(&str) -> Result<u64, String>, otherwise: &str) {
+    match std::env::var(name).ok().map(|v| parse(&v)) {
+        Some(Err(e)) => crate::log!(Level::Error, "{e}; {otherwise}"),
+        Some(Ok(ns)) => into.store(ns, Ordering::Relaxed),
         None => {}
     }
 }
 
-fn parse_wake_slice(v: &str) -> Result<u64, String> {
+/// A setting's duration in ns, or `0`; `None` when it is neither or outside
+/// `range` (`0` is accepted whatever the range: it turns the setting off).
+fn parse_ns(v: &str, range: std::ops::RangeInclusive<u64>) -> Option<u64> {
     let t = v.trim();
     if t == "0" {
-        return Ok(0);
+        return Some(0);
     }
     tessera_contract::units::parse_duration(t)
         .ok()
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .filter(|ns| (100_000..=100_000_000).contains(ns))
+        .filter(|ns| range.contains(ns))
+}
+
+fn parse_wake_slice(v: &str) -> Result<u64, String> {
+    parse_ns(v, 100_000..=100_000_000)
         .ok_or_else(|| format!("{ENV_WAKE_SLICE}={v:?}: a duration from 100us to 100ms, or 0"))
 }
 
@@ -505,14 +517,7 @@ fn wake_promptly() {
 }
 
 fn parse_budget(v: &str) -> Result<u64, String> {
-    let t = v.trim();
-    if t == "0" {
-        return Ok(0);
-    }
-    tessera_contract::units::parse_duration(t)
-        .ok()
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .filter(|&ns| ns <= 1_000_000_000)
+    parse_ns(v, 0..=1_000_000_000)
         .ok_or_else(|| format!("{ENV_QUEUE_BUDGET}={v:?}: a duration up to 1s, or 0"))
 }
 
