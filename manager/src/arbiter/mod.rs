@@ -106,6 +106,12 @@ pub struct ArbiterConfig {
     /// False treats every return as a newcomer's, the rule before; the
     /// bench compares the two. See `SchedConfig::host_gaps`.
     pub host_gaps: bool,
+    /// How long before an allocation is expected back from a host gap it
+    /// may be granted, while no one waits and the holder is away in its
+    /// own gap: its processes then pass an open gate, without the
+    /// arbiter's wake-up and their own. Zero grants only at the gate, the
+    /// rule before. See `SchedConfig::grant_ahead_ns`.
+    pub grant_ahead: Duration,
 }
 
 impl Default for ArbiterConfig {
@@ -124,6 +130,7 @@ impl Default for ArbiterConfig {
             sync_is_activity: s.sync_is_activity,
             prearm: s.prearm,
             host_gaps: s.host_gaps,
+            grant_ahead: Duration::from_nanos(s.grant_ahead_ns),
         }
     }
 }
@@ -172,6 +179,13 @@ impl ArbiterConfig {
                 ms(self.idle_poll)
             ));
         }
+        if self.grant_ahead > self.contested_idle_release {
+            return bad(format!(
+                "grant ahead {:.3} ms must be at most the contested idle release ({:.3} ms)",
+                ms(self.grant_ahead),
+                ms(self.contested_idle_release)
+            ));
+        }
         if self.stats_window < Duration::from_millis(100) {
             return bad("stats window must be at least 100 ms".into());
         }
@@ -189,6 +203,7 @@ impl ArbiterConfig {
             sync_is_activity: self.sync_is_activity,
             prearm: self.prearm,
             host_gaps: self.host_gaps,
+            grant_ahead_ns: ns(self.grant_ahead),
         }
     }
 }

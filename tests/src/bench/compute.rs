@@ -772,13 +772,30 @@ pub fn set_contested_idle_release(d: Duration) {
     CONTESTED_IDLE_RELEASE_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// How long ahead of its return from a host gap an allocation may be
+/// granted, for the rounds of this process (`--grant-ahead`); `u64::MAX`:
+/// the default.
+static GRANT_AHEAD_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Sets the arbiter's grant ahead for every later round (0: only at the
+/// gate, the rule before), so the two can be compared at one load
+/// (`tessera-bench --grant-ahead`).
+pub fn set_grant_ahead(d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1);
+    GRANT_AHEAD_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The arbiter's configuration the shapes run under: the default, but for
-/// [`set_contested_idle_release`].
+/// [`set_contested_idle_release`] and [`set_grant_ahead`].
 fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
     let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
     if contested != 0 {
         cfg.contested_idle_release = Duration::from_nanos(contested);
+    }
+    let ahead = GRANT_AHEAD_NS.load(std::sync::atomic::Ordering::Relaxed);
+    if ahead != u64::MAX {
+        cfg.grant_ahead = Duration::from_nanos(ahead);
     }
     cfg
 }
