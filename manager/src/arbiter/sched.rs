@@ -594,12 +594,12 @@ impl Scheduler {
                         let until = self.next_eligible(now).map_or(until, |e| e.min(until));
                         return Action::Wait { until: Some(until) };
                     }
-                    // Granted ahead, its time starts where it is expected.
-                    let start = ahead.map_or(now, |(back, _)| back.max(now));
+                    // (Granted ahead, the time until it is back is its
+                    // host gap's, not the hand-over's.)
                     if let Some(r) = revoked_at {
                         self.events.push(Event::Handover {
                             to: id,
-                            ns: start.saturating_sub(r),
+                            ns: now.saturating_sub(r),
                         });
                     }
                     return self.grant(id, now, view, None, ahead);
@@ -635,9 +635,13 @@ impl Scheduler {
                         .unwrap_or(end)
                         .min(end);
                     let start = granted_at.max(reported);
+                    // Granted ahead, the hand-over ends with the drain:
+                    // until the new holder is back the GPU idles for its
+                    // host gap, not for the hand-over.
+                    let over = if ahead.is_some() { reported } else { start };
                     self.events.push(Event::Handover {
                         to: id,
-                        ns: start.saturating_sub(b.revoked_at),
+                        ns: over.saturating_sub(b.revoked_at),
                     });
                     self.phase = Phase::Held {
                         id,
@@ -1315,6 +1319,9 @@ mod tests {
         /// Says it yields all the time, work in flight or not (a tenant's
         /// false word).
         lies: bool,
+        /// Also yields as its synchronisation begins, once only its last
+        /// kernel runs (`Gate::leave` in the shim).
+        leaves: bool,
         /// Queues nothing to start at or past its grant's quantum end, as
         /// the shim's pacer does (a launch onto an empty queue always goes).
         paced: bool,
@@ -1422,6 +1429,10 @@ mod tests {
             if self.lies {
                 return true;
             }
+            let running = self.inflight.iter().filter(|&&e| e > now).count();
+            if self.leaves && self.syncs(now) && self.batch_left == 0 && running == 1 {
+                return true;
+            }
             self.yields
                 && self.syncs(now)
                 && self.launches > 0
@@ -1455,6 +1466,7 @@ mod tests {
             gap_ns: 0,
             yields: false,
             lies: false,
+            leaves: false,
             paced: false,
             batch_left: 0,
             sync_until: u64::MAX,
@@ -1902,6 +1914,101 @@ mod tests {
                 assert_eq!(expected, 0);
             }
         }
+    }
+
+    /// Two programs taking turns in each other's host gaps (1 ms kernels,
+    /// two per step, 2 ms on the host, each leaving as its last kernel
+    /// runs), both burst: each wants half the GPU and should get it.
+    /// Granted only at its gate, a program back from its gap waits for the
+    /// arbiter's wake-up and its own (`wake_ns` on this fake node) at every
+    /// step (49.38 each here); granted ahead, it finds its gate open.
+    #[test]
+    fn a_program_back_from_its_gap_finds_its_gate_open() {
+        let run = |ahead: u64| {
+            let mut a = syncing_client(1, MS, 2, 2 * MS);
+            let mut b = syncing_client(2, MS, 2, 2 * MS);
+            for c in [&mut a, &mut b] {
+                c.yields = true;
+                c.leaves = true;
+                c.paced = true;
+            }
+            let cfg = SchedConfig {
+                grant_ahead_ns: ahead,
+                ..cfg()
+            };
+            let mut w = World::new(
+                cfg,
+                vec![(a, 300_000, Policy::Burst), (b, 700_000, Policy::Burst)],
+            );
+            w.run_until(12 * S);
+            (w.busy(1, 2 * S, 12 * S), w.busy(2, 2 * S, 12 * S))
+        };
+        let (a, b) = run(cfg().grant_ahead_ns);
+        let (a0, b0) = run(0);
+        let seen = format!("ahead {a:.2} + {b:.2}; at the gate {a0:.2} + {b0:.2}");
+        assert!(a >= 49.5 && b >= 49.5, "{seen}");
+        assert!(a + b >= a0 + b0 + 1.0, "the test can fail: {seen}");
+    }
+
+    /// A program granted ahead of its return is charged from when it was
+    /// expected: one that comes back sooner than it taught the arbiter
+    /// (a tenant's trick, or a gap that shrank) runs uncharged at most
+    /// `grant_ahead` per grant, and a cap holds. One that does not come
+    /// back at all is given up on, and the GPU goes on to the other.
+    #[test]
+    fn a_grant_ahead_is_charged_from_the_expected_return() {
+        for early in [150 * US, 400 * US] {
+            let mut a = syncing_client(1, MS, 2, 2 * MS);
+            a.yields = true;
+            a.leaves = true;
+            a.paced = true;
+            let mut w = World::new(cfg(), vec![(a, 600_000, Policy::Guaranteed)]);
+            w.run_until(2 * S);
+            w.c(1).gap_ns = 2 * MS - early;
+            w.run_until(12 * S);
+            let (t0, t1) = (3 * S, 12 * S);
+            let grants = w.grants_of(1).iter().filter(|&&t| t >= t0).count() as u64;
+            let ran = w.c(1).busy_in(t0, t1);
+            let uncharged = ran.saturating_sub(w.charged(1, t0, t1));
+            let seen = format!(
+                "{} µs early: {:.2}% of the GPU, {grants} grants, {} µs uncharged",
+                early / US,
+                w.busy(1, t0, t1),
+                uncharged / US
+            );
+            assert!(w.busy(1, t0, t1) <= 61.0, "past its cap: {seen}");
+            assert!(
+                uncharged <= grants * cfg().grant_ahead_ns,
+                "more than grant_ahead per grant: {seen}"
+            );
+            if early < cfg().grant_ahead_ns {
+                // Back inside the window: granted ahead, and it shows.
+                assert!(uncharged >= grants * (early / 2), "{seen}");
+            }
+        }
+        // Two taking turns; the 30 stops coming back at 3 s.
+        let mut a = syncing_client(1, MS, 2, 2 * MS);
+        let mut b = syncing_client(2, MS, 2, 2 * MS);
+        for c in [&mut a, &mut b] {
+            c.yields = true;
+            c.leaves = true;
+            c.paced = true;
+        }
+        a.until = 3 * S;
+        let mut w = World::new(
+            cfg(),
+            vec![(a, 300_000, Policy::Burst), (b, 700_000, Policy::Burst)],
+        );
+        w.run_until(6 * S);
+        let late = w
+            .grants_of(1)
+            .iter()
+            .filter(|&&t| t > 3 * S + 10 * MS)
+            .count();
+        assert_eq!(late, 0, "granted after it left for good");
+        // Alone, the 70 gets its own rate: 2 ms of every 4.
+        let b = w.busy(2, 3_100 * MS, 6 * S);
+        assert!(b >= 49.0, "the one left got {b:.2}%");
     }
 
     /// While the holder is away in a host gap, the one expected back soonest
