@@ -351,6 +351,7 @@ impl Config {
             c.arbiter.contested_idle_release =
                 c.arbiter.contested_idle_release.min(c.arbiter.idle_release);
             c.arbiter.poll = c.arbiter.poll.min(c.arbiter.idle_release);
+            c.arbiter.grant_ahead = c.arbiter.grant_ahead.min(c.arbiter.contested_idle_release);
             c.arbiter
                 .validate()
                 .map_err(|e| invalid("quantum", e.to_string()))?;

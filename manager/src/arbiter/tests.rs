@@ -192,6 +192,13 @@ fn bad_configurations_are_refused() {
         ),
         (
             ArbiterConfig {
+                grant_ahead: Duration::from_millis(1),
+                ..d
+            },
+            "grant ahead",
+        ),
+        (
+            ArbiterConfig {
                 poll: Duration::ZERO,
                 ..d
             },

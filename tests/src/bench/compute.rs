@@ -797,6 +797,8 @@ fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     if ahead != u64::MAX {
         cfg.grant_ahead = Duration::from_nanos(ahead);
     }
+    // Never ahead by more than the contested release (the arbiter's rule).
+    cfg.grant_ahead = cfg.grant_ahead.min(cfg.contested_idle_release);
     cfg
 }
 
