@@ -703,15 +703,16 @@ impl Scheduler {
                         && yielding
                         && ahead.is_none()
                         && self.due(now, Some(id)).is_some();
-                    // Granted ahead and not back, only one who may run
-                    // now takes the grant back (one waiting on its cap
-                    // would leave it to be granted ahead again, in turns).
-                    let yielded = yielding
-                        && if pending {
-                            self.pick(now, None).is_some()
-                        } else {
-                            contested || capped || due
-                        };
+                    // Granted ahead and not back, it gives the grant to
+                    // anyone who may run now, yield bit or not (a tenant
+                    // clearing it keeps no one waiting), and only to such
+                    // a one (one waiting on its cap would leave it to be
+                    // granted ahead again, in turns).
+                    let yielded = if pending {
+                        self.pick(now, None).is_some()
+                    } else {
+                        yielding && (contested || capped || due)
+                    };
                     // A process still waking up from the gate counts as
                     // busy: it has work it has not launched yet.
                     let busy = (!yielded
