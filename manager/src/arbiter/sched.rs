@@ -1484,6 +1484,19 @@ mod tests {
         }
     }
 
+    /// A program as the shim runs it between host gaps: two 1 ms kernels,
+    /// a synchronisation, 2 ms on the host; it yields through its gaps,
+    /// leaves as its last kernel runs, and its pacer queues nothing past a
+    /// grant's end.
+    fn leaving_client(id: ClientId) -> FakeClient {
+        FakeClient {
+            yields: true,
+            leaves: true,
+            paced: true,
+            ..syncing_client(id, MS, 2, 2 * MS)
+        }
+    }
+
     impl World {
         fn new(cfg: SchedConfig, clients: Vec<(FakeClient, u32, Policy)>) -> World {
             let mut sched = Scheduler::new(cfg);
@@ -1926,13 +1939,7 @@ mod tests {
     #[test]
     fn a_program_back_from_its_gap_finds_its_gate_open() {
         let run = |ahead: u64| {
-            let mut a = syncing_client(1, MS, 2, 2 * MS);
-            let mut b = syncing_client(2, MS, 2, 2 * MS);
-            for c in [&mut a, &mut b] {
-                c.yields = true;
-                c.leaves = true;
-                c.paced = true;
-            }
+            let (a, b) = (leaving_client(1), leaving_client(2));
             let cfg = SchedConfig {
                 grant_ahead_ns: ahead,
                 ..cfg()
@@ -1959,10 +1966,7 @@ mod tests {
     #[test]
     fn a_grant_ahead_is_charged_from_the_expected_return() {
         for early in [150 * US, 400 * US] {
-            let mut a = syncing_client(1, MS, 2, 2 * MS);
-            a.yields = true;
-            a.leaves = true;
-            a.paced = true;
+            let a = leaving_client(1);
             let mut w = World::new(cfg(), vec![(a, 600_000, Policy::Guaranteed)]);
             w.run_until(2 * S);
             w.c(1).gap_ns = 2 * MS - early;
@@ -1988,13 +1992,8 @@ mod tests {
             }
         }
         // Two taking turns; the 30 stops coming back at 3 s.
-        let mut a = syncing_client(1, MS, 2, 2 * MS);
-        let mut b = syncing_client(2, MS, 2, 2 * MS);
-        for c in [&mut a, &mut b] {
-            c.yields = true;
-            c.leaves = true;
-            c.paced = true;
-        }
+        let mut a = leaving_client(1);
+        let b = leaving_client(2);
         a.until = 3 * S;
         let mut w = World::new(
             cfg(),
