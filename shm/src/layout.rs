@@ -264,7 +264,17 @@ pub struct Slot {
     /// layout, its size and `ABI_VERSION` are unchanged.
     pub yielding: AtomicU32,
     pub _pad_yield: u32,
-    pub reserved: [u64; 2],
+    /// Packed [`FirstLaunch`]: when this process last made the first
+    /// submission of a grant epoch, and on which device (the last device
+    /// only: a process on several keeps one record). The arbiter starts a
+    /// holder's time there while no one else waits, never after it saw the
+    /// holder active itself (see `docs/compute-slices.md`, "A late start").
+    /// A hint: set falsely, it can shave at most what the arbiter had not
+    /// seen of one grant. Taken from what was reserved space (zero in older
+    /// files, read as no record): the layout, its size and `ABI_VERSION`
+    /// are unchanged.
+    pub first_launch: AtomicU64,
+    pub reserved: [u64; 1],
     pub devices: [SlotDevice; MAX_DEVICES],
 }
 
@@ -287,6 +297,31 @@ const _: () = assert!(std::mem::size_of::<DeviceState>() == 64);
 const _: () = assert!(std::mem::size_of::<SlotDevice>() == 32);
 const _: () = assert!(std::mem::size_of::<Slot>() == 576);
 const _: () = assert!(std::mem::size_of::<StateFile>() == 128 + 16 * 64 + 1024 * 576);
+
+/// Unpacked [`Slot::first_launch`]: the device in the top 4 bits, the
+/// `CLOCK_MONOTONIC` ns in the other 60 (36 years of uptime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstLaunch {
+    pub dev: usize,
+    pub at_ns: u64,
+}
+
+const FIRST_LAUNCH_NS_BITS: u32 = 60;
+const FIRST_LAUNCH_NS_MASK: u64 = (1 << FIRST_LAUNCH_NS_BITS) - 1;
+const _: () = assert!(MAX_DEVICES <= 1 << (64 - FIRST_LAUNCH_NS_BITS));
+
+impl FirstLaunch {
+    pub fn pack(self) -> u64 {
+        ((self.dev as u64) << FIRST_LAUNCH_NS_BITS) | (self.at_ns & FIRST_LAUNCH_NS_MASK)
+    }
+    /// `None` for 0, the word of a slot that never recorded one.
+    pub fn unpack(word: u64) -> Option<Self> {
+        (word != 0).then_some(FirstLaunch {
+            dev: (word >> FIRST_LAUNCH_NS_BITS) as usize,
+            at_ns: word & FIRST_LAUNCH_NS_MASK,
+        })
+    }
+}
 
 /// Width of a byte count in the packed words: 2^42 bytes = 4 TiB per device.
 pub const BYTES_BITS: u32 = 42;

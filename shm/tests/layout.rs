@@ -56,6 +56,7 @@ fn offsets_are_pinned() {
     assert_eq!(offset_of!(Slot, syncing), 36);
     // Taken from reserved space (zero in older files): size and ABI unchanged.
     assert_eq!(offset_of!(Slot, yielding), 40);
+    assert_eq!(offset_of!(Slot, first_launch), 48);
     assert_eq!(offset_of!(DeviceState, waiters), 16);
     assert_eq!(offset_of!(DeviceState, wait_ns), 24);
     assert_eq!(offset_of!(DeviceState, drain_signal), 32);
@@ -125,6 +126,21 @@ fn packed_words_round_trip() {
         assert_eq!(Owner::unpack(o.pack()), o);
     }
     assert_eq!(next_seq((1 << SEQ_BITS) - 1), 0);
+    for f in [
+        FirstLaunch { dev: 0, at_ns: 1 },
+        FirstLaunch {
+            dev: MAX_DEVICES - 1,
+            at_ns: (1 << 60) - 1,
+        },
+        FirstLaunch {
+            dev: 3,
+            at_ns: 12_345_678_901_234,
+        },
+    ] {
+        assert_eq!(FirstLaunch::unpack(f.pack()), Some(f));
+    }
+    // A slot that never recorded one (zero in older files).
+    assert_eq!(FirstLaunch::unpack(0), None);
 }
 
 #[test]

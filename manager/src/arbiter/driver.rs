@@ -259,6 +259,11 @@ impl View for FileView<'_> {
             .map(|m| m.files.state().drained_at_ns(m.dev))
             .filter(|&t| t != 0)
     }
+    fn first_launch(&mut self, id: ClientId, since: u64) -> Option<u64> {
+        // The processes' own record, a hint: the scheduler clamps it.
+        self.member(id)
+            .and_then(|m| m.files.state().first_launch_since(m.dev, since))
+    }
 }
 
 /// The GPU thread.

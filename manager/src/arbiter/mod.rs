@@ -112,6 +112,13 @@ pub struct ArbiterConfig {
     /// arbiter's wake-up and their own. Zero grants only at the gate, the
     /// rule before. See `SchedConfig::grant_ahead_ns`.
     pub grant_ahead: Duration,
+    /// A holder's time starts at its first launch of the grant, as its
+    /// processes recorded it, while no other allocation waits, and never
+    /// after the arbiter saw it active (true, the default): a process
+    /// waking late at its gate on a busy host is not charged for it. False
+    /// charges from the grant, the rule before; the bench compares the
+    /// two. See `SchedConfig::late_start`.
+    pub late_start: bool,
 }
 
 impl Default for ArbiterConfig {
@@ -131,6 +138,7 @@ impl Default for ArbiterConfig {
             prearm: s.prearm,
             host_gaps: s.host_gaps,
             grant_ahead: Duration::from_nanos(s.grant_ahead_ns),
+            late_start: s.late_start,
         }
     }
 }
@@ -204,6 +212,7 @@ impl ArbiterConfig {
             prearm: self.prearm,
             host_gaps: self.host_gaps,
             grant_ahead_ns: ns(self.grant_ahead),
+            late_start: self.late_start,
         }
     }
 }

@@ -119,6 +119,13 @@ pub struct SchedConfig {
     /// its own gap (see the module's grant ahead). 0: only at its gate,
     /// the rule before.
     pub grant_ahead_ns: u64,
+    /// A holder's time starts at its first launch of the grant, as its
+    /// processes recorded it, while no one else waits: a process waking
+    /// late at its gate on a busy host kept no one from the GPU, and is not
+    /// charged for it (see the module's late start). Never after the
+    /// arbiter first saw it active. `false`: from the grant, the rule
+    /// before; the tests and the bench compare the two.
+    pub late_start: bool,
 }
 
 impl Default for SchedConfig {
@@ -133,6 +140,7 @@ impl Default for SchedConfig {
             prearm: true,
             host_gaps: true,
             grant_ahead_ns: 200_000,
+            late_start: true,
         }
     }
 }
@@ -167,6 +175,14 @@ pub trait View {
     /// end is cut to it, so no report makes the next holder run uncharged
     /// beyond what the reporter is charged for itself.
     fn reported_end(&mut self, _id: ClientId) -> Option<u64> {
+        None
+    }
+    /// The earliest first launch of a grant that the client's processes
+    /// recorded at or after `since` (their own clock), or `None`. A hint:
+    /// the scheduler never starts a grant's time before the grant, nor
+    /// after it saw the holder active itself, and takes it only while no
+    /// one else waits (see the module's late start).
+    fn first_launch(&mut self, _id: ClientId, _since: u64) -> Option<u64> {
         None
     }
 }
@@ -357,6 +373,9 @@ enum Phase {
         /// grant ahead), not seen since: until then it is neither idle nor
         /// back, and it is given up on at this time.
         ahead: Option<u64>,
+        /// Granted at this time and not seen active since: its time may
+        /// start at its first launch (see the module's late start).
+        unseen: Option<u64>,
     },
     Draining {
         id: ClientId,
@@ -612,6 +631,7 @@ impl Scheduler {
                     last_activity,
                     behind: Some(b),
                     ahead,
+                    unseen,
                 } => {
                     let deadline = b.revoked_at.saturating_add(self.cfg.drain_timeout_ns);
                     let drained = view.drained(b.id);
@@ -651,21 +671,25 @@ impl Scheduler {
                         last_activity: last_activity.max(now),
                         behind: None,
                         ahead,
+                        unseen,
                     };
                     self.refresh(now, view);
                 }
                 Phase::Held {
                     id,
-                    granted_at,
+                    mut granted_at,
                     quantum_end,
                     mut launches,
                     mut last_activity,
                     behind: None,
                     mut ahead,
+                    mut unseen,
                 } => {
                     let l = view.launches(id);
                     let waiting = view.waiting(id);
                     let syncing = view.syncing(id);
+                    // Launched or waiting on its work: its processes are up.
+                    let seen = l != launches || syncing;
                     if ahead.is_some() && (l != launches || waiting || syncing) {
                         // Back from its gap, through a gate already open:
                         // never seen waiting, so its gap is not learned
@@ -689,6 +713,20 @@ impl Scheduler {
                     // counts as busy, as a process waking at its gate does.
                     let pending = ahead.is_some_and(|give_up| now < give_up);
                     let contested = self.clients.iter().any(|c| c.id != id && c.waiting);
+                    if let Some(since) = unseen {
+                        if contested {
+                            // Someone waits: the holder's wake-up keeps it
+                            // from the GPU, and is the holder's time.
+                            unseen = None;
+                        } else if seen {
+                            // Its time starts at its first launch (see the
+                            // module's late start), never after now.
+                            if let Some(first) = view.first_launch(id, since) {
+                                granted_at = granted_at.max(first.min(now));
+                            }
+                            unseen = None;
+                        }
+                    }
                     let release = self.idle_release(contested);
                     // A holder whose processes yield (a host gap began) is
                     // idle now: waiting out the release only idled the GPU.
@@ -746,6 +784,7 @@ impl Scheduler {
                                 last_activity,
                                 behind: None,
                                 ahead,
+                                unseen: None,
                             };
                             continue;
                         }
@@ -766,6 +805,7 @@ impl Scheduler {
                         last_activity,
                         behind: None,
                         ahead,
+                        unseen,
                     };
                     let mut until = quantum_end;
                     if contested || capped {
@@ -911,6 +951,7 @@ impl Scheduler {
             last_activity: start,
             behind,
             ahead: ahead.map(|(_, give_up)| give_up),
+            unseen: self.cfg.late_start.then_some(now),
         };
         Action::Grant(id)
     }
@@ -1329,6 +1370,12 @@ mod tests {
         /// Launches of the current batch not made yet (a synchronising
         /// client held by its pacer part-way through a batch).
         batch_left: usize,
+        /// Its first launch since its latest grant, as its processes
+        /// record it (`Slot::first_launch`), once it launched.
+        first_launch: Option<u64>,
+        /// Records its first launch this much later than it was (a
+        /// tenant's false word).
+        reports_late: u64,
     }
 
     struct World {
@@ -1368,6 +1415,13 @@ mod tests {
             self.clients
                 .iter()
                 .any(|c| c.id == id && c.yielding_at(self.now))
+        }
+        fn first_launch(&mut self, id: ClientId, since: u64) -> Option<u64> {
+            self.clients
+                .iter()
+                .find(|c| c.id == id)
+                .and_then(|c| c.first_launch)
+                .filter(|&t| t >= since)
         }
         fn drained(&mut self, id: ClientId) -> Option<u64> {
             let Some(c) = self.clients.iter().find(|c| c.id == id) else {
@@ -1471,6 +1525,8 @@ mod tests {
             paced: false,
             batch_left: 0,
             sync_until: u64::MAX,
+            first_launch: None,
+            reports_late: 0,
         }
     }
 
@@ -1559,6 +1615,9 @@ mod tests {
                         c.last_end = stop;
                         c.ran.push((start, stop));
                         c.launches += 1;
+                        if c.first_launch.is_none() {
+                            c.first_launch = Some(now + c.reports_late);
+                        }
                     }
                 }
             }
@@ -1585,6 +1644,7 @@ mod tests {
                         let c = self.c(id);
                         c.granted = true;
                         c.wakes_at = now + wake;
+                        c.first_launch = None;
                     }
                     Action::Revoke(id, _) => self.c(id).granted = false,
                     Action::Wait { until } => break until,
@@ -2009,6 +2069,84 @@ mod tests {
         // Alone, the 70 gets its own rate: 2 ms of every 4.
         let b = w.busy(2, 3_100 * MS, 6 * S);
         assert!(b >= 49.0, "the one left got {b:.2}%");
+    }
+
+    /// A capped program alone whose processes wake 400 µs late at their
+    /// gate (a busy host) is charged from its first launch, not from its
+    /// grant: it gets its share of the GPU's busy time, and never more.
+    /// Charged from the grant, each 2 ms step cost it 2.4 ms of its share.
+    #[test]
+    fn a_late_wake_up_kept_no_one_waiting_and_is_not_charged() {
+        let run = |late_start: bool| {
+            let mut w = World::new(
+                SchedConfig {
+                    late_start,
+                    ..cfg()
+                },
+                vec![(leaving_client(1), 300_000, Policy::Guaranteed)],
+            );
+            w.wake_ns = 400 * US;
+            w.run_until(12 * S);
+            let (t0, t1) = (2 * S, 12 * S);
+            let ran = w.c(1).busy_in(t0, t1);
+            // What a window cuts of the holds at its two ends.
+            let slack = 2 * 3 * MS;
+            assert!(
+                ran <= w.charged(1, t0, t1) + slack,
+                "ran {} µs past its charge",
+                (ran - w.charged(1, t0, t1)) / US
+            );
+            w.busy(1, t0, t1)
+        };
+        let (late, before) = (run(true), run(false));
+        assert!(
+            (29.0..=30.2).contains(&late),
+            "charged from its first launch: {late:.2}% of a 30% cap"
+        );
+        assert!(
+            late >= before + 2.0,
+            "{late:.2}% from its first launch, {before:.2}% from its grant"
+        );
+    }
+
+    /// The first launch is the processes' word: one recorded later than it
+    /// was moves the start no later than the arbiter's own first sight of
+    /// the launch, and while another allocation waits it moves nothing.
+    #[test]
+    fn a_late_start_is_a_hint_clamped_to_what_the_arbiter_saw() {
+        let mut liar = leaving_client(1);
+        liar.reports_late = 10 * MS;
+        let mut w = World::new(cfg(), vec![(liar, 300_000, Policy::Guaranteed)]);
+        w.wake_ns = 400 * US;
+        w.run_until(12 * S);
+        let (t0, t1) = (2 * S, 12 * S);
+        let grants = w.grants_of(1).iter().filter(|&&t| t >= t0).count() as u64;
+        let ran = w.c(1).busy_in(t0, t1);
+        let uncharged = ran.saturating_sub(w.charged(1, t0, t1));
+        // The arbiter looks at least once a poll while a grant is held.
+        assert!(
+            uncharged <= grants * POLL + 2 * 3 * MS,
+            "{} µs uncharged over {grants} grants",
+            uncharged / US
+        );
+        // Beside one that always waits, a late wake-up is the holder's: the
+        // rule changes nothing, to the nanosecond.
+        let pair = |late_start: bool| {
+            let mut w = World::new(
+                SchedConfig {
+                    late_start,
+                    ..cfg()
+                },
+                vec![
+                    (leaving_client(1), 300_000, Policy::Guaranteed),
+                    (client(2, MS, 2), 700_000, Policy::Burst),
+                ],
+            );
+            w.wake_ns = 400 * US;
+            w.run_until(6 * S);
+            (w.c(1).busy_in(S, 6 * S), w.charged(1, S, 6 * S))
+        };
+        assert_eq!(pair(true), pair(false));
     }
 
     /// While the holder is away in a host gap, the one expected back soonest

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::handshake;
 use super::saturating_dec;
-use crate::layout::{MAX_DEVICES, MAX_SLOTS, Owner, StateFile};
+use crate::layout::{FirstLaunch, MAX_DEVICES, MAX_SLOTS, Owner, StateFile};
 use crate::sys::futex_wake_all;
 use crate::{Control, ShmError, State};
 
@@ -206,6 +206,21 @@ impl State {
         self.gate_slot_range().iter().fold(0u64, |acc, s| {
             acc.wrapping_add(s.devices[dev].launches.load(Ordering::Relaxed))
         })
+    }
+
+    /// The earliest first submission of a grant epoch to device `dev` that
+    /// a process recorded at or after `since` (its own clock, see
+    /// [`crate::layout::Slot::first_launch`]); `None` if none did. A
+    /// process that died since counts: its work ran. Records from before
+    /// `since` belong to earlier epochs and are passed over. A hint: the
+    /// caller clamps it to what it observed itself.
+    pub fn first_launch_since(&self, dev: usize, since: u64) -> Option<u64> {
+        self.gate_slot_range()
+            .iter()
+            .filter_map(|s| FirstLaunch::unpack(s.first_launch.load(Ordering::Acquire)))
+            .filter(|f| f.dev == dev && f.at_ns >= since)
+            .map(|f| f.at_ns)
+            .min()
     }
 
     /// Total time processes spent blocked at device `dev`'s gate.

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use super::handshake::{self, Pass};
 use super::{forget_waiting, saturating_dec};
-use crate::layout::{DeviceControl, DeviceState, MAX_DEVICES, MAX_SLOTS, SlotDevice, grant};
+use crate::layout::{
+    DeviceControl, DeviceState, FirstLaunch, MAX_DEVICES, MAX_SLOTS, SlotDevice, grant,
+};
 use crate::state::Member;
 use crate::sys::{Linux, Sys};
 use crate::{Control, ShmError, State};
@@ -569,6 +571,14 @@ impl Inner {
                 Pass::Closed(w) => w,
                 pass => {
                     if let Pass::Recorded(_) = pass {
+                        // The first submission of the epoch: where the
+                        // holder's time may start (`Slot::first_launch`),
+                        // not at the grant, when this thread woke late.
+                        let at_ns = self.sys.monotonic_ns();
+                        self.state
+                            .slot(self.member.slot)
+                            .first_launch
+                            .store(FirstLaunch { dev, at_ns }.pack(), Ordering::Release);
                         self.ensure_drainer(me, dev);
                     }
                     self.stop_waiting(dev, waited_since);

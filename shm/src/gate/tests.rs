@@ -807,3 +807,54 @@ fn launch_numbers_are_taken_in_one_step_with_the_decision() {
     assert_eq!(a.take_launch(5, 0), Some(0));
     assert_eq!(a.launch_count(5), 0);
 }
+
+/// A process records its first submission of each grant epoch (only the
+/// first: later ones are the one-load fast path), and the arbiter reads the
+/// allocation's earliest at or after the grant, passing over records of
+/// earlier epochs.
+#[test]
+fn the_first_launch_of_each_epoch_is_recorded() {
+    let f = files(300_000);
+    f.arbiter.beat(monotonic_ns()).unwrap();
+    let a = gate(&f, 31, Arc::default(), Arc::default());
+    let b = gate(&f, 32, Arc::default(), Arc::default());
+    let first = |g: &Gate| {
+        crate::layout::FirstLaunch::unpack(
+            f.state
+                .slot(g.member().slot)
+                .first_launch
+                .load(Ordering::SeqCst),
+        )
+    };
+    assert_eq!(first(&a), None, "no submission yet");
+    let granted = monotonic_ns();
+    f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    a.before_submit(0);
+    let at = first(&a).expect("recorded at the first submission");
+    assert_eq!(at.dev, 0);
+    assert!(at.at_ns >= granted && at.at_ns <= monotonic_ns());
+    a.before_submit(0);
+    assert_eq!(
+        first(&a),
+        Some(at),
+        "the epoch's later submissions record nothing"
+    );
+    std::thread::sleep(Duration::from_millis(2));
+    b.before_submit(0);
+    let at_b = first(&b).unwrap().at_ns;
+    assert!(at_b > at.at_ns);
+    assert_eq!(f.state.first_launch_since(0, granted), Some(at.at_ns));
+    // The next epoch: what was recorded under the last one is passed over.
+    let regranted = monotonic_ns();
+    f.arbiter.publish_grant(0, 0).unwrap();
+    f.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    assert_eq!(f.state.first_launch_since(0, regranted), None);
+    b.before_submit(0);
+    let again = first(&b).unwrap().at_ns;
+    assert!(again >= regranted);
+    assert_eq!(f.state.first_launch_since(0, regranted), Some(again));
+    // Another device's record is not this one's.
+    assert_eq!(f.state.first_launch_since(1, granted), None);
+    a.stop();
+    b.stop();
+}

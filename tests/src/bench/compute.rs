@@ -785,8 +785,20 @@ pub fn set_grant_ahead(d: Duration) {
     GRANT_AHEAD_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether a holder's time starts at its first launch (the default) for the
+/// rounds of this process.
+static LATE_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// `false`: a holder's time starts at its grant for every later round, the
+/// rule before the late start, so the two can be compared at one load
+/// (`tessera-bench --charge-from-grant`).
+pub fn set_late_start(on: bool) {
+    LATE_START.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The arbiter's configuration the shapes run under: the default, but for
-/// [`set_contested_idle_release`] and [`set_grant_ahead`].
+/// [`set_contested_idle_release`], [`set_grant_ahead`] and
+/// [`set_late_start`].
 fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
     let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
@@ -799,6 +811,7 @@ fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     }
     // Never ahead by more than the contested release (the arbiter's rule).
     cfg.grant_ahead = cfg.grant_ahead.min(cfg.contested_idle_release);
+    cfg.late_start = LATE_START.load(std::sync::atomic::Ordering::Relaxed);
     cfg
 }
 
