@@ -1625,6 +1625,18 @@ pub fn set_mixes_together(on: bool) {
     MIXES_TOGETHER.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Runs each mix's programs with no gate at all in [`run_shapes`]
+/// (`tessera-bench --ungoverned`): every allocation a whole-GPU one, all on
+/// the one GPU, their kernels in its queue as they come. A reference, not
+/// a rule: what the same programs get from the GPU with nothing between
+/// them, against the governed targets.
+static UNGOVERNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// See [`UNGOVERNED`].
+pub fn set_ungoverned(on: bool) {
+    UNGOVERNED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Runs every shape under every mix ([`shapes`], [`mixes`]) whose name
 /// (`<shape>, <mix>`) contains `only` (any case; all when `None`): one
 /// round per mix (per shape with [`set_mixes_together`]), on GPUs of one
@@ -1676,7 +1688,18 @@ fn run_shape_round(
             measure,
         ),
     ));
-    let scs: Vec<Scenario> = round.iter().map(|(_, sc)| sc.clone()).collect();
+    let ungoverned = UNGOVERNED.load(std::sync::atomic::Ordering::Relaxed);
+    let scs: Vec<Scenario> = round
+        .iter()
+        .map(|(label, sc)| {
+            let mut sc = sc.clone();
+            if ungoverned && label != "bare" {
+                // The targets stay the governed mix's (`round` keeps it).
+                sc.allocs = vec![AllocSpec::guaranteed(100); sc.allocs.len()];
+            }
+            sc
+        })
+        .collect();
     let mut outcomes = run_round(&scs)?;
     round.pop();
     let bare = outcomes.pop().map_or(100.0, |o| {
@@ -1774,6 +1797,12 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
         "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only).".into(),
         "Worst miss: the most an allocation fell short of its target, or a guaranteed one went past its cap (its share of the GPU's time); more than the target is no miss below the cap (a program that sleeps through others' turns gets the host's CPU sooner than the same program never sleeping).".into(),
     ];
+    if UNGOVERNED.load(std::sync::atomic::Ordering::Relaxed) {
+        notes.insert(
+            0,
+            "UNGOVERNED (--ungoverned): no gate and no arbiter; each mix's programs run on one GPU as whole-GPU allocations, their kernels queued as they come. The targets (and caps) are the governed mix's: a reference for what the programs get with nothing between them.".into(),
+        );
+    }
     notes.extend(failures.into_iter().map(|f| format!("FAILED: {f}")));
     Ok(crate::bench::Table {
         title: "Compute-time slices: every shape, target vs achieved share".into(),
