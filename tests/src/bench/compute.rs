@@ -1632,7 +1632,9 @@ pub fn set_mixes_together(on: bool) {
 /// them, against the governed targets.
 static UNGOVERNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// See [`UNGOVERNED`].
+/// Runs each mix's programs with no gate at all from now on (`tessera-bench
+/// --ungoverned`): every allocation a whole-GPU one, all on the one GPU. A
+/// reference against the governed targets, not a rule.
 pub fn set_ungoverned(on: bool) {
     UNGOVERNED.store(on, std::sync::atomic::Ordering::Relaxed);
 }
