@@ -274,6 +274,15 @@ struct Client {
     /// a grant it gives back idle lasts (a step's GPU part). 0: not known.
     gap_ns: u64,
     hold_ns: u64,
+    /// Where its current grant's time began, renewals not counted (see
+    /// [`Scheduler::drain_ended`]): a step's GPU part runs from it to the
+    /// work's end. An uncontested holder is renewed at each quantum, so its
+    /// renewed grant's start cut a 40 ms step's measure to 16–27 ms.
+    held_from: u64,
+    /// The last time the arbiter itself saw its work active (a launch, or
+    /// a process waiting on its work) while it held the GPU: no host gap
+    /// began before it, whatever its processes say.
+    seen_active: u64,
     /// Held off until then for a client owed more (see
     /// [`Scheduler::deferred`]); once per grant.
     held_off_until: Option<u64>,
@@ -429,6 +438,8 @@ impl Scheduler {
             away_from: None,
             gap_ns: 0,
             hold_ns: 0,
+            held_from: 0,
+            seen_active: 0,
             held_off_until: None,
             grace_until: 0,
             last_grant: 0,
@@ -655,6 +666,9 @@ impl Scheduler {
                         .unwrap_or(end)
                         .min(end);
                     let start = granted_at.max(reported);
+                    if let Some(c) = self.find_mut(id) {
+                        c.held_from = c.held_from.max(start);
+                    }
                     // Granted ahead, the hand-over ends with the drain:
                     // until the new holder is back the GPU idles for its
                     // host gap, not for the hand-over.
@@ -709,6 +723,9 @@ impl Scheduler {
                         launches = l;
                         last_activity = now;
                     }
+                    if seen && let Some(c) = self.find_mut(id) {
+                        c.seen_active = now;
+                    }
                     // Granted ahead and not back yet, nor given up on: it
                     // counts as busy, as a process waking at its gate does.
                     let pending = ahead.is_some_and(|give_up| now < give_up);
@@ -723,6 +740,9 @@ impl Scheduler {
                             // module's late start), never after now.
                             if let Some(first) = view.first_launch(id, since) {
                                 granted_at = granted_at.max(first.min(now));
+                                if let Some(c) = self.find_mut(id) {
+                                    c.held_from = c.held_from.max(granted_at);
+                                }
                             }
                             unseen = None;
                         }
@@ -910,9 +930,18 @@ impl Scheduler {
         if let Some(c) = self.find_mut(b.id)
             && std::mem::take(&mut c.idle_revoked)
         {
-            // A step's GPU part ended and its host part began.
-            c.hold_ns = quarter_average(c.hold_ns, end.saturating_sub(b.granted_at));
-            c.away_from = Some(end);
+            // A step's GPU part ended and its host part began: where the
+            // work ended, not where the grant was taken back (a holder
+            // alone keeps its grant into its gap until someone comes, so
+            // the revocation falls anywhere in the gap, and a gap learned
+            // from it was 30 ms of a 40 ms one). The processes' word, no
+            // earlier than the arbiter last saw the work itself.
+            let from = reported
+                .or(drained)
+                .unwrap_or(end)
+                .clamp(c.seen_active.min(end), end);
+            c.hold_ns = quarter_average(c.hold_ns, from.saturating_sub(c.held_from));
+            c.away_from = Some(from);
         }
         if let Some(c) = self.find_mut(b.id)
             && c.grace_until == u64::MAX
@@ -942,6 +971,7 @@ impl Scheduler {
         if let Some(c) = self.find_mut(id) {
             c.last_grant = now;
             c.held_off_until = None;
+            c.held_from = start;
         }
         self.phase = Phase::Held {
             id,
@@ -2921,5 +2951,51 @@ mod tests {
         v.drained = Some(q + 6 * MS);
         let _ = s.step(q + 7 * MS, &mut v);
         assert_eq!(s.grant_start(), Some((next, Some(q + 6 * MS))));
+    }
+
+    /// A step's parts are learned from the work, not from the grant: an
+    /// uncapped 70 that does not yield keeps its grant into its host gap,
+    /// renewed at each quantum, until the 30 comes back. Its step's GPU
+    /// part (40 ms) is measured from the grant's first start, not from its
+    /// last renewal (0.4 ms was learned so), and its host gap (40 ms) from
+    /// where its work ended, not from where the grant was taken back
+    /// (39.6 ms).
+    #[test]
+    fn a_steps_parts_are_learned_from_the_work_not_the_grant() {
+        for reports_end in [false, true] {
+            let mut a = leaving_client(1);
+            let mut b = leaving_client(2);
+            for c in [&mut a, &mut b] {
+                c.kernel_ns = 20 * MS;
+                c.gap_ns = 40 * MS;
+            }
+            b.yields = false;
+            b.leaves = false;
+            let mut w = World::new(
+                cfg(),
+                vec![
+                    (a, 300_000, Policy::Guaranteed),
+                    (b, 700_000, Policy::Guaranteed),
+                ],
+            );
+            w.reports_end = reports_end;
+            w.wake_ns = 100 * US;
+            w.run_until(5 * S);
+            let b = w.sched.find(2).unwrap();
+            let (gap, hold) = (b.gap_ns, b.hold_ns);
+            assert!(
+                gap.abs_diff(40 * MS) <= 100 * US,
+                "learned a {} µs gap for a 40 ms one",
+                gap / US
+            );
+            assert!(
+                hold.abs_diff(40 * MS) <= MS,
+                "learned a {} µs GPU part for a 40 ms one",
+                hold / US
+            );
+            // And the pair still gets its targets.
+            near("the 30", w.busy(1, S, 5 * S), 30.0, 1.0);
+            near("the 70", w.busy(2, S, 5 * S), 50.0, 1.0);
+        }
     }
 }
