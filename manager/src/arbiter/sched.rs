@@ -704,7 +704,7 @@ impl Scheduler {
                     let syncing = view.syncing(id);
                     // Launched or waiting on its work: its processes are up.
                     let seen = l != launches || syncing;
-                    if ahead.is_some() && (l != launches || waiting || syncing) {
+                    if ahead.is_some() && (seen || waiting) {
                         // Back from its gap, through a gate already open:
                         // never seen waiting, so its gap is not learned
                         // here (the arbiter's look, up to a poll late,
@@ -930,18 +930,22 @@ impl Scheduler {
         if let Some(c) = self.find_mut(b.id)
             && std::mem::take(&mut c.idle_revoked)
         {
-            // A step's GPU part ended and its host part began: where the
-            // work ended, not where the grant was taken back (a holder
-            // alone keeps its grant into its gap until someone comes, so
-            // the revocation falls anywhere in the gap, and a gap learned
-            // from it was 30 ms of a 40 ms one). The processes' word, no
-            // earlier than the arbiter last saw the work itself.
-            let from = reported
+            // A step's GPU part ended and its host part began. The part
+            // lasted until the work ended: the processes' word, no earlier
+            // than the arbiter last saw the work itself, not the
+            // revocation (a holder alone keeps its grant into its gap
+            // until someone comes).
+            let worked_to = reported
                 .or(drained)
                 .unwrap_or(end)
                 .clamp(c.seen_active.min(end), end);
-            c.hold_ns = quarter_average(c.hold_ns, from.saturating_sub(c.held_from));
-            c.away_from = Some(from);
+            c.hold_ns = quarter_average(c.hold_ns, worked_to.saturating_sub(c.held_from));
+            // The gap is timed from the revocation, as the return is from
+            // the arbiter's own look: timed from the work's end, the idle
+            // box's 20 ms pair lost less per hand-over (31–53 µs against
+            // 35–80), but beside four busy processes the 1 ms burst pair
+            // fell 5.6 pp short on average against 3.5 (issue 36).
+            c.away_from = Some(end);
         }
         if let Some(c) = self.find_mut(b.id)
             && c.grace_until == u64::MAX
@@ -2953,15 +2957,14 @@ mod tests {
         assert_eq!(s.grant_start(), Some((next, Some(q + 6 * MS))));
     }
 
-    /// A step's parts are learned from the work, not from the grant: an
+    /// A step's GPU part is learned from the work, not from the grant: an
     /// uncapped 70 that does not yield keeps its grant into its host gap,
     /// renewed at each quantum, until the 30 comes back. Its step's GPU
-    /// part (40 ms) is measured from the grant's first start, not from its
-    /// last renewal (0.4 ms was learned so), and its host gap (40 ms) from
-    /// where its work ended, not from where the grant was taken back
-    /// (39.6 ms).
+    /// part (40 ms) is measured from the grant's first start to the work's
+    /// end, not from its last renewal to the revocation (0.4 ms was learned
+    /// so).
     #[test]
-    fn a_steps_parts_are_learned_from_the_work_not_the_grant() {
+    fn a_steps_gpu_part_is_learned_from_the_work_not_the_grant() {
         for reports_end in [false, true] {
             let mut a = leaving_client(1);
             let mut b = leaving_client(2);
@@ -2982,12 +2985,7 @@ mod tests {
             w.wake_ns = 100 * US;
             w.run_until(5 * S);
             let b = w.sched.find(2).unwrap();
-            let (gap, hold) = (b.gap_ns, b.hold_ns);
-            assert!(
-                gap.abs_diff(40 * MS) <= 100 * US,
-                "learned a {} µs gap for a 40 ms one",
-                gap / US
-            );
+            let hold = b.hold_ns;
             assert!(
                 hold.abs_diff(40 * MS) <= MS,
                 "learned a {} µs GPU part for a 40 ms one",
