@@ -456,8 +456,12 @@ pub(crate) async fn sync_once<M: ManagerApi, P: PodResourcesApi, A: PodApi>(
     tracker: &mut OrphanTracker,
     cards: &tessera_node::exact::Cards,
 ) -> Result<SyncReport, Status> {
-    let listed = pods.list().await?;
+    // The allocations first: each is then judged against a kubelet listing
+    // taken after it existed. Listed the other way round, an Allocate that
+    // landed between the two reads was an orphan of that pass, and with no
+    // grace it was deleted (the drop-in test, once under load).
     let allocations = manager.list_allocations().await?;
+    let listed = pods.list().await?;
     let (policies, priorities, exact) = match pod_api {
         Some(api) => {
             let wanted = pods_to_look_up(&listed, &allocations, resource);
@@ -918,6 +922,44 @@ mod tests {
     }
 
     struct StaticPods(pr::ListPodResourcesResponse);
+
+    /// A kubelet whose listing is taken just before an Allocate lands: the
+    /// allocation is made, and its pod registered, right after the list.
+    struct AllocatedAfterListing(
+        std::sync::Arc<FakeManager>,
+        std::sync::Mutex<pr::ListPodResourcesResponse>,
+    );
+
+    impl PodResourcesApi for AllocatedAfterListing {
+        async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
+            let mut next = self.1.lock().expect("listing");
+            let now = next.clone();
+            if self.0.allocations().is_empty() {
+                self.0.insert(alloc("new", &["G::0"], "device-plugin"));
+                *next = pods(&[("ns", "a", "main", RES, &["G::0"])]);
+            }
+            Ok(now)
+        }
+    }
+
+    /// With no grace, an allocation made between a pass's two reads is no
+    /// orphan of that pass: the allocations are listed before the pods.
+    #[tokio::test(start_paused = true)]
+    async fn an_allocation_made_during_a_pass_is_not_its_orphan() {
+        let m = std::sync::Arc::new(FakeManager::default());
+        let kubelet = AllocatedAfterListing(m.clone(), std::sync::Mutex::new(pods(&[])));
+        let mut t = OrphanTracker::new(Duration::ZERO);
+        let api = Annotations::default();
+        for _ in 0..3 {
+            sync_once(&*m, &kubelet, Some(&api), RES, &mut t, &Default::default())
+                .await
+                .expect("pass");
+        }
+        let all = m.allocations();
+        assert_eq!(all.len(), 1, "the allocation is kept: {all:?}");
+        assert_eq!(all[0].pod, "a", "and its owner recorded");
+        assert_eq!(m.count(Method::Delete), 0);
+    }
 
     impl PodResourcesApi for StaticPods {
         async fn list(&self) -> Result<pr::ListPodResourcesResponse, Status> {
