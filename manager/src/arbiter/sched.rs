@@ -1597,6 +1597,16 @@ mod tests {
         }
     }
 
+    /// The same program with 20 ms kernels and 40 ms host gaps: a 40 ms
+    /// step's GPU part, which fits another's gap with nothing to spare.
+    fn long_step_client(id: ClientId) -> FakeClient {
+        FakeClient {
+            kernel_ns: 20 * MS,
+            gap_ns: 40 * MS,
+            ..leaving_client(id)
+        }
+    }
+
     impl World {
         fn new(cfg: SchedConfig, clients: Vec<(FakeClient, u32, Policy)>) -> World {
             let mut sched = Scheduler::new(cfg);
@@ -2205,12 +2215,8 @@ mod tests {
     #[test]
     fn a_late_return_is_waited_for_not_run_into() {
         let run = |reports_end: bool| {
-            let mut a = leaving_client(1);
-            let mut b = leaving_client(2);
-            for c in [&mut a, &mut b] {
-                c.kernel_ns = 20 * MS;
-                c.gap_ns = 40 * MS;
-            }
+            let a = long_step_client(1);
+            let b = long_step_client(2);
             let mut w = World::new(
                 cfg(),
                 vec![
@@ -2966,12 +2972,8 @@ mod tests {
     #[test]
     fn a_steps_gpu_part_is_learned_from_the_work_not_the_grant() {
         for reports_end in [false, true] {
-            let mut a = leaving_client(1);
-            let mut b = leaving_client(2);
-            for c in [&mut a, &mut b] {
-                c.kernel_ns = 20 * MS;
-                c.gap_ns = 40 * MS;
-            }
+            let a = long_step_client(1);
+            let mut b = long_step_client(2);
             b.yields = false;
             b.leaves = false;
             let mut w = World::new(

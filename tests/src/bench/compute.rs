@@ -1625,11 +1625,8 @@ pub fn set_mixes_together(on: bool) {
     MIXES_TOGETHER.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Runs each mix's programs with no gate at all in [`run_shapes`]
-/// (`tessera-bench --ungoverned`): every allocation a whole-GPU one, all on
-/// the one GPU, their kernels in its queue as they come. A reference, not
-/// a rule: what the same programs get from the GPU with nothing between
-/// them, against the governed targets.
+/// Set by [`set_ungoverned`]; read by [`run_shapes`], whose programs'
+/// kernels then reach the GPU's queue as they come.
 static UNGOVERNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Runs each mix's programs with no gate at all from now on (`tessera-bench
