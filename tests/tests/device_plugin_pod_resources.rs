@@ -136,6 +136,72 @@ async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
     node.stop().await;
 }
 
+/// The plugin restarted mid-way (its pod replaced) while one allocation has
+/// its pod and another's pod is gone: the kept one keeps its owner, the
+/// orphan is deleted no sooner than a whole grace after the restart (the
+/// new plugin's clock starts over: a restart never shortens it), and the
+/// new plugin serves and records a new pod's allocation.
+#[tokio::test]
+async fn a_restart_mid_way_keeps_owners_and_never_shortens_the_grace() {
+    // Longer than the plugin takes to stop (about a second): its
+    // PodResources pass goes on until then.
+    let grace = Duration::from_secs(3);
+    let mut node = Node::start_with(
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
+        "default:\n  slice: {slicesPerGpu: 8}\n",
+        |o| {
+            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
+            o.pod_resources_interval = Duration::from_millis(50);
+            o.orphan_grace = grace;
+        },
+    )
+    .await;
+    let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
+    pods.set_pods(&[("team-a", "trainer", "main", RES, strings(&["GPU-a::0"]))]);
+    node.wait_devices("8 slices", |d| d.len() == 8).await;
+    let a = allocate(&node, &["GPU-a::0"]).await;
+    let b = allocate(&node, &["GPU-a::1"]).await;
+    wait_for("owner of a recorded", || {
+        find(&node, &a).is_some_and(|x| x.pod == "trainer")
+    })
+    .await;
+    // b's pod is gone: its clock runs. The plugin goes before it ends.
+    node.pass(Pass::PodResources).await;
+    node.stop_plugin().await;
+    assert!(find(&node, &b).is_some(), "b kept while its grace runs");
+
+    let restarted = Instant::now();
+    node.start_plugin();
+    assert!(
+        node.kubelet.wait_registrations(2, WAIT).await.is_some(),
+        "the new plugin registers"
+    );
+    node.wait_devices("8 slices again", |d| d.len() == 8).await;
+    // A new pod, served by the new plugin, listed as the kubelet lists it.
+    pods.set_pods(&[
+        ("team-a", "trainer", "main", RES, strings(&["GPU-a::0"])),
+        ("team-c", "server", "main", RES, strings(&["GPU-a::2"])),
+    ]);
+    let c = allocate(&node, &["GPU-a::2"]).await;
+    wait_for("owner of c recorded", || {
+        find(&node, &c).is_some_and(|x| x.pod == "server")
+    })
+    .await;
+    wait_for("b deleted", || find(&node, &b).is_none()).await;
+    assert!(
+        restarted.elapsed() >= grace,
+        "b deleted {:?} after the restart, before a whole grace",
+        restarted.elapsed()
+    );
+    let x = find(&node, &a).expect("a kept across the restart");
+    assert_eq!(
+        (x.namespace.as_str(), x.pod.as_str()),
+        ("team-a", "trainer")
+    );
+    assert!(find(&node, &c).is_some());
+    node.stop().await;
+}
+
 /// A node whose plugin reads pods' annotations from `pods` (in place of the
 /// Kubernetes API) and polls PodResources often.
 async fn node_with_pods(node_policy: &str, pods: &FakePods) -> Node {

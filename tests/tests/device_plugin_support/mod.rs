@@ -265,7 +265,9 @@ impl Node {
             .expect("dial plugin")
     }
 
-    pub async fn stop(mut self) {
+    /// Stops the plugin (its pod deleted, say) and waits until it has;
+    /// the manager and the kubelet stay.
+    pub async fn stop_plugin(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -273,6 +275,10 @@ impl Node {
             let res = tokio::time::timeout(WAIT, p).await.expect("plugin stops");
             res.expect("join").expect("plugin ran cleanly");
         }
+    }
+
+    pub async fn stop(mut self) {
+        self.stop_plugin().await;
         if self.manager.is_some() {
             self.stop_manager().await;
         }
