@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// `b"TSRASIM\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRASIM\0");
 /// Bumped on every incompatible change of this file.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 /// Devices a node can have.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can use the node's CUDA at the same time.
@@ -32,6 +32,10 @@ pub const DEVICE_BUCKET_NS: u64 = 10_000_000;
 /// Buckets of the per-process busy history: 100 ms each, 6.4 s in all.
 pub const PROC_RING: usize = 64;
 pub const PROC_BUCKET_NS: u64 = 100_000_000;
+/// Idle stretches kept per device ([`IdleLog`]): at 1 ms kernels synchronised every launch
+/// (about 1,000 a second per program) a reader polling every 100 ms keeps up with room
+/// to spare.
+pub const IDLE_RING: usize = 4096;
 
 /// The whole file.
 #[repr(C)]
@@ -45,7 +49,7 @@ pub struct NodeState {
 /// Size of the node state file in bytes.
 pub const STATE_SIZE: usize = size_of::<NodeState>();
 const _: () = assert!(
-    STATE_SIZE == 4_693_496 + MAX_PROCS * 8 + MAX_SHARED * 104,
+    STATE_SIZE == 4_693_496 + MAX_PROCS * 8 + MAX_SHARED * 104 + MAX_DEVICES * (8 + IDLE_RING * 24),
     "NodeState layout changed: bump ABI_VERSION"
 );
 
@@ -106,6 +110,8 @@ pub struct DeviceState {
     /// NVIDIA devices. Written once at creation.
     pub arch: [AtomicU64; ARCH_LEN / 8],
     pub _reserved: [u64; 4],
+    /// The engine's idle stretches, for measuring what a hand-over costs.
+    pub idle: IdleLog,
 }
 
 #[repr(C)]
@@ -267,9 +273,119 @@ impl<const N: usize, const BUCKET_NS: u64> BusyRing<N, BUCKET_NS> {
     }
 }
 
+/// The stretches a device's engine stood idle with work still to come: each is written when
+/// the work that ends it is queued, so a reader sees a stretch once it is over. Only the
+/// stretches longer than the device's kernel-to-kernel gap are written (a streaming
+/// program's back-to-back kernels would fill the ring with the fixed gap); a written stretch
+/// runs from the previous work's end, so its fixed gap is in it.
+///
+/// Entry `seq % IDLE_RING` holds stretch `seq` (0-based); its `seq` word is stored last,
+/// with `seq + 1`, and a reader that finds another number there knows the entry was
+/// overwritten or is not written yet.
+#[repr(C)]
+pub struct IdleLog {
+    /// Stretches ever written: the next one's `seq`.
+    pub next: AtomicU64,
+    pub entries: [IdleEntry; IDLE_RING],
+}
+
+#[repr(C)]
+pub struct IdleEntry {
+    pub seq: AtomicU64,
+    pub from: AtomicU64,
+    pub to: AtomicU64,
+}
+
+/// What [`IdleLog::read_since`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdleRead {
+    /// `(from, to)` on CLOCK_MONOTONIC, in the order written.
+    pub stretches: Vec<(u64, u64)>,
+    /// Where the next read starts.
+    pub next: u64,
+    /// Stretches overwritten before this read saw them.
+    pub lost: u64,
+}
+
+impl IdleLog {
+    /// Records that the engine stood idle over `[from, to)`.
+    pub fn push(&self, from: u64, to: u64) {
+        let seq = self.next.fetch_add(1, Ordering::AcqRel);
+        let e = &self.entries[(seq % IDLE_RING as u64) as usize];
+        // Marks the entry as being written, so a reader never pairs the old `from` with the
+        // new `to` (the fence keeps the stores below from being seen before this one).
+        e.seq.store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        e.from.store(from, Ordering::Relaxed);
+        e.to.store(to, Ordering::Relaxed);
+        e.seq.store(seq + 1, Ordering::Release);
+    }
+
+    /// The stretches written from `since` on (a previous read's `next`, 0 at first). An
+    /// entry still being written is left for the next read.
+    pub fn read_since(&self, since: u64) -> IdleRead {
+        let end = self.next.load(Ordering::Acquire);
+        let first = since.max(end.saturating_sub(IDLE_RING as u64));
+        let mut out = IdleRead {
+            stretches: Vec::with_capacity((end - first) as usize),
+            next: first,
+            lost: first - since.min(first),
+        };
+        for seq in first..end {
+            let e = &self.entries[(seq % IDLE_RING as u64) as usize];
+            let tag = e.seq.load(Ordering::Acquire);
+            let (from, to) = (e.from.load(Ordering::Relaxed), e.to.load(Ordering::Relaxed));
+            // Reads the tag again: a writer that came in between changed it.
+            std::sync::atomic::fence(Ordering::Acquire);
+            let again = e.seq.load(Ordering::Relaxed);
+            if tag == seq + 1 && again == tag {
+                out.stretches.push((from, to));
+            } else if tag == 0 || tag <= seq {
+                // Not written yet (its writer is between `fetch_add` and the last store):
+                // stop here and read it next time.
+                break;
+            } else {
+                // Overwritten by a later lap.
+                out.lost += 1;
+            }
+            out.next = seq + 1;
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_log_reads_each_stretch_once_and_counts_what_a_lap_overwrote() {
+        // SAFETY: every field is an atomic, for which all-zero bytes are a valid value.
+        let log: Box<IdleLog> = unsafe { Box::new_zeroed().assume_init() };
+        log.push(10, 20);
+        log.push(30, 45);
+        let first = log.read_since(0);
+        assert_eq!(first.stretches, vec![(10, 20), (30, 45)]);
+        assert_eq!((first.next, first.lost), (2, 0));
+        let n = IDLE_RING as u64 + 5;
+        for i in 0..n {
+            log.push(100 + i, 101 + i);
+        }
+        let second = log.read_since(first.next);
+        assert_eq!(
+            second.lost, 5,
+            "five stretches were overwritten before this read"
+        );
+        assert_eq!(second.stretches.len(), IDLE_RING);
+        assert_eq!(second.stretches[0], (105, 106));
+        assert_eq!(second.next, first.next + n);
+        // An entry whose writer has taken its number but not stored it yet ends the read
+        // there, and the next read picks it up.
+        log.next.fetch_add(1, Ordering::AcqRel);
+        let third = log.read_since(second.next);
+        assert!(third.stretches.is_empty());
+        assert_eq!((third.next, third.lost), (second.next, 0));
+    }
 
     fn ring() -> Box<BusyRing<16, 10>> {
         Box::new(BusyRing {

@@ -406,6 +406,12 @@ impl Node {
     }
 
     /// What the device is doing now.
+    /// The engine's idle stretches on device `index` written since `since` (a previous
+    /// read's `next`; 0 at first): see [`IdleLog`].
+    pub fn idle_since(&self, index: u32, since: u64) -> Result<IdleRead, NodeError> {
+        Ok(self.device(index)?.idle.read_since(since))
+    }
+
     pub fn device_usage(&self, index: u32) -> Result<DeviceUsage, NodeError> {
         let d = self.device(index)?;
         let now = now_ns();
@@ -902,6 +908,11 @@ impl Node {
                 Err(seen) => cur = seen,
             }
         };
+        // The engine stood idle from the previous work's end (`cur`) to this start for
+        // longer than the fixed gap: nothing was queued (see `IdleLog`).
+        if cur != 0 && start - cur > gap_ns {
+            dev.idle.push(cur, start);
+        }
         dev.launches.fetch_add(1, Ordering::Relaxed);
         dev.busy_total_ns.fetch_add(duration_ns, Ordering::AcqRel);
         s.busy_ns[device].fetch_add(duration_ns, Ordering::AcqRel);
@@ -1432,6 +1443,17 @@ mod tests {
         let (s3, _) = n.schedule_after_gap(slot, 0, later, 1_000_000, 1_000);
         assert_eq!(s3, later);
         assert_eq!(n.device_usage(0).expect("usage").busy_ns, 3_000_000);
+        // Only the stretch the engine stood idle past the fixed gap is logged, from the
+        // previous work's end to the next's start.
+        let idle = n.idle_since(0, 0).expect("idle");
+        assert_eq!(idle.stretches, vec![(e2, later)]);
+        assert_eq!((idle.next, idle.lost), (1, 0));
+        assert!(
+            n.idle_since(0, idle.next)
+                .expect("idle")
+                .stretches
+                .is_empty()
+        );
     }
 
     /// Forges a live slot owned by `pid` (with start time 0: any process with that pid).

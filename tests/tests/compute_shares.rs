@@ -251,6 +251,7 @@ fn the_cap_slack_is_a_share_of_catch_up_and_two_holds() {
         handovers_measured: 0,
         measured: Duration::from_secs(10),
         handover_p99: None,
+        handover_idle_ns: None,
         failures: Vec::new(),
     };
     // 0.3 × 100 ms + 2 × 15 ms = 60 ms of 10 s.

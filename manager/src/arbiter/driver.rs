@@ -51,6 +51,8 @@ pub(super) enum Cmd {
 pub(super) struct Shared {
     pub members: HashMap<ClientId, MemberStats>,
     pub handovers: VecDeque<u64>,
+    /// The same hand-overs, when each began and ended, and to whom.
+    pub handover_spans: VecDeque<super::HandoverSpan>,
     /// The client holding the GPU and since when (a charge in progress).
     pub holding: Option<(ClientId, u64)>,
     /// Times the GPU thread woke to decide (its own counter, read without
@@ -61,6 +63,8 @@ pub(super) struct Shared {
 #[derive(Debug, Clone)]
 pub(super) struct MemberStats {
     pub alloc_id: String,
+    /// The same, shared by its hand-overs' records (cheap to copy out).
+    pub alloc_key: Arc<str>,
     pub dev: usize,
     pub target_ppm: u32,
     pub policy: Policy,
@@ -495,6 +499,7 @@ impl Driver {
             id,
             MemberStats {
                 alloc_id: alloc_id.clone(),
+                alloc_key: Arc::from(alloc_id.as_str()),
                 dev,
                 target_ppm: share,
                 policy,
@@ -682,8 +687,22 @@ impl Driver {
                         }
                     }
                 }
-                Event::Handover { to, ns } => {
+                Event::Handover {
+                    to,
+                    ns,
+                    revoked_at,
+                    waiting,
+                } => {
                     push_sample(&mut shared.handovers, ns);
+                    if let Some(s) = shared.members.get(&to) {
+                        let span = super::HandoverSpan {
+                            to: Arc::clone(&s.alloc_key),
+                            revoked_at,
+                            over_at: revoked_at.saturating_add(ns),
+                            waiting,
+                        };
+                        push_sample(&mut shared.handover_spans, span);
+                    }
                     if let Some(s) = shared.members.get_mut(&to) {
                         push_sample(&mut s.handovers, ns);
                     }
@@ -706,7 +725,7 @@ impl Driver {
     }
 }
 
-fn push_sample(q: &mut VecDeque<u64>, v: u64) {
+fn push_sample<T>(q: &mut VecDeque<T>, v: T) {
     if q.len() == SAMPLES {
         q.pop_front();
     }

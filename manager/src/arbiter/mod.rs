@@ -281,6 +281,22 @@ pub struct AllocationStats {
     pub drain_timeouts: u64,
 }
 
+/// One hand-over of a GPU, on CLOCK_MONOTONIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoverSpan {
+    /// The allocation the GPU went to.
+    pub to: std::sync::Arc<str>,
+    /// When the previous holder's grant was revoked.
+    pub revoked_at: u64,
+    /// When the next holder's time started (its grant, or the revoked
+    /// work's drain if that ended later); for one granted ahead of its
+    /// return, the drain's end.
+    pub over_at: u64,
+    /// Whether the next holder was waiting for the GPU; false for one
+    /// granted ahead, whose idle until it is back is its own host gap's.
+    pub waiting: bool,
+}
+
 /// One GPU, as the arbiter sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuStats {
@@ -288,6 +304,9 @@ pub struct GpuStats {
     pub allocations: usize,
     /// Recent hand-over latencies on this GPU, most recent last.
     pub handover_ns: Vec<u64>,
+    /// The same hand-overs on the node's clock (CLOCK_MONOTONIC), most
+    /// recent last: what a measurement joins with the GPU's own timeline.
+    pub handovers: Vec<HandoverSpan>,
     /// Times the GPU's thread has woken to decide: its clock's polls and
     /// deadlines, commands, and doorbells (a drain's report, a yield).
     pub wakeups: u64,
@@ -492,6 +511,7 @@ impl Arbiter {
                     gpu_uuid: uuid.clone(),
                     allocations: s.members.len(),
                     handover_ns: s.handovers.iter().copied().collect(),
+                    handovers: s.handover_spans.iter().cloned().collect(),
                     wakeups: s.wakeups.load(std::sync::atomic::Ordering::Relaxed),
                 }
             })

@@ -224,11 +224,16 @@ pub enum Event {
         end: u64,
     },
     /// The GPU moved on to a waiting client `ns` after the previous grant
-    /// was revoked (the drain of the work in flight and the signalling
-    /// included; not reported when the GPU idled in between).
+    /// was revoked at `revoked_at` (the drain of the work in flight and the
+    /// signalling included; not reported when the GPU idled in between).
+    /// `waiting` is false for a client granted ahead of its return: its
+    /// hand-over ends with the drain, and the idle until it is back is its
+    /// own host gap's.
     Handover {
         to: ClientId,
         ns: u64,
+        revoked_at: u64,
+        waiting: bool,
     },
     /// A revoked holder's work did not report drained in time.
     DrainTimedOut {
@@ -630,6 +635,8 @@ impl Scheduler {
                         self.events.push(Event::Handover {
                             to: id,
                             ns: now.saturating_sub(r),
+                            revoked_at: r,
+                            waiting: ahead.is_none(),
                         });
                     }
                     return self.grant(id, now, view, None, ahead);
@@ -676,6 +683,8 @@ impl Scheduler {
                     self.events.push(Event::Handover {
                         to: id,
                         ns: over.saturating_sub(b.revoked_at),
+                        revoked_at: b.revoked_at,
+                        waiting: ahead.is_none(),
                     });
                     self.phase = Phase::Held {
                         id,
@@ -2122,6 +2131,17 @@ mod tests {
             .filter(|&&t| t > 3 * S + 10 * MS)
             .count();
         assert_eq!(late, 0, "granted after it left for good");
+        // Taking turns, some are granted while still in their host gap: their
+        // hand-overs say the next holder was not waiting yet.
+        let waiting: Vec<bool> = w
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Handover { waiting, .. } => Some(*waiting),
+                _ => None,
+            })
+            .collect();
+        assert!(waiting.contains(&false), "{waiting:?}");
         // Alone, the 70 gets its own rate: 2 ms of every 4.
         let b = w.busy(2, 3_100 * MS, 6 * S);
         assert!(b >= 49.0, "the one left got {b:.2}%");
@@ -2825,14 +2845,27 @@ mod tests {
             ],
         );
         w.run_until(2 * S);
-        let handovers: Vec<u64> = w
+        let spans: Vec<(u64, u64, bool)> = w
             .events
             .iter()
             .filter_map(|e| match e {
-                Event::Handover { ns, .. } => Some(*ns),
+                Event::Handover {
+                    ns,
+                    revoked_at,
+                    waiting,
+                    ..
+                } => Some((*revoked_at, *ns, *waiting)),
                 _ => None,
             })
             .collect();
+        let handovers: Vec<u64> = spans.iter().map(|s| s.1).collect();
+        // Both stream, so each next holder was waiting; the hand-overs
+        // follow one another on the clock.
+        assert!(spans.iter().all(|s| s.2), "{spans:?}");
+        assert!(
+            spans.windows(2).all(|p| p[0].0 + p[0].1 <= p[1].0),
+            "{spans:?}"
+        );
         // A second of contention, turns of one or two quanta (a turn is
         // renewed when its holder's virtual time is still the least).
         assert!(handovers.len() > 30, "{} hand-overs", handovers.len());

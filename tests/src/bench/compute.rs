@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-use tessera_manager::arbiter::{Arbiter, OpenFiles, percentile};
+use tessera_manager::arbiter::{Arbiter, HandoverSpan, OpenFiles, percentile};
 use tessera_shm::{ControlSpec, DeviceSpec, Policy, create_allocation_files};
 use tessera_sim::layout::{DEVICE_BUCKET_NS, PROC_BUCKET_NS};
 
@@ -75,8 +75,44 @@ static char *read_file(const char *path) {
     return buf;
 }
 
+/* With TESSERA_BENCH_WANTS naming a file, the stretches this program
+   wanted the GPU are written there as it ends, pairs of u64 ns on
+   CLOCK_MONOTONIC: from a step's first launch call (blocked at the gate or
+   not) to the return of the wait that ends the step, or the whole run when
+   it never waits. The bench's ground truth for "wanting the GPU". */
+static unsigned long long *wants;
+static size_t n_wants, cap_wants;
+static int keep_wants;
+static void wanted(double from, double to) {
+    if (!keep_wants) return;
+    if (n_wants == cap_wants) {
+        cap_wants = cap_wants ? 2 * cap_wants : 4096;
+        wants = realloc(wants, cap_wants * 2 * sizeof *wants);
+        if (!wants) {
+            printf("err out of memory for the wants\n");
+            fflush(stdout);
+            exit(1);
+        }
+    }
+    wants[2 * n_wants] = (unsigned long long)from;
+    wants[2 * n_wants + 1] = (unsigned long long)to;
+    n_wants++;
+}
+static int write_wants(void) {
+    const char *path = getenv("TESSERA_BENCH_WANTS");
+    if (!path || !*path) return 0;
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(wants, 2 * sizeof *wants, n_wants, fp) != n_wants || fclose(fp)) {
+        printf("err writing %s\n", path);
+        fflush(stdout);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "uuid")) return print_uuid();
+    keep_wants = getenv("TESSERA_BENCH_WANTS") && *getenv("TESSERA_BENCH_WANTS");
     if (argc != 8) {
         fprintf(stderr, "usage: %s <device> <kernel_us> <seconds> <depth> <kernel|ex|coop|graph> <sync_every> <gap_us>\n",
                 argv[0]);
@@ -145,7 +181,9 @@ int main(int argc, char **argv) {
     double start = now_ns();
     double end = start + seconds * 1e9;
     long n = 0;
+    double step_from = -1;
     while (now_ns() < end) {
+        if (step_from < 0) step_from = now_ns();
         if (n >= depth) CK(cuEventSynchronize(ev[n % depth]));
         if (exec) CK(cuGraphLaunch(exec, NULL));
         else if (!strcmp(how, "ex")) CK(cuLaunchKernelEx(&cfg, f, args, NULL));
@@ -157,10 +195,14 @@ int main(int argc, char **argv) {
            copy back), then the host's own part of the step. */
         if (sync_every > 0 && n % sync_every == 0) {
             CK(cuCtxSynchronize());
+            wanted(step_from, now_ns());
+            step_from = -1;
             if (gap_us > 0) nanosleep(&gap, NULL);
         }
     }
     CK(cuCtxSynchronize());
+    if (step_from >= 0) wanted(step_from, now_ns());
+    if (write_wants()) return 1;
     printf("done launches=%ld elapsed_ns=%.0f\n", n, now_ns() - start);
     fflush(stdout);
     return 0;
@@ -505,14 +547,26 @@ impl<'a> BusyMeter<'a> {
     /// Samples until `span` (rounded up to whole buckets) has been
     /// measured; returns (busy % per process, busy % of the device).
     pub fn run_for(&mut self, span: Duration) -> (Vec<f64>, f64) {
+        self.run_for_with(span, || {})
+    }
+
+    /// [`BusyMeter::run_for`], calling `every` at least every 100 ms
+    /// meanwhile (what keeps up with a ring of the recent past).
+    pub fn run_for_with(&mut self, span: Duration, mut every: impl FnMut()) -> (Vec<f64>, f64) {
         let span = (span.as_nanos() as u64).div_ceil(PROC_BUCKET_NS) * PROC_BUCKET_NS;
         let end = self.from + span;
         while self.next < end {
             let left = end.saturating_sub(tessera_sim::clock::now_ns()) + PROC_BUCKET_NS / 10;
-            std::thread::sleep(Duration::from_nanos(left.min(500_000_000)));
+            std::thread::sleep(Duration::from_nanos(left.min(100_000_000)));
             self.sample(end);
+            every();
         }
         self.result()
+    }
+
+    /// Where the measured window starts and ends (so far), CLOCK_MONOTONIC.
+    pub fn span(&self) -> (u64, u64) {
+        (self.from, self.next)
     }
 
     /// The time measured so far: whole buckets.
@@ -557,6 +611,10 @@ pub struct Outcome {
     /// The measured window.
     pub measured: Duration,
     pub handover_p99: Option<u64>,
+    /// The GPU's idle time per hand-over in the window, ns, by the node's
+    /// ground truth ([`handover_idle`]); `None` without hand-overs, or
+    /// when the idle log overran between two reads.
+    pub handover_idle_ns: Option<f64>,
     /// Workloads that did not finish cleanly, with what they printed.
     pub failures: Vec<String>,
 }
@@ -592,11 +650,20 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         .map_or(0, |g| g.handover_ns.len());
     let seconds = (sc.warmup + sc.measure).as_secs_f64() + 0.5;
     let per = sc.processes.max(1) as usize;
+    // Where each workload says when it wanted the GPU, by allocation.
+    let wants: Vec<PathBuf> = (0..files.len() * per)
+        .map(|i| work_dir().join(format!("wants-{}-dev{device}-{i}", std::process::id())))
+        .collect();
     let mut workloads: Vec<Workload> = files
         .iter()
         .flat_map(|f| std::iter::repeat_n(f, per))
+        .zip(&wants)
         // Ordinal 0: the allocation's one GPU, whichever of the node's it is.
-        .map(|f| Workload::spawn(node, f, 0, sc, seconds))
+        .map(|(f, w)| {
+            Workload::spawn_with(node, f, 0, sc, seconds, |c| {
+                c.env("TESSERA_BENCH_WANTS", w);
+            })
+        })
         .collect();
     for w in &mut workloads {
         if w.wait_line("ready", Duration::from_secs(20)).is_none() {
@@ -634,7 +701,8 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
     let held0 = held_of(arbiter);
     let n0 = handovers_now();
     let mut meter = BusyMeter::start(node, device, workloads.iter().map(Workload::pid).collect());
-    let (per_process, gpu_busy) = meter.run_for(sc.measure);
+    let mut log = HandoverLog::new(node, device, arbiter, gpu_uuid.clone());
+    let (per_process, gpu_busy) = meter.run_for_with(sc.measure, || log.collect());
     // An allocation's share is what all its processes ran.
     let achieved: Vec<f64> = per_process.chunks(per).map(|c| c.iter().sum()).collect();
     let held1 = held_of(arbiter);
@@ -649,6 +717,11 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
     let drain_timeouts = held0.iter().zip(&held1).map(|(a, b)| b.1 - a.1).sum();
     let longest_hold = held1.iter().map(|h| Duration::from_nanos(h.2)).collect();
     let window = meter.window();
+    // A stretch is logged when the work that ends it is queued: a moment
+    // for the hand-overs at the window's end to see their next holder's
+    // first kernel.
+    std::thread::sleep(Duration::from_millis(50));
+    log.collect();
     let handovers: Vec<u64> = arbiter
         .gpu_stats()
         .into_iter()
@@ -657,10 +730,26 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         // workloads' first kernels run before their lengths are learned.
         .map(|g| g.handover_ns.into_iter().skip(n0.max(before)).collect())
         .unwrap_or_default();
-    let failures = workloads
+    let failures: Vec<String> = workloads
         .into_iter()
         .filter_map(|w| w.finish(Duration::from_secs(30)).err())
         .collect();
+    // Each allocation's wants, all its processes' together.
+    let wanted: Option<std::collections::HashMap<String, Vec<(u64, u64)>>> = files
+        .iter()
+        .zip(wants.chunks(per))
+        .map(|(f, paths)| {
+            let mut all = Vec::new();
+            for p in paths {
+                all.extend(read_wants(p)?);
+                let _ = std::fs::remove_file(p);
+            }
+            Some((f.id.clone(), merge(all)))
+        })
+        .collect();
+    let handover_idle_ns = wanted
+        .filter(|_| failures.is_empty())
+        .and_then(|w| log.idle_per_handover(meter.span(), &w));
     for f in &files {
         let _ = arbiter.remove_allocation(&f.id);
     }
@@ -677,8 +766,162 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
         handovers_measured,
         measured,
         handover_p99: percentile(&handovers, 99.0),
+        handover_idle_ns,
         failures,
     }
+}
+
+/// The GPU's idle stretches and the arbiter's hand-overs, read while a
+/// window runs: both keep only their recent past.
+struct HandoverLog<'a> {
+    node: &'a SimNode,
+    device: u32,
+    arbiter: &'a Arbiter,
+    gpu_uuid: Option<String>,
+    idle_next: u64,
+    idle: Vec<(u64, u64)>,
+    idle_lost: u64,
+    spans: Vec<HandoverSpan>,
+}
+
+impl<'a> HandoverLog<'a> {
+    fn new(node: &'a SimNode, device: u32, arbiter: &'a Arbiter, gpu_uuid: Option<String>) -> Self {
+        let idle_next = node.node().idle_since(device, 0).map_or(0, |r| r.next);
+        HandoverLog {
+            node,
+            device,
+            arbiter,
+            gpu_uuid,
+            idle_next,
+            idle: Vec::new(),
+            idle_lost: 0,
+            spans: Vec::new(),
+        }
+    }
+
+    fn collect(&mut self) {
+        if let Ok(r) = self.node.node().idle_since(self.device, self.idle_next) {
+            self.idle.extend(r.stretches);
+            self.idle_lost += r.lost;
+            self.idle_next = r.next;
+        }
+        let last = self.spans.last().map_or(0, |s| s.revoked_at);
+        let new = self
+            .arbiter
+            .gpu_stats()
+            .into_iter()
+            .find(|g| Some(&g.gpu_uuid) == self.gpu_uuid.as_ref())
+            .map(|g| g.handovers)
+            .unwrap_or_default();
+        // Revocations follow one another, so the new ones are those after
+        // the last one kept.
+        self.spans
+            .extend(new.into_iter().filter(|s| s.revoked_at > last));
+    }
+
+    /// Mean idle per hand-over over the hand-overs wholly inside `window`
+    /// ([`handover_idle`]).
+    fn idle_per_handover(
+        &self,
+        (from, to): (u64, u64),
+        wanted: &std::collections::HashMap<String, Vec<(u64, u64)>>,
+    ) -> Option<f64> {
+        // Alone, an allocation hands over to itself after waiting on its
+        // cap: that idle is the cap's, not a switch's.
+        if self.idle_lost > 0 || wanted.len() < 2 {
+            return None;
+        }
+        let inside: Vec<HandoverSpan> = self
+            .spans
+            .iter()
+            .filter(|s| s.revoked_at >= from && s.over_at < to)
+            .cloned()
+            .collect();
+        if inside.is_empty() {
+            return None;
+        }
+        let idle = handover_idle(&inside, &self.idle, wanted)?;
+        Some(idle.iter().sum::<u64>() as f64 / idle.len() as f64)
+    }
+}
+
+/// A workload's wants ([`WORKLOAD_C`]'s `TESSERA_BENCH_WANTS`): pairs of
+/// u64 ns; `None` when missing or cut short.
+fn read_wants(path: &Path) -> Option<Vec<(u64, u64)>> {
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.len() % 16 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(16)
+            .map(|c| {
+                let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+                (word(&c[..8]), word(&c[8..]))
+            })
+            .collect(),
+    )
+}
+
+/// Sorted, non-overlapping stretches covering the same time as `v`.
+fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (f, t) in v {
+        match out.last_mut() {
+            Some(last) if f <= last.1 => last.1 = last.1.max(t),
+            _ => out.push((f, t)),
+        }
+    }
+    out
+}
+
+/// Time `[from, to)` shares with the sorted, non-overlapping `set`.
+fn overlap(set: &[(u64, u64)], from: u64, to: u64) -> u64 {
+    let first = set.partition_point(|&(_, t)| t <= from);
+    set[first..]
+        .iter()
+        .take_while(|&&(f, _)| f < to)
+        .map(|&(f, t)| t.min(to).saturating_sub(f.max(from)))
+        .sum()
+}
+
+/// The GPU's idle time in each hand-over, ns: the engine's idle stretches
+/// (`idle`, `(from, to)` in order) from the revocation to the next
+/// holder's first kernel (the end of the stretch the GPU stood idle in when
+/// the next holder's time started, or that start if the GPU was busy then:
+/// work queued ahead ran on), counted only while the next holder wanted the
+/// GPU (`wanted`, its stretches by allocation, sorted and merged). So the
+/// GPU idle before the next holder came back, which no one wanted, is not
+/// the hand-over's; idle while it waited behind a drain's report, the
+/// arbiter's wake-up or its own is. For a holder granted ahead of its
+/// return the hand-over ends with the drain. `None` when a next holder's
+/// wants are missing.
+pub fn handover_idle(
+    spans: &[HandoverSpan],
+    idle: &[(u64, u64)],
+    wanted: &std::collections::HashMap<String, Vec<(u64, u64)>>,
+) -> Option<Vec<u64>> {
+    // One engine's stretches never overlap and are logged in order.
+    spans
+        .iter()
+        .map(|s| {
+            let wants = wanted.get(&*s.to)?;
+            let at = idle.partition_point(|&(f, _)| f <= s.over_at);
+            let end = match at.checked_sub(1).map(|i| idle[i]) {
+                Some((_, t)) if s.waiting && s.over_at < t => t,
+                _ => s.over_at,
+            };
+            let first = idle.partition_point(|&(_, t)| t <= s.revoked_at);
+            Some(
+                idle[first..]
+                    .iter()
+                    .take_while(|&&(f, _)| f < end)
+                    .map(|&(f, t)| overlap(wants, f.max(s.revoked_at), t.min(end)))
+                    .sum(),
+            )
+        })
+        .collect()
 }
 
 /// The scenarios the issue names, each with kernels of `kernel`.
@@ -1720,7 +1963,7 @@ fn run_shape_round(
 }
 
 /// The columns of [`shape_table`].
-pub const SHAPE_COLUMNS: [&str; 9] = [
+pub const SHAPE_COLUMNS: [&str; 10] = [
     "shape",
     "allocations",
     "target → achieved busy %",
@@ -1729,6 +1972,7 @@ pub const SHAPE_COLUMNS: [&str; 9] = [
     "GPU busy %",
     "hand-over p50 / p99 ms",
     "lost per hand-over µs",
+    "hand-over idle µs",
     "worst miss pp",
 ];
 
@@ -1777,6 +2021,8 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
                 },
                 r.lost_per_handover_us()
                     .map_or("-".into(), |v| format!("{v:.0}")),
+                o.handover_idle_ns
+                    .map_or("-".into(), |v| format!("{:.0}", v / 1e3)),
                 format!("{:.2}", r.worst_pp()),
             ]
         })
@@ -1793,7 +2039,7 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
         ),
         "Bare: the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate), its own rate (below 100 where it synchronises, and with 50 us kernels, which the device's 1 us kernel-to-kernel gap keeps 2% idle); of bare: achieved / bare, the allocation's throughput as a share of the program's own alone.".into(),
         "Target (busy %): a share is a share of GPU time, used at the program's own rate: guaranteed s -> s x bare / 100; burst: at least its share, and what the other leaves. Where the program waits on the host longer than the arbiter's idle release (gaps released), the waits are not in its GPU time: its share of the GPU's busy time, or bare when that is less.".into(),
-        "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only).".into(),
+        "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only), the programs' own jitter included; hand-over idle: the GPU's idle from each revocation to the next holder's first kernel (to the drain's end for one granted ahead of its return) while the next holder wanted the GPU, averaged over the hand-overs in the window; idle by the engine's own timeline, wanting by the workload's own record (from a step's first launch call to the return of the wait that ends it).".into(),
         "Worst miss: the most an allocation fell short of its target, or a guaranteed one went past its cap (its share of the GPU's time); more than the target is no miss below the cap (a program that sleeps through others' turns gets the host's CPU sooner than the same program never sleeping).".into(),
     ];
     if UNGOVERNED.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1822,7 +2068,63 @@ pub fn other_tables(measure: Duration) -> Result<Vec<crate::bench::Table>, Strin
 
 #[cfg(test)]
 mod tests {
-    use super::{AllocSpec, misses, targets};
+    use super::{AllocSpec, HandoverSpan, handover_idle, merge, misses, overlap, targets};
+
+    #[test]
+    fn a_handovers_idle_runs_from_the_revocation_to_the_next_holders_first_kernel() {
+        let span = |to: &str, revoked_at, over_at, waiting| HandoverSpan {
+            to: to.into(),
+            revoked_at,
+            over_at,
+            waiting,
+        };
+        // Idle 90..100 (before the revocation at 95), busy to 120, idle
+        // 120..130 (the drain's report), busy, idle 140..200 with the next
+        // holder's time starting at 150 and its first kernel at 200.
+        let idle = [(90, 100), (120, 130), (140, 200), (300, 400)];
+        let always = vec![(0, 1_000)];
+        let wanted = std::collections::HashMap::from([
+            ("a".to_string(), always.clone()),
+            // Back from its host gap at 125, and again at 320.
+            (
+                "b".to_string(),
+                merge(vec![(125, 260), (320, 500), (330, 340)]),
+            ),
+        ]);
+        let got = handover_idle(
+            &[
+                // Waiting: everything idle from 95 to its first kernel, 200.
+                span("a", 95, 150, true),
+                // The same granted ahead: up to the drain's end only.
+                span("a", 95, 150, false),
+                // Its time started while queued work still ran: 0 idle.
+                span("a", 210, 250, true),
+                // Revoked inside the idle stretch: counted from there.
+                span("a", 350, 360, true),
+                // Only while the next holder wanted it: from 125 on.
+                span("b", 95, 150, true),
+                span("b", 300, 360, true),
+            ],
+            &idle,
+            &wanted,
+        )
+        .expect("every holder's wants");
+        assert_eq!(got, vec![5 + 10 + 60, 5 + 10 + 10, 0, 50, 5 + 60, 80]);
+        // A holder whose wants are missing: no figure, rather than a wrong one.
+        assert_eq!(
+            handover_idle(&[span("c", 95, 150, true)], &idle, &wanted),
+            None
+        );
+    }
+
+    #[test]
+    fn merged_wants_cover_the_same_time_once() {
+        assert_eq!(
+            merge(vec![(5, 9), (1, 3), (2, 4), (9, 10), (12, 13)]),
+            vec![(1, 4), (5, 10), (12, 13)]
+        );
+        assert_eq!(overlap(&[(1, 4), (5, 10), (12, 13)], 3, 12), 1 + 5);
+    }
 
     fn near(got: &[f64], want: &[f64]) {
         assert_eq!(got.len(), want.len());
