@@ -742,11 +742,13 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
             let mut all = Vec::new();
             for p in paths {
                 all.extend(read_wants(p)?);
-                let _ = std::fs::remove_file(p);
             }
             Some((f.id.clone(), merge(all)))
         })
         .collect();
+    for p in &wants {
+        let _ = std::fs::remove_file(p);
+    }
     let handover_idle_ns = wanted
         .filter(|_| failures.is_empty())
         .and_then(|w| log.idle_per_handover(meter.span(), &w));
