@@ -24,6 +24,8 @@ use tessera_shm::LocalLiveness;
 const LIMIT: u64 = 64 * MI;
 const PROCESSES: usize = 16;
 const DURATION: Duration = Duration::from_secs(4);
+/// How long a race may go on past `DURATION` to do what its assertions need.
+const CAP: Duration = Duration::from_secs(90);
 const HANG: Duration = Duration::from_secs(20);
 // Every family: stream-ordered allocations from the default pool and from a
 // pool of the process's own included (freed with cuMemFreeAsync and a
@@ -64,10 +66,55 @@ impl Counts {
 /// The racing processes alive now, for the sampler to stop.
 type Racers = Mutex<Vec<i32>>;
 
-fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers: &Racers) {
+/// When a race ends: not before `DURATION`, and not before it has done what its
+/// assertions need to mean anything (enough samples, grants and refusals), however
+/// slowly a loaded box runs it. A race that cannot get there ends at `CAP` and fails
+/// on those assertions. The wall clock alone made the number of samples a measure of
+/// the machine's speed (70 in a CI run, against the 100 asked).
+struct Until {
+    earliest: Instant,
+    cap: Instant,
+    samples: AtomicU64,
+    /// (samples, grants, refusals) the race must exceed before it may end.
+    need: (u64, u64, u64),
+}
+
+impl Until {
+    fn new(need: (u64, u64, u64)) -> Arc<Until> {
+        let now = Instant::now();
+        Arc::new(Until {
+            earliest: now + DURATION,
+            cap: now + CAP,
+            samples: AtomicU64::new(0),
+            need,
+        })
+    }
+
+    /// A sample was taken.
+    fn sampled(&self) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn samples(&self) -> u64 {
+        self.samples.load(Ordering::Relaxed)
+    }
+
+    /// Whether the racers should stop.
+    fn over(&self, counts: &Counts) -> bool {
+        let now = Instant::now();
+        let (samples, ok, oom) = self.need;
+        now >= self.cap
+            || (now >= self.earliest
+                && self.samples() > samples
+                && counts.ok.load(Ordering::Relaxed) > ok
+                && counts.oom.load(Ordering::Relaxed) > oom)
+    }
+}
+
+fn worker(sim: &Sim, id: usize, seed: u64, until: &Until, counts: &Counts, racers: &Racers) {
     let mut rng = Rng(seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let modes = Mode::ALL;
-    while Instant::now() < end {
+    while !until.over(counts) {
         let mode = modes[(id + counts.processes.load(Ordering::Relaxed) as usize) % 3];
         counts.processes.fetch_add(1, Ordering::Relaxed);
         let mut p = Conv::start(sim.probe(mode, true));
@@ -82,7 +129,7 @@ fn worker(sim: &Sim, id: usize, seed: u64, end: Instant, counts: &Counts, racers
         // sometimes still holding memory.
         let ops = rng.range(50, 400);
         for _ in 0..ops {
-            if Instant::now() >= end {
+            if until.over(counts) {
                 break;
             }
             if live.is_empty() || rng.range(0, 100) < 55 {
@@ -150,27 +197,28 @@ fn racing_processes_never_exceed_the_limit_on_the_device() {
     let done = Arc::new(AtomicBool::new(false));
     let racers = Arc::new(Racers::default());
     let reaper = stand_in(&sim, &racers);
+    let until = Until::new((100, 200, 20));
     let sampler = {
-        let (sim, done, racers) = (sim.clone(), done.clone(), racers.clone());
+        let (sim, done, racers, until) = (sim.clone(), done.clone(), racers.clone(), until.clone());
         std::thread::spawn(move || {
-            let (mut max, mut samples, mut over) = (0u64, 0u64, Vec::new());
+            let (mut max, mut over) = (0u64, Vec::new());
             while !done.load(Ordering::Relaxed) {
                 let (used, reserved) = sample(&sim, &racers);
                 if used > LIMIT || used > reserved {
                     over.push((used, reserved));
                 }
                 max = max.max(used);
-                samples += 1;
+                until.sampled();
                 std::thread::sleep(Duration::from_micros(200));
             }
-            (max, samples, over)
+            (max, over)
         })
     };
-    let end = Instant::now() + DURATION;
     let counts = race_to_the_end(PROCESSES, &done, reaper, |id, counts| {
-        worker(&sim, id, seed, end, counts, &racers)
+        worker(&sim, id, seed, &until, counts, &racers)
     });
-    let (max, samples, over) = sampler.join().unwrap();
+    let (max, over) = sampler.join().unwrap();
+    let samples = until.samples();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
     eprintln!(
@@ -205,12 +253,12 @@ fn pool_worker(
     devices: u64,
     id: usize,
     seed: u64,
-    end: Instant,
+    until: &Until,
     counts: &Counts,
     racers: &Racers,
 ) {
     let mut rng = Rng(seed ^ (id as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    while Instant::now() < end {
+    while !until.over(counts) {
         counts.processes.fetch_add(1, Ordering::Relaxed);
         let mut c = sim.client(true);
         racers.lock().unwrap().push(c.pid() as i32);
@@ -227,7 +275,7 @@ fn pool_worker(
         // Live allocations: (handle, the stream it is freed on, if any).
         let mut live: Vec<(u64, Option<u64>)> = Vec::new();
         for _ in 0..rng.range(30, 200) {
-            if Instant::now() >= end {
+            if until.over(counts) {
                 break;
             }
             let roll = rng.range(0, 100);
@@ -312,11 +360,17 @@ fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
     let done = Arc::new(AtomicBool::new(false));
     let racers = Arc::new(Racers::default());
     let reaper = stand_in(&sim, &racers);
+    let until = Until::new((100, 100, 10));
     let sampler = {
-        let (sim, done, racers, limits) =
-            (sim.clone(), done.clone(), racers.clone(), limits.clone());
+        let (sim, done, racers, limits, until) = (
+            sim.clone(),
+            done.clone(),
+            racers.clone(),
+            limits.clone(),
+            until.clone(),
+        );
         std::thread::spawn(move || {
-            let (mut max, mut over, mut samples) = (vec![0u64; n], vec![Vec::new(); n], 0u64);
+            let (mut max, mut over) = (vec![0u64; n], vec![Vec::new(); n]);
             while !done.load(Ordering::Relaxed) {
                 let racers = racers.lock().unwrap();
                 let (got, still) = frozen(&racers, || {
@@ -333,17 +387,17 @@ fn pool_race(name: &str, limits: &[u64]) -> PoolRace {
                     }
                     max[d] = max[d].max(used);
                 }
-                samples += 1;
+                until.sampled();
                 std::thread::sleep(Duration::from_micros(200));
             }
-            (max, over, samples)
+            (max, over)
         })
     };
-    let end = Instant::now() + DURATION;
     let counts = race_to_the_end(PROCESSES / 2, &done, reaper, |id, counts| {
-        pool_worker(&sim, n as u64, id, seed, end, counts, &racers)
+        pool_worker(&sim, n as u64, id, seed, &until, counts, &racers)
     });
-    let (max, over, samples) = sampler.join().unwrap();
+    let (max, over) = sampler.join().unwrap();
+    let samples = until.samples();
     let ok = counts.ok.load(Ordering::Relaxed);
     let oom = counts.oom.load(Ordering::Relaxed);
     eprintln!(
