@@ -329,6 +329,20 @@ struct GpuThread {
     handle: Option<JoinHandle<()>>,
 }
 
+impl GpuThread {
+    /// A copy of this GPU's statistics, under its lock.
+    fn stats(&self, uuid: &str) -> GpuStats {
+        let s = lock(&self.shared);
+        GpuStats {
+            gpu_uuid: uuid.to_owned(),
+            allocations: s.members.len(),
+            handover_ns: s.handovers.iter().copied().collect(),
+            handovers: s.handover_spans.iter().cloned().collect(),
+            wakeups: s.wakeups.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
 /// The compute arbiter: one thread per GPU, started with its first
 /// allocation.
 pub struct Arbiter {
@@ -503,21 +517,17 @@ impl Arbiter {
         let Some(gpus) = gpus.as_ref() else {
             return Vec::new();
         };
-        let mut out: Vec<GpuStats> = gpus
-            .iter()
-            .map(|(uuid, t)| {
-                let s = lock(&t.shared);
-                GpuStats {
-                    gpu_uuid: uuid.clone(),
-                    allocations: s.members.len(),
-                    handover_ns: s.handovers.iter().copied().collect(),
-                    handovers: s.handover_spans.iter().cloned().collect(),
-                    wakeups: s.wakeups.load(std::sync::atomic::Ordering::Relaxed),
-                }
-            })
-            .collect();
+        let mut out: Vec<GpuStats> = gpus.iter().map(|(uuid, t)| t.stats(uuid)).collect();
         out.sort_by(|a, b| a.gpu_uuid.cmp(&b.gpu_uuid));
         out
+    }
+
+    /// One GPU's [`GpuStats`], or `None` when the arbiter governs no GPU
+    /// of that UUID. It copies that GPU's records only: a reader polling
+    /// one GPU does not copy every other's under their locks.
+    pub fn gpu_stats_of(&self, uuid: &str) -> Option<GpuStats> {
+        let gpus = lock(&self.gpus);
+        gpus.as_ref()?.get(uuid).map(|t| t.stats(uuid))
     }
 
     /// Stops every GPU thread and opens every gate it governed. Idempotent.

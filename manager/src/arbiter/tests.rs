@@ -337,3 +337,27 @@ fn a_tenant_ringing_its_own_doorbell_wakes_the_arbiter_at_most_twice_per_poll() 
     );
     p.gate.stop();
 }
+
+/// One GPU's statistics read alone are that GPU's, and a GPU the arbiter
+/// does not govern has none.
+#[test]
+fn one_gpus_statistics_are_read_alone() {
+    let _s = serial();
+    let arb = Arbiter::new(ArbiterConfig::default()).unwrap();
+    assert!(arb.gpu_stats_of(GPU).is_none(), "no allocation yet");
+    let a = alloc("one", 300_000, Policy::Burst);
+    let b = alloc("two", 300_000, Policy::Burst);
+    arb.add_allocation(a.files(), 0).unwrap();
+    arb.add_allocation(b.files(), 0).unwrap();
+    let one = arb.gpu_stats_of(GPU).expect("the GPU's statistics");
+    assert_eq!((one.gpu_uuid.as_str(), one.allocations), (GPU, 2));
+    let all = arb.gpu_stats();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].gpu_uuid, one.gpu_uuid);
+    assert!(
+        arb.gpu_stats_of("GPU-aaaaaaaa-0000-0000-0000-000000000002")
+            .is_none()
+    );
+    arb.shutdown();
+    assert!(arb.gpu_stats_of(GPU).is_none(), "shut down");
+}

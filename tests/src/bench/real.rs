@@ -238,9 +238,7 @@ pub fn run(arbiter: &Arbiter, uuid: &str, dir: &Path, ptx: &Path, sc: &Scenario)
 
 fn handovers(arbiter: &Arbiter, uuid: &str) -> Vec<u64> {
     arbiter
-        .gpu_stats()
-        .into_iter()
-        .find(|g| g.gpu_uuid == uuid)
+        .gpu_stats_of(uuid)
         .map(|g| g.handover_ns)
         .unwrap_or_default()
 }
