@@ -94,17 +94,23 @@ int main(int argc, char **argv) {
         return 0;
     }
     /* The parent never initialises; two children share the limit. */
-    if (pipe(go)) return 9;
+    int ready[2];
+    char c;
+    if (pipe(go) || pipe(ready)) return 9;
     pid_t a = fork();
     if (a == 0) {
-        char c;
         printf("a setup %d\n", setup());
         printf("a 600 %d\n", cuMemAlloc_v2(&p, MB(600)));
         fflush(stdout);
+        /* Its lines are out and its 600 MiB held: b may start. */
+        if (write(ready[1], "x", 1) != 1) _exit(9);
         if (read(go[0], &c, 1) != 1) _exit(9);
         _exit(0);
     }
-    usleep(300000);
+    /* b only once a has joined, allocated and printed: the order of the
+       lines and b's refusal follow from this, not from how fast a ran. */
+    close(ready[1]);
+    if (read(ready[0], &c, 1) != 1) return 9;
     pid_t b = fork();
     if (b == 0) {
         printf("b setup %d\n", setup());
