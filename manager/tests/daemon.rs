@@ -45,12 +45,15 @@ impl Running {
     }
 }
 
+/// The tests' hold-off after a critical XID (`config`).
+const XID_RECOVERY: Duration = Duration::from_millis(500);
+
 fn config(dir: &Path) -> Config {
     let mut c = Config::for_state_dir(dir);
     c.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
     c.sample_interval = Duration::from_millis(100);
     c.reap_interval = Duration::from_millis(50);
-    c.xid_recovery = Duration::from_millis(500);
+    c.xid_recovery = XID_RECOVERY;
     c.hostname = "test-node".into();
     c.slices_per_gpu = 8;
     c
@@ -441,7 +444,15 @@ async fn owners_are_recorded_and_policies_only_tighten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
-    let (_dir, gpu, m, mut c) = start_fake(2).await;
+    // First, what an unhealthy GPU looks like, under a hold-off no test
+    // outlives: however slowly the checks below run, the GPU cannot
+    // recover in the middle of them.
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = Arc::new(FakeGpu::new(2, 16 * GI));
+    let mut cfg = config(dir.path());
+    cfg.xid_recovery = Duration::from_secs(24 * 3600);
+    let m = start(cfg, gpu.clone()).await;
+    let mut c = client::connect(&m.socket).await.unwrap();
     // The event watcher's first wait came back before the manager served:
     // an event happening from now on is not lost.
     assert!(m.core.passes().gpu_event_waits() > 0);
@@ -492,11 +503,15 @@ async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
             ("tessera_gpu_healthy", &[("gpu", "0")], 1.0),
         ],
     );
+    drop(watch);
+    m.stop().await;
 
-    // Recovers after the hold-off (500 ms here).
-    let took = eventually(async || node_status(&mut c).await.gpus[1].healthy).await;
-    assert!(took.is_some(), "GPU 1 never recovered from the XID");
-
+    // Then recovery, with the tests' short hold-off. The GPU is held lost
+    // while the XID arrives (a lost GPU's queries fail, so nothing clears
+    // the XID), and only once the XID was handled does it answer again:
+    // what is asserted holds however long each step takes.
+    let (_dir, gpu, m, mut c) = start_fake(2).await;
+    let u1 = gpu.uuid(1);
     // A lost GPU is unhealthy until it answers again.
     gpu.set_lost(&u1, true);
     let lost = eventually(async || {
@@ -505,9 +520,27 @@ async fn xids_and_lost_gpus_make_a_gpu_unhealthy_until_it_recovers() {
     })
     .await;
     assert!(lost.is_some(), "a lost GPU was not noticed");
+    let handled = m.core.passes().gpu_events();
+    let pushed = Instant::now();
+    gpu.push_event(GpuEvent::Xid {
+        uuid: u1.clone(),
+        xid: 79,
+    });
+    let seen = eventually(async || m.core.passes().gpu_events() > handled).await;
+    assert!(seen.is_some(), "the XID was never handled");
     gpu.set_lost(&u1, false);
     let back = eventually(async || node_status(&mut c).await.gpus[1].healthy).await;
-    assert!(back.is_some(), "a GPU that answers again stays unhealthy");
+    assert!(
+        back.is_some(),
+        "a GPU that answers again stays unhealthy after its XID's hold-off"
+    );
+    // A lower bound only: healthy again no sooner than the hold-off after
+    // the XID (how much later depends on the machine's load).
+    let after = pushed.elapsed();
+    assert!(
+        after >= XID_RECOVERY,
+        "healthy {after:?} after a critical XID, within its {XID_RECOVERY:?} hold-off"
+    );
     m.stop().await;
 }
 
