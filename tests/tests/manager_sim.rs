@@ -676,14 +676,33 @@ fn the_arbiter_measures_what_a_shared_gpu_gives_an_allocation() {
         m.log()
     );
 
-    let e = parse_exposition(&scrape(m.metrics)).unwrap();
+    // Whether those steps waited for the grant depends on how fast the
+    // test's round trips ran (a step that comes back after its grant's
+    // hold-off finds the GPU free). A backlog always does: the process
+    // asks for far more than its cap allows, never waited for (it is
+    // killed at the end), so its waits grow however slow the machine is.
+    w.send("launch k 1000000");
     let al = [("allocation", "half"), ("gpu", "0"), ("pod", "p")];
+    let mut e = None;
+    let waited = eventually(DEADLINE, || {
+        let scraped = parse_exposition(&scrape(m.metrics)).unwrap();
+        let waited = scraped.get("tessera_allocation_wait_seconds_total", &al);
+        e = Some(scraped);
+        waited.is_some_and(|w| w > 0.01)
+    });
+    let e = e.expect("scraped");
+    assert!(
+        waited.is_some(),
+        "a backlog at a 50% cap never waited: {:?}",
+        e.get("tessera_allocation_wait_seconds_total", &al)
+    );
+    // The share over the arbiter's window: never above the cap (plus what
+    // a short window's catch-up can add); above 0, as it ran, but how far
+    // depends on how busy the test kept it.
     let achieved = e
         .get("tessera_allocation_compute_achieved_ratio", &al)
         .expect("an arbitrated allocation has an achieved share");
-    assert!((0.05..=0.65).contains(&achieved), "achieved {achieved}");
-    let waited = e.get("tessera_allocation_wait_seconds_total", &al).unwrap();
-    assert!(waited > 0.01, "waited {waited} s");
+    assert!(achieved > 0.0 && achieved <= 0.65, "achieved {achieved}");
     let st = node_status(&m.socket);
     let d = &st.allocations[0].devices[0];
     assert_eq!(d.compute_share_ppm, 500_000);
