@@ -163,28 +163,51 @@ fn a_thirty_percent_guaranteed_share_on_an_amd_gpu_holds_its_cap() {
 
 #[test]
 fn a_hip_process_waiting_on_its_own_work_is_seen_syncing() {
-    // One 2 s kernel, then the workload's closing `hipDeviceSynchronize`
+    // One kernel, then the workload's closing `hipDeviceSynchronize`
     // (its time is up after the first launch, so the queue bound never
     // holds a launch, which would mark the thread syncing itself): the
     // arbiter must see that wait as the holder's work in flight, not as
     // idleness.
     let s = setup(50.0, Policy::Burst);
     let state = tessera_shm::State::open(&s.state, ALLOC).expect("the state file");
-    let mut workload = workload(&s, 2_000_000, 1e-6, 1);
-    let ready = workload.wait_for("ready", Duration::from_secs(30));
+
+    // The mark goes when the wait returns: checked after the workload
+    // says it is done, which holds however slowly it ran. First, so that
+    // the killed workload below leaves no mark behind for this check.
+    let mut short = workload(&s, 500_000, 1e-6, 1);
+    let ready = short.wait_for("ready", Duration::from_secs(30));
     assert!(ready.ok, "{}", ready.raw);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !state.syncing(0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the workload's hipEventSynchronize was never marked syncing"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let done = workload.wait_for("done", Duration::from_secs(30));
+    let done = short.wait_for("done", Duration::from_secs(60));
     assert!(done.ok, "{}", done.raw);
     // Cleared when the wait returned, before the line was printed (the
     // process still lives: a dead one's bits are ignored anyway).
     assert!(!state.syncing(0), "the mark outlived the wait");
-    assert!(workload.finish().success());
+    assert!(short.finish().success());
+
+    // The mark is there during the wait: a kernel far longer than any
+    // test, so a slow poll cannot miss the wait; the workload is killed
+    // once the mark is seen (the hang guard is far shorter than the
+    // kernel). A workload preempted between setting its end and the first
+    // check of it launches nothing and syncs on nothing: it says so
+    // (`launches=0`) and is started again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    'start: loop {
+        let mut long = workload(&s, 3_600_000_000, 1e-6, 1);
+        let ready = long.wait_for("ready", Duration::from_secs(30));
+        assert!(ready.ok, "{}", ready.raw);
+        while !state.syncing(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the workload's hipDeviceSynchronize was never marked syncing"
+            );
+            if let Some(l) = long.try_next(Duration::from_millis(1)) {
+                assert!(l.ok && l.cmd == "done", "{}", l.raw);
+                assert_eq!(l.u64("launches"), 0, "an hour's kernel ended: {}", l.raw);
+                assert!(long.finish().success());
+                continue 'start;
+            }
+        }
+        long.kill();
+        break;
+    }
 }
