@@ -35,8 +35,28 @@ fn find(node: &Node, id: &str) -> Option<mgr::Allocation> {
     node.allocations().into_iter().find(|a| a.id == id)
 }
 
-async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
+/// A node with one 80 GiB GPU in 8 slices whose plugin reads PodResources
+/// every 50 ms and deletes an orphan after `grace`.
+async fn start_with_pod_resources(grace: Duration) -> Node {
+    Node::start_with(
+        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
+        "default:\n  slice: {slicesPerGpu: 8}\n",
+        |o| {
+            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
+            o.pod_resources_interval = Duration::from_millis(50);
+            o.orphan_grace = grace;
+        },
+    )
+    .await
+}
+
+async fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    wait_within(what, WAIT, f).await;
+}
+
+/// [`wait_for`] with a hang guard of `limit`.
+async fn wait_within(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -45,16 +65,7 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
-    let mut node = Node::start_with(
-        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
-        "default:\n  slice: {slicesPerGpu: 8}\n",
-        |o| {
-            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
-            o.pod_resources_interval = Duration::from_millis(50);
-            o.orphan_grace = Duration::from_millis(600);
-        },
-    )
-    .await;
+    let mut node = start_with_pod_resources(Duration::from_millis(600)).await;
     node.wait_devices("8 slices", |d| d.len() == 8).await;
     let a = allocate(&node, &["GPU-a::0", "GPU-a::1"]).await;
     let b = allocate(&node, &["GPU-a::2"]).await;
@@ -143,19 +154,13 @@ async fn owners_are_recorded_and_allocations_of_gone_pods_deleted() {
 /// new plugin serves and records a new pod's allocation.
 #[tokio::test]
 async fn a_restart_mid_way_keeps_owners_and_never_shortens_the_grace() {
-    // Longer than the plugin takes to stop (about a second): its
-    // PodResources pass goes on until then.
-    let grace = Duration::from_secs(3);
-    let mut node = Node::start_with(
-        fake_gpus(&[("GPU-a", 80 * GI, 0, 0)]),
-        "default:\n  slice: {slicesPerGpu: 8}\n",
-        |o| {
-            o.pod_resources_socket = Some(o.manager_socket.with_file_name("pod-resources.sock"));
-            o.pod_resources_interval = Duration::from_millis(50);
-            o.orphan_grace = grace;
-        },
-    )
-    .await;
+    // Far longer than the steps from b's allocation to the plugin's stop
+    // take (about a second and a half, the stop about one of them; the old
+    // plugin's PodResources pass goes on until then), so a slow machine
+    // does not see b deleted before the restart. The deletion after the
+    // restart is then waited for with a grace on top of the hang guard.
+    let grace = Duration::from_secs(12);
+    let mut node = start_with_pod_resources(grace).await;
     let pods = FakePodResources::start(&node.path("pod-resources.sock")).expect("pod resources");
     pods.set_pods(&[("team-a", "trainer", "main", RES, strings(&["GPU-a::0"]))]);
     node.wait_devices("8 slices", |d| d.len() == 8).await;
@@ -187,7 +192,7 @@ async fn a_restart_mid_way_keeps_owners_and_never_shortens_the_grace() {
         find(&node, &c).is_some_and(|x| x.pod == "server")
     })
     .await;
-    wait_for("b deleted", || find(&node, &b).is_none()).await;
+    wait_within("b deleted", grace + WAIT, || find(&node, &b).is_none()).await;
     assert!(
         restarted.elapsed() >= grace,
         "b deleted {:?} after the restart, before a whole grace",
