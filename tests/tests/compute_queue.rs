@@ -16,10 +16,16 @@ use tessera_manager::arbiter::{Arbiter, ArbiterConfig, OpenFiles};
 
 const KERNEL: Duration = Duration::from_millis(5);
 
+/// How long the sampling may go on before `enough` decides: a hang guard,
+/// never a measure. A loaded box may take many seconds to get the workload
+/// launching at depth; the samples end as soon as they decide.
+const SAMPLING_LIMIT: Duration = Duration::from_secs(90);
+
 /// Runs the deep-queue workload alone in a burst allocation (it keeps the
 /// GPU) with `budget` as `TESSERA_QUEUE_BUDGET`, and samples the engine's
 /// queued work (its free time minus now) until `enough` says the samples
-/// decide, or 8 s. Returns the largest queue seen, in ns, and the samples.
+/// decide, or [`SAMPLING_LIMIT`]. Returns the largest queue seen, in ns, and
+/// the samples.
 fn largest_queue(budget: &str, enough: impl Fn(u64, usize) -> bool) -> (u64, usize) {
     let node = SimNode::builder().devices(1).build();
     let arbiter = Arbiter::new(ArbiterConfig::default()).expect("arbiter");
@@ -28,7 +34,9 @@ fn largest_queue(budget: &str, enough: impl Fn(u64, usize) -> bool) -> (u64, usi
     arbiter.add_allocation(Arc::new(opened), 0).expect("add");
     let mut sc = Scenario::new("queue", vec![files.spec], KERNEL, Duration::from_secs(8));
     sc.depth = 64;
-    let mut w = Workload::spawn_with(&node, &files, 0, &sc, 9.0, |c| {
+    // The workload outlives the sampling (it is killed when dropped below).
+    let lifetime = SAMPLING_LIMIT.as_secs_f64() + 30.0;
+    let mut w = Workload::spawn_with(&node, &files, 0, &sc, lifetime, |c| {
         c.env("TESSERA_QUEUE_BUDGET", budget);
     });
     assert!(
@@ -37,7 +45,7 @@ fn largest_queue(budget: &str, enough: impl Fn(u64, usize) -> bool) -> (u64, usi
         w.seen
     );
     let n = node.node();
-    let deadline = Instant::now() + Duration::from_secs(8);
+    let deadline = Instant::now() + SAMPLING_LIMIT;
     let (mut largest, mut samples) = (0u64, 0usize);
     while Instant::now() < deadline && !enough(largest, samples) {
         let until = n.device_usage(0).expect("usage").busy_until_ns;
