@@ -35,6 +35,7 @@ fn bench_all_runs_and_summarises_every_section() {
         "shim added per launch of an allocating graph",
         "join at 256 processes, CPU p50 / p99",
         "compute guaranteed 20/30/50, 1000 us kernels: target -> achieved %",
+        // Present whether or not the short window saw a hand-over ("-" then).
         "compute burst 25+25, 50 us kernels: hand-over p50 / p99",
         "compute guaranteed 30 alone, graph launches",
         "memory race, 4 processes",

@@ -496,10 +496,18 @@ fn compute_rows(shares: &Table, push: &mut impl FnMut(String, String, &str, Stri
             target,
             verdict(ok),
         );
-        if g[0][p50] != "-" {
+        // Every scenario with more than one allocation has its hand-over row,
+        // measured or not: a short window on a loaded box may see no hand-over
+        // ("-"), and the summary keeps its rows whatever a run measured.
+        if g[0][p50] != "-" || g.len() > 1 {
+            let measured = if g[0][p50] == "-" {
+                "- (no hand-over measured)".to_owned()
+            } else {
+                format!("{} / {} ms", g[0][p50], g[0][p99])
+            };
             push(
                 format!("compute {name}: hand-over p50 / p99"),
-                format!("{} / {} ms", g[0][p50], g[0][p99]),
+                measured,
                 "-",
                 "-".into(),
             );
