@@ -5,6 +5,10 @@
 //! time is too long for every `cargo test`: the soak is ignored there and `.ci/contention`
 //! runs it (`--ignored`), beside the busy processes, once per CI run. `TESSERA_SOAK_MINUTES`
 //! and `TESSERA_SOAK_SEED` change it. The long run's figures are in the README.
+//!
+//! What the soak covers does not depend on the machine's speed: it runs its minutes and
+//! then on until it has taken `MIN_STEPS` steps and every action of its mix (a loaded box
+//! takes longer, never less), so the checks below hold whatever the load.
 
 use std::process::Command;
 
@@ -29,11 +33,15 @@ fn a_three_minute_soak_finds_no_violation() {
     };
     assert_eq!(figure("violations"), 0, "{stdout}");
     // It did drive the node: every kind of fault happened, and checks ran after each step.
-    assert!(figure("steps") > 50, "{stdout}");
+    assert!(
+        figure("steps") >= tessera_e2e::bench::soak::MIN_STEPS,
+        "{stdout}"
+    );
     assert!(figure("invariant checks") > figure("steps"), "{stdout}");
     for action in [
         "SIGKILL a process",
         "restart the manager",
+        "restart the device plugin",
         "corrupt a state file",
     ] {
         assert!(figure(action) > 0, "no {action:?} in {stdout}");

@@ -41,6 +41,12 @@ const MI: u64 = 1 << 20;
 const GPUS: u32 = 2;
 const MAX_PROCS: usize = 24;
 const MAX_ALLOCS: usize = 12;
+/// Steps a soak takes at least, whatever its length: many times what it takes the rarest
+/// action of the mix (2 in 92) to come up.
+pub const MIN_STEPS: u64 = 200;
+/// How long past its length a soak may go on to take [`MIN_STEPS`] and every action of the
+/// mix: a hang guard for a loaded box, where a step takes many times its usual time.
+pub const COVERAGE_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 /// What a soak did and found.
 #[derive(Debug, Clone, Default)]
@@ -703,7 +709,10 @@ fn pick<'a, T>(rng: &mut Rng, items: impl ExactSizeIterator<Item = &'a T>) -> Op
     items.into_iter().nth(k)
 }
 
-/// Runs the soak for `length`, from `seed`.
+/// Runs the soak for `length`, from `seed`, and on until it has taken [`MIN_STEPS`] and
+/// every action of the mix at least once (or [`COVERAGE_LIMIT`] more has passed): how much
+/// a soak covers does not depend on how fast the machine is. On a usual box a soak of a
+/// few minutes covers that well within its length; a loaded one takes longer.
 pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
     let node = SimNode::e2e(GPUS, seed);
     let dir = node.dir.path().join("manager");
@@ -739,7 +748,13 @@ pub fn soak(length: Duration, seed: u64) -> Result<SoakReport, String> {
     ];
     let total: u64 = mix.iter().map(|m| m.0).sum();
     let t0 = Instant::now();
-    while t0.elapsed() < length {
+    let covered = |r: &SoakReport| {
+        r.steps >= MIN_STEPS
+            && mix
+                .iter()
+                .all(|(_, name)| r.actions.get(name).is_some_and(|&n| n > 0))
+    };
+    while t0.elapsed() < length || (!covered(&w.report) && t0.elapsed() < length + COVERAGE_LIMIT) {
         let mut r = rng.range(0, total);
         let (_, name) = mix
             .iter()
