@@ -2,7 +2,8 @@
 //! tessera-bench -- sim|hook|compute|compute-shapes|compute-detail|compute-sync|compute-handover|race|many|dra|dropin|run|all [--calls N] [--runs N] [--measure SECS]
 //! [--processes N] [--race-secs SECS] [--only TEXT] [--markdown] [--together]`. `all` prints one summary table (figure,
 //! measured, target, verdict) before every section's own tables. `soak --minutes N
-//! [--seed S]` drives a simulated node with random events and faults, checking its
+//! [--seed S]` drives a simulated node with random events and faults for at least N
+//! minutes and until it has taken every action of its mix, checking its
 //! invariants after every step; it exits 1 on any violation. `run`: `tessera run -- true`
 //! start-up (node's manager, private manager warm and cold) beside a bare start.
 
@@ -14,7 +15,7 @@ use tessera_e2e::bench::{self, Table};
 const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--ungoverned]
        tessera-bench soak [--minutes N] [--seed S]
 sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares of every program shape, one row per shape and allocation mix; then the shares with no arbiter and the gate's cost), compute-shapes (only the shapes' table), compute-detail (the earlier per-allocation share tables: 20/30/50, burst 25+25, launch calls, programs that synchronise, the hand-over rules), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
-soak: a seeded random mix of node events and faults for N minutes (3), invariants checked after every step; exits 1 on a violation
+soak: a seeded random mix of node events and faults for at least N minutes (3), and on until it has taken 200 steps and every action of the mix at least once (at most 30 minutes more), invariants checked after every step; exits 1 on a violation
 --real: compute against the libcuda.so.1 the process finds (a real GPU), kernels from the bench's PTX, shares by the workloads' own counts; its last line is a JSON summary
 --only TEXT: compute, compute-shapes: only the scenarios whose name (shape, allocations) contains TEXT, any case; --markdown: tables as Markdown (pasteable into the README)
 --measure: seconds per compute scenario (10); --processes, --race-secs: the race's processes (16) and length (5)
