@@ -119,6 +119,11 @@ pub struct ArbiterConfig {
     /// charges from the grant, the rule before; the bench compares the
     /// two. See `SchedConfig::late_start`.
     pub late_start: bool,
+    /// A holder cut off at its quantum while its processes yield is away
+    /// in its host gap, expected back and granted ahead of its return
+    /// (false, the default: only after an idle revocation). For
+    /// comparison; see `SchedConfig::cut_off_away`.
+    pub cut_off_away: bool,
 }
 
 impl Default for ArbiterConfig {
@@ -139,6 +144,7 @@ impl Default for ArbiterConfig {
             host_gaps: s.host_gaps,
             grant_ahead: Duration::from_nanos(s.grant_ahead_ns),
             late_start: s.late_start,
+            cut_off_away: s.cut_off_away,
         }
     }
 }
@@ -213,6 +219,7 @@ impl ArbiterConfig {
             host_gaps: self.host_gaps,
             grant_ahead_ns: ns(self.grant_ahead),
             late_start: self.late_start,
+            cut_off_away: self.cut_off_away,
         }
     }
 }

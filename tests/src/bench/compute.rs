@@ -643,11 +643,8 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
             .expect("adding the allocation to the arbiter");
     }
     let gpu_uuid = node.node().device_info(device).map(|i| i.uuid).ok();
-    let before = arbiter
-        .gpu_stats()
-        .into_iter()
-        .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
-        .map_or(0, |g| g.handover_ns.len());
+    let gpu_of = || gpu_uuid.as_deref().and_then(|u| arbiter.gpu_stats_of(u));
+    let before = gpu_of().map_or(0, |g| g.handover_ns.len());
     let seconds = (sc.warmup + sc.measure).as_secs_f64() + 0.5;
     let per = sc.processes.max(1) as usize;
     // Where each workload says when it wanted the GPU, by allocation.
@@ -685,13 +682,7 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
             })
             .collect()
     };
-    let handovers_now = || {
-        arbiter
-            .gpu_stats()
-            .into_iter()
-            .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
-            .map_or(0, |g| g.handover_ns.len())
-    };
+    let handovers_now = || gpu_of().map_or(0, |g| g.handover_ns.len());
     // The arbiter's account is read before the ground truth's window opens
     // and after it closes, so every hold that overlaps the window either
     // ends inside the account's span (charged) or is the one still running
@@ -722,10 +713,7 @@ pub fn run_scenario(node: &SimNode, arbiter: &Arbiter, device: u32, sc: &Scenari
     // first kernel.
     std::thread::sleep(Duration::from_millis(50));
     log.collect();
-    let handovers: Vec<u64> = arbiter
-        .gpu_stats()
-        .into_iter()
-        .find(|g| Some(&g.gpu_uuid) == gpu_uuid.as_ref())
+    let handovers: Vec<u64> = gpu_of()
         // The measured window's hand-overs: not the start-up's, when the
         // workloads' first kernels run before their lengths are learned.
         .map(|g| g.handover_ns.into_iter().skip(n0.max(before)).collect())
@@ -809,10 +797,9 @@ impl<'a> HandoverLog<'a> {
         }
         let last = self.spans.last().map_or(0, |s| s.revoked_at);
         let new = self
-            .arbiter
-            .gpu_stats()
-            .into_iter()
-            .find(|g| Some(&g.gpu_uuid) == self.gpu_uuid.as_ref())
+            .gpu_uuid
+            .as_deref()
+            .and_then(|u| self.arbiter.gpu_stats_of(u))
             .map(|g| g.handovers)
             .unwrap_or_default();
         // Revocations follow one another, so the new ones are those after
@@ -1041,9 +1028,20 @@ pub fn set_late_start(on: bool) {
     LATE_START.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether a holder cut off as it leaves is away in its host gap (off by
+/// default) for the rounds of this process.
+static CUT_OFF_AWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `true`: a holder cut off at its quantum while its processes yield is
+/// expected back from its host gap, for every later round
+/// (`tessera-bench --cut-off-away`; `ArbiterConfig::cut_off_away`).
+pub fn set_cut_off_away(on: bool) {
+    CUT_OFF_AWAY.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The arbiter's configuration the shapes run under: the default, but for
-/// [`set_contested_idle_release`], [`set_grant_ahead`] and
-/// [`set_late_start`].
+/// [`set_contested_idle_release`], [`set_grant_ahead`], [`set_late_start`]
+/// and [`set_cut_off_away`].
 fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
     let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
@@ -1057,6 +1055,7 @@ fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     // Never ahead by more than the contested release (the arbiter's rule).
     cfg.grant_ahead = cfg.grant_ahead.min(cfg.contested_idle_release);
     cfg.late_start = LATE_START.load(std::sync::atomic::Ordering::Relaxed);
+    cfg.cut_off_away = CUT_OFF_AWAY.load(std::sync::atomic::Ordering::Relaxed);
     cfg
 }
 
