@@ -665,7 +665,10 @@ impl Driver {
     fn record(&mut self, now: u64) {
         let events = self.sched.take_events();
         let window = self.cfg.stats_window.as_nanos() as u64;
-        let mut shared = lock(&self.shared);
+        let mut guard = lock(&self.shared);
+        // One reborrow, so a member and the node-wide samples can be
+        // borrowed apart (through the guard they cannot).
+        let shared = &mut *guard;
         for e in events {
             match e {
                 Event::Granted { id, at } => {
@@ -694,7 +697,7 @@ impl Driver {
                     waiting,
                 } => {
                     push_sample(&mut shared.handovers, ns);
-                    if let Some(s) = shared.members.get(&to) {
+                    if let Some(s) = shared.members.get_mut(&to) {
                         let span = super::HandoverSpan {
                             to: Arc::clone(&s.alloc_key),
                             revoked_at,
@@ -702,8 +705,6 @@ impl Driver {
                             waiting,
                         };
                         push_sample(&mut shared.handover_spans, span);
-                    }
-                    if let Some(s) = shared.members.get_mut(&to) {
                         push_sample(&mut s.handovers, ns);
                     }
                 }

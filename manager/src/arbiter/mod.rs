@@ -121,8 +121,8 @@ pub struct ArbiterConfig {
     pub late_start: bool,
     /// A holder cut off at its quantum while its processes yield is away
     /// in its host gap, expected back and granted ahead of its return
-    /// (false, the default: only after an idle revocation). For
-    /// comparison; see `SchedConfig::cut_off_away`.
+    /// (true, the default; false: only after an idle revocation, the rule
+    /// before). See `SchedConfig::cut_off_away`.
     pub cut_off_away: bool,
 }
 

@@ -1028,13 +1028,14 @@ pub fn set_late_start(on: bool) {
     LATE_START.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether a holder cut off as it leaves is away in its host gap (off by
-/// default) for the rounds of this process.
-static CUT_OFF_AWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether a holder cut off as it leaves is away in its host gap (on by
+/// default, as the arbiter's own default) for the rounds of this process.
+static CUT_OFF_AWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// `true`: a holder cut off at its quantum while its processes yield is
-/// expected back from its host gap, for every later round
-/// (`tessera-bench --cut-off-away`; `ArbiterConfig::cut_off_away`).
+/// `false`: a holder cut off at its quantum while its processes yield is
+/// expected back only after an idle revocation, the rule before, for
+/// every later round (`tessera-bench --no-cut-off-away`;
+/// `ArbiterConfig::cut_off_away`).
 pub fn set_cut_off_away(on: bool) {
     CUT_OFF_AWAY.store(on, std::sync::atomic::Ordering::Relaxed);
 }

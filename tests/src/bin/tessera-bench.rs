@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--cut-off-away] [--ungoverned]
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--no-cut-off-away] [--ungoverned]
        tessera-bench soak [--minutes N] [--seed S]
 sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares of every program shape, one row per shape and allocation mix; then the shares with no arbiter and the gate's cost), compute-shapes (only the shapes' table), compute-detail (the earlier per-allocation share tables: 20/30/50, burst 25+25, launch calls, programs that synchronise, the hand-over rules), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for at least N minutes (3), and on until it has taken 200 steps and every action of the mix at least once (at most 30 minutes more), invariants checked after every step; exits 1 on a violation
@@ -23,7 +23,7 @@ soak: a seeded random mix of node events and faults for at least N minutes (3), 
 --contested-idle-release SECS: compute sections: the arbiter's idle release while another allocation waits (default 0.0005), to compare rules at one load
 --grant-ahead SECS: compute sections: how long before an allocation is expected back from a host gap it may be granted (default 0.0002; 0: only at its gate), to compare rules at one load
 --charge-from-grant: compute sections: a holder's time starts at its grant, the rule before its first launch started it (while no one else waits), to compare rules at one load
---cut-off-away: compute sections: a holder cut off at its quantum while its processes yield is expected back from its host gap and granted ahead (off by default), to compare rules at one load
+--no-cut-off-away: compute sections: a holder cut off at its quantum while its processes yield is expected back only after an idle revocation (the rule before; by default it is away in its host gap from then, and granted ahead), to compare rules at one load
 --ungoverned: compute-shapes: each mix's programs on one GPU with no gate (whole-GPU allocations), against the governed targets: what they get with nothing between them";
 
 struct Options {
@@ -121,7 +121,7 @@ fn main() -> Result<()> {
                 bench::compute::set_grant_ahead(Duration::from_secs_f64(s));
             }
             "--charge-from-grant" => bench::compute::set_late_start(false),
-            "--cut-off-away" => bench::compute::set_cut_off_away(true),
+            "--no-cut-off-away" => bench::compute::set_cut_off_away(false),
             "--ungoverned" => bench::compute::set_ungoverned(true),
             "--only" => {
                 let v = args.next().context(USAGE)?;
