@@ -369,6 +369,20 @@ impl Client {
     }
 }
 
+/// A client owed more than another, expected back from its host gap (see
+/// [`Scheduler::owed_return`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OwedReturn {
+    /// When it is expected back at its gate.
+    back: u64,
+    /// When it is given up on: a quarter of a gap late.
+    give_up: u64,
+    /// Its host gap, as last measured.
+    gap: u64,
+    /// Whether it is `guaranteed` (its share a cap and a promise).
+    guaranteed: bool,
+}
+
 /// A revoked holder whose work still drains behind a pre-armed grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Behind {
@@ -1110,9 +1124,8 @@ impl Scheduler {
     /// capped then, no lower priority). Expected: see
     /// [`Client::expected_back`].
     ///
-    /// Returns when it is expected, when it is given up on, its gap, and
-    /// whether it is `guaranteed`.
-    fn owed_return(&self, now: u64, x: ClientId) -> Option<(u64, u64, u64, bool)> {
+    /// The soonest such return, by when it is expected.
+    fn owed_return(&self, now: u64, x: ClientId) -> Option<OwedReturn> {
         if !self.cfg.host_gaps {
             return None;
         }
@@ -1128,14 +1141,14 @@ impl Scheduler {
                 if y.policy == Policy::Guaranteed && y.tat > back.max(now) {
                     return None;
                 }
-                (self.lifted(y) < xc.vtime).then_some((
+                (self.lifted(y) < xc.vtime).then_some(OwedReturn {
                     back,
                     give_up,
-                    y.gap_ns,
-                    y.policy == Policy::Guaranteed,
-                ))
+                    gap: y.gap_ns,
+                    guaranteed: y.policy == Policy::Guaranteed,
+                })
             })
-            .min()
+            .min_by_key(|r| (r.back, r.give_up))
     }
 
     /// The client with work that is expected back from a host gap soonest
@@ -1179,7 +1192,7 @@ impl Scheduler {
     fn quantum_end_for(&self, id: ClientId, start: u64) -> u64 {
         let full = start.saturating_add(self.cfg.quantum_ns);
         match self.owed_return(start, id) {
-            Some((back, ..)) => full.min(back.max(start.saturating_add(self.idle_release(true)))),
+            Some(r) => full.min(r.back.max(start.saturating_add(self.idle_release(true)))),
             None => full,
         }
     }
@@ -1210,11 +1223,18 @@ impl Scheduler {
     /// when to wait: until the other is given up on (back before, it is
     /// picked). Never between two `burst` clients (see within).
     fn hold_off(&self, now: u64, id: ClientId) -> Option<u64> {
-        let hold = self.find(id)?.hold_ns;
+        let c = self.find(id)?;
+        let hold = c.hold_ns;
         if hold == 0 {
             return None;
         }
-        let (back, give_up, gap, guaranteed) = self.owed_return(now, id)?;
+        let capped = c.policy == Policy::Guaranteed;
+        let OwedReturn {
+            back,
+            give_up,
+            gap,
+            guaranteed,
+        } = self.owed_return(now, id)?;
         // Not between two `burst` clients. A guaranteed one's share is a
         // cap it is paced to, so held off it catches up on the wait, and a
         // guaranteed return's share is a promise a step run into it breaks
@@ -1224,7 +1244,7 @@ impl Scheduler {
         // one run of eight, none without the hold-off, issue 36). There
         // the one coming back cuts the holder's quantum short instead
         // (`quantum_end_for`), and waits for at most one kernel.
-        if !guaranteed && !self.is_capped(id) {
+        if !guaranteed && !capped {
             return None;
         }
         // Only where its step fits into the other's next gap: otherwise it
@@ -2359,7 +2379,7 @@ mod tests {
                 w.run_until(end);
                 let now = w.now;
                 let hold = w.sched.find(1).unwrap().hold_ns;
-                if let Some((back, _, gap, _)) = w.sched.owed_return(now, 1)
+                if let Some(OwedReturn { back, gap, .. }) = w.sched.owed_return(now, 1)
                     && hold > 0
                     && now + hold > back
                     && hold <= gap
