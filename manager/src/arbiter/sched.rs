@@ -296,10 +296,14 @@ struct Client {
     /// work's end. An uncontested holder is renewed at each quantum, so its
     /// renewed grant's start cut a 40 ms step's measure to 16–27 ms.
     held_from: u64,
-    /// The last time the arbiter itself saw its work active (a launch, or
-    /// a process waiting on its work) while it held the GPU: no host gap
-    /// began before it, whatever its processes say.
-    seen_active: u64,
+    /// The last time the arbiter itself saw one of its launches while it
+    /// held the GPU: its work was queued then, so neither its work nor its
+    /// step's GPU part ended before it, whatever its processes say. A
+    /// process seen waiting in a synchronisation is no such sign: on a
+    /// loaded host it is seen there until its thread wakes, well after the
+    /// work ended (up to 2–3 ms beside four busy processes, issue 36), and
+    /// the bit is the tenant's to clear, as the report is its to write.
+    launch_seen: u64,
     /// Held off until then for a client owed more (see
     /// [`Scheduler::deferred`]); once per grant.
     held_off_until: Option<u64>,
@@ -470,7 +474,7 @@ impl Scheduler {
             gap_ns: 0,
             hold_ns: 0,
             held_from: 0,
-            seen_active: 0,
+            launch_seen: 0,
             held_off_until: None,
             grace_until: 0,
             last_grant: 0,
@@ -754,12 +758,14 @@ impl Scheduler {
                     // when the wait ends: seen syncing is activity, so
                     // `idle_release` counts from the end of the wait, not
                     // from the last launch before it.
+                    if l != launches
+                        && let Some(c) = self.find_mut(id)
+                    {
+                        c.launch_seen = now;
+                    }
                     if l != launches || (self.cfg.sync_is_activity && syncing) {
                         launches = l;
                         last_activity = now;
-                    }
-                    if seen && let Some(c) = self.find_mut(id) {
-                        c.seen_active = now;
                     }
                     // Granted ahead and not back yet, nor given up on: it
                     // counts as busy, as a process waking at its gate does.
@@ -816,7 +822,10 @@ impl Scheduler {
                         // is not charged (`drain_ended`). A host gap would
                         // otherwise cost a capped program `idle_release` per
                         // step, a third of its share with 2 ms steps.
-                        let idle_since = (!contested).then_some(last_activity);
+                        // Its floor is the last launch seen, not the last
+                        // sign of activity (see `Client::launch_seen`).
+                        let idle_since = (!contested)
+                            .then(|| self.find(id).map_or(last_activity, |c| c.launch_seen));
                         return self.revoke(
                             id,
                             granted_at,
@@ -959,8 +968,9 @@ impl Scheduler {
     /// up to it was the holder's to use. Except for a holder revoked for
     /// idling while no one else waited (`idle_since`): its charge ends where
     /// its processes said the work ended (`reported`), never before the
-    /// last activity the arbiter saw itself. A report can shave at most
-    /// `idle_release` off one grant, and only while the GPU is uncontested.
+    /// last launch the arbiter saw itself. A report can shave off one grant
+    /// at most what was queued after that launch and `idle_release`, and
+    /// only while the GPU is uncontested.
     fn drain_ended(
         &mut self,
         b: Behind,
@@ -989,7 +999,7 @@ impl Scheduler {
             let worked_to = reported
                 .or(drained)
                 .unwrap_or(end)
-                .clamp(c.seen_active.min(end), end);
+                .clamp(c.launch_seen.min(end), end);
             c.hold_ns = quarter_average(c.hold_ns, worked_to.saturating_sub(c.held_from));
             // The gap is timed from the revocation, as the return is from
             // the arbiter's own look: timed from the work's end, the idle
@@ -1487,6 +1497,9 @@ mod tests {
         /// Records its first launch this much later than it was (a
         /// tenant's false word).
         reports_late: u64,
+        /// A synchronising client is seen in its synchronisation this long
+        /// after its batch has run: its thread wakes late on a loaded host.
+        sync_late: u64,
     }
 
     struct World {
@@ -1594,6 +1607,9 @@ mod tests {
             let running = self.inflight.iter().any(|&e| e > now);
             if self.syncs(now) {
                 running
+                    || (self.launches > 0
+                        && self.batch_left == 0
+                        && now < self.last_end + self.sync_late)
             } else {
                 running && self.has_work(now) && self.room(now) == 0
             }
@@ -1646,6 +1662,7 @@ mod tests {
             sync_until: u64::MAX,
             first_launch: None,
             reports_late: 0,
+            sync_late: 0,
         }
     }
 
@@ -1915,6 +1932,35 @@ mod tests {
             let got = w.busy(id, 2 * S, 11 * S);
             assert!(got <= cap + 1.0, "client {id}: {got:.2}% past its {cap}%");
         }
+    }
+
+    /// The same capped program alone, on a loaded host: its processes are
+    /// seen in their synchronisation 2 ms after its work ended (their
+    /// thread wakes late), and its host gaps last 4 ms. Its charge still
+    /// ends where its work ended: a synchronisation seen is no floor under
+    /// its processes' report, only a launch seen is. Floored at the last
+    /// synchronisation seen, each 2 ms step was charged up to 4 ms (about
+    /// half of a 30% cap), and beside four busy processes a 30 with 2 ms
+    /// host gaps lost 1.2 pp of the GPU to it (issue 36).
+    #[test]
+    fn a_synchronisation_seen_after_the_work_ended_is_not_charged() {
+        let late = FakeClient {
+            sync_late: 2 * MS,
+            ..syncing_client(1, MS, 2, 4 * MS)
+        };
+        let mut w = World::new(cfg(), vec![(late, 300_000, Policy::Guaranteed)]);
+        w.reports_end = true;
+        w.run_until(11 * S);
+        near(
+            "seen syncing 2 ms late",
+            w.busy(1, 2 * S, 11 * S),
+            30.0,
+            1.0,
+        );
+        // And what it ran was charged (up to the holds a window cuts at
+        // its two ends): it is not past its cap either.
+        let ran = w.c(1).busy_in(2 * S, 11 * S);
+        assert!(ran <= w.charged(1, 2 * S, 11 * S) + 2 * 3 * MS);
     }
 
     /// Two programs with host gaps longer than the idle release (1 ms
