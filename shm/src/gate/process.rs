@@ -265,10 +265,10 @@ impl Gate {
     /// left, it may give its grant back at once ([`Gate::leave`]) rather
     /// than when the wait returns.
     pub fn would_leave(&self, dev: usize) -> bool {
-        let i = &*self.inner;
-        dev < i.n_devices
-            && i.devs[dev].synced_at.load(Ordering::Relaxed) == 0
-            && i.devs[dev].host_ns.load(Ordering::Relaxed) >= YIELD_AFTER_NS
+        self.local(dev).is_some_and(|d| {
+            d.synced_at.load(Ordering::Relaxed) == 0
+                && d.host_ns.load(Ordering::Relaxed) >= YIELD_AFTER_NS
+        })
     }
 
     /// Yields device `dev` as a synchronisation begins (see
@@ -283,11 +283,10 @@ impl Gate {
     /// clears the yield and waits for the next grant. A hint, as every
     /// yield is: it can only give this allocation's own grant away.
     pub fn leave(&self, dev: usize) {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
+        let Some(d) = self.local(dev) else {
             return;
-        }
-        let d = &i.devs[dev];
+        };
+        let i = &*self.inner;
         d.left.store(true, Ordering::Relaxed);
         // Non-zero: the next launch goes through `host_part_ended`, which
         // clears the yield.
@@ -303,11 +302,10 @@ impl Gate {
     /// ([`crate::layout::Slot::yielding`]) and wakes the arbiter, which
     /// then need not wait out its idle release to see a host gap.
     pub fn synced(&self, dev: usize, idle: bool) {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
+        let Some(d) = self.local(dev) else {
             return;
-        }
-        let d = &i.devs[dev];
+        };
+        let i = &*self.inner;
         // The host part runs from the first return since the last launch:
         // a later wait on work already done (a program's `cuEventSynchronize`
         // just before its next launch) returns at once and does not end it.
@@ -343,16 +341,34 @@ impl Gate {
             .map_or(0, |d| d.host_ns.load(Ordering::Relaxed))
     }
 
+    /// Device `dev`'s counters in the allocation's state file, `None` for a
+    /// device outside the allocation: the one bound check of the accessors
+    /// below.
+    fn shared(&self, dev: usize) -> Option<&crate::layout::DeviceState> {
+        let i = &*self.inner;
+        (dev < i.n_devices).then(|| i.state.device(dev))
+    }
+
+    /// This process's own record of device `dev`, `None` outside the
+    /// allocation.
+    fn local(&self, dev: usize) -> Option<&DevLocal> {
+        let i = &*self.inner;
+        (dev < i.n_devices).then(|| &i.devs[dev])
+    }
+
     /// Whether this process's allocation holds a grant on device `dev` that
     /// the arbiter times (granted, not open, not running free): the one
     /// check before reading a grant's published times. The grant word is
     /// read with Acquire, so a time read after it is this grant's or a
     /// later renewal's.
     fn holds_grant(&self, dev: usize) -> bool {
-        let i = &*self.inner;
-        if dev >= i.n_devices || i.devs[dev].free.load(Ordering::Relaxed) {
+        if self
+            .local(dev)
+            .is_none_or(|d| d.free.load(Ordering::Relaxed))
+        {
             return false;
         }
+        let i = &*self.inner;
         let w = i.control.device(dev).grant.load(Ordering::Acquire);
         w & grant::GRANTED != 0 && w & grant::OPEN == 0
     }
@@ -395,14 +411,11 @@ impl Gate {
     /// allocation (nothing shared, no number). A hint among the
     /// allocation's own processes, never read by the arbiter.
     pub fn take_launch(&self, dev: usize, seen: u64) -> Option<u64> {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
+        let Some(d) = self.shared(dev) else {
             return Some(0);
-        }
+        };
         let next = seen.wrapping_add(1).max(1);
-        i.state
-            .device(dev)
-            .launches
+        d.launches
             .compare_exchange(seen, next, Ordering::AcqRel, Ordering::Relaxed)
             .ok()
             .map(|_| next)
@@ -411,22 +424,16 @@ impl Gate {
     /// The allocation's paced launches on device `dev` so far (see
     /// [`Gate::take_launch`]; 0 outside the allocation).
     pub fn launch_count(&self, dev: usize) -> u64 {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
-            return 0;
-        }
-        i.state.device(dev).launches.load(Ordering::Relaxed)
+        self.shared(dev)
+            .map_or(0, |d| d.launches.load(Ordering::Relaxed))
     }
 
     /// The latest of the allocation's launches on device `dev` any of its
     /// processes saw done (the low 32 bits of its count; 0 outside the
     /// allocation or before any was seen).
     pub fn launches_done(&self, dev: usize) -> u32 {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
-            return 0;
-        }
-        i.state.device(dev).launches_done.load(Ordering::Relaxed)
+        self.shared(dev)
+            .map_or(0, |d| d.launches_done.load(Ordering::Relaxed))
     }
 
     /// Records that this process saw the allocation's launch number `seq`
@@ -435,12 +442,10 @@ impl Gate {
     /// than half the range behind is taken as behind), and when it does,
     /// `now` is recorded with it.
     pub fn saw_done(&self, dev: usize, seq: u64, now: u64) {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
+        let Some(d) = self.shared(dev) else {
             return;
-        }
+        };
         let seq = seq as u32;
-        let d = i.state.device(dev);
         let mut cur = d.launches_done.load(Ordering::Relaxed);
         while (seq.wrapping_sub(cur) as i32) > 0 {
             match d.launches_done.compare_exchange_weak(
@@ -461,11 +466,8 @@ impl Gate {
     /// When the allocation's latest launch seen done on device `dev` was
     /// seen so (0: never, or outside the allocation).
     pub fn done_at(&self, dev: usize) -> u64 {
-        let i = &*self.inner;
-        if dev >= i.n_devices {
-            return 0;
-        }
-        i.state.device(dev).done_at_ns.load(Ordering::Relaxed)
+        self.shared(dev)
+            .map_or(0, |d| d.done_at_ns.load(Ordering::Relaxed))
     }
 
     /// Whether device `dev`'s gate currently runs free (arbiter silent).
