@@ -96,6 +96,17 @@ pub struct ManagerArgs {
     /// Length of one compute grant of the arbiter [default: 10ms].
     #[arg(long, env = "TESSERA_QUANTUM", value_name = "DURATION")]
     pub quantum: Option<String>,
+    /// The nice value of the compute arbiter's threads, -20..=0 (0: the
+    /// manager's own): every hand-over of a GPU waits for its thread to
+    /// wake, and on a busy node a higher priority keeps it prompt. Needs
+    /// CAP_SYS_NICE [default: -10; see docs/compute-slices.md].
+    #[arg(
+        long,
+        env = "TESSERA_ARBITER_NICE",
+        value_name = "NICE",
+        allow_negative_numbers = true
+    )]
+    pub arbiter_nice: Option<i32>,
     /// How often GPUs are sampled (metrics, health, backstop) [default: 1s].
     #[arg(long, env = "TESSERA_SAMPLE_INTERVAL", value_name = "DURATION")]
     pub sample_interval: Option<String>,
@@ -132,6 +143,7 @@ pub struct FileConfig {
     pub backstop_slack: Option<String>,
     pub context_overhead: Option<String>,
     pub quantum: Option<String>,
+    pub arbiter_nice: Option<i32>,
     pub sample_interval: Option<String>,
     pub reap_interval: Option<String>,
 }
@@ -356,6 +368,12 @@ impl Config {
                 .validate()
                 .map_err(|e| invalid("quantum", e.to_string()))?;
         }
+        if let Some(n) = pick(args.arbiter_nice, file.arbiter_nice) {
+            c.arbiter.nice = n;
+            c.arbiter
+                .validate()
+                .map_err(|e| invalid("arbiterNice", e.to_string()))?;
+        }
         if let Some(s) = pick(args.context_overhead.clone(), file.context_overhead) {
             c.context_overhead_bytes = tessera_contract::units::parse_size(&s)
                 .map_err(|e: UnitError| invalid("contextOverhead", e.to_string()))?;
@@ -462,6 +480,10 @@ mod tests {
         );
         assert_eq!(c.default_policy, Policy::Burst);
         assert!(c.backstop_kill, "enforcement is on by default");
+        assert_eq!(
+            c.arbiter.nice, -10,
+            "the arbiter thread is raised by default"
+        );
         assert_eq!(c.backstop_tolerance_bytes, DEFAULT_BACKSTOP_TOLERANCE);
         assert!(c.warnings.is_empty());
         assert_eq!(
@@ -482,10 +504,12 @@ mod tests {
             "13,31",
             "--backstop-kill",
             "false",
+            "--arbiter-nice",
+            "-5",
         ]);
         let file = yaml(
             "stateDir: /tmp/b\nsocket: /tmp/b/s.sock\nmetricsAddr: 'off'\n\
-             xidRecovery: 2s\ndefaultPolicy: guaranteed\nquantum: 5ms\n",
+             xidRecovery: 2s\ndefaultPolicy: guaranteed\nquantum: 5ms\narbiterNice: -20\n",
         );
         let c = Config::resolve(&cli.args, file).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/tmp/a"));
@@ -493,6 +517,7 @@ mod tests {
         assert_eq!(c.metrics_addr, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.xid_recovery, Duration::from_secs(2));
         assert_eq!(c.arbiter.quantum, Duration::from_millis(5));
+        assert_eq!(c.arbiter.nice, -5);
         assert_eq!(c.default_policy, Policy::Guaranteed);
         assert_eq!(c.ignored_xids, [13, 31].into_iter().collect());
         assert!(!c.backstop_kill);
@@ -566,6 +591,8 @@ mod tests {
             ("backstopTolerance: 4Gx", "backstopTolerance"),
             ("quantum: 20s", "quantum"),
             ("quantum: 10us", "quantum"),
+            ("arbiterNice: 3", "arbiterNice"),
+            ("arbiterNice: -21", "arbiterNice"),
         ];
         for (text, setting) in cases {
             let e = Config::resolve(&ManagerArgs::default(), yaml(text)).unwrap_err();

@@ -30,6 +30,12 @@ pub trait Sys: Send + Sync + 'static {
     /// Asks the scheduler to run the calling thread soon after it wakes
     /// ([`request_wake_slice`]); test doubles leave their threads alone.
     fn wake_promptly(&self) {}
+    /// Raises the calling thread's priority to nice value `nice`
+    /// ([`raise_thread_priority`]); test doubles leave their threads alone
+    /// and say so.
+    fn raise_priority(&self, _nice: i32) -> Priority {
+        Priority::Kept
+    }
 }
 
 /// The real system calls.
@@ -51,6 +57,9 @@ impl Sys for Linux {
     }
     fn wake_promptly(&self) {
         let _ = request_wake_slice(WAKE_SLICE_NS);
+    }
+    fn raise_priority(&self, nice: i32) -> Priority {
+        raise_thread_priority(nice)
     }
 }
 
@@ -183,6 +192,47 @@ pub fn request_wake_slice(ns: u64) -> WakeSlice {
     }
 }
 
+/// What [`raise_thread_priority`] did to the calling thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Its nice value is now the one asked for.
+    Set,
+    /// Left as it was: already at that priority or higher, not a
+    /// `SCHED_OTHER` thread, or nothing was asked (0).
+    Kept,
+    /// The kernel refused (`EPERM`/`EACCES`: raising a priority needs
+    /// `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it): left as it was.
+    Refused,
+}
+
+/// Raises the calling thread's priority to nice value `nice` (-20..=0), a
+/// weight, not a policy: under CPU load the thread is picked about
+/// `1.25^-nice` times as often as a nice-0 one, and it still shares the
+/// CPU (unlike a real-time policy, a thread that spins by mistake cannot
+/// take a CPU from everyone else). Only ever raises it: a thread already
+/// at that priority or higher, or whose policy is not `SCHED_OTHER`, is
+/// left alone. Linux keeps a nice value per thread, so the process's other
+/// threads are not touched.
+pub fn raise_thread_priority(nice: i32) -> Priority {
+    let nice = nice.clamp(-20, 19);
+    let Some(attr) = getattr() else {
+        return Priority::Refused;
+    };
+    if nice >= 0 || attr.policy != libc::SCHED_OTHER as u32 || attr.nice <= nice {
+        return Priority::Kept;
+    }
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: plain integer arguments; PRIO_PROCESS with a thread id
+    // changes that one thread.
+    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if set == 0 {
+        Priority::Set
+    } else {
+        Priority::Refused
+    }
+}
+
 /// The calling thread's scheduling policy, nice value and slice in ns
 /// (0 where the kernel keeps none per thread), as `sched_getattr(2)`
 /// reports them; `None` if refused.
@@ -292,6 +342,39 @@ mod tests {
             .join()
             .unwrap();
         assert_ne!(other, WAKE_SLICE_NS);
+    }
+
+    /// The arbiter's thread asks for a higher priority: with the privilege
+    /// (`CAP_SYS_NICE`, root in CI) it gets it, without it nothing changes;
+    /// either way its policy and slice stay, and no other thread moves.
+    #[test]
+    fn a_thread_raises_its_own_priority_where_allowed_and_no_other() {
+        let before_other = std::thread::spawn(|| thread_sched().unwrap().1)
+            .join()
+            .unwrap();
+        std::thread::spawn(|| {
+            let (policy, nice, slice) = thread_sched().expect("sched_getattr");
+            let got = raise_thread_priority(-5);
+            let after = thread_sched().expect("sched_getattr");
+            match got {
+                Priority::Set => assert_eq!(after, (policy, -5, slice)),
+                Priority::Refused => assert_eq!(after, (policy, nice, slice)),
+                Priority::Kept => assert!(nice <= -5, "kept at {nice}"),
+            }
+            // Asked for less than it has: never lowered.
+            assert_eq!(raise_thread_priority(0), Priority::Kept);
+            assert_eq!(raise_thread_priority(3), Priority::Kept);
+            assert_eq!(thread_sched().unwrap(), after);
+            if got == Priority::Set {
+                assert_eq!(raise_thread_priority(-5), Priority::Kept);
+            }
+        })
+        .join()
+        .unwrap();
+        let other = std::thread::spawn(|| thread_sched().unwrap().1)
+            .join()
+            .unwrap();
+        assert_eq!(other, before_other);
     }
 
     /// A program that chose its threads' policy keeps it.

@@ -225,9 +225,65 @@ fn bad_configurations_are_refused() {
             },
             "stats window",
         ),
+        (ArbiterConfig { nice: -21, ..d }, "nice value -21"),
+        (ArbiterConfig { nice: 5, ..d }, "nice value 5"),
     ] {
         let e = Arbiter::new(cfg).unwrap_err();
         assert!(e.to_string().contains(words), "{e}");
+    }
+}
+
+/// The nice value of this process's thread named `name`, from procfs
+/// (field 19 of `stat`, after the parenthesised name).
+fn thread_nice(name: &str) -> Option<i32> {
+    for t in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = t.ok()?.path();
+        if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        return rest.split(' ').nth(16)?.parse().ok();
+    }
+    None
+}
+
+/// Each GPU's thread raises itself to the configured nice value where the
+/// process may (`CAP_SYS_NICE`: root in CI), and stays at the process's
+/// own where it may not or where 0 is asked; no other thread moves.
+#[test]
+fn the_arbiters_thread_runs_at_the_configured_priority() {
+    let _s = serial();
+    // Whether this process may raise a thread's priority: a thread of its
+    // own asks for one step.
+    let may = std::thread::spawn(|| {
+        tessera_shm::sys::raise_thread_priority(-1) == tessera_shm::sys::Priority::Set
+    })
+    .join()
+    .unwrap();
+    let own = tessera_shm::sys::thread_sched().unwrap().1;
+    for (nice, want) in [(-7, if may { -7 } else { own }), (0, own)] {
+        let arb = Arbiter::new(ArbiterConfig {
+            nice,
+            ..ArbiterConfig::default()
+        })
+        .unwrap();
+        let a = alloc(&format!("nice{}", -nice), 300_000, Policy::Guaranteed);
+        arb.add_allocation(a.files(), 0).unwrap();
+        // The thread sets its priority before its first command is read,
+        // so the allocation added means it is done.
+        // (A thread's name is cut to 15 bytes.)
+        let name: String = format!("arbiter-{}", &GPU[4..12])
+            .chars()
+            .take(15)
+            .collect();
+        assert_eq!(
+            thread_nice(&name),
+            Some(want),
+            "asked for {nice}, may: {may}"
+        );
+        assert_eq!(tessera_shm::sys::thread_sched().unwrap().1, own);
+        arb.shutdown();
     }
 }
 

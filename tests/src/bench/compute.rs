@@ -1040,9 +1040,22 @@ pub fn set_cut_off_away(on: bool) {
     CUT_OFF_AWAY.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The nice value of the arbiter's threads for the rounds of this process;
+/// `i32::MIN`: the default.
+static ARBITER_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(i32::MIN);
+
+/// Sets the nice value of the in-process arbiter's threads for every later
+/// round (0: the bench's own, the rule before), so the two can be compared
+/// at one load (`tessera-bench --arbiter-nice`; `ArbiterConfig::nice`). The
+/// bench raises them only where it runs with `CAP_SYS_NICE`, as the
+/// manager does.
+pub fn set_arbiter_nice(nice: i32) {
+    ARBITER_NICE.store(nice, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The arbiter's configuration the shapes run under: the default, but for
-/// [`set_contested_idle_release`], [`set_grant_ahead`], [`set_late_start`]
-/// and [`set_cut_off_away`].
+/// [`set_contested_idle_release`], [`set_grant_ahead`], [`set_late_start`],
+/// [`set_cut_off_away`] and [`set_arbiter_nice`].
 fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
     let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
@@ -1057,6 +1070,10 @@ fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     cfg.grant_ahead = cfg.grant_ahead.min(cfg.contested_idle_release);
     cfg.late_start = LATE_START.load(std::sync::atomic::Ordering::Relaxed);
     cfg.cut_off_away = CUT_OFF_AWAY.load(std::sync::atomic::Ordering::Relaxed);
+    let nice = ARBITER_NICE.load(std::sync::atomic::Ordering::Relaxed);
+    if nice != i32::MIN {
+        cfg.nice = nice;
+    }
     cfg
 }
 

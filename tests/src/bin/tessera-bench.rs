@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--no-cut-off-away] [--ungoverned]
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--no-cut-off-away] [--arbiter-nice N] [--ungoverned]
        tessera-bench soak [--minutes N] [--seed S]
 sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares of every program shape, one row per shape and allocation mix; then the shares with no arbiter and the gate's cost), compute-shapes (only the shapes' table), compute-detail (the earlier per-allocation share tables: 20/30/50, burst 25+25, launch calls, programs that synchronise, the hand-over rules), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for at least N minutes (3), and on until it has taken 200 steps and every action of the mix at least once (at most 30 minutes more), invariants checked after every step; exits 1 on a violation
@@ -24,6 +24,7 @@ soak: a seeded random mix of node events and faults for at least N minutes (3), 
 --grant-ahead SECS: compute sections: how long before an allocation is expected back from a host gap it may be granted (default 0.0002; 0: only at its gate), to compare rules at one load
 --charge-from-grant: compute sections: a holder's time starts at its grant, the rule before its first launch started it (while no one else waits), to compare rules at one load
 --no-cut-off-away: compute sections: a holder cut off at its quantum while its processes yield is expected back only after an idle revocation (the rule before; by default it is away in its host gap from then, and granted ahead), to compare rules at one load
+--arbiter-nice N: compute sections: the nice value of the arbiter's threads (default -10, where the bench may raise them, as the manager; 0: the bench's own priority, the rule before), to compare rules at one load
 --ungoverned: compute-shapes: each mix's programs on one GPU with no gate (whole-GPU allocations), against the governed targets: what they get with nothing between them";
 
 struct Options {
@@ -122,6 +123,17 @@ fn main() -> Result<()> {
             }
             "--charge-from-grant" => bench::compute::set_late_start(false),
             "--no-cut-off-away" => bench::compute::set_cut_off_away(false),
+            "--arbiter-nice" => {
+                let n: i32 = args
+                    .next()
+                    .context(USAGE)?
+                    .parse()
+                    .context("--arbiter-nice")?;
+                if !(-20..=0).contains(&n) {
+                    bail!("--arbiter-nice must be -20..=0 (0: the bench's own priority)");
+                }
+                bench::compute::set_arbiter_nice(n);
+            }
             "--ungoverned" => bench::compute::set_ungoverned(true),
             "--only" => {
                 let v = args.next().context(USAGE)?;
