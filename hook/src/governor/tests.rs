@@ -15,6 +15,13 @@ use crate::devices::DeviceMap;
 use crate::ledger::growth;
 
 pub(crate) fn leaked_files(limits: &[u64]) -> &'static Files {
+    leaked_files_with_share(limits, 1_000_000)
+}
+
+/// [`leaked_files`] with each device's compute share `share_ppm`: below a
+/// whole GPU the arbiter grants the device, and until it does the grant
+/// word is 0 (revoked), not open.
+pub(crate) fn leaked_files_with_share(limits: &[u64], share_ppm: u32) -> &'static Files {
     let dir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
     let spec = ControlSpec::new(
         "test-alloc",
@@ -24,7 +31,7 @@ pub(crate) fn leaked_files(limits: &[u64]) -> &'static Files {
             .map(|(i, &l)| DeviceSpec {
                 uuid: format!("GPU-0000000{i}-0000-0000-0000-000000000000"),
                 memory_limit_bytes: l,
-                compute_share_ppm: 1_000_000,
+                compute_share_ppm: share_ppm,
                 policy: Policy::Burst,
             })
             .collect(),

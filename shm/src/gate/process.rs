@@ -373,6 +373,15 @@ impl Gate {
         w & grant::GRANTED != 0 && w & grant::OPEN == 0
     }
 
+    /// Whether device `dev` is open to this process's allocation: no
+    /// arbitration there (a whole GPU, an allocation the arbiter let go, or
+    /// no arbiter since one shut down), so nothing it queues is ever drained
+    /// for another holder. `false` outside the allocation.
+    pub fn open(&self, dev: usize) -> bool {
+        let i = &*self.inner;
+        dev < i.n_devices && i.control.device(dev).grant.load(Ordering::Acquire) & grant::OPEN != 0
+    }
+
     /// When the quantum of the grant this process holds on device `dev`
     /// ends, as the arbiter published it (its CLOCK_MONOTONIC): `None` when
     /// the allocation does not hold a grant there (revoked, open, running

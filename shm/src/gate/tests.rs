@@ -885,3 +885,25 @@ fn the_first_launch_of_each_epoch_is_recorded() {
     a.stop();
     b.stop();
 }
+
+/// `open` is what the pacer reads to leave a device's queue alone: a whole
+/// GPU's (open from the start), or one the arbiter let go; never a device
+/// the arbiter grants and revokes, nor one outside the allocation.
+#[test]
+fn a_device_is_open_only_while_its_grant_word_says_so() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let whole = files(1_000_000);
+    let g = gate(&whole, 4_201, Arc::new(FakeDrain::default()), log.clone());
+    assert!(g.open(0), "a whole GPU is never arbitrated");
+    assert!(!g.open(1), "outside the allocation");
+
+    let part = files(300_000);
+    let g = gate(&part, 4_202, Arc::new(FakeDrain::default()), log);
+    assert!(!g.open(0), "not granted yet");
+    part.arbiter.publish_grant(0, grant::GRANTED).unwrap();
+    assert!(!g.open(0), "granted: a hand-over drains what it queued");
+    part.arbiter.publish_grant(0, grant::OPEN).unwrap();
+    assert!(g.open(0), "let go by the arbiter");
+    part.arbiter.publish_grant(0, 0).unwrap();
+    assert!(!g.open(0), "taken back: revoked");
+}
