@@ -1902,8 +1902,8 @@ pub fn set_ungoverned(on: bool) {
 /// (`<shape>, <mix>`) contains `only` (any case; all when `None`): one
 /// round per mix (per shape with [`set_mixes_together`]), on GPUs of one
 /// node, beside the same program alone on a GPU of its own (a whole-GPU
-/// allocation, no gate), which measures its own rate (`bare`) at the same
-/// load.
+/// allocation: neither gated nor paced), which measures its own rate
+/// (`bare`) at the same load.
 ///
 /// # Errors
 /// When the arbiter cannot start or a scenario panicked.
@@ -2056,7 +2056,7 @@ pub fn shape_table(measure: Duration, only: Option<&str>) -> Result<crate::bench
                 "one allocation mix at a time"
             }
         ),
-        "Bare: the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation, no gate), its own rate (below 100 where it synchronises, and with 50 us kernels, which the device's 1 us kernel-to-kernel gap keeps 2% idle); of bare: achieved / bare, the allocation's throughput as a share of the program's own alone.".into(),
+        "Bare: the busy % the same program reaches at the same time alone on a GPU of its own (a whole-GPU allocation: neither gated nor paced), its own rate (below 100 where it synchronises, and with 50 us kernels, which the device's 1 us kernel-to-kernel gap keeps 2% idle); of bare: achieved / bare, the allocation's throughput as a share of the program's own alone.".into(),
         "Target (busy %): a share is a share of GPU time, used at the program's own rate: guaranteed s -> s x bare / 100; burst: at least its share, and what the other leaves. Where the program waits on the host longer than the arbiter's idle release (gaps released), the waits are not in its GPU time: its share of the GPU's busy time, or bare when that is less.".into(),
         "Hand-over: revocation to the next holder's time starting; lost per hand-over: the busy time the pair fell short of its targets together, over the hand-overs in the window (pairs only), the programs' own jitter included; hand-over idle: the GPU's idle from each revocation to the next holder's first kernel (to the drain's end for one granted ahead of its return) while the next holder wanted the GPU, averaged over the hand-overs in the window; idle by the engine's own timeline, wanting by the workload's own record (from a step's first launch call to the return of the wait that ends it).".into(),
         "Worst miss: the most an allocation fell short of its target, or a guaranteed one went past its cap (its share of the GPU's time); more than the target is no miss below the cap (a program that sleeps through others' turns gets the host's CPU sooner than the same program never sleeping).".into(),
