@@ -146,7 +146,7 @@ impl<E: Events> Pacer<E> {
     /// and there no one is handed the device. Paced, a whole GPU paid for
     /// it on a busy host: a program of 50 µs kernels kept the device 62-87%
     /// busy beside four busy processes where the same program unpaced kept
-    /// it 97-98% busy (its short queue ran dry whenever its thread woke
+    /// it 96-98% busy (its short queue ran dry whenever its thread woke
     /// late). Should an arbiter take the device back (a manager started
     /// again), the first revocation drains what was queued unpaced, once.
     pub(crate) fn before(&self, gate: &Gate, dev: usize, stream: E::Stream) -> bool {
