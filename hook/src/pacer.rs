@@ -18,7 +18,7 @@ use tessera_shm::layout::{GRANT_START_PENDING, MAX_DEVICES};
 use tessera_shm::sys::monotonic_ns;
 
 use crate::log::Level;
-use crate::pace::{DEFAULT_BUDGET_NS, MAX_IN_FLIGHT, MAX_SHARED, Pace, Step};
+use crate::pace::{DEFAULT_BUDGET_NS, MAX_DEEP, MAX_SHARED, Pace, Step};
 
 /// What the pacer needs of a vendor's runtime: events recorded on streams,
 /// queried, timed and waited on, and what they belong to. Associated
@@ -89,7 +89,7 @@ struct Marker<E: Events> {
 }
 
 /// One device's pacing in this process: the decision, the markers of the
-/// latest launches (at most `MAX_IN_FLIGHT + 1`), spare events, and the
+/// latest launches (at most `MAX_DEEP + 1`), spare events, and the
 /// owner they belong to.
 struct Paced<E: Events> {
     pace: Pace,
@@ -118,9 +118,12 @@ impl<E: Events> Paced<E> {
         self.spare.pop().or_else(E::create)
     }
 
-    /// Whether the latest launch is still in flight.
+    /// Whether the latest launch is still in flight (asked of the runtime
+    /// unless already seen done).
     fn last_in_flight(&self) -> bool {
-        self.markers.last().is_some_and(|m| !E::done(m.ev))
+        self.markers
+            .last()
+            .is_some_and(|m| !m.done && !E::done(m.ev))
     }
 }
 
@@ -159,6 +162,9 @@ impl<E: Events> Pacer<E> {
         let Some(owner) = E::owner() else {
             return false;
         };
+        // Set after a wait for the oldest launch: the next look tells
+        // whether the thread woke before the queue ran out.
+        let mut woke = false;
         loop {
             let mut guard = self.slots[dev].lock();
             let p = guard.get_or_insert_with(|| Paced {
@@ -198,17 +204,16 @@ impl<E: Events> Pacer<E> {
                     m.done = true;
                 }
             }
-            let done: Vec<bool> = p.markers.iter().map(|m| m.done).collect();
             // The latest launch seen done: every launch of the allocation
             // queued before it is done too.
-            if let Some(m) = done.iter().rposition(|d| *d).map(|i| &p.markers[i])
+            if let Some(m) = p.markers.iter().rev().find(|m| m.done)
                 && m.seq != 0
             {
                 gate.saw_done(dev, m.seq, monotonic_ns());
             }
-            for (i, &finished) in done.iter().enumerate() {
+            for i in 0..p.markers.len() {
                 let m = &p.markers[i];
-                if !finished || m.learned {
+                if !m.done || m.learned {
                     continue;
                 }
                 // From the start event, the launch alone; from the marker
@@ -236,8 +241,15 @@ impl<E: Events> Pacer<E> {
                     p.markers[i].learned = true;
                 }
             }
-            let in_flight = done.iter().filter(|d| !**d).count();
+            let in_flight = p.markers.iter().filter(|m| !m.done).count();
             let now = monotonic_ns();
+            if std::mem::take(&mut woke) && in_flight == 0 {
+                // Everything ran out before the thread was back: the host
+                // keeps it from a CPU longer than the queue lasts.
+                p.pace.overslept(now);
+            } else {
+                p.pace.calm(now);
+            }
             // The allocation's launches not seen done: a launch of another
             // process's among them is queued on the same device, and a
             // launch of this one's goes behind it.
@@ -261,13 +273,14 @@ impl<E: Events> Pacer<E> {
                 Step::WaitOlder => {
                     // Completion is in order (one engine, FIFO): the first
                     // marker not done is the oldest launch in flight.
-                    let Some(i) = done.iter().position(|d| !*d) else {
+                    let Some(m) = p.markers.iter().find(|m| !m.done) else {
                         return true;
                     };
-                    let ev = p.markers[i].ev;
+                    let ev = m.ev;
                     drop(guard);
                     // Waiting on its own work: the holder keeps its grant.
                     gate.syncing(Some(dev), || E::synchronize(ev));
+                    woke = true;
                 }
                 Step::HoldUntil(t) => {
                     drop(guard);
@@ -308,6 +321,19 @@ impl<E: Events> Pacer<E> {
         };
         p.pending_seq = seq;
         let behind = p.last_in_flight();
+        // Where the queue ends with this launch, for the arbiter: a holder
+        // whose thread waits for a CPU with work queued is not idle
+        // (`Gate::queued_until`).
+        let est = p.pace.estimate();
+        if est > 0 {
+            let now = monotonic_ns();
+            let from = if behind {
+                p.pace.queue_end().max(now)
+            } else {
+                now
+            };
+            gate.queued_until(dev, from.saturating_add(est));
+        }
         // A start event (nothing of the process's in flight) times the
         // launch alone when nothing of the allocation's was queued before
         // it: every launch numbered before it seen done. An event on a
@@ -362,7 +388,7 @@ impl<E: Events> Pacer<E> {
             seq,
             clean,
         });
-        while p.markers.len() > MAX_IN_FLIGHT + 1 {
+        while p.markers.len() > MAX_DEEP + 1 {
             let m = p.markers.remove(0);
             p.spare.push(m.ev);
             p.spare.extend(m.start);
@@ -719,10 +745,10 @@ mod tests {
         // The markers kept, each with its start event (every launch here
         // found the device empty), and the pair being recorded.
         assert!(
-            created <= 2 * (MAX_IN_FLIGHT + 1) + 2,
+            created <= 2 * (MAX_DEEP + 1) + 2,
             "{created} events for 200 launches"
         );
-        assert!(p.slots[0].lock().as_ref().unwrap().markers.len() <= MAX_IN_FLIGHT + 1);
+        assert!(p.slots[0].lock().as_ref().unwrap().markers.len() <= MAX_DEEP + 1);
     }
 
     #[test]
@@ -791,7 +817,7 @@ mod tests {
         }
         assert_eq!(
             p.slots[0].lock().as_ref().unwrap().markers.len(),
-            MAX_IN_FLIGHT + 1
+            20.min(MAX_DEEP + 1)
         );
         fake(|f| f.queries = 0);
         for i in 20..40 {

@@ -274,7 +274,18 @@ pub struct Slot {
     /// files, read as no record): the layout, its size and `ABI_VERSION`
     /// are unchanged.
     pub first_launch: AtomicU64,
-    pub reserved: [u64; 1],
+    /// Packed like [`FirstLaunch`]: where the work this process last queued
+    /// on a device is predicted to end (CLOCK_MONOTONIC), as its pacer
+    /// learned the kernels' length, and on which device (the last one
+    /// only). The arbiter counts a holder busy until then (at most
+    /// `MAX_QUEUED_AHEAD_NS` ahead of its look), as if it had just
+    /// launched: a thread kept from a CPU with work queued is not idle,
+    /// and revoking it for idleness drained that whole queue into the
+    /// hand-over. A hint: set falsely, it keeps only this allocation's own
+    /// grant until its quantum ends, charged. Taken from what was reserved
+    /// space (zero in older files, read as nothing queued): the layout, its
+    /// size and `ABI_VERSION` are unchanged.
+    pub queued_until: AtomicU64,
     pub devices: [SlotDevice; MAX_DEVICES],
 }
 

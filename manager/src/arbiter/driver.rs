@@ -268,6 +268,11 @@ impl View for FileView<'_> {
         self.member(id)
             .and_then(|m| m.files.state().first_launch_since(m.dev, since))
     }
+    fn queued_until(&mut self, id: ClientId) -> Option<u64> {
+        // The processes' own word, a hint: the scheduler bounds it.
+        self.member(id)
+            .and_then(|m| m.files.state().queued_until(m.dev))
+    }
 }
 
 /// The GPU thread.

@@ -196,7 +196,20 @@ pub trait View {
     fn first_launch(&mut self, _id: ClientId, _since: u64) -> Option<u64> {
         None
     }
+    /// The latest end of the work the client's processes say they queued
+    /// (their pacers' prediction, `Slot::queued_until`), or `None`. A hint:
+    /// the scheduler counts the holder busy until then, at most
+    /// [`MAX_QUEUED_AHEAD_NS`] past its look, as if it launched then.
+    fn queued_until(&mut self, _id: ClientId) -> Option<u64> {
+        None
+    }
 }
+
+/// The furthest ahead a holder's word of its queued work keeps it busy:
+/// more than the deepest queue the shim's pacer builds (4 ms of short
+/// kernels on a loaded host). Said falsely, it keeps only the holder's own
+/// grant until its quantum ends, charged.
+pub const MAX_QUEUED_AHEAD_NS: u64 = 5_000_000;
 
 /// Why a grant ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -766,6 +779,15 @@ impl Scheduler {
                     if l != launches || (self.cfg.sync_is_activity && syncing) {
                         launches = l;
                         last_activity = now;
+                    }
+                    // Work the holder queued runs on while its thread waits
+                    // for a CPU: busy until it ends, as if it launched then
+                    // (beside four busy processes, a thread kept from a CPU
+                    // for 0.5 ms with 2-4 ms of short kernels queued was
+                    // revoked for idleness, and the hand-over drained them).
+                    if let Some(until) = view.queued_until(id).filter(|&u| u > now) {
+                        last_activity =
+                            last_activity.max(until.min(now.saturating_add(MAX_QUEUED_AHEAD_NS)));
                     }
                     // Granted ahead and not back yet, nor given up on: it
                     // counts as busy, as a process waking at its gate does.
@@ -1500,6 +1522,9 @@ mod tests {
         /// A synchronising client is seen in its synchronisation this long
         /// after its batch has run: its thread wakes late on a loaded host.
         sync_late: u64,
+        /// Where its processes say their queued work ends
+        /// (`Slot::queued_until`), when they say.
+        queued_until: Option<u64>,
     }
 
     struct World {
@@ -1554,6 +1579,12 @@ mod tests {
                 .find(|c| c.id == id)
                 .and_then(|c| c.first_launch)
                 .filter(|&t| t >= since)
+        }
+        fn queued_until(&mut self, id: ClientId) -> Option<u64> {
+            self.clients
+                .iter()
+                .find(|c| c.id == id)
+                .and_then(|c| c.queued_until)
         }
         fn drained(&mut self, id: ClientId) -> Option<u64> {
             let Some(c) = self.clients.iter().find(|c| c.id == id) else {
@@ -1663,6 +1694,7 @@ mod tests {
             first_launch: None,
             reports_late: 0,
             sync_late: 0,
+            queued_until: None,
         }
     }
 
@@ -2978,6 +3010,71 @@ mod tests {
         assert_eq!(s.quantum_end(), Some((1, end)));
         // A publication said to be earlier than the decision moves nothing.
         assert_eq!(s.granted_at(S), Some(end));
+    }
+
+    /// A holder whose processes say they have work queued is busy until it
+    /// ends, though it launches nothing (its thread waits for a CPU): an
+    /// idle revocation then would drain the whole queue into the hand-over.
+    /// Once the work's end and the release pass, it is idle as before. A
+    /// word far ahead counts at most `MAX_QUEUED_AHEAD_NS` past each look:
+    /// said again and again, it keeps the holder's grant only until its
+    /// quantum ends.
+    #[test]
+    fn work_the_holder_says_is_queued_keeps_it_busy_until_it_ends() {
+        let release = cfg().contested_idle_release_ns;
+        let quantum = cfg().quantum_ns;
+        assert!(MAX_QUEUED_AHEAD_NS + release < quantum);
+        for says in [None, Some(3 * MS), Some(1_000 * MS)] {
+            let mut s = Scheduler::new(cfg());
+            s.add(1, 500_000, Policy::Guaranteed);
+            s.add(2, 500_000, Policy::Guaranteed);
+            let waiting = vec![client(1, MS, 2)];
+            let mut view = FakeView {
+                clients: &waiting,
+                now: S,
+                report_ns: 0,
+                reports_end: false,
+            };
+            assert_eq!(s.step(S, &mut view), Action::Grant(1));
+            s.granted_at(S);
+            // The holder launches nothing more; the other waits.
+            let mut world = vec![client(1, MS, 2), client(2, MS, 2)];
+            world[0].until = 0;
+            world[0].granted = true;
+            world[0].queued_until = says.map(|d| S + d);
+            let mut view = FakeView {
+                clients: &world,
+                now: S + release,
+                report_ns: 0,
+                reports_end: false,
+            };
+            let revoked_at = match says {
+                None => S + release,
+                Some(d) if d == 3 * MS => S + d + release,
+                Some(_) => S + quantum,
+            };
+            for now in [S + release, revoked_at - 1] {
+                if now < revoked_at && now >= view.now {
+                    view.now = now;
+                    assert!(
+                        matches!(s.step(now, &mut view), Action::Wait { .. }),
+                        "says {says:?}: busy at {} µs",
+                        (now - S) / US
+                    );
+                }
+            }
+            view.now = revoked_at;
+            let why = if revoked_at == S + quantum {
+                Reason::Quantum
+            } else {
+                Reason::Idle
+            };
+            assert_eq!(
+                s.step(view.now, &mut view),
+                Action::Revoke(1, why),
+                "says {says:?}"
+            );
+        }
     }
 
     #[test]

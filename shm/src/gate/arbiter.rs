@@ -223,6 +223,17 @@ impl State {
             .min()
     }
 
+    /// The latest end of work queued on device `dev` that a live process
+    /// says it predicts ([`crate::layout::Slot::queued_until`]); `None` if
+    /// none says. A hint: the caller bounds it.
+    pub fn queued_until(&self, dev: usize) -> Option<u64> {
+        self.live_slots()
+            .filter_map(|s| FirstLaunch::unpack(s.queued_until.load(Ordering::Acquire)))
+            .filter(|f| f.dev == dev)
+            .map(|f| f.at_ns)
+            .max()
+    }
+
     /// Total time processes spent blocked at device `dev`'s gate.
     pub fn gate_wait_ns(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
@@ -272,12 +283,14 @@ impl State {
     }
 }
 
-/// Clears a reclaimed slot's gate and synchronisation bits and takes them
-/// out of the waiter counts, so a process killed at the gate (or in a
-/// synchronisation) leaves no phantom demand or activity.
+/// Clears a reclaimed slot's gate and synchronisation bits and its queue's
+/// predicted end, and takes the bits out of the waiter counts, so a process
+/// killed at the gate (or in a synchronisation, or with work queued) leaves
+/// no phantom demand or activity.
 pub(crate) fn forget_waiting(file: &StateFile, slot: usize) {
     file.slots[slot].syncing.store(0, Ordering::Release);
     file.slots[slot].yielding.store(0, Ordering::Release);
+    file.slots[slot].queued_until.store(0, Ordering::Release);
     let bits = file.slots[slot].gate_waiting.swap(0, Ordering::AcqRel);
     for dev in 0..MAX_DEVICES {
         if bits & (1 << dev) != 0 {

@@ -373,6 +373,20 @@ impl Gate {
         w & grant::GRANTED != 0 && w & grant::OPEN == 0
     }
 
+    /// Where the work this process queued on device `dev` is predicted to
+    /// end, `at_ns` on CLOCK_MONOTONIC (the pacer's word, before each paced
+    /// launch; see [`crate::layout::Slot::queued_until`]). One store to the
+    /// slot; the arbiter reads it as activity.
+    pub fn queued_until(&self, dev: usize, at_ns: u64) {
+        let i = &*self.inner;
+        if dev < i.n_devices {
+            i.state
+                .slot(i.member.slot)
+                .queued_until
+                .store(FirstLaunch { dev, at_ns }.pack(), Ordering::Release);
+        }
+    }
+
     /// Whether device `dev` is open to this process's allocation: no
     /// arbitration there (a whole GPU, an allocation the arbiter let go, or
     /// no arbiter since one shut down), so nothing it queues is ever drained

@@ -907,3 +907,37 @@ fn a_device_is_open_only_while_its_grant_word_says_so() {
     part.arbiter.publish_grant(0, 0).unwrap();
     assert!(!g.open(0), "taken back: revoked");
 }
+
+/// The pacer's word of where a process's queued work ends: the arbiter
+/// reads the latest of the allocation's live processes on that device, and
+/// a process reclaimed dead says nothing more.
+#[test]
+fn the_latest_queued_end_of_the_live_processes_is_read_per_device() {
+    let f = files(300_000);
+    f.arbiter.beat(monotonic_ns()).unwrap();
+    let a = gate(&f, 41, Arc::default(), Arc::default());
+    let b = gate(&f, 42, Arc::default(), Arc::default());
+    assert_eq!(f.state.queued_until(0), None, "nothing said yet");
+    a.queued_until(0, 5_000);
+    b.queued_until(0, 9_000);
+    assert_eq!(f.state.queued_until(0), Some(9_000));
+    // Each process's last word stands, later or earlier.
+    b.queued_until(0, 7_000);
+    assert_eq!(f.state.queued_until(0), Some(7_000));
+    // Outside the allocation's devices nothing is written, and the word
+    // of device 0 is no other device's.
+    a.queued_until(1, 20_000);
+    assert_eq!(f.state.queued_until(1), None);
+    assert_eq!(f.state.queued_until(0), Some(7_000));
+    // A process killed with work queued leaves no activity behind.
+    struct Dead;
+    impl crate::Liveness for Dead {
+        fn check(&self, _: &ProcIdentity) -> Option<bool> {
+            Some(false)
+        }
+    }
+    a.stop();
+    b.stop();
+    assert_eq!(f.state.reclaim_dead(&Dead, None).len(), 2);
+    assert_eq!(f.state.queued_until(0), None);
+}
