@@ -277,7 +277,7 @@ pub struct Slot {
     /// Packed like [`FirstLaunch`]: where the work this process last queued
     /// on a device is predicted to end (CLOCK_MONOTONIC), as its pacer
     /// learned the kernels' length, and on which device (the last one
-    /// only). The arbiter counts a holder busy until then (at most
+    /// only); written for kernels shorter than the pacer's budget. The arbiter counts a holder busy until then (at most
     /// `MAX_QUEUED_AHEAD_NS` ahead of its look), as if it had just
     /// launched: a thread kept from a CPU with work queued is not idle,
     /// and revoking it for idleness drained that whole queue into the

@@ -3012,6 +3012,24 @@ mod tests {
         assert_eq!(s.granted_at(S), Some(end));
     }
 
+    /// Two guaranteed clients, the first at 50% and the second at
+    /// `second_ppm`; a process of the first waits at its gate at `S` and is
+    /// granted.
+    fn granted_to_the_first(second_ppm: u32) -> Scheduler {
+        let mut s = Scheduler::new(cfg());
+        s.add(1, 500_000, Policy::Guaranteed);
+        s.add(2, second_ppm, Policy::Guaranteed);
+        let waiting = vec![client(1, MS, 2)];
+        let mut view = FakeView {
+            clients: &waiting,
+            now: S,
+            report_ns: 0,
+            reports_end: false,
+        };
+        assert_eq!(s.step(S, &mut view), Action::Grant(1));
+        s
+    }
+
     /// A holder whose processes say they have work queued is busy until it
     /// ends, though it launches nothing (its thread waits for a CPU): an
     /// idle revocation then would drain the whole queue into the hand-over.
@@ -3025,17 +3043,7 @@ mod tests {
         let quantum = cfg().quantum_ns;
         assert!(MAX_QUEUED_AHEAD_NS + release < quantum);
         for says in [None, Some(3 * MS), Some(1_000 * MS)] {
-            let mut s = Scheduler::new(cfg());
-            s.add(1, 500_000, Policy::Guaranteed);
-            s.add(2, 500_000, Policy::Guaranteed);
-            let waiting = vec![client(1, MS, 2)];
-            let mut view = FakeView {
-                clients: &waiting,
-                now: S,
-                report_ns: 0,
-                reports_end: false,
-            };
-            assert_eq!(s.step(S, &mut view), Action::Grant(1));
+            let mut s = granted_to_the_first(500_000);
             s.granted_at(S);
             // The holder launches nothing more; the other waits.
             let mut world = vec![client(1, MS, 2), client(2, MS, 2)];
@@ -3083,18 +3091,7 @@ mod tests {
         // from the GPU); with another client waiting, the tail up to the
         // revocation is charged. Either way from the publication on.
         for contested in [false, true] {
-            let mut s = Scheduler::new(cfg());
-            s.add(1, 500_000, Policy::Guaranteed);
-            s.add(2, 100_000, Policy::Guaranteed);
-            // A process waits at the gate.
-            let waiting = vec![client(1, MS, 2)];
-            let mut view = FakeView {
-                clients: &waiting,
-                now: S,
-                report_ns: 0,
-                reports_end: false,
-            };
-            assert_eq!(s.step(S, &mut view), Action::Grant(1));
+            let mut s = granted_to_the_first(100_000);
             // Published 300 µs after the decision; then the process has
             // nothing to run (no launches, not waiting): released when idle.
             let published = S + 300 * US;
