@@ -10,6 +10,7 @@
 //! event marks only streams of its owner, so another current owner starts
 //! over).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -93,7 +94,8 @@ struct Marker<E: Events> {
 /// owner they belong to.
 struct Paced<E: Events> {
     pace: Pace,
-    markers: Vec<Marker<E>>,
+    /// Oldest first; a deque, as each launch at the bound drops the oldest.
+    markers: VecDeque<Marker<E>>,
     spare: Vec<E::Event>,
     owner: E::Owner,
     /// The start event of the launch being submitted (see [`Marker::start`]).
@@ -122,7 +124,7 @@ impl<E: Events> Paced<E> {
     /// unless already seen done).
     fn last_in_flight(&self) -> bool {
         self.markers
-            .last()
+            .back()
             .is_some_and(|m| !m.done && !E::done(m.ev))
     }
 }
@@ -169,7 +171,7 @@ impl<E: Events> Pacer<E> {
             let mut guard = self.slots[dev].lock();
             let p = guard.get_or_insert_with(|| Paced {
                 pace: Pace::new(budget),
-                markers: Vec::new(),
+                markers: VecDeque::new(),
                 spare: Vec::new(),
                 owner,
                 pending_start: None,
@@ -384,7 +386,7 @@ impl<E: Events> Pacer<E> {
             p.spare.extend(start);
             return;
         }
-        p.markers.push(Marker {
+        p.markers.push_back(Marker {
             ev,
             behind,
             learned: false,
@@ -394,7 +396,9 @@ impl<E: Events> Pacer<E> {
             clean,
         });
         while p.markers.len() > MAX_DEEP + 1 {
-            let m = p.markers.remove(0);
+            let Some(m) = p.markers.pop_front() else {
+                break;
+            };
             p.spare.push(m.ev);
             p.spare.extend(m.start);
         }
@@ -460,7 +464,7 @@ impl<E: Events> Pacer<E> {
         }
         let mut guard = self.slots[dev].lock();
         let p = guard.as_mut()?;
-        let last = p.markers.last()?.ev;
+        let last = p.markers.back()?.ev;
         let probe = p.take_event()?;
         let before = monotonic_ns();
         let ended = E::probe(p.owner, probe)
@@ -776,7 +780,7 @@ mod tests {
         assert!(launch(&p, &gate, 1_000));
         let (start, last) = {
             let slot = p.slots[0].lock();
-            let m = slot.as_ref().unwrap().markers.last().unwrap();
+            let m = slot.as_ref().unwrap().markers.back().unwrap();
             (m.start.expect("a start event"), m.ev)
         };
         assert_ne!(start, last);
@@ -903,7 +907,7 @@ mod tests {
             .as_ref()
             .unwrap()
             .markers
-            .last()
+            .back()
             .unwrap()
             .ev;
         assert!(!FakeEvents::done(last), "the last one still runs");
