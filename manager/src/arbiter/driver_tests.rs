@@ -58,6 +58,9 @@ struct Proc {
     kernel_ns: u64,
     /// The end of the kernel in flight.
     running_until: Option<u64>,
+    /// The end of its last kernel: what it reports as its drain's end, as
+    /// the shim does from its launch markers.
+    last_end: u64,
     waiting: bool,
 }
 
@@ -78,6 +81,9 @@ struct Node {
     /// The longest a kernel waited behind another allocation's work (a
     /// pre-armed grant's first kernel queues behind the revoked one's).
     behind_other_max: u64,
+    /// How long after its work ended a revoked process reports the drain
+    /// (its drainer thread woken late on a busy host).
+    report_delay_ns: u64,
     now: u64,
 }
 
@@ -97,6 +103,7 @@ impl Node {
             engine_free: 0,
             engine_last: None,
             behind_other_max: 0,
+            report_delay_ns: 0,
         }
     }
 
@@ -123,6 +130,7 @@ impl Node {
             member,
             kernel_ns,
             running_until: None,
+            last_end: 0,
             waiting: false,
         });
     }
@@ -136,8 +144,9 @@ impl Node {
             let a = &self.allocs[p.alloc];
             let ds = a.state.device(0);
             let sd = &a.state.slot(p.member.slot).devices[0];
-            if p.running_until.is_some_and(|end| end <= now) {
+            if let Some(end) = p.running_until.filter(|&end| end <= now) {
                 p.running_until = None;
+                p.last_end = end;
             }
             let w = a.control.grant_word(0);
             let le = sd.launch_epoch.load(Ordering::SeqCst);
@@ -145,7 +154,10 @@ impl Node {
                 && le != grant::epoch(w)
                 && sd.drained_epoch.load(Ordering::SeqCst) != le
             {
-                ds.drained_at_ns.fetch_max(now, Ordering::SeqCst);
+                if now < p.last_end + self.report_delay_ns {
+                    continue;
+                }
+                ds.drained_at_ns.fetch_max(p.last_end, Ordering::SeqCst);
                 sd.drained_epoch.store(le, Ordering::SeqCst);
                 ds.drain_signal.fetch_add(1, Ordering::SeqCst);
             }
@@ -204,6 +216,10 @@ impl Node {
                 if let Some(k) = p.running_until {
                     next = next.min(k);
                 }
+                let report = p.last_end + self.report_delay_ns;
+                if report > self.now {
+                    next = next.min(report);
+                }
             }
             self.now = next.min(end).max(self.now + 1);
         }
@@ -258,6 +274,46 @@ fn a_guaranteed_allocation_alone_is_held_to_its_share() {
     // Capped, not starved: the idle GPU is not handed out beyond the share,
     // but the share itself is (less a kernel cut at each end).
     assert!(busy[0] >= 30.0 - slack, "ran only {:.2}%", busy[0]);
+}
+
+/// Reports that come late, each saying when its work really ended: the
+/// charge ends there, not at the arbiter's looks meanwhile.
+#[test]
+fn a_drain_reported_late_is_charged_to_the_work_s_end() {
+    // Alone and capped: the share is of what ran, not of the reporting.
+    let mut n = Node::new(ArbiterConfig::default());
+    n.report_delay_ns = 3 * MS;
+    let a = n.add(alloc("capped-late", 300_000, Policy::Guaranteed));
+    n.spawn(a, MS);
+    n.run_for(300 * MS);
+    let h0 = n.held();
+    let busy = n.busy_pct_over(2_000 * MS);
+    let held = (n.held()[0] - h0[0]) as f64 / (2_000 * MS) as f64 * 100.0;
+    let slack = cap_slack_pp(0.3, MS, 2_000 * MS);
+    // Charged its 3 ms reports at each grant of 10 ms, it ran 24%.
+    assert!(busy[0] >= 30.0 - slack, "ran only {:.2}%", busy[0]);
+    assert!(busy[0] <= 30.0 + slack, "ran {:.2}%", busy[0]);
+    assert!(
+        held <= busy[0] + slack,
+        "held {held:.2}% ran {:.2}%",
+        busy[0]
+    );
+    // Two that stream: each pre-armed holder's time starts where the other's
+    // work ended, and the other's charge ends there too, so no stretch is
+    // charged to both (the held times add up to at most the time passed).
+    let mut n = Node::new(ArbiterConfig::default());
+    n.report_delay_ns = 3 * MS;
+    let a = n.add(alloc("late-a", 500_000, Policy::Burst));
+    let b = n.add(alloc("late-b", 500_000, Policy::Burst));
+    n.spawn(a, MS);
+    n.spawn(b, MS);
+    n.run_for(300 * MS);
+    let h0 = n.held();
+    let busy = n.busy_pct_over(2_000 * MS);
+    let h1 = n.held();
+    let held: u64 = h1.iter().zip(&h0).map(|(y, x)| y - x).sum();
+    assert!(held <= 2_000 * MS + 2 * MS, "held {held} ns of 2 s in all");
+    assert!(busy.iter().all(|&b| b >= 45.0), "{busy:?}");
 }
 
 #[test]
