@@ -414,8 +414,10 @@ struct Behind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Idle {
-        /// When the previous grant was revoked, for the hand-over time.
-        revoked_at: Option<u64>,
+        /// Whose grant was revoked last, and when, for the hand-over time
+        /// (none to the same client: granted again after waiting on its
+        /// cap alone, the GPU went to no one else).
+        revoked: Option<(ClientId, u64)>,
     },
     Held {
         id: ClientId,
@@ -458,7 +460,7 @@ impl Scheduler {
         Scheduler {
             cfg,
             clients: Vec::new(),
-            phase: Phase::Idle { revoked_at: None },
+            phase: Phase::Idle { revoked: None },
             vclock: 0,
             events: Vec::new(),
         }
@@ -514,7 +516,7 @@ impl Scheduler {
                 true
             }
             Phase::Held { id: h, .. } | Phase::Draining { id: h, .. } if h == id => {
-                self.phase = Phase::Idle { revoked_at: None };
+                self.phase = Phase::Idle { revoked: None };
                 true
             }
             Phase::Held { ref mut behind, .. } if behind.is_some_and(|b| b.id == id) => {
@@ -650,7 +652,7 @@ impl Scheduler {
         self.refresh(now, view);
         loop {
             match self.phase {
-                Phase::Idle { revoked_at } => {
+                Phase::Idle { revoked } => {
                     let (id, ahead) = match self.pick(now, None) {
                         Some(id) => (id, None),
                         None => match self.due(now, None) {
@@ -658,7 +660,7 @@ impl Scheduler {
                             None => {
                                 // The GPU idles (no one may run): what
                                 // follows is not a hand-over.
-                                self.phase = Phase::Idle { revoked_at: None };
+                                self.phase = Phase::Idle { revoked: None };
                                 return Action::Wait {
                                     until: self.next_eligible(now),
                                 };
@@ -668,13 +670,13 @@ impl Scheduler {
                     if let Some(until) = self.deferred(now, id) {
                         // It idles for one owed more, due back sooner than
                         // this step would end: not a hand-over either.
-                        self.phase = Phase::Idle { revoked_at: None };
+                        self.phase = Phase::Idle { revoked: None };
                         let until = self.next_eligible(now).map_or(until, |e| e.min(until));
                         return Action::Wait { until: Some(until) };
                     }
                     // (Granted ahead, the time until it is back is its
                     // host gap's, not the hand-over's.)
-                    if let Some(r) = revoked_at {
+                    if let Some((_, r)) = revoked.filter(|&(from, _)| from != id) {
                         self.events.push(Event::Handover {
                             to: id,
                             ns: now.saturating_sub(r),
@@ -973,7 +975,7 @@ impl Scheduler {
                     let reported = drained.and_then(|_| view.reported_end(id));
                     self.drain_ended(b, drained, reported, now);
                     self.phase = Phase::Idle {
-                        revoked_at: Some(revoked_at),
+                        revoked: Some((id, revoked_at)),
                     };
                     // The revoked client's processes now wait at its gate.
                     self.refresh(now, view);
@@ -3181,10 +3183,17 @@ mod tests {
             "{handovers:?}"
         );
         // Alone and capped, the GPU idles between grants: no hand-overs.
-        let mut w = World::new(cfg(), vec![(client(1, MS, 2), 300_000, Policy::Guaranteed)]);
-        w.run_until(2 * S);
-        assert!(w.grants_of(1).len() > 20);
-        assert!(!w.events.iter().any(|e| matches!(e, Event::Handover { .. })));
+        // Nor when its drain is reported late enough that it may run again
+        // by then: granted again, it had the GPU handed to no one else
+        // (counted, an allocation alone showed "hand-overs" of its drain
+        // and its wait on its cap).
+        for (share, report) in [(300_000, 0), (900_000, 3 * MS)] {
+            let mut w = World::new(cfg(), vec![(client(1, MS, 2), share, Policy::Guaranteed)]);
+            w.drain_report_ns = report;
+            w.run_until(2 * S);
+            assert!(w.grants_of(1).len() > 20);
+            assert!(!w.events.iter().any(|e| matches!(e, Event::Handover { .. })));
+        }
     }
 
     /// Gaps on the engine where its work passed from one client to
