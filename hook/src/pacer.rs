@@ -97,6 +97,13 @@ struct Paced<E: Events> {
     /// Oldest first; a deque, as each launch at the bound drops the oldest.
     markers: VecDeque<Marker<E>>,
     spare: Vec<E::Event>,
+    /// The event [`Pacer::ended_at`] probes with, made by a launching
+    /// thread: the drainer that asks has no current context of its own to
+    /// make one in, and the spare events run out while the markers kept
+    /// fill up (a program of 20 ms kernels launches 97 in 2 to 6 s; until
+    /// then every drain was reported at the drainer's return, not where
+    /// the work ended).
+    probe: Option<E::Event>,
     owner: E::Owner,
     /// The start event of the launch being submitted (see [`Marker::start`]).
     pending_start: Option<E::Event>,
@@ -173,6 +180,7 @@ impl<E: Events> Pacer<E> {
                 pace: Pace::new(budget),
                 markers: VecDeque::new(),
                 spare: Vec::new(),
+                probe: None,
                 owner,
                 pending_start: None,
                 pending_seq: 0,
@@ -188,6 +196,7 @@ impl<E: Events> Pacer<E> {
                 p.spare
                     .drain(..)
                     .chain(p.pending_start.take())
+                    .chain(p.probe.take())
                     .for_each(E::destroy);
                 p.owner = owner;
             }
@@ -373,6 +382,9 @@ impl<E: Events> Pacer<E> {
         };
         let behind = p.last_in_flight();
         p.pace.launched(monotonic_ns(), behind);
+        if p.probe.is_none() {
+            p.probe = E::create();
+        }
         let start = p.pending_start.take();
         let seq = std::mem::take(&mut p.pending_seq);
         let clean = std::mem::take(&mut p.pending_clean);
@@ -465,12 +477,10 @@ impl<E: Events> Pacer<E> {
         let mut guard = self.slots[dev].lock();
         let p = guard.as_mut()?;
         let last = p.markers.back()?.ev;
-        let probe = p.take_event()?;
+        let probe = p.probe?;
         let before = monotonic_ns();
-        let ended = E::probe(p.owner, probe)
-            .then(|| E::elapsed_ns(last, probe).map_or(before, |ns| before.saturating_sub(ns)));
-        p.spare.push(probe);
-        ended
+        E::probe(p.owner, probe)
+            .then(|| E::elapsed_ns(last, probe).map_or(before, |ns| before.saturating_sub(ns)))
     }
 }
 
@@ -608,6 +618,9 @@ mod tests {
         syncs: Vec<usize>,
         /// Completion queries asked.
         queries: usize,
+        /// The calling thread has no current context (the drainer's):
+        /// events cannot be made.
+        no_context: bool,
     }
 
     thread_local! {
@@ -634,6 +647,9 @@ mod tests {
         }
         fn create() -> Option<usize> {
             fake(|f| {
+                if f.no_context {
+                    return None;
+                }
                 f.created += 1;
                 f.events.push((true, None, false));
                 Some(f.events.len() - 1)
@@ -743,6 +759,30 @@ mod tests {
         assert_eq!(p.ended_at(MAX_DEVICES), None);
     }
 
+    /// The drainer asks with no context current, so it can make no event;
+    /// a program that launched a few kernels has no spare one either.
+    #[test]
+    fn the_drainer_reads_the_work_s_end_with_no_context_of_its_own() {
+        let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
+        for i in 0..3 {
+            assert!(launch(&p, &gate, 1_000 + i * 20_000_000));
+            finish_all();
+        }
+        assert!(p.slots[0].lock().as_ref().unwrap().spare.is_empty());
+        fake(|f| {
+            f.clock = 70_000_000;
+            f.no_context = true;
+        });
+        let before = monotonic_ns();
+        let ended = p.ended_at(0);
+        fake(|f| f.no_context = false);
+        let ended = ended.expect("the probe made at a launch");
+        assert!(
+            ended + 29_000_000 <= before,
+            "{ended} not the last marker's end"
+        );
+    }
+
     #[test]
     fn events_are_reused_and_the_markers_kept_are_bounded() {
         let (p, gate) = (Pacer::<FakeEvents>::new(), gate());
@@ -752,9 +792,9 @@ mod tests {
         }
         let created = fake(|f| f.created);
         // The markers kept, each with its start event (every launch here
-        // found the device empty), and the pair being recorded.
+        // found the device empty), the pair being recorded, and the probe.
         assert!(
-            created <= 2 * (MAX_DEEP + 1) + 2,
+            created <= 2 * (MAX_DEEP + 1) + 3,
             "{created} events for 200 launches"
         );
         assert!(p.slots[0].lock().as_ref().unwrap().markers.len() <= MAX_DEEP + 1);
