@@ -124,6 +124,13 @@ pub struct ArbiterConfig {
     /// (true, the default; false: only after an idle revocation, the rule
     /// before). See `SchedConfig::cut_off_away`.
     pub cut_off_away: bool,
+    /// How long before its quantum's end a holder that would be renewed
+    /// anyway is renewed (at most half the quantum; zero: at the end, the
+    /// rule before): its processes learn the next end before their queue
+    /// reaches this one, instead of holding a launch until the renewal.
+    /// A client that starts waiting in that time waits for the renewed
+    /// quantum too. See `SchedConfig::renew_ahead_ns`.
+    pub renew_ahead: Duration,
     /// The nice value each GPU's arbiter thread raises itself to (-20..=0;
     /// 0 leaves it as started). The thread sleeps almost all the time, but
     /// every hand-over waits for it to wake: at nice 0, beside four busy
@@ -155,6 +162,7 @@ impl Default for ArbiterConfig {
             grant_ahead: Duration::from_nanos(s.grant_ahead_ns),
             late_start: s.late_start,
             cut_off_away: s.cut_off_away,
+            renew_ahead: Duration::from_nanos(s.renew_ahead_ns),
             nice: -10,
         }
     }
@@ -237,6 +245,7 @@ impl ArbiterConfig {
             grant_ahead_ns: ns(self.grant_ahead),
             late_start: self.late_start,
             cut_off_away: self.cut_off_away,
+            renew_ahead_ns: ns(self.renew_ahead),
         }
     }
 }

@@ -1017,6 +1017,18 @@ pub fn set_grant_ahead(d: Duration) {
     GRANT_AHEAD_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// How long before its quantum's end a holder is renewed, for the rounds of
+/// this process (`--renew-ahead`); `u64::MAX`: the default.
+static RENEW_AHEAD_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Sets the arbiter's renewal ahead for every later round (0: at the
+/// quantum's end, the rule before), so the two can be compared at one load
+/// (`tessera-bench --renew-ahead`).
+pub fn set_renew_ahead(d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1);
+    RENEW_AHEAD_NS.store(ns, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether a holder's time starts at its first launch (the default) for the
 /// rounds of this process.
 static LATE_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
@@ -1054,8 +1066,8 @@ pub fn set_arbiter_nice(nice: i32) {
 }
 
 /// The arbiter's configuration the shapes run under: the default, but for
-/// [`set_contested_idle_release`], [`set_grant_ahead`], [`set_late_start`],
-/// [`set_cut_off_away`] and [`set_arbiter_nice`].
+/// [`set_contested_idle_release`], [`set_grant_ahead`], [`set_renew_ahead`],
+/// [`set_late_start`], [`set_cut_off_away`] and [`set_arbiter_nice`].
 fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     let mut cfg = tessera_manager::arbiter::ArbiterConfig::default();
     let contested = CONTESTED_IDLE_RELEASE_NS.load(std::sync::atomic::Ordering::Relaxed);
@@ -1068,6 +1080,10 @@ fn arbiter_config() -> tessera_manager::arbiter::ArbiterConfig {
     }
     // Never ahead by more than the contested release (the arbiter's rule).
     cfg.grant_ahead = cfg.grant_ahead.min(cfg.contested_idle_release);
+    let renew = RENEW_AHEAD_NS.load(std::sync::atomic::Ordering::Relaxed);
+    if renew != u64::MAX {
+        cfg.renew_ahead = Duration::from_nanos(renew);
+    }
     cfg.late_start = LATE_START.load(std::sync::atomic::Ordering::Relaxed);
     cfg.cut_off_away = CUT_OFF_AWAY.load(std::sync::atomic::Ordering::Relaxed);
     let nice = ARBITER_NICE.load(std::sync::atomic::Ordering::Relaxed);

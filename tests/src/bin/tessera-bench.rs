@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tessera_e2e::bench::{self, Table};
 
-const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--charge-from-grant] [--no-cut-off-away] [--arbiter-nice N] [--ungoverned]
+const USAGE: &str = "usage: tessera-bench <section>... [--calls N] [--runs N] [--measure SECS] [--processes N] [--race-secs SECS] [--real] [--only TEXT] [--markdown] [--together] [--contested-idle-release SECS] [--grant-ahead SECS] [--renew-ahead SECS] [--charge-from-grant] [--no-cut-off-away] [--arbiter-nice N] [--ungoverned]
        tessera-bench soak [--minutes N] [--seed S]
 sections: sim (simulated driver launch cost), run (`tessera run -- true` start-up: node's manager, private manager warm and cold, beside a bare start), hook (shim cost per call, join time), compute (time-slice shares of every program shape, one row per shape and allocation mix; then the shares with no arbiter and the gate's cost), compute-shapes (only the shapes' table), compute-detail (the earlier per-allocation share tables: 20/30/50, burst 25+25, launch calls, programs that synchronise, the hand-over rules), compute-sync (only the shares of programs that synchronise), compute-handover (only the hand-over, pre-armed and after the drain, side by side), race (processes racing one memory limit), many (500 processes in one allocation, 500 allocations: join and start times), dra (DRA plugin prepare/unprepare latency of one claim, 20 x --runs), dropin (the compute shares HAMi/Volcano pods ask for, target vs achieved), all (a summary table, then every section)
 soak: a seeded random mix of node events and faults for at least N minutes (3), and on until it has taken 200 steps and every action of the mix at least once (at most 30 minutes more), invariants checked after every step; exits 1 on a violation
@@ -22,6 +22,7 @@ soak: a seeded random mix of node events and faults for at least N minutes (3), 
 --together: compute, compute-shapes: a shape's allocation mixes at once (a loaded host: up to ten workloads on its cores) instead of one mix at a time
 --contested-idle-release SECS: compute sections: the arbiter's idle release while another allocation waits (default 0.0005), to compare rules at one load
 --grant-ahead SECS: compute sections: how long before an allocation is expected back from a host gap it may be granted (default 0.0002; 0: only at its gate), to compare rules at one load
+--renew-ahead SECS: compute sections: how long before its quantum's end a holder that would win the next pick anyway is renewed (default 0.005, at most half the quantum; 0: at the end, the rule before), to compare rules at one load
 --charge-from-grant: compute sections: a holder's time starts at its grant, the rule before its first launch started it (while no one else waits), to compare rules at one load
 --no-cut-off-away: compute sections: a holder cut off at its quantum while its processes yield is expected back only after an idle revocation (the rule before; by default it is away in its host gap from then, and granted ahead), to compare rules at one load
 --arbiter-nice N: compute sections: the nice value of the arbiter's threads (default -10, where the bench may raise them, as the manager; 0: the bench's own priority, the rule before), to compare rules at one load
@@ -85,12 +86,20 @@ fn main() -> Result<()> {
         markdown: false,
         only: None,
     };
-    let secs = |v: Option<String>, what: &str| -> Result<Duration> {
+    // A duration in seconds where 0 is a rule of its own (the one before).
+    let secs_or_zero = |v: Option<String>, what: &str| -> Result<Duration> {
         let s: f64 = v.context(USAGE)?.parse().context(what.to_string())?;
-        if !(s.is_finite() && s > 0.0) {
-            bail!("{what} must be a positive number of seconds");
+        if !(s.is_finite() && s >= 0.0) {
+            bail!("{what} must be 0 or a positive number of seconds");
         }
         Ok(Duration::from_secs_f64(s))
+    };
+    let secs = |v: Option<String>, what: &str| -> Result<Duration> {
+        let d = secs_or_zero(v, what)?;
+        if d.is_zero() {
+            bail!("{what} must be a positive number of seconds");
+        }
+        Ok(d)
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -110,16 +119,12 @@ fn main() -> Result<()> {
                 bench::compute::set_contested_idle_release(d);
             }
             "--grant-ahead" => {
-                // 0 is a rule of its own here (only at the gate).
-                let s: f64 = args
-                    .next()
-                    .context(USAGE)?
-                    .parse()
-                    .context("--grant-ahead")?;
-                if !(s.is_finite() && s >= 0.0) {
-                    bail!("--grant-ahead must be 0 or a positive number of seconds");
-                }
-                bench::compute::set_grant_ahead(Duration::from_secs_f64(s));
+                let d = secs_or_zero(args.next(), "--grant-ahead")?;
+                bench::compute::set_grant_ahead(d);
+            }
+            "--renew-ahead" => {
+                let d = secs_or_zero(args.next(), "--renew-ahead")?;
+                bench::compute::set_renew_ahead(d);
             }
             "--charge-from-grant" => bench::compute::set_late_start(false),
             "--no-cut-off-away" => bench::compute::set_cut_off_away(false),
